@@ -1,0 +1,51 @@
+// Command konnect sets up the Kubernetes aggregation layer, runs the Konnectivity tunnel, and gives
+// developers SSH-backed access to remote API servers. See README.md.
+package main
+
+import (
+	"os"
+
+	"github.com/konnect-dev/konnect/cmd/internal/agentcmd"
+	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
+	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
+	"github.com/konnect-dev/konnect/cmd/internal/servercmd"
+	"github.com/konnect-dev/konnect/cmd/internal/sockscmd"
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		// cobra has already printed the error with the command's name.
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "konnect",
+		Short: "Aggregation-layer PKI, the Konnectivity tunnel, and developer access to remote API servers",
+		Long: `konnect has three jobs:
+
+  On a control-plane node:   konnect init, konnect certs      (aggregation-layer PKI, flags, manifests)
+  The Konnectivity tunnel:   konnect server, konnect agent    (drop-in for proxy-server / proxy-agent)
+  On a developer's laptop:   konnect socks, konnect proxy     (SSH SOCKS5/HTTP proxy, kubectl-proxy drop-in)`,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	root.AddGroup(
+		&cobra.Group{ID: "control-plane", Title: "Control-plane setup:"},
+		&cobra.Group{ID: "tunnel", Title: "Konnectivity tunnel:"},
+		&cobra.Group{ID: "developer", Title: "Developer access:"},
+	)
+	add := func(group string, cmds ...*cobra.Command) {
+		for _, c := range cmds {
+			c.GroupID = group
+			root.AddCommand(c)
+		}
+	}
+	add("control-plane", initcmd.NewInitCommand(), initcmd.NewCertsCommand())
+	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), servercmd.NewDoctorCommand())
+	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
+	root.AddCommand(newVersionCommand())
+	return root
+}
