@@ -1,0 +1,71 @@
+package daemon
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// certExpiry is a collector that reads a certificate from disk on each scrape, so that it follows hot
+// reloads and renewals without any wiring.
+type certExpiry struct {
+	desc *prometheus.Desc
+	name string
+	file string
+}
+
+var certExpiryDesc = prometheus.NewDesc(
+	"konnect_certificate_expiry_seconds",
+	"Seconds until the certificate expires (negative once expired). Absent when the file cannot be read.",
+	[]string{"name", "file"}, nil)
+
+// RegisterCertExpiry exports konnect_certificate_expiry_seconds{name,file} for certFile. An empty certFile
+// registers nothing.
+func RegisterCertExpiry(reg prometheus.Registerer, name, certFile string) error {
+	if certFile == "" {
+		return nil
+	}
+	return reg.Register(&certExpiry{desc: certExpiryDesc, name: name, file: certFile})
+}
+
+func (c *certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *certExpiry) Collect(ch chan<- prometheus.Metric) {
+	notAfter, err := CertNotAfter(c.file)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, time.Until(notAfter).Seconds(), c.name, c.file)
+}
+
+// CertNotAfter returns the NotAfter of the first certificate in a PEM file.
+func CertNotAfter(file string) (time.Time, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return time.Time{}, err
+	}
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			return time.Time{}, &os.PathError{Op: "parse", Path: file, Err: errNoCert}
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return time.Time{}, &os.PathError{Op: "parse", Path: file, Err: err}
+		}
+		return cert.NotAfter, nil
+	}
+}
+
+type certError string
+
+func (e certError) Error() string { return string(e) }
+
+const errNoCert = certError("no CERTIFICATE block")

@@ -1,0 +1,195 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	"k8s.io/apiserver/pkg/server/healthz"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// klog's flush daemon and healthz's package-level metrics start goroutines at import time.
+		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+		goleak.IgnoreAnyFunction("k8s.io/apimachinery/pkg/util/wait.BackoffUntil"),
+	)
+}
+
+func TestCheckLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr        string
+		allowRemote bool
+		wantErr     string
+	}{
+		{"127.0.0.1:80", false, ""},
+		{"127.5.0.1:80", false, ""},
+		{"[::1]:80", false, ""},
+		{"localhost:80", false, ""},
+		{"0.0.0.0:80", false, "--listen: refusing to listen on 0.0.0.0:80"},
+		{":80", false, "all interfaces"},
+		{"198.18.0.1:80", false, "not loopback"},
+		{"198.18.0.1:80", true, ""},
+		{"nonsense", false, "is not host:port"},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			err := CheckLoopback(tc.addr, tc.allowRemote, "--listen")
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestListenAddressInUse(t *testing.T) {
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = Listen("tcp", ln.Addr().String(), false, "--health-port")
+	if err == nil || !strings.Contains(err.Error(), "--health-port") || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("second Listen: got %v, want an address-in-use error naming the flag", err)
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestHealthEndpoints(t *testing.T) {
+	var tunnelErr error = errors.New("no agent connected")
+	ready := []healthz.HealthChecker{
+		healthz.NamedCheck("uds", func(*http.Request) error { return nil }),
+		healthz.NamedCheck("tunnel", func(*http.Request) error { return tunnelErr }),
+	}
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	if err := RegisterCertExpiry(reg, "agent-ca", filepath.Join(dir, "missing.crt")); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, NewHealthMux(nil, ready, reg)) }()
+	base := "http://" + ln.Addr().String()
+
+	if code, _ := get(t, base+"/livez"); code != 200 {
+		t.Errorf("/livez = %d, want 200", code)
+	}
+	code, body := get(t, base+"/readyz?verbose")
+	if code != 500 || !strings.Contains(body, "[+]uds ok") || !strings.Contains(body, "[-]tunnel failed") {
+		t.Errorf("/readyz?verbose = %d %q, want 500 with [+]uds ok and [-]tunnel failed", code, body)
+	}
+	if code, _ := get(t, base+"/readyz?exclude=tunnel"); code != 200 {
+		t.Errorf("/readyz?exclude=tunnel = %d, want 200", code)
+	}
+	if code, _ := get(t, base+"/readyz/uds"); code != 200 {
+		t.Errorf("/readyz/uds = %d, want 200", code)
+	}
+	if code, _ := get(t, base+"/readyz/tunnel"); code != 500 {
+		t.Errorf("/readyz/tunnel = %d, want 500", code)
+	}
+	if code, _ := get(t, base+"/healthz"); code != 500 {
+		t.Errorf("/healthz = %d, want 500 while not ready", code)
+	}
+	tunnelErr = nil
+	if code, _ := get(t, base+"/readyz"); code != 200 {
+		t.Errorf("/readyz after recovery = %d, want 200", code)
+	}
+	if code, body := get(t, base+"/metrics"); code != 200 || strings.Contains(body, "konnect_certificate_expiry_seconds{") {
+		t.Errorf("/metrics = %d; a missing cert file must export no sample:\n%s", code, body)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve returned %v after cancel, want nil", err)
+		}
+	case <-time.After(ShutdownGrace + time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+}
+
+func TestCertExpiryMetric(t *testing.T) {
+	// A fixed certificate valid for a century (openssl req -x509 -days 36500).
+	dir := t.TempDir()
+	file := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(file, []byte(testCert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notAfter, err := CertNotAfter(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if notAfter.Year() < 2120 {
+		t.Fatalf("NotAfter = %v, want about a century from 2026", notAfter)
+	}
+	reg := prometheus.NewRegistry()
+	if err := RegisterCertExpiry(reg, "ca", file); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 || len(mfs[0].Metric) != 1 {
+		t.Fatalf("Gather = %v, %v; want one sample", mfs, err)
+	}
+	if v := mfs[0].Metric[0].GetGauge().GetValue(); v < 90*365*24*3600 {
+		t.Fatalf("expiry seconds = %v, want about a century", v)
+	}
+}
+
+func TestSlowlorisIsCutOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the header timeout")
+	}
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, NewHealthMux(nil, nil, prometheus.NewRegistry())) }()
+	defer func() { cancel(); <-done }()
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Never finish the headers: the server must close the connection after ReadHeaderTimeout.
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(ReadHeaderTimeout + 5*time.Second))
+	_, err = io.ReadAll(c)
+	if elapsed := time.Since(start); err != nil || elapsed > ReadHeaderTimeout+3*time.Second {
+		t.Fatalf("connection closed after %v (err %v), want within about %v", elapsed, err, ReadHeaderTimeout)
+	}
+}

@@ -1,0 +1,94 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apiserver/pkg/server/healthz"
+)
+
+// Timeouts for the health, metrics and admin endpoints. They are small, plain request/response endpoints, so a
+// client that trickles its headers (slowloris) or idles is cut off quickly.
+const (
+	ReadHeaderTimeout = 5 * time.Second
+	ReadTimeout       = 10 * time.Second
+	WriteTimeout      = 60 * time.Second // pprof profiles run for up to 30 s by default
+	IdleTimeout       = 60 * time.Second
+	MaxHeaderBytes    = 64 << 10
+	ShutdownGrace     = 5 * time.Second
+)
+
+// NewHealthMux serves /healthz, /livez and /readyz (with ?verbose, ?exclude=NAME and /livez/NAME,
+// /readyz/NAME for each check, in the format kube-apiserver uses) and /metrics from gatherer. A nil gatherer
+// means the default Prometheus registry, where the upstream konnectivity metrics register themselves.
+func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gatherer) *http.ServeMux {
+	mux := http.NewServeMux()
+	// ping keeps /livez meaningful for a daemon that has no liveness check of its own.
+	live = append([]healthz.HealthChecker{healthz.PingHealthz}, live...)
+	ready = append([]healthz.HealthChecker{healthz.PingHealthz}, ready...)
+	healthz.InstallLivezHandler(mux, live...)
+	healthz.InstallReadyzHandler(mux, ready...)
+	// /healthz is kept for tools that predate /livez and /readyz; like kube-apiserver, it reports readiness.
+	healthz.InstallHandler(mux, ready...)
+	if gatherer == nil {
+		gatherer = prometheus.DefaultGatherer
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// NewAdminMux serves pprof. Bind it only on loopback: profiles reveal memory contents.
+func NewAdminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// NewHTTPServer returns an http.Server with konnect's timeouts for small request/response endpoints.
+func NewHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+	}
+}
+
+// Serve serves h on ln until ctx ends, then shuts down within ShutdownGrace and closes what is left. It
+// returns nil after a shutdown that ctx asked for.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	return ServeHTTP(ctx, ln, NewHTTPServer(h))
+}
+
+// ServeHTTP is Serve for a caller that configured its own http.Server (for example one that streams and so
+// must not have a write timeout).
+func ServeHTTP(ctx context.Context, ln net.Listener, srv *http.Server) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,57 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// Listen binds addr before the daemon starts, so that "address in use" is an error returned at start-up and
+// not a log line later. A TCP address that is not loopback is refused unless allowRemote is set; flagName is
+// the flag the address came from, so the error tells the user what to change.
+func Listen(network, addr string, allowRemote bool, flagName string) (net.Listener, error) {
+	if strings.HasPrefix(network, "tcp") {
+		if err := CheckLoopback(addr, allowRemote, flagName); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen on %s: %w", flagName, addr, err)
+	}
+	return ln, nil
+}
+
+// CheckLoopback returns an error unless addr (host:port) is a loopback address, "localhost", or allowRemote is
+// set. An empty host means every interface, which is remote.
+func CheckLoopback(addr string, allowRemote bool, flagName string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s: %q is not host:port: %w", flagName, addr, err)
+	}
+	if allowRemote || IsLoopbackHost(host) {
+		return nil
+	}
+	shown := host
+	if shown == "" {
+		shown = "all interfaces"
+	}
+	return fmt.Errorf("%s: refusing to listen on %s (%s is not loopback); pass --allow-remote if you really mean it", flagName, addr, shown)
+}
+
+// IsLoopbackHost reports whether host is "localhost" or a loopback IP literal.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && ip.IsLoopback()
+}
+
+// IsClosedConn reports whether err only says that a listener or connection was closed, which is how a
+// server loop learns that shutdown has begun.
+func IsClosedConn(err error) bool {
+	return errors.Is(err, net.ErrClosed)
+}

@@ -1,0 +1,33 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// SignalContext returns a context that is cancelled on the first SIGINT or SIGTERM. A second signal exits the
+// process at once with status 1, for an operator who does not want to wait for a graceful drain.
+func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-ch:
+			fmt.Fprintf(os.Stderr, "received %s, shutting down (send it again to exit at once)\n", sig)
+			cancel()
+		case <-ctx.Done():
+			signal.Stop(ch)
+			return
+		}
+		<-ch
+		os.Exit(1)
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		cancel()
+	}
+}
