@@ -31,4 +31,3 @@ import (
 	_ "sigs.k8s.io/apiserver-network-proxy/pkg/server"
 	_ "sigs.k8s.io/yaml"
 )
-

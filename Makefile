@@ -1,0 +1,53 @@
+SHELL := /bin/bash
+# konnect — see README.md. Every target works on a fresh machine with only Go installed (run as root for the
+# end-to-end tests and benchmarks: they use network namespaces and Debian packages).
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS   := -X main.version=$(VERSION)
+BIN       := bin/konnect
+# Packages with tests that run without root or network namespaces.
+UNIT_PKGS := ./...
+E2E_TIMEOUT ?= 60m
+FUZZTIME  ?= 10s
+
+.PHONY: all build test test-unit test-race fuzz e2e e2e-tools deps bench demo lint clean
+
+all: build
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/konnect
+
+# Everything: lint, unit and integration tests under the race detector, short fuzz runs, and the real-cluster
+# end-to-end suite. .ci/run calls this.
+test: lint test-unit fuzz e2e
+
+test-unit:
+	$(GO) test -race -count=1 -timeout 20m $(UNIT_PKGS)
+
+fuzz:
+	bash hack/fuzz.sh $(FUZZTIME)
+
+deps:
+	bash hack/install-deps.sh
+
+e2e-tools: deps
+	bash test/e2e/tools/build.sh
+
+e2e: build e2e-tools
+	@mkdir -p .cache
+	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | tee .cache/e2e.log; exit $${PIPESTATUS[0]}
+
+bench: build e2e-tools
+	bash hack/bench.sh
+
+demo: build
+	bash hack/demo.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/e2e/...
+
+clean:
+	rm -rf bin _demo .cache

@@ -1,0 +1,460 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/klog/v2"
+)
+
+// Agent keeps a stream to every known server and dials backends for them. Create it with New, then Run.
+type Agent struct {
+	cfg   Config
+	m     *metrics
+	creds *credentials
+	tiers []int // read buffer sizes
+
+	started   atomic.Bool
+	draining  atomic.Bool
+	openConns atomic.Int64
+	connsGone chan struct{} // signalled when a connection closes, for the drain wait
+	wake      chan struct{} // signalled when a session ends, to reconnect without waiting for the tick
+
+	mu        sync.Mutex
+	sessions  map[string]*session   // by server ID
+	endpoints map[string]*epState   // by dial address
+	resolved  map[string][]endpoint // configured server → its endpoints, as last resolved
+	hdrCount  int                   // serverCount from the most recent new connection
+	lb        backoff               // extra dials that look for more servers behind one address
+	lbBusy    bool
+	lbNext    int
+
+	wg sync.WaitGroup
+}
+
+// endpoint is one address to dial. A configured host name that resolves to several addresses gives several
+// endpoints, each verified against the host name.
+type endpoint struct {
+	addr       string // ip:port, or host:port when the name could not be resolved ahead
+	serverName string // TLS server name
+}
+
+type epState struct {
+	ep       endpoint
+	sessions int
+	busy     bool // a connect attempt is running
+	retry    backoff
+	lastErr  error
+	errAt    time.Time
+}
+
+// backoff follows upstream's agent: the delay starts at --sync-interval, grows by 1.5x with 10% jitter and
+// stops at --sync-interval-cap.
+type backoff struct {
+	next  time.Time
+	delay time.Duration
+}
+
+func (b *backoff) failed(cfg *Config) {
+	if b.delay < cfg.SyncInterval {
+		b.delay = cfg.SyncInterval
+	}
+	b.next = time.Now().Add(jitter(b.delay))
+	b.delay = min(time.Duration(float64(b.delay)*1.5), cfg.SyncIntervalCap)
+}
+
+func (b *backoff) reset(cfg *Config) {
+	b.delay = cfg.SyncInterval
+	b.next = time.Now().Add(jitter(cfg.SyncInterval))
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Float64()*0.1*float64(d))
+}
+
+// New checks cfg and loads the credentials once, so that a missing or unparsable file is an error now.
+// It opens no connection; Run does.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("agent: register metrics: %w", err)
+	}
+	a := &Agent{
+		cfg: c, m: m, creds: newCredentials(&c), tiers: readTiers(c.ReadBuffer),
+		connsGone: make(chan struct{}, 1),
+		wake:      make(chan struct{}, 1),
+		sessions:  make(map[string]*session),
+		endpoints: make(map[string]*epState),
+		resolved:  make(map[string][]endpoint),
+	}
+	if err := a.creds.check(); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	return a, nil
+}
+
+// Run connects to the servers and serves them until ctx ends. Then it drains: it sends DRAIN to every
+// server, refuses new dials, waits for open connections to finish for at most Config.GracefulTimeout,
+// closes what is left and returns nil.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.started.CompareAndSwap(false, true) {
+		return errors.New("agent: Run called twice")
+	}
+	// Sessions outlive ctx: they must stay up while draining.
+	runCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	klog.InfoS("Agent starting", "agentID", a.cfg.AgentID, "servers", a.cfg.Servers, "identifiers", a.cfg.Identifiers)
+	tick := time.NewTicker(min(a.cfg.SyncInterval, time.Second))
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		a.sync(runCtx)
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		case <-a.wake:
+		}
+	}
+	a.drain()
+	stop()
+	a.wg.Wait()
+	klog.InfoS("Agent stopped", "agentID", a.cfg.AgentID)
+	return nil
+}
+
+func (a *Agent) drain() {
+	a.draining.Store(true)
+	a.mu.Lock()
+	for _, s := range a.sessions {
+		s.drain()
+	}
+	a.mu.Unlock()
+	open := a.openConns.Load()
+	if open == 0 || a.cfg.GracefulTimeout < 0 {
+		return
+	}
+	klog.InfoS("Draining: waiting for open connections", "connections", open, "timeout", a.cfg.GracefulTimeout)
+	deadline := time.NewTimer(a.cfg.GracefulTimeout)
+	defer deadline.Stop()
+	for a.openConns.Load() > 0 {
+		select {
+		case <-deadline.C:
+			klog.InfoS("Graceful timeout reached; closing open connections", "connections", a.openConns.Load())
+			return
+		case <-a.connsGone:
+		}
+	}
+}
+
+func (a *Agent) connOpened() {
+	a.openConns.Add(1)
+	a.m.endpointConns.Inc()
+}
+
+func (a *Agent) connClosed() {
+	a.openConns.Add(-1)
+	a.m.endpointConns.Dec()
+	select {
+	case a.connsGone <- struct{}{}:
+	default:
+	}
+}
+
+// sync resolves the configured servers and starts a connect attempt for every endpoint without a session
+// whose retry time has come; then, if the servers report more servers than the agent has reached, it dials
+// one more time through an address that already works (the load-balancer case).
+func (a *Agent) sync(ctx context.Context) {
+	a.resolve(ctx)
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining.Load() {
+		return
+	}
+	all := true
+	var working []*epState
+	for _, st := range a.sortedEndpoints() {
+		if st.sessions > 0 {
+			working = append(working, st)
+			continue
+		}
+		all = false
+		if st.busy || now.Before(st.retry.next) {
+			continue
+		}
+		st.busy = true
+		a.wg.Add(1)
+		go a.connect(ctx, st, false)
+	}
+	want := a.serverCount()
+	if all && len(working) > 0 && !a.lbBusy && !now.Before(a.lb.next) &&
+		(len(a.sessions) < want || a.cfg.SyncForever) {
+		st := working[a.lbNext%len(working)]
+		a.lbNext++
+		a.lbBusy = true
+		a.wg.Add(1)
+		go a.connect(ctx, st, true)
+	}
+	a.m.knownServers.Set(float64(a.knownServersLocked()))
+}
+
+func (a *Agent) sortedEndpoints() []*epState {
+	out := make([]*epState, 0, len(a.endpoints))
+	for _, st := range a.endpoints {
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ep.addr < out[j].ep.addr })
+	return out
+}
+
+// resolve refreshes the endpoint list. A name that cannot be resolved keeps its last result; one never
+// resolved is dialled by name, so that the dial error says what is wrong.
+func (a *Agent) resolve(ctx context.Context) {
+	next := make(map[string][]endpoint, len(a.cfg.Servers))
+	for _, srv := range a.cfg.Servers {
+		host, port, _ := net.SplitHostPort(srv)
+		if _, err := netip.ParseAddr(host); err == nil {
+			next[srv] = []endpoint{{addr: srv, serverName: host}}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		addrs, err := a.cfg.Resolver.LookupHost(rctx, host)
+		cancel()
+		if err != nil || len(addrs) == 0 {
+			a.mu.Lock()
+			prev := a.resolved[srv]
+			a.mu.Unlock()
+			if len(prev) == 0 {
+				prev = []endpoint{{addr: srv, serverName: host}}
+			}
+			next[srv] = prev
+			klog.V(2).InfoS("Cannot resolve server name; using the last result", "server", srv, "err", err)
+			continue
+		}
+		sort.Strings(addrs)
+		for _, ip := range addrs {
+			next[srv] = append(next[srv], endpoint{addr: net.JoinHostPort(ip, port), serverName: host})
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.resolved = next
+	keep := make(map[string]bool)
+	for _, eps := range next {
+		for _, ep := range eps {
+			keep[ep.addr] = true
+			if _, ok := a.endpoints[ep.addr]; !ok {
+				a.endpoints[ep.addr] = &epState{ep: ep}
+			}
+		}
+	}
+	for addr, st := range a.endpoints {
+		if !keep[addr] && st.sessions == 0 && !st.busy {
+			delete(a.endpoints, addr)
+		}
+	}
+}
+
+func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
+	defer a.wg.Done()
+	s, err := a.dialServer(ctx, st.ep)
+	a.mu.Lock()
+	if extra {
+		a.lbBusy = false
+	} else {
+		st.busy = false
+	}
+	if err != nil {
+		if extra {
+			a.lb.failed(&a.cfg)
+		} else {
+			st.retry.failed(&a.cfg)
+			st.lastErr, st.errAt = err, time.Now()
+		}
+		a.mu.Unlock()
+		a.m.connectFailures.WithLabelValues(st.ep.addr).Inc()
+		if ctx.Err() == nil {
+			klog.ErrorS(err, "Cannot connect to server", "server", st.ep.addr, "serverName", st.ep.serverName)
+		}
+		return
+	}
+	if a.draining.Load() || ctx.Err() != nil {
+		a.mu.Unlock()
+		s.fail(errors.New("agent is stopping"))
+		s.teardown()
+		return
+	}
+	if _, dup := a.sessions[s.serverID]; dup {
+		// Expected behind a load balancer, or when two addresses lead to one server: no backoff, just wait
+		// for the next round.
+		if extra {
+			a.lb.reset(&a.cfg)
+		} else {
+			st.retry.reset(&a.cfg)
+			st.lastErr, st.errAt = fmt.Errorf("already connected to server %s through another address", s.serverID), time.Now()
+		}
+		a.mu.Unlock()
+		klog.V(4).InfoS("Reached a server already connected; closing the duplicate", "serverID", s.serverID, "server", st.ep.addr)
+		s.fail(errors.New("duplicate server"))
+		s.teardown()
+		return
+	}
+	a.sessions[s.serverID] = s
+	st.sessions++
+	st.lastErr = nil
+	st.retry.reset(&a.cfg)
+	if extra {
+		a.lb.reset(&a.cfg)
+	}
+	a.hdrCount = s.count
+	a.m.serverConns.Set(float64(len(a.sessions)))
+	a.m.knownServers.Set(float64(a.knownServersLocked()))
+	a.wg.Add(1)
+	a.mu.Unlock()
+	klog.InfoS("Connected to server", "serverID", s.serverID, "server", st.ep.addr, "serverCount", s.count)
+	go func() {
+		defer a.wg.Done()
+		s.serve()
+		a.sessionEnded(s, st)
+	}()
+}
+
+func (a *Agent) sessionEnded(s *session, st *epState) {
+	err := s.lastErr()
+	a.mu.Lock()
+	if a.sessions[s.serverID] == s {
+		delete(a.sessions, s.serverID)
+	}
+	st.sessions--
+	st.lastErr, st.errAt = err, time.Now()
+	st.retry.reset(&a.cfg)
+	a.m.serverConns.Set(float64(len(a.sessions)))
+	a.mu.Unlock()
+	if !a.draining.Load() {
+		klog.InfoS("Disconnected from server; will reconnect", "serverID", s.serverID, "server", st.ep.addr, "reason", err)
+	}
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// serverCount is how many servers exist, from the servers' headers and, if configured, the lease count.
+func (a *Agent) serverCount() int {
+	n := a.hdrCount
+	if a.cfg.ServerCount != nil {
+		leases := a.cfg.ServerCount()
+		if a.cfg.ServerCountMax {
+			n = max(n, leases)
+		} else {
+			n = leases
+		}
+	}
+	return max(n, 1)
+}
+
+// knownServersLocked is the number of servers the agent should be connected to: what the servers say, but
+// at least one per configured address.
+func (a *Agent) knownServersLocked() int {
+	return max(a.serverCount(), len(a.endpoints))
+}
+
+// ServerStatus describes one server endpoint and the stream to it.
+type ServerStatus struct {
+	Address     string    // dial address
+	ServerName  string    // TLS name
+	ServerID    string    // empty when not connected
+	Connected   bool      //
+	Since       time.Time // when the current stream was opened
+	Connections int       // tunnelled connections open through it
+	LastError   string    // the last connect or stream error, if any
+	LastErrorAt time.Time
+}
+
+// Status lists the known endpoints and the servers reached through them, sorted by address. Servers
+// reached through a load-balanced address share that address.
+func (a *Agent) Status() []ServerStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []ServerStatus
+	for _, st := range a.sortedEndpoints() {
+		base := ServerStatus{Address: st.ep.addr, ServerName: st.ep.serverName}
+		if st.lastErr != nil {
+			base.LastError, base.LastErrorAt = st.lastErr.Error(), st.errAt
+		}
+		found := false
+		for _, s := range a.sessions {
+			if s.ep.addr != st.ep.addr {
+				continue
+			}
+			ss := base
+			ss.ServerID, ss.Connected, ss.Since, ss.Connections = s.serverID, true, s.since, s.connCount()
+			out = append(out, ss)
+			found = true
+		}
+		if !found {
+			out = append(out, base)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Address < out[j].Address })
+	return out
+}
+
+// Connected returns how many distinct servers the agent has a stream to, and how many it knows of.
+func (a *Agent) Connected() (connected, known int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.sessions), a.knownServersLocked()
+}
+
+// OpenConnections is the number of tunnelled backend connections open now.
+func (a *Agent) OpenConnections() int { return int(a.openConns.Load()) }
+
+// ReadyChecks are the agent's readiness checks: "server-connected" (at least one server, upstream's
+// readiness) and "all-servers-connected" (every server it knows of; /readyz?exclude=all-servers-connected
+// gives upstream's behaviour).
+func (a *Agent) ReadyChecks() []healthz.HealthChecker {
+	return []healthz.HealthChecker{
+		healthz.NamedCheck("server-connected", func(*http.Request) error {
+			if n, _ := a.Connected(); n == 0 {
+				return errors.New("no servers connected")
+			}
+			return nil
+		}),
+		healthz.NamedCheck("all-servers-connected", func(*http.Request) error {
+			n, known := a.Connected()
+			if n >= known {
+				return nil
+			}
+			var missing []string
+			for _, s := range a.Status() {
+				if !s.Connected {
+					m := s.Address
+					if s.LastError != "" {
+						m += " (" + s.LastError + ")"
+					}
+					missing = append(missing, m)
+				}
+			}
+			return fmt.Errorf("connected to %d of %d servers; not connected: %s", n, known, strings.Join(missing, "; "))
+		}),
+	}
+}
+
+// LiveChecks are the agent's liveness checks. The agent has none beyond answering: a lost server is a
+// readiness matter, and restarting the agent would not bring the server back.
+func (a *Agent) LiveChecks() []healthz.HealthChecker { return nil }

@@ -1,0 +1,209 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"io"
+	"k8s.io/klog/v2"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	grpccreds "google.golang.org/grpc/credentials"
+	upagent "sigs.k8s.io/apiserver-network-proxy/pkg/agent"
+)
+
+// startUpstreamAgent runs upstream's agent library (pkg/agent), configured as its proxy-agent binary
+// configures it, as the baseline.
+func startUpstreamAgent(tb testing.TB, pki *testPKI, addr string) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pki.ca.pem)
+	kp, err := tls.LoadX509KeyPair(pki.certFile, pki.keyFile)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	tlsCfg := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, ServerName: host, MinVersion: tls.VersionTLS12}
+	cc := &upagent.ClientSetConfig{
+		Address:           addr,
+		AgentID:           "upstream-agent",
+		SyncInterval:      100 * time.Millisecond,
+		ProbeInterval:     time.Second,
+		SyncIntervalCap:   time.Second,
+		DialOptions:       []grpc.DialOption{grpc.WithTransportCredentials(grpccreds.NewTLS(tlsCfg))},
+		XfrChannelSize:    150,
+		ServerCountSource: "default",
+	}
+	drain, stop := make(chan struct{}), make(chan struct{})
+	cs := cc.NewAgentClientSet(drain, stop)
+	cs.SetServerCounter(upagent.NewAggregateServerCounter(nil, upagent.NewResponseBasedCounter(cs), "default"))
+	cs.Serve()
+	tb.Cleanup(func() { close(stop) })
+}
+
+// sourceServer waits for one byte from the client (like an HTTP request), then writes size bytes and
+// closes the connection. (A client that stops reading mid-stream and closes would meet konnectivity-client's
+// 10 s read timeout: its receive loop blocks on the abandoned connection.)
+func sourceServer(tb testing.TB, size int) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	buf := make([]byte, 256<<10)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+					return
+				}
+				for left := size; left > 0; left -= len(buf) {
+					if _, err := c.Write(buf[:min(left, len(buf))]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// sinkAckServer reads `size` bytes from each connection, then answers one byte.
+func sinkAckServer(tb testing.TB, size int64) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := io.CopyN(io.Discard, c, size); err == nil {
+					c.Write([]byte{1})
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// BenchmarkTunnelBulk measures bulk throughput through the whole tunnel: konnectivity-client over the
+// server's UDS → upstream's server (pkg/server) → TLS gRPC → agent → loopback backend. konnect's agent and
+// upstream's agent (pkg/agent) run on the same server in the same process, so only the agent differs.
+//
+//	go test -run '^$' -bench TunnelBulk -benchtime 5x ./agent/
+func BenchmarkTunnelBulk(b *testing.B) {
+	const size = 64 << 20
+	pki := newTestPKI(b)
+	for _, impl := range []string{"konnect", "upstream"} {
+		srv := startUpstreamServer(b, serverOpts{id: impl, ca: pki.ca})
+		var ra *runningAgent
+		if impl == "konnect" {
+			cfg := pki.config(srv.agentAddr)
+			cfg.GracefulTimeout = -1
+			if v := os.Getenv("KONNECT_BENCH_READ_BUFFER"); v != "" {
+				cfg.ReadBuffer, _ = strconv.Atoi(v)
+			}
+			ra = startAgent(b, cfg)
+		} else {
+			startUpstreamAgent(b, pki, srv.agentAddr)
+		}
+		eventually(b, 10*time.Second, impl+" agent connected", func() bool { return srv.backends() == 1 })
+		source := sourceServer(b, size)
+		sink := sinkAckServer(b, size)
+
+		for _, streams := range []int{1, 8} {
+			b.Run(fmt.Sprintf("agent=%s/dir=download/streams=%d", impl, streams), func(b *testing.B) {
+				b.SetBytes(int64(size * streams))
+				defer reportCPU(b, int64(size*streams))()
+				for b.Loop() {
+					var g group
+					for range streams {
+						g.Go(func() error {
+							c, err := srv.dial(context.Background(), source)
+							if err != nil {
+								return err
+							}
+							defer c.Close()
+							if _, err := c.Write([]byte{1}); err != nil {
+								return err
+							}
+							n, err := io.Copy(io.Discard, c)
+							if err == nil && n != size {
+								err = fmt.Errorf("got %d bytes, want %d", n, size)
+							}
+							return err
+						})
+					}
+					if err := g.Wait(); err != nil {
+						if ra != nil {
+							b.Logf("agent sent %v bytes in %v packets; overflows %v", counterValue(ra.m.bytesToServer), counterValue(ra.m.dataToServer), counterValue(ra.m.overflows))
+						}
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		b.Run(fmt.Sprintf("agent=%s/dir=upload/streams=1", impl), func(b *testing.B) {
+			b.SetBytes(size)
+			defer reportCPU(b, size)()
+			chunk := make([]byte, 256<<10)
+			for b.Loop() {
+				c, err := srv.dial(context.Background(), sink)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for off := 0; off < size; off += len(chunk) {
+					if _, err := c.Write(chunk); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+		})
+		srv.stop()
+	}
+}
+
+// reportCPU adds the process's CPU time per MB moved (client, server and agent together): on a shared,
+// noisy machine it varies much less than wall-clock throughput.
+func reportCPU(b *testing.B, bytesPerOp int64) func() {
+	start := cpuTime()
+	return func() {
+		mb := float64(bytesPerOp) * float64(b.N) / 1e6
+		b.ReportMetric(float64((cpuTime()-start).Microseconds())/mb, "cpu-µs/MB")
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func TestMain(m *testing.M) {
+	// -args -v=4 shows the agent's logs.
+	klog.InitFlags(nil)
+	flag.Parse()
+	os.Exit(m.Run())
+}

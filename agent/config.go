@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is everything the agent needs, already validated by Options. It carries no flag types.
+type Config struct {
+	// Servers are the servers to connect to, as host:port. A host that resolves to several addresses counts
+	// as several servers.
+	Servers []string
+
+	CAFile     string   // PEM CA bundle that verifies the servers; empty means the system roots
+	CertFile   string   // client certificate for mTLS; empty means none
+	KeyFile    string   // its key
+	ALPNProtos []string // extra ALPN protocols offered to the server
+	TokenFile  string   // ServiceAccount token sent as "Authorization: Bearer"; re-read on each connect
+
+	AgentID     string
+	Identifiers string // URL-encoded agent identifiers (host=..&cidr=..&default-route=true)
+
+	SyncInterval    time.Duration // first retry delay, and the pause between connection checks
+	SyncIntervalCap time.Duration // retry delays back off up to this
+	SyncForever     bool          // keep dialing load-balanced addresses to discover new servers
+	ProbeInterval   time.Duration // how often a server connection's transport state is checked
+	KeepaliveTime   time.Duration // gRPC keepalive ping interval on an idle transport
+
+	// ServerCount, when set, says how many servers exist (for example from server leases). It is combined
+	// with the serverCount header as --server-count-source says: see ServerCountMax.
+	ServerCount    func() int
+	ServerCountMax bool // true: the larger of ServerCount and the header count; false: ServerCount alone
+
+	Allow           AllowList     // empty: every destination may be dialled
+	DialTimeout     time.Duration // per backend dial
+	GracefulTimeout time.Duration // how long Run waits for open connections after a stop; 0: default, <0: no wait
+	// ConnectionBuffer is how many bytes may be queued for one backend before the stream waits for it.
+	ConnectionBuffer int
+	// StallTimeout is how long the stream waits for a backend with a full queue to make progress before
+	// that connection is closed as stalled.
+	StallTimeout time.Duration
+	// ReadBuffer is the largest read from a backend, and so the largest DATA message the agent sends.
+	ReadBuffer int
+	// MaxRecvMessage is the largest message accepted from a server. Upstream servers forward a client's
+	// write as one DATA message, whatever its size.
+	MaxRecvMessage int
+
+	// Registerer receives the agent's metrics; nil means none are exported.
+	Registerer prometheus.Registerer
+	// Resolver looks up server host names; nil means net.DefaultResolver.
+	Resolver *net.Resolver
+}
+
+// Defaults for the settings that upstream's proxy-agent does not have.
+const (
+	DefaultDialTimeout      = 5 * time.Second // upstream's fixed backend dial timeout
+	DefaultGracefulTimeout  = 20 * time.Second
+	DefaultConnectionBuffer = 8 << 20
+	DefaultStallTimeout     = 5 * time.Second
+	DefaultReadBuffer       = 1<<20 - dataOverhead // see readTiers
+	DefaultMaxRecvMessage   = 256 << 20
+	minReadBuffer           = 4 << 10
+	maxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
+)
+
+func (c *Config) withDefaults() Config {
+	cfg := *c
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = time.Second
+	}
+	if cfg.SyncIntervalCap < cfg.SyncInterval {
+		cfg.SyncIntervalCap = cfg.SyncInterval
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	if cfg.KeepaliveTime <= 0 {
+		cfg.KeepaliveTime = time.Hour
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.GracefulTimeout == 0 {
+		cfg.GracefulTimeout = DefaultGracefulTimeout
+	}
+	if cfg.ConnectionBuffer <= 0 {
+		cfg.ConnectionBuffer = DefaultConnectionBuffer
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	if cfg.ReadBuffer < minReadBuffer {
+		cfg.ReadBuffer = DefaultReadBuffer
+	}
+	cfg.ReadBuffer = min(cfg.ReadBuffer, maxReadBuffer)
+	if cfg.MaxRecvMessage <= 0 {
+		cfg.MaxRecvMessage = DefaultMaxRecvMessage
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	return cfg
+}
+
+func (c *Config) validate() error {
+	if len(c.Servers) == 0 {
+		return errors.New("agent: no server address")
+	}
+	for _, s := range c.Servers {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil || host == "" {
+			return fmt.Errorf("agent: server address %q is not host:port", s)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+			return fmt.Errorf("agent: server address %q: bad port", s)
+		}
+	}
+	if c.AgentID == "" {
+		return errors.New("agent: empty agent ID")
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("agent: a client certificate needs both a certificate and a key file")
+	}
+	return nil
+}
+
+// SplitServers turns a --proxy-server-host value (one host, or a comma-separated list) and the
+// --proxy-server-port value into host:port addresses. An entry that already carries a port ("host:port",
+// "[v6]:port") keeps it.
+func SplitServers(hosts string, port int) ([]string, error) {
+	var out []string
+	for _, h := range strings.Split(hosts, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			continue
+		}
+		if host, p, err := net.SplitHostPort(h); err == nil {
+			n, err := strconv.Atoi(p)
+			if err != nil || n <= 0 || n > 65535 || host == "" {
+				return nil, fmt.Errorf("%q: bad host:port", h)
+			}
+			out = append(out, h)
+			continue
+		}
+		out = append(out, net.JoinHostPort(strings.Trim(h, "[]"), strconv.Itoa(port)))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no host given")
+	}
+	return out, nil
+}

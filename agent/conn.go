@@ -1,0 +1,329 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// closeFlushTimeout bounds how long data already queued for a backend may take to drain after the server
+// asked to close the connection. konnectivity-client waits 10 s for the CLOSE_RSP.
+const closeFlushTimeout = 5 * time.Second
+
+// firstDataHold works around a race in konnectivity-client (v0.34): its receive loop hands DIAL_RSP to the
+// dialing goroutine and goes on to the next packet before that goroutine has registered the connection, so
+// DATA that follows DIAL_RSP closely is dropped as "Connection not recognized" and the tunnel is closed.
+// That happens with backends that speak first (SSH, SMTP, MySQL banners). The agent therefore holds a
+// connection's first DATA until the client has sent something (it can only write once it has registered the
+// connection) or this much time has passed. Client-first protocols such as HTTP and TLS never wait.
+const firstDataHold = 20 * time.Millisecond
+
+// writeBatch is the most written to a backend in one writev.
+const writeBatch = 256 << 10
+
+// Read buffers grow with the traffic: a connection starts with 4 KiB (idle and interactive connections, the
+// common case, hold no more), moves up a tier each time a read fills its buffer, and back down once reads
+// are small again. The tiers are sized so that a DATA message (payload plus a few bytes of protobuf) stays
+// just within a size class of gRPC's buffer pool (32 KiB, 1 MiB), which zeroes whole classes: a 64 KiB
+// message would cost the server a 1 MiB clear.
+const (
+	midReadBuffer = 32<<10 - 128
+	dataOverhead  = 128 // protobuf framing of a DATA packet, with room to spare
+)
+
+var readPools sync.Map // size → *sync.Pool
+
+func readPool(size int) *sync.Pool {
+	if p, ok := readPools.Load(size); ok {
+		return p.(*sync.Pool)
+	}
+	p, _ := readPools.LoadOrStore(size, &sync.Pool{New: func() any { b := make([]byte, size); return &b }})
+	return p.(*sync.Pool)
+}
+
+// readTiers are the buffer sizes a connection moves through, up to max.
+func readTiers(max int) []int {
+	tiers := []int{minReadBuffer}
+	if max > midReadBuffer {
+		tiers = append(tiers, midReadBuffer)
+	}
+	if max > minReadBuffer {
+		tiers = append(tiers, max)
+	}
+	return tiers
+}
+
+// conn is one tunnelled connection: a backend dialled for a server's DIAL_REQ.
+//
+// Data from the server is queued here and written by the conn's own goroutine, so that a backend that
+// reads slowly does not block the session's receive loop, which serves every other connection on the same
+// stream (ANP issue 180). See enqueue for the bound.
+type conn struct {
+	s  *session
+	id int64
+	nc net.Conn
+
+	mu       sync.Mutex
+	queue    [][]byte
+	queued   int
+	closing  bool // the server sent CLOSE_REQ: flush the queue, then close
+	closed   bool
+	wake     chan struct{}
+	progress chan struct{} // the writer wrote a batch
+	done     chan struct{}
+	heard    chan struct{} // closed when the first DATA from the server arrives
+	heardOne sync.Once
+
+	// sendMu orders this connection's DATA before its CLOSE_RSP: once finished is set, no DATA follows.
+	sendMu   sync.Mutex
+	finished bool
+	pkt      client.Packet
+	data     client.Data
+	once     sync.Once
+}
+
+func newConn(s *session, id int64, nc net.Conn) *conn {
+	c := &conn{s: s, id: id, nc: nc, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), done: make(chan struct{}), heard: make(chan struct{})}
+	c.data.ConnectID = id
+	c.pkt.Type = client.PacketType_DATA
+	c.pkt.Payload = &client.Packet_Data{Data: &c.data}
+	return c
+}
+
+// enqueue hands data from the server to the backend writer.
+//
+// The protocol has no per-connection flow control, so the queue cannot push back on the server for this
+// connection alone. Up to Config.ConnectionBuffer bytes are taken without waiting. Beyond that the receive
+// loop waits for this backend, as long as it keeps making progress (a slow backend slows the stream, as a
+// TCP receiver would); a backend that makes no progress for Config.StallTimeout is stalled, and only that
+// connection is closed, so it cannot hold every other connection hostage (ANP issue 180).
+func (c *conn) enqueue(b []byte) {
+	c.heardOne.Do(func() { close(c.heard) })
+	limit := c.s.a.cfg.ConnectionBuffer
+	c.mu.Lock()
+	// A single message larger than the limit is still taken into an empty queue, so that a large write
+	// from a server that does not chunk (upstream forwards a client's write as one message) goes through.
+	if c.queued > 0 && c.queued+len(b) > limit && !c.closed && !c.closing {
+		var timer *time.Timer
+		for c.queued > 0 && c.queued+len(b) > limit && !c.closed && !c.closing {
+			c.mu.Unlock()
+			if timer == nil {
+				timer = time.NewTimer(c.s.a.cfg.StallTimeout)
+				defer timer.Stop()
+			}
+			select {
+			case <-c.progress:
+				timer.Reset(c.s.a.cfg.StallTimeout)
+			case <-timer.C:
+				c.s.a.m.overflows.Inc()
+				klog.InfoS("Backend stopped reading; closing the connection", "serverID", c.s.serverID,
+					"connectionID", c.id, "limitBytes", limit, "stallTimeout", c.s.a.cfg.StallTimeout)
+				// finish sends on the stream, and the receive loop that called us must not wait on it.
+				go c.finish("konnect agent: backend stopped reading")
+				return
+			case <-c.done:
+				return
+			case <-c.s.ctx.Done():
+				return
+			}
+			c.mu.Lock()
+		}
+	}
+	if c.closed || c.closing {
+		c.mu.Unlock()
+		return
+	}
+	c.queue = append(c.queue, b)
+	c.queued += len(b)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// closeRequested handles CLOSE_REQ: what is queued is still written (bounded by closeFlushTimeout), then
+// the connection closes and CLOSE_RSP is sent.
+func (c *conn) closeRequested() {
+	c.mu.Lock()
+	if c.closed || c.closing {
+		c.mu.Unlock()
+		return
+	}
+	c.closing = true
+	c.mu.Unlock()
+	_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *conn) writeLoop() {
+	defer c.s.wg.Done()
+	var batch [][]byte
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 {
+			if c.closed || c.closing {
+				closing := c.closing && !c.closed
+				c.mu.Unlock()
+				if closing {
+					c.finish("")
+				}
+				return
+			}
+			c.mu.Unlock()
+			select {
+			case <-c.wake:
+			case <-c.done:
+			}
+			c.mu.Lock()
+		}
+		// Take at most writeBatch bytes, so that progress is reported often enough to tell a slow backend
+		// from a stalled one.
+		n, k := 0, 0
+		for k < len(c.queue) && (k == 0 || n+len(c.queue[k]) <= writeBatch) {
+			n += len(c.queue[k])
+			k++
+		}
+		batch = append(batch[:0], c.queue[:k]...)
+		rest := copy(c.queue, c.queue[k:])
+		clear(c.queue[rest:])
+		c.queue = c.queue[:rest]
+		c.mu.Unlock()
+
+		bufs := net.Buffers(batch)
+		_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
+		clear(batch)
+		c.s.a.m.bytesFromServer.Add(float64(n))
+
+		c.mu.Lock()
+		c.queued -= n
+		c.mu.Unlock()
+		select {
+		case c.progress <- struct{}{}:
+		default:
+		}
+		if err != nil {
+			if !c.isClosed() {
+				klog.V(2).InfoS("Write to backend failed", "serverID", c.s.serverID, "connectionID", c.id, "err", err)
+			}
+			c.finish("")
+			return
+		}
+	}
+}
+
+func (c *conn) readLoop() {
+	defer c.s.wg.Done()
+	tiers := c.s.a.tiers
+	tier := 0
+	pool := readPool(tiers[0])
+	bp := pool.Get().(*[]byte)
+	defer func() { pool.Put(bp) }()
+	first := true
+	for {
+		buf := *bp
+		n, err := c.nc.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				c.holdFirstData()
+			}
+			if !c.sendData(buf[:n]) {
+				return
+			}
+			next := tier
+			switch {
+			case n == len(buf) && tier < len(tiers)-1:
+				next++
+			case tier > 0 && n < tiers[tier-1]/2:
+				next--
+			}
+			if next != tier {
+				pool.Put(bp)
+				tier, pool = next, readPool(tiers[next])
+				bp = pool.Get().(*[]byte)
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !c.isClosed() {
+				klog.V(2).InfoS("Read from backend failed", "serverID", c.s.serverID, "connectionID", c.id, "err", err)
+			}
+			c.finish("")
+			return
+		}
+	}
+}
+
+func (c *conn) holdFirstData() {
+	select {
+	case <-c.heard:
+		return
+	default:
+	}
+	t := time.NewTimer(firstDataHold)
+	defer t.Stop()
+	select {
+	case <-c.heard:
+	case <-t.C:
+	case <-c.done:
+	}
+}
+
+func (c *conn) sendData(b []byte) bool {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.finished {
+		return false
+	}
+	// The packet is reused: Send has marshalled it by the time it returns.
+	c.data.Data = b
+	err := c.s.send(&c.pkt)
+	c.data.Data = nil
+	if err != nil {
+		return false
+	}
+	c.s.a.m.bytesToServer.Add(float64(len(b)))
+	return true
+}
+
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// finish closes the backend and tells the server with CLOSE_RSP (errMsg empty for a normal close). It runs
+// once, whoever calls it first: reader (backend EOF), writer (CLOSE_REQ flushed, write error), overflow, or
+// session teardown.
+func (c *conn) finish(errMsg string) {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		clear(c.queue)
+		c.queue, c.queued = nil, 0
+		c.mu.Unlock()
+		close(c.done)
+		_ = c.nc.Close()
+		c.s.removeConn(c.id)
+
+		c.sendMu.Lock()
+		c.finished = true
+		c.sendMu.Unlock()
+		_ = c.s.send(&client.Packet{
+			Type: client.PacketType_CLOSE_RSP,
+			Payload: &client.Packet_CloseResponse{CloseResponse: &client.CloseResponse{
+				ConnectID: c.id, Error: errMsg,
+			}},
+		})
+		klog.V(4).InfoS("Connection closed", "serverID", c.s.serverID, "connectionID", c.id)
+		c.s.a.connClosed()
+	})
+}

@@ -1,0 +1,23 @@
+// Package agent is konnect's Konnectivity tunnel agent: it runs next to the workloads that kube-apiserver must
+// reach (nodes, pods, extension API servers), keeps a gRPC stream to every konnectivity server, and dials
+// backends on their behalf.
+//
+// It speaks upstream apiserver-network-proxy's agent protocol (proto/agent AgentService.Connect carrying
+// konnectivity-client Packets: DIAL_REQ/DIAL_RSP/DATA/CLOSE_REQ/CLOSE_RSP/DIAL_CLS/DRAIN, with the agentID,
+// agentIdentifiers, serverID, serverCount and Authorization metadata), so it works with the upstream
+// proxy-server as well as with konnect's own server. It accepts every flag of upstream proxy-agent v0.36.0.
+//
+// Beyond upstream it:
+//   - connects to every server it is given (a comma-separated --proxy-server-host, or a DNS name that
+//     resolves to several addresses) without a load balancer (ANP issue 394), and still supports dialing one
+//     load-balanced address until it has reached serverCount distinct servers;
+//   - reloads its CA bundle, client certificate and token from disk when they change, without a restart and
+//     without touching open tunnels;
+//   - reads backends in large pooled buffers, writes to them with per-connection bounded queues so that one
+//     stalled backend cannot stall the shared stream (ANP issue 180), and accepts large DATA messages;
+//   - can restrict the destinations it dials (--allow-destination);
+//   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound.
+//
+// It is not the server side of the tunnel, and it holds no process plumbing (signals, HTTP listeners): the
+// konnect command wires its health checks and metrics registry into those.
+package agent

@@ -1,0 +1,386 @@
+package agent
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpccreds "google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
+	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
+	"sigs.k8s.io/apiserver-network-proxy/proto/header"
+)
+
+// testCA is a throw-away certificate authority for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+var serial atomic.Int64
+
+func newTestCA(t testing.TB, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(serial.Add(1)),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns PEM cert and key for a leaf. hosts become SANs (IPs or DNS names).
+func (ca *testCA) issue(t testing.TB, cn string, client bool, hosts ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial.Add(1)),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if client {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// writeFile replaces path atomically, as the kubelet and cert-manager do.
+func writeFile(t testing.TB, path string, data []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upstreamServer is upstream apiserver-network-proxy's server library (pkg/server), wired the way its
+// proxy-server binary wires it: a TLS gRPC agent listener and a gRPC frontend on a unix socket.
+type upstreamServer struct {
+	t         testing.TB
+	id        string
+	ps        *server.ProxyServer
+	agentAddr string
+	uds       string
+	agentSrv  *grpc.Server
+	feSrv     *grpc.Server
+	tokens    chan string // Authorization tokens seen, newest last
+	stopOnce  sync.Once
+}
+
+type serverOpts struct {
+	id         string
+	count      int
+	addr       string // agent listener; "" means 127.0.0.1:0
+	ca         *testCA
+	clientCA   *testCA // non-nil: require a client certificate from it
+	serverHost string  // SAN of the server certificate; default 127.0.0.1
+	bigFrames  bool    // frontend accepts messages larger than gRPC's 4 MiB default
+	wantToken  string  // non-empty: refuse agents without this bearer token
+	strategies []proxystrategies.ProxyStrategy
+}
+
+func startUpstreamServer(t testing.TB, o serverOpts) *upstreamServer {
+	t.Helper()
+	if o.count == 0 {
+		o.count = 1
+	}
+	if o.addr == "" {
+		o.addr = "127.0.0.1:0"
+	}
+	if o.serverHost == "" {
+		o.serverHost = "127.0.0.1"
+	}
+	certPEM, keyPEM := o.ca.issue(t, "konnectivity-server", false, o.serverHost)
+	kp, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12}
+	if o.clientCA != nil {
+		pool := x509.NewCertPool()
+		pool.AddCert(o.clientCA.cert)
+		tlsCfg.ClientCAs = pool
+		tlsCfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	s := &upstreamServer{t: t, id: o.id, tokens: make(chan string, 100)}
+	if len(o.strategies) == 0 {
+		o.strategies = []proxystrategies.ProxyStrategy{proxystrategies.ProxyStrategyDefault}
+	}
+	s.ps = server.NewProxyServer(o.id, o.strategies, o.count, &server.AgentTokenAuthenticationOptions{}, 150)
+	intercept := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		tok := ""
+		if v := md.Get(header.AuthenticationTokenContextKey); len(v) == 1 {
+			tok = strings.TrimPrefix(v[0], header.AuthenticationTokenContextSchemePrefix)
+		}
+		select {
+		case s.tokens <- tok:
+		default:
+		}
+		if o.wantToken != "" && tok != o.wantToken {
+			return status.Error(codes.Unauthenticated, "bad token")
+		}
+		return h(srv, ss)
+	}
+	s.agentSrv = grpc.NewServer(grpc.Creds(grpccreds.NewTLS(tlsCfg)), grpc.StreamInterceptor(intercept))
+	agentpb.RegisterAgentServiceServer(s.agentSrv, s.ps)
+	var ln net.Listener
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// A restarted server takes its old port back; the old socket may linger for a moment.
+		ln, err = net.Listen("tcp", o.addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.agentAddr = ln.Addr().String()
+	go func() { _ = s.agentSrv.Serve(ln) }()
+
+	dir, err := os.MkdirTemp("", "konnect-uds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.uds = filepath.Join(dir, "s.sock")
+	uln, err := net.Listen("unix", s.uds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var feOpts []grpc.ServerOption
+	if o.bigFrames {
+		feOpts = append(feOpts, grpc.MaxRecvMsgSize(64<<20))
+	}
+	s.feSrv = grpc.NewServer(feOpts...)
+	client.RegisterProxyServiceServer(s.feSrv, s.ps)
+	go func() { _ = s.feSrv.Serve(uln) }()
+	t.Cleanup(func() { s.stop(); os.RemoveAll(dir) })
+	return s
+}
+
+// stop kills the server hard (upstream's GracefulStop would wait for open tunnels forever, ANP issue 866).
+func (s *upstreamServer) stop() {
+	s.stopOnce.Do(func() {
+		s.agentSrv.Stop()
+		s.feSrv.Stop()
+	})
+}
+
+// backends reports how many agents the server has.
+func (s *upstreamServer) backends() int { return s.ps.BackendManagers[0].NumBackends() }
+
+// dial opens one tunnel through the server's UDS and dials addr through it, as kube-apiserver does.
+func (s *upstreamServer) dial(ctx context.Context, addr string) (net.Conn, error) {
+	tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, "passthrough:///"+s.uds,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", s.uds)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	return tun.DialContext(ctx, "tcp", addr)
+}
+
+// testPKI is the CA, client certificate and token files an agent reads.
+type testPKI struct {
+	dir                                string
+	ca                                 *testCA
+	caFile, certFile, keyFile, tokFile string
+}
+
+func newTestPKI(t testing.TB) *testPKI {
+	p := &testPKI{dir: t.TempDir(), ca: newTestCA(t, "cluster-ca")}
+	p.caFile = filepath.Join(p.dir, "ca.crt")
+	p.certFile = filepath.Join(p.dir, "agent.crt")
+	p.keyFile = filepath.Join(p.dir, "agent.key")
+	p.tokFile = filepath.Join(p.dir, "token")
+	writeFile(t, p.caFile, p.ca.pem)
+	c, k := p.ca.issue(t, "konnectivity-agent", true)
+	writeFile(t, p.certFile, c)
+	writeFile(t, p.keyFile, k)
+	writeFile(t, p.tokFile, []byte("token-1\n"))
+	return p
+}
+
+func (p *testPKI) config(servers ...string) Config {
+	return Config{
+		Servers:         servers,
+		CAFile:          p.caFile,
+		CertFile:        p.certFile,
+		KeyFile:         p.keyFile,
+		TokenFile:       p.tokFile,
+		AgentID:         "agent-1",
+		SyncInterval:    50 * time.Millisecond,
+		SyncIntervalCap: 200 * time.Millisecond,
+		ProbeInterval:   100 * time.Millisecond,
+		GracefulTimeout: 2 * time.Second,
+	}
+}
+
+// runningAgent is an agent started by a test, stopped at cleanup.
+type runningAgent struct {
+	*Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startAgent(t testing.TB, cfg Config) *runningAgent {
+	t.Helper()
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{Agent: a, cancel: cancel, done: make(chan error, 1)}
+	go func() { ra.done <- a.Run(ctx) }()
+	t.Cleanup(func() { _ = ra.stop(t) })
+	return ra
+}
+
+// stop cancels Run and waits for it, failing if it does not return within the graceful timeout plus a margin.
+func (ra *runningAgent) stop(t testing.TB) error {
+	ra.cancel()
+	select {
+	case err, ok := <-ra.done:
+		if ok {
+			close(ra.done)
+		}
+		return err
+	case <-time.After(ra.cfg.GracefulTimeout + 10*time.Second):
+		t.Errorf("agent Run did not return within the graceful timeout")
+		return errors.New("timeout")
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// echoServer is a loopback backend that echoes everything back, counting accepted connections.
+type echoServer struct {
+	ln       net.Listener
+	accepted atomic.Int64
+}
+
+func startEcho(t testing.TB) *echoServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echoServer{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.accepted.Add(1)
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return e
+}
+
+func (e *echoServer) addr() string { return e.ln.Addr().String() }
+
+// group runs functions concurrently and returns the first error, like errgroup.Group.
+type group struct {
+	wg   sync.WaitGroup
+	once sync.Once
+	err  error
+}
+
+func (g *group) Go(f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil {
+			g.once.Do(func() { g.err = err })
+		}
+	}()
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	return g.err
+}

@@ -1,0 +1,50 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	coordinationv1lister "k8s.io/client-go/listers/coordination/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
+	upstreamagent "sigs.k8s.io/apiserver-network-proxy/pkg/agent"
+)
+
+// StartLeaseCounter implements --count-server-leases: it watches the servers' Lease objects and returns a
+// function that counts the valid ones, for Config.ServerCount. It uses upstream's lease counter, so the
+// count means exactly what it means for proxy-agent. The watch stops when ctx ends.
+func StartLeaseCounter(ctx context.Context, kubeconfig, namespace, selector, contentType string) (func() int, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease counting: kubernetes client config (--kubeconfig): %w", err)
+	}
+	cfg.ContentType = contentType
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("lease counting: %w", err)
+	}
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil, fmt.Errorf("--lease-label: %w", err)
+	}
+	informer := upstreamagent.NewLeaseInformerWithMetrics(client, namespace, 10*time.Second)
+	go informer.Run(ctx.Done())
+	syncCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), informer.HasSynced) {
+		return nil, fmt.Errorf("lease counting: leases in namespace %q did not sync within 30s", namespace)
+	}
+	counter := upstreamagent.NewServerLeaseCounter(clock.RealClock{}, coordinationv1lister.NewLeaseLister(informer.GetIndexer()), sel)
+	return counter.Count, nil
+}

@@ -1,0 +1,472 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// echoOnce checks that a fresh tunnel through srv reaches echo.
+func echoOnce(t testing.TB, srv *upstreamServer, echo *echoServer) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := srv.dial(ctx, echo.addr())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	buf := make([]byte, 4)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	return nil
+}
+
+func TestAgentRestart(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	for i := range 2 {
+		ra := startAgent(t, pki.config(srv.agentAddr))
+		eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+		if err := echoOnce(t, srv, echo); err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if err := ra.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
+	}
+}
+
+func TestServerRestart(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	if err := echoOnce(t, srv, echo); err != nil {
+		t.Fatal(err)
+	}
+	srv.stop()
+	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
+	// Down for a while: the agent keeps retrying with backoff and records why it fails.
+	time.Sleep(300 * time.Millisecond)
+	st := ra.Status()
+	if len(st) != 1 || st[0].Connected || st[0].LastError == "" {
+		t.Fatalf("status while the server is down: %+v", st)
+	}
+	srv2 := startUpstreamServer(t, serverOpts{id: "s1-restarted", ca: pki.ca, addr: srv.agentAddr})
+	eventually(t, 10*time.Second, "agent reconnected", func() bool { return srv2.backends() == 1 })
+	if err := echoOnce(t, srv2, echo); err != nil {
+		t.Fatal(err)
+	}
+	if st := ra.Status(); st[0].ServerID != "s1-restarted" || st[0].LastError != "" {
+		t.Fatalf("status after reconnect: %+v", st)
+	}
+}
+
+func readyErr(ra *runningAgent, name string) error {
+	for _, c := range ra.ReadyChecks() {
+		if c.Name() == name {
+			return c.Check(nil)
+		}
+	}
+	return nil
+}
+
+func TestTwoServersOneAgent(t *testing.T) {
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
+	echo := startEcho(t)
+	ra := startAgent(t, pki.config(s1.agentAddr, s2.agentAddr))
+	eventually(t, 10*time.Second, "agent on both servers", func() bool { return s1.backends() == 1 && s2.backends() == 1 })
+	for _, s := range []*upstreamServer{s1, s2} {
+		if err := echoOnce(t, s, echo); err != nil {
+			t.Fatalf("through %s: %v", s.id, err)
+		}
+	}
+	if err := readyErr(ra, "all-servers-connected"); err != nil {
+		t.Fatal(err)
+	}
+
+	// s2 goes away: the agent still counts it, and is not ready until it is back.
+	addr2 := s2.agentAddr
+	s2.stop()
+	eventually(t, 10*time.Second, "agent noticed s2 is gone", func() bool { n, _ := ra.Connected(); return n == 1 })
+	if n, known := ra.Connected(); known != 2 {
+		t.Fatalf("known servers %d (connected %d), want 2", known, n)
+	}
+	err := readyErr(ra, "all-servers-connected")
+	if err == nil || !strings.Contains(err.Error(), "connected to 1 of 2 servers") || !strings.Contains(err.Error(), addr2) {
+		t.Fatalf("readiness with s2 down: %v", err)
+	}
+	if err := readyErr(ra, "server-connected"); err != nil {
+		t.Fatalf("server-connected with s1 up: %v", err)
+	}
+	if err := echoOnce(t, s1, echo); err != nil {
+		t.Fatal(err)
+	}
+
+	s2b := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca, addr: addr2})
+	eventually(t, 10*time.Second, "agent back on s2", func() bool { return s2b.backends() == 1 })
+	if n, known := ra.Connected(); n != 2 || known != 2 {
+		t.Fatalf("Connected() = %d, %d after s2 came back", n, known)
+	}
+	if err := readyErr(ra, "all-servers-connected"); err != nil {
+		t.Fatal(err)
+	}
+	if err := echoOnce(t, s2b, echo); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tcpBalancer forwards each new connection to the next backend in turn, like a layer-4 load balancer.
+func tcpBalancer(t *testing.T, backends ...string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", backends[i%len(backends)])
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(b, c); b.Close() }()
+			go func() { defer wg.Done(); io.Copy(c, b); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestLoadBalancedAddress(t *testing.T) {
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
+	lb := tcpBalancer(t, s1.agentAddr, s2.agentAddr)
+	ra := startAgent(t, pki.config(lb))
+	// One address, but the servers say there are two: the agent dials again until it has both.
+	eventually(t, 10*time.Second, "agent on both servers behind one address", func() bool {
+		return s1.backends() == 1 && s2.backends() == 1
+	})
+	if n, known := ra.Connected(); n != 2 || known != 2 {
+		t.Fatalf("Connected() = %d, %d", n, known)
+	}
+	// No duplicate streams stay open.
+	time.Sleep(300 * time.Millisecond)
+	if s1.backends() != 1 || s2.backends() != 1 {
+		t.Fatalf("backends %d, %d; want 1, 1", s1.backends(), s2.backends())
+	}
+}
+
+func TestDrain(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	cfg := pki.config(srv.agentAddr)
+	cfg.GracefulTimeout = 5 * time.Second
+	ra := startAgent(t, cfg)
+	other := pki.config(srv.agentAddr)
+	other.AgentID = "agent-2"
+	rb := startAgent(t, other)
+	eventually(t, 10*time.Second, "agents connected", func() bool { return srv.backends() == 2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Open a connection through the agent that is about to drain.
+	var open net.Conn
+	eventually(t, 5*time.Second, "a connection through agent-1", func() bool {
+		c, err := srv.dial(ctx, echo.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ra.OpenConnections() == 1 {
+			open = c
+			return true
+		}
+		c.Close()
+		return false
+	})
+
+	stopped := make(chan error, 1)
+	start := time.Now()
+	go func() { stopped <- ra.stop(t) }()
+	eventually(t, 5*time.Second, "agent-1 draining", func() bool { return ra.draining.Load() })
+	// The server heard DRAIN: every new tunnel goes to agent-2.
+	before := rb.OpenConnections()
+	for range 20 {
+		c, err := srv.dial(ctx, echo.addr())
+		if err != nil {
+			t.Fatalf("dial while agent-1 drains: %v", err)
+		}
+		defer c.Close()
+	}
+	if got := rb.OpenConnections() - before; got != 20 {
+		t.Fatalf("agent-2 got %d of 20 new connections", got)
+	}
+	// The connection open before the drain keeps working.
+	roundTrip(t, open, 1<<20, 64<<10)
+	select {
+	case <-stopped:
+		t.Fatal("Run returned while a connection was still open")
+	default:
+	}
+	open.Close()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(cfg.GracefulTimeout):
+		t.Fatal("Run did not return after the last connection closed")
+	}
+	if el := time.Since(start); el >= cfg.GracefulTimeout {
+		t.Fatalf("drain took %v, the whole graceful timeout", el)
+	}
+}
+
+func TestDrainingAgentRefusesDials(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	cfg := pki.config(srv.agentAddr)
+	cfg.GracefulTimeout = 5 * time.Second
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	held, err := srv.dial(context.Background(), echo.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ra.stop(t)
+	eventually(t, 5*time.Second, "agent draining", func() bool { return ra.draining.Load() })
+	// Upstream's server still picks a draining agent when it has no other; the agent says no.
+	_, err = srv.dial(context.Background(), echo.addr())
+	if err == nil || !strings.Contains(err.Error(), "shutting down and accepts no new connections") {
+		t.Fatalf("dial to a draining agent: %v", err)
+	}
+	if n := echo.accepted.Load(); n != 1 {
+		t.Fatalf("backend saw %d connections, want 1", n)
+	}
+	held.Close()
+}
+
+func TestGracefulTimeoutBoundsRun(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	cfg := pki.config(srv.agentAddr)
+	cfg.GracefulTimeout = 300 * time.Millisecond
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	c, err := srv.dial(context.Background(), echo.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if err := ra.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("Run took %v to return with a tunnel open; graceful timeout is %v", el, cfg.GracefulTimeout)
+	}
+	// The tunnel was closed by the agent.
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("tunnel still open after the agent stopped")
+	}
+}
+
+func TestRunLeavesNothingBehind(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := startEcho(t)
+	// Everything running now (the server, klog, gRPC internals) is not the agent's.
+	ignore := goleak.IgnoreCurrent()
+	cfg := pki.config(srv.agentAddr)
+	cfg.GracefulTimeout = 200 * time.Millisecond
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	if err := echoOnce(t, srv, echo); err != nil {
+		t.Fatal(err)
+	}
+	held, err := srv.dial(context.Background(), echo.addr()) // left open on purpose
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
+	eventually(t, 5*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
+	// The tunnel client and the server need a moment to unwind their side of the closed tunnel.
+	srv.stop()
+	goleak.VerifyNone(t, ignore,
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+func TestWrongServerSAN(t *testing.T) {
+	for _, tc := range []struct{ name, san, host, want string }{
+		{"other IP", "127.0.0.2", "127.0.0.1", "certificate is valid for 127.0.0.2, not 127.0.0.1"},
+		{"other name", "other.example", "localhost", "certificate is valid for other.example, not localhost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pki := newTestPKI(t)
+			srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, serverHost: tc.san})
+			_, port, _ := net.SplitHostPort(srv.agentAddr)
+			ra := startAgent(t, pki.config(net.JoinHostPort(tc.host, port)))
+			eventually(t, 10*time.Second, "a recorded TLS failure", func() bool {
+				for _, st := range ra.Status() {
+					if strings.Contains(st.LastError, tc.want) {
+						return true
+					}
+				}
+				return false
+			})
+			if srv.backends() != 0 {
+				t.Fatal("agent connected to a server whose certificate does not name it")
+			}
+		})
+	}
+}
+
+func TestWrongServerCA(t *testing.T) {
+	pki := newTestPKI(t)
+	other := newTestCA(t, "other-ca")
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: other})
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "a recorded TLS failure", func() bool {
+		st := ra.Status()
+		return len(st) == 1 && strings.Contains(st[0].LastError, "certificate signed by unknown authority")
+	})
+	if srv.backends() != 0 {
+		t.Fatal("agent connected to a server signed by a CA it does not trust")
+	}
+}
+
+func TestTokenRejectedIsReported(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, wantToken: "other-token"})
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "the server's refusal recorded", func() bool {
+		st := ra.Status()
+		return len(st) == 1 && strings.Contains(st[0].LastError, "Unauthenticated") &&
+			strings.Contains(st[0].LastError, "bad token")
+	})
+}
+
+func TestHotReloadWithTunnelOpen(t *testing.T) {
+	pki := newTestPKI(t)
+	// s1 trusts the first CA's client certificates and token-1; s2 (started after the rotation) only the
+	// second CA's and token-2. The server certificates are issued by the CA the agent trusts at that time.
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca, clientCA: pki.ca, wantToken: "token-1"})
+	// Reserve s2's port now; it starts later.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr2 := l.Addr().String()
+	l.Close()
+	echo := startEcho(t)
+	ra := startAgent(t, pki.config(s1.agentAddr, addr2))
+	eventually(t, 10*time.Second, "agent on s1", func() bool { return s1.backends() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	open, err := s1.dial(ctx, echo.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	roundTrip(t, open, 64<<10, 64<<10)
+
+	// Rotate everything on disk.
+	ca2 := newTestCA(t, "cluster-ca-2")
+	writeFile(t, pki.caFile, ca2.pem)
+	c, k := ca2.issue(t, "konnectivity-agent", true)
+	writeFile(t, pki.certFile, c)
+	writeFile(t, pki.keyFile, k)
+	writeFile(t, pki.tokFile, []byte("token-2"))
+
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, addr: addr2, ca: ca2, clientCA: ca2, wantToken: "token-2"})
+	eventually(t, 10*time.Second, "agent on s2 with the new CA, certificate and token", func() bool { return s2.backends() == 1 })
+	if n, _ := ra.Connected(); n != 2 {
+		t.Fatalf("connected to %d servers, want 2", n)
+	}
+	// The tunnel opened before the rotation still works.
+	roundTrip(t, open, 1<<20, 64<<10)
+	if err := echoOnce(t, s2, echo); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHotReloadKeepsGoodCopyOfBrokenFile(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	// A half-written CA bundle must not stop reconnects.
+	writeFile(t, pki.caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"))
+	srv.stop()
+	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
+	srv2 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, addr: srv.agentAddr})
+	eventually(t, 10*time.Second, "agent reconnected with the last good CA bundle", func() bool { return srv2.backends() == 1 })
+}
+
+func TestHealthEndpointsOverHTTP(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	ra := startAgent(t, pki.config(srv.agentAddr, "127.0.0.1:1"))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	mux := http.NewServeMux()
+	for _, c := range ra.ReadyChecks() {
+		mux.HandleFunc("/readyz/"+c.Name(), func(w http.ResponseWriter, r *http.Request) {
+			if err := c.Check(r); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			}
+		})
+	}
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	for path, want := range map[string]int{"/readyz/server-connected": 200, "/readyz/all-servers-connected": 503} {
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+}

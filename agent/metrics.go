@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	commonmetrics "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/common/metrics"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// Metric names follow upstream's proxy-agent (konnectivity_network_proxy_agent_*), so dashboards and alerts
+// written for it keep working; konnect_agent_* are konnect's additions.
+const (
+	metricsNamespace = "konnectivity_network_proxy"
+	metricsSubsystem = "agent"
+)
+
+type metrics struct {
+	dialLatency     prometheus.Histogram
+	dialFailures    *prometheus.CounterVec
+	serverConns     prometheus.Gauge
+	knownServers    prometheus.Gauge
+	endpointConns   prometheus.Gauge
+	streamPackets   *prometheus.CounterVec
+	streamErrors    *prometheus.CounterVec
+	bytes           *prometheus.CounterVec
+	overflows       prometheus.Counter
+	connectFailures *prometheus.CounterVec
+	dataToServer    prometheus.Counter
+	dataFromServer  prometheus.Counter
+	bytesToServer   prometheus.Counter
+	bytesFromServer prometheus.Counter
+}
+
+// Dial failure reasons, as upstream labels them plus konnect's "not_allowed".
+const (
+	dialFailureTimeout    = "timeout"
+	dialFailureUnknown    = "unknown"
+	dialFailureNotAllowed = "not_allowed"
+	dialFailureDraining   = "draining"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		dialLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_duration_seconds",
+			Help:    "Latency of dial to the remote endpoint in seconds",
+			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30},
+		}),
+		dialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "endpoint_dial_failure_total",
+			Help: "Number of failures dialing the remote endpoint, by reason (timeout, unknown, not_allowed, draining).",
+		}, []string{"reason"}),
+		serverConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "open_server_connections",
+			Help: "Current number of open server connections.",
+		}),
+		knownServers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "known_server_count",
+			Help: "Current number of servers agent is trying to connect to.",
+		}),
+		endpointConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "open_endpoint_connections",
+			Help: "Current number of open endpoint connections.",
+		}),
+		streamPackets: commonmetrics.MakeStreamPacketsTotalMetric(metricsNamespace, metricsSubsystem),
+		streamErrors:  commonmetrics.MakeStreamErrorsTotalMetric(metricsNamespace, metricsSubsystem),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "konnect_agent_data_bytes_total",
+			Help: "Payload bytes carried for tunnelled connections, by direction (to_server: read from backends; from_server: written to backends).",
+		}, []string{"direction"}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "konnect_agent_connection_overflow_total",
+			Help: "Connections closed because their backend read nothing for --connection-stall-timeout with a full queue.",
+		}),
+		connectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "konnect_agent_server_connect_failures_total",
+			Help: "Failed attempts to open a stream to a server, by server address.",
+		}, []string{"address"}),
+	}
+	m.dataToServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentFromAgent), client.PacketType_DATA.String())
+	m.dataFromServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentToAgent), client.PacketType_DATA.String())
+	m.bytesToServer = m.bytes.WithLabelValues("to_server")
+	m.bytesFromServer = m.bytes.WithLabelValues("from_server")
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
+		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) packetSent(t client.PacketType) {
+	if t == client.PacketType_DATA {
+		m.dataToServer.Inc()
+		return
+	}
+	commonmetrics.ObservePacket(m.streamPackets, commonmetrics.SegmentFromAgent, t)
+}
+
+func (m *metrics) packetReceived(t client.PacketType) {
+	if t == client.PacketType_DATA {
+		m.dataFromServer.Inc()
+		return
+	}
+	commonmetrics.ObservePacket(m.streamPackets, commonmetrics.SegmentToAgent, t)
+}
+
+func (m *metrics) sendError(err error, t client.PacketType) {
+	commonmetrics.ObserveStreamError(m.streamErrors, commonmetrics.SegmentFromAgent, err, t)
+}
+
+func (m *metrics) recvError(err error) {
+	commonmetrics.ObserveStreamErrorNoPacket(m.streamErrors, commonmetrics.SegmentToAgent, err)
+}
+
+func (m *metrics) dialed(d time.Duration) { m.dialLatency.Observe(d.Seconds()) }

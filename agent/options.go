@@ -1,0 +1,253 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
+	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
+	"sigs.k8s.io/apiserver-network-proxy/proto/header"
+)
+
+// Options are the command-line settings of `konnect agent`: every flag of upstream proxy-agent v0.36.0,
+// registered by upstream's own options type so that names and defaults cannot drift, plus konnect's own.
+type Options struct {
+	// Upstream holds proxy-agent's flags (connection, TLS, identity, sync, health and admin ports, leases).
+	Upstream *upstream.GrpcProxyAgentOptions
+
+	// konnect only.
+	AllowDestinations []string      // --allow-destination CIDR:PORTS, repeatable; empty allows all
+	GracefulTimeout   time.Duration // --graceful-timeout
+	DialTimeout       time.Duration // --dial-timeout
+	ConnectionBuffer  int           // --connection-buffer-bytes
+	StallTimeout      time.Duration // --connection-stall-timeout
+	ReadBuffer        int           // --read-buffer-bytes
+	AllowRemoteAdmin  bool          // --allow-remote-admin
+}
+
+// NewOptions returns upstream's defaults plus konnect's.
+func NewOptions() *Options {
+	return &Options{
+		Upstream:         upstream.NewGrpcProxyAgentOptions(),
+		GracefulTimeout:  DefaultGracefulTimeout,
+		DialTimeout:      DefaultDialTimeout,
+		ConnectionBuffer: DefaultConnectionBuffer,
+		StallTimeout:     DefaultStallTimeout,
+		ReadBuffer:       DefaultReadBuffer,
+	}
+}
+
+// AddFlags registers every flag on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.AddFlagSet(o.Upstream.Flags())
+	if f := fs.Lookup("proxy-server-host"); f != nil {
+		f.Usage = "The proxy server to connect to: a host name or address, or a comma-separated list of them " +
+			"(entries may carry their own :port). The agent connects to every server listed and to every " +
+			"address a name resolves to."
+	}
+	if f := fs.Lookup("ca-cert"); f != nil {
+		f.Usage = "CA bundle that verifies the proxy servers' certificates; reloaded when it changes on disk. Empty means the system roots."
+	}
+	if f := fs.Lookup("agent-cert"); f != nil {
+		f.Usage = "Client certificate presented to the proxy servers (mTLS), with --agent-key; reloaded when it changes on disk."
+	}
+	if f := fs.Lookup("agent-key"); f != nil {
+		f.Usage = "Key of --agent-cert; reloaded when it changes on disk."
+	}
+	if f := fs.Lookup("service-account-token-path"); f != nil {
+		f.Usage = "File with the ServiceAccount token (audience system:konnectivity-server) sent to the proxy servers; read again on every connect, so the kubelet's rotations apply."
+	}
+	if f := fs.Lookup("health-server-host"); f != nil {
+		f.Usage = "The address the health server (/healthz, /livez, /readyz, /metrics) listens on, without port. " +
+			"Empty (upstream's default) means all interfaces, so that the kubelet can probe the pod IP."
+	}
+	if f := fs.Lookup("admin-bind-address"); f != nil {
+		f.Usage = "Bind address for the admin server (pprof with --enable-profiling). It must be a loopback address unless --allow-remote-admin is set."
+	}
+	if f := fs.Lookup("xfr-channel-size"); f != nil {
+		f.Usage = "Accepted for compatibility with upstream; konnect bounds each connection's queue in bytes (--connection-buffer-bytes)."
+	}
+	fs.StringArrayVar(&o.AllowDestinations, "allow-destination", o.AllowDestinations,
+		"Only dial backends in CIDR:PORTS, for example 10.0.0.0/8:443,8443 or 198.19.0.0/16:1-65535. Repeatable. "+
+			"Off by default (every destination is allowed, as upstream). A refused dial is answered with an error and never dialled.")
+	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
+		"Allow a non-loopback --admin-bind-address (the admin port serves pprof).")
+	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
+		"On SIGTERM, how long open connections may continue after DRAIN was sent to the servers.")
+	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "Timeout for dialling a backend.")
+	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
+		"Bytes queued for one backend before the agent waits for it to read. Connections have their own queues, so a slow backend does not hold up the others.")
+	fs.DurationVar(&o.StallTimeout, "connection-stall-timeout", o.StallTimeout,
+		"A backend whose queue is full and that reads nothing for this long is closed, so that it cannot stall the stream it shares with every other connection (ANP issue 180).")
+	fs.IntVar(&o.ReadBuffer, "read-buffer-bytes", o.ReadBuffer,
+		"Largest read from a backend, and so the largest DATA message sent to a server (4096 to 1048576; gRPC servers accept 4 MiB by default). Connections start with 4 KiB reads and grow only while reads fill the buffer.")
+}
+
+// Validate checks the options; each error names the flag to fix.
+func (o *Options) Validate() error {
+	u := o.Upstream
+	var errs []error
+	add := func(flag, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	fileFlag := func(flag, path string) {
+		if path == "" {
+			return
+		}
+		if _, err := os.Stat(path); err != nil {
+			add(flag, "%v", err)
+		}
+	}
+	fileFlag("ca-cert", u.CaCert)
+	fileFlag("agent-cert", u.AgentCert)
+	fileFlag("agent-key", u.AgentKey)
+	fileFlag("service-account-token-path", u.ServiceAccountTokenPath)
+	fileFlag("kubeconfig", u.KubeconfigPath)
+	if (u.AgentCert == "") != (u.AgentKey == "") {
+		add("agent-cert", "--agent-cert and --agent-key must be given together")
+	}
+	if u.ProxyServerPort <= 0 || u.ProxyServerPort > 65535 {
+		add("proxy-server-port", "port %d out of range 1-65535", u.ProxyServerPort)
+	} else if _, err := SplitServers(u.ProxyServerHost, u.ProxyServerPort); err != nil {
+		add("proxy-server-host", "%v", err)
+	}
+	if u.HealthServerPort <= 0 || u.HealthServerPort > 65535 {
+		add("health-server-port", "port %d out of range 1-65535", u.HealthServerPort)
+	}
+	if u.AdminServerPort <= 0 || u.AdminServerPort > 65535 {
+		add("admin-server-port", "port %d out of range 1-65535", u.AdminServerPort)
+	}
+	if u.HealthServerHost != "" && net.ParseIP(u.HealthServerHost) == nil && u.HealthServerHost != "localhost" {
+		add("health-server-host", "%q is not an IP address", u.HealthServerHost)
+	}
+	if u.XfrChannelSize <= 0 {
+		add("xfr-channel-size", "must be greater than 0, got %d", u.XfrChannelSize)
+	}
+	if u.EnableContentionProfiling && !u.EnableProfiling {
+		add("enable-contention-profiling", "needs --enable-profiling")
+	}
+	if u.SyncInterval <= 0 {
+		add("sync-interval", "must be positive, got %v", u.SyncInterval)
+	}
+	if u.SyncInterval > u.SyncIntervalCap {
+		add("sync-interval", "%v is larger than --sync-interval-cap %v", u.SyncInterval, u.SyncIntervalCap)
+	}
+	if u.ProbeInterval <= 0 {
+		add("probe-interval", "must be positive, got %v", u.ProbeInterval)
+	}
+	if u.KeepaliveTime <= 0 {
+		add("keepalive-time", "must be positive, got %v", u.KeepaliveTime)
+	}
+	if u.AgentID == "" {
+		add("agent-id", "must not be empty")
+	}
+	if err := validateIdentifiers(u.AgentIdentifiers); err != nil {
+		add("agent-identifiers", "%v", err)
+	}
+	if u.CountServerLeases {
+		if _, err := labels.Parse(u.LeaseLabel); err != nil {
+			add("lease-label", "%v", err)
+		}
+		if u.LeaseNamespace == "" {
+			add("lease-namespace", "must not be empty with --count-server-leases")
+		}
+	}
+	switch u.ServerCountSource {
+	case "", "default", "max":
+	default:
+		add("server-count-source", "must be 'default' or 'max', got %q", u.ServerCountSource)
+	}
+	for _, d := range o.AllowDestinations {
+		if _, err := ParseDestination(d); err != nil {
+			add("allow-destination", "%v", err)
+		}
+	}
+	if o.GracefulTimeout < 0 {
+		add("graceful-timeout", "must not be negative, got %v", o.GracefulTimeout)
+	}
+	if o.DialTimeout <= 0 {
+		add("dial-timeout", "must be positive, got %v", o.DialTimeout)
+	}
+	if o.ConnectionBuffer <= 0 {
+		add("connection-buffer-bytes", "must be positive, got %d", o.ConnectionBuffer)
+	}
+	if o.StallTimeout <= 0 {
+		add("connection-stall-timeout", "must be positive, got %v", o.StallTimeout)
+	}
+	if o.ReadBuffer < minReadBuffer || o.ReadBuffer > maxReadBuffer {
+		add("read-buffer-bytes", "must be between %d and %d, got %d", minReadBuffer, maxReadBuffer, o.ReadBuffer)
+	}
+	return errors.Join(errs...)
+}
+
+func validateIdentifiers(s string) error {
+	q, err := url.ParseQuery(s)
+	if err != nil {
+		return fmt.Errorf("not URL-encoded (for example host=node1&cidr=10.0.0.0/8): %w", err)
+	}
+	for k, vs := range q {
+		switch header.IdentifierType(k) {
+		case header.IPv4, header.IPv6, header.Host, header.CIDR:
+		case header.DefaultRoute:
+			for _, v := range vs {
+				if _, err := strconv.ParseBool(v); err != nil {
+					return fmt.Errorf("default-route=%q is not true or false", v)
+				}
+			}
+		default:
+			return fmt.Errorf("unknown identifier type %q (want ipv4, ipv6, host, cidr or default-route)", k)
+		}
+	}
+	return nil
+}
+
+// Config turns validated options into the agent's Config. Lease counting (--count-server-leases) needs a
+// Kubernetes client and is wired by the caller through Config.ServerCount.
+func (o *Options) Config() (Config, error) {
+	if err := o.Validate(); err != nil {
+		return Config{}, err
+	}
+	u := o.Upstream
+	servers, err := SplitServers(u.ProxyServerHost, u.ProxyServerPort)
+	if err != nil {
+		return Config{}, fmt.Errorf("--proxy-server-host: %w", err)
+	}
+	cfg := Config{
+		Servers:          servers,
+		CAFile:           u.CaCert,
+		CertFile:         u.AgentCert,
+		KeyFile:          u.AgentKey,
+		ALPNProtos:       u.AlpnProtos,
+		TokenFile:        u.ServiceAccountTokenPath,
+		AgentID:          u.AgentID,
+		Identifiers:      u.AgentIdentifiers,
+		SyncInterval:     u.SyncInterval,
+		SyncIntervalCap:  u.SyncIntervalCap,
+		SyncForever:      u.SyncForever,
+		ProbeInterval:    u.ProbeInterval,
+		KeepaliveTime:    u.KeepaliveTime,
+		ServerCountMax:   u.ServerCountSource == "max",
+		DialTimeout:      o.DialTimeout,
+		GracefulTimeout:  o.GracefulTimeout,
+		ConnectionBuffer: o.ConnectionBuffer,
+		StallTimeout:     o.StallTimeout,
+		ReadBuffer:       o.ReadBuffer,
+	}
+	if o.GracefulTimeout == 0 {
+		cfg.GracefulTimeout = -1 // --graceful-timeout=0: close at once
+	}
+	for _, d := range o.AllowDestinations {
+		dest, err := ParseDestination(d)
+		if err != nil {
+			return Config{}, fmt.Errorf("--allow-destination: %w", err)
+		}
+		cfg.Allow = append(cfg.Allow, dest)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
+)
+
+// TestFlagsMatchUpstream walks upstream proxy-agent's flags and checks that konnect has each one, with the
+// same type and default, so that a user can swap the image and keep the arguments.
+func TestFlagsMatchUpstream(t *testing.T) {
+	ours := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+	NewOptions().AddFlags(ours)
+	theirs := upstream.NewGrpcProxyAgentOptions().Flags()
+	n := 0
+	theirs.VisitAll(func(f *pflag.Flag) {
+		n++
+		g := ours.Lookup(f.Name)
+		if g == nil {
+			t.Errorf("--%s: missing", f.Name)
+			return
+		}
+		if g.Value.Type() != f.Value.Type() {
+			t.Errorf("--%s: type %s, upstream %s", f.Name, g.Value.Type(), f.Value.Type())
+		}
+		if f.Name == "agent-id" {
+			// A fresh UUID per process, in both.
+			if g.DefValue == "" {
+				t.Errorf("--agent-id: empty default")
+			}
+			return
+		}
+		if g.DefValue != f.DefValue {
+			t.Errorf("--%s: default %q, upstream %q", f.Name, g.DefValue, f.DefValue)
+		}
+		if g.Shorthand != f.Shorthand {
+			t.Errorf("--%s: shorthand %q, upstream %q", f.Name, g.Shorthand, f.Shorthand)
+		}
+	})
+	if n < 25 {
+		t.Fatalf("upstream has only %d flags? the walk is broken", n)
+	}
+}
+
+// TestFlagDefaults pins the defaults that matter, so that a change is deliberate.
+func TestFlagDefaults(t *testing.T) {
+	fs := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+	NewOptions().AddFlags(fs)
+	for name, want := range map[string]string{
+		"proxy-server-host":        "127.0.0.1",
+		"proxy-server-port":        "8091",
+		"health-server-port":       "8093",
+		"health-server-host":       "",
+		"admin-server-port":        "8094",
+		"admin-bind-address":       "127.0.0.1",
+		"sync-interval":            "1s",
+		"sync-interval-cap":        "10s",
+		"probe-interval":           "1s",
+		"keepalive-time":           "1h0m0s",
+		"xfr-channel-size":         "150",
+		"allow-destination":        "[]",
+		"graceful-timeout":         "20s",
+		"dial-timeout":             "5s",
+		"connection-buffer-bytes":  "8388608",
+		"connection-stall-timeout": "5s",
+		"read-buffer-bytes":        "1048448",
+		"allow-remote-admin":       "false",
+	} {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("--%s missing", name)
+			continue
+		}
+		if f.DefValue != want {
+			t.Errorf("--%s default %q, want %q", name, f.DefValue, want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // substring of the error; empty means valid
+	}{
+		{"defaults", nil, ""},
+		{"server list", []string{"--proxy-server-host=10.0.0.1,10.0.0.2,[fd00::1]:9000,example.com"}, ""},
+		{"port range", []string{"--proxy-server-port=70000"}, "--proxy-server-port"},
+		{"empty host", []string{"--proxy-server-host=,"}, "--proxy-server-host"},
+		{"bad host port", []string{"--proxy-server-host=a:b"}, "--proxy-server-host"},
+		{"missing CA", []string{"--ca-cert=" + filepath.Join(dir, "nope")}, "--ca-cert"},
+		{"cert without key", []string{"--agent-cert=" + file}, "--agent-cert and --agent-key"},
+		{"missing token", []string{"--service-account-token-path=/nonexistent/token"}, "--service-account-token-path"},
+		{"identifiers", []string{"--agent-identifiers=host=n1&cidr=10.0.0.0/8&default-route=true"}, ""},
+		{"unknown identifier", []string{"--agent-identifiers=colour=blue"}, "--agent-identifiers"},
+		{"bad default-route", []string{"--agent-identifiers=default-route=maybe"}, "--agent-identifiers"},
+		{"sync interval over cap", []string{"--sync-interval=20s"}, "--sync-interval"},
+		{"contention without profiling", []string{"--enable-contention-profiling"}, "--enable-contention-profiling"},
+		{"server count source", []string{"--server-count-source=min"}, "--server-count-source"},
+		{"lease label", []string{"--count-server-leases", "--lease-label=a b c"}, "--lease-label"},
+		{"allow", []string{"--allow-destination=10.0.0.0/8:443,8443", "--allow-destination=fd00::/8:1-65535"}, ""},
+		{"allow without ports", []string{"--allow-destination=10.0.0.0/8"}, "--allow-destination"},
+		{"allow bad range", []string{"--allow-destination=10.0.0.0/8:9-1"}, "--allow-destination"},
+		{"allow bad cidr", []string{"--allow-destination=10.0.0.0/33:1"}, "--allow-destination"},
+		{"xfr", []string{"--xfr-channel-size=0"}, "--xfr-channel-size"},
+		{"read buffer", []string{"--read-buffer-bytes=100"}, "--read-buffer-bytes"},
+		{"health host", []string{"--health-server-host=not-an-ip"}, "--health-server-host"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			_, err := o.Config()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestOptionsConfig(t *testing.T) {
+	o := NewOptions()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--proxy-server-host=10.0.0.1, server.example:9000", "--proxy-server-port=8132",
+		"--allow-destination=10.0.0.0/8:443", "--graceful-timeout=0", "--agent-id=a1", "--sync-forever",
+		"--server-count-source=max"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.Servers, " "); got != "10.0.0.1:8132 server.example:9000" {
+		t.Errorf("servers %q", got)
+	}
+	if cfg.AgentID != "a1" || !cfg.SyncForever || !cfg.ServerCountMax || cfg.GracefulTimeout >= 0 {
+		t.Errorf("config %+v", cfg)
+	}
+	if len(cfg.Allow) != 1 || cfg.Allow[0].String() != "10.0.0.0/8:443" {
+		t.Errorf("allow %v", cfg.Allow)
+	}
+	if cfg.SyncInterval != time.Second || cfg.SyncIntervalCap != 10*time.Second {
+		t.Errorf("sync %v/%v", cfg.SyncInterval, cfg.SyncIntervalCap)
+	}
+}
+
+func TestAllowList(t *testing.T) {
+	var l AllowList
+	for _, s := range []string{"10.0.0.0/8:443,8443", "198.19.0.10:1-65535", "fd00::/8:6443"} {
+		d, err := ParseDestination(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l = append(l, d)
+	}
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"10.1.2.3:443", true},
+		{"10.1.2.3:8443", true},
+		{"10.1.2.3:22", false},
+		{"11.0.0.1:443", false},
+		{"198.19.0.10:1", true},
+		{"198.19.0.11:1", false},
+		{"[fd00::5]:6443", true},
+		{"[fd00::5]:443", false},
+		{"[::ffff:10.0.0.1]:443", true}, // v4-mapped is the v4 address
+	} {
+		ap := netip.MustParseAddrPort(tc.addr)
+		if got := l.Allows(ap.Addr(), ap.Port()); got != tc.want {
+			t.Errorf("Allows(%s) = %v", tc.addr, got)
+		}
+		if got := l.check(tc.addr) == nil; got != tc.want {
+			t.Errorf("check(%s) allowed = %v", tc.addr, got)
+		}
+	}
+	if AllowList(nil).check("1.2.3.4:5") != nil {
+		t.Error("an empty list must allow everything")
+	}
+	if err := l.check("example.com:22"); err != nil {
+		t.Errorf("names are checked at connect time, not before: %v", err)
+	}
+}
+
+func TestSplitServers(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		err  bool
+	}{
+		{"127.0.0.1", "127.0.0.1:8091", false},
+		{"a.example,b.example:9", "a.example:8091 b.example:9", false},
+		{"::1", "[::1]:8091", false},
+		{"[::1]:9", "[::1]:9", false},
+		{"a:0", "", true},
+		{" , ", "", true},
+	} {
+		got, err := SplitServers(tc.in, 8091)
+		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
+			t.Errorf("SplitServers(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+}

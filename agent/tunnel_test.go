@@ -1,0 +1,309 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestTunnelHTTPGet(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello %s", r.URL.Path)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return srv.dial(ctx, addr) }}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+ln.Addr().String()+"/through-the-tunnel", nil)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "hello /through-the-tunnel" {
+		t.Fatalf("body %q", body)
+	}
+	if n, known := ra.Connected(); n != 1 || known != 1 {
+		t.Fatalf("Connected() = %d, %d; want 1, 1", n, known)
+	}
+	tr.CloseIdleConnections()
+	eventually(t, 5*time.Second, "connection closed on the agent", func() bool { return ra.OpenConnections() == 0 })
+}
+
+// roundTrip writes size random bytes through c while reading the echo back, and checks them.
+func roundTrip(t testing.TB, c net.Conn, size int, chunk int) {
+	t.Helper()
+	data := make([]byte, size)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	var g group
+	g.Go(func() error {
+		for off := 0; off < size; off += chunk {
+			end := min(off+chunk, size)
+			if _, err := c.Write(data[off:end]); err != nil {
+				return fmt.Errorf("write at %d: %w", off, err)
+			}
+		}
+		return nil
+	})
+	got := sha256.New()
+	g.Go(func() error {
+		_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+		n, err := io.CopyN(got, c, int64(size))
+		if err != nil {
+			return fmt.Errorf("read after %d bytes: %w", n, err)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(data)
+	if !bytes.Equal(got.Sum(nil), want[:]) {
+		t.Fatal("echoed data differs")
+	}
+}
+
+func TestTunnelBulkBothWays(t *testing.T) {
+	pki := newTestPKI(t)
+	// The frontend takes large messages so that the 16 MiB single write below reaches the agent as one
+	// DATA message: the agent must accept it (gRPC's default limit is 4 MiB).
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, bigFrames: true})
+	startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	echo := startEcho(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	for _, tc := range []struct {
+		name        string
+		size, chunk int
+	}{
+		{"64MiB in 256KiB writes", 64 << 20, 256 << 10},
+		{"16MiB single write", 16 << 20, 16 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := srv.dial(ctx, echo.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			roundTrip(t, c, tc.size, tc.chunk)
+		})
+	}
+}
+
+func TestTunnel100Concurrent(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	ra := startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	echo := startEcho(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var g group
+	for i := range 100 {
+		g.Go(func() error {
+			c, err := srv.dial(ctx, echo.addr())
+			if err != nil {
+				return fmt.Errorf("conn %d: %w", i, err)
+			}
+			defer c.Close()
+			msg := []byte(fmt.Sprintf("hello from %d", i))
+			if _, err := c.Write(msg); err != nil {
+				return err
+			}
+			buf := make([]byte, len(msg))
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return fmt.Errorf("conn %d: %w", i, err)
+			}
+			if !bytes.Equal(buf, msg) {
+				return fmt.Errorf("conn %d: got %q", i, buf)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := echo.accepted.Load(); got != 100 {
+		t.Fatalf("backend accepted %d connections, want 100", got)
+	}
+	eventually(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
+}
+
+// fullBacklogListener returns the address of a loopback listener whose accept queue is full, so that a
+// further connect is never answered: a dial to it times out, without any traffic leaving the machine.
+func fullBacklogListener(t *testing.T) string {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the queue with connections that are never accepted.
+	for range 4 {
+		d := net.Dialer{Timeout: 200 * time.Millisecond}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	return addr
+}
+
+func TestDialErrors(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	cfg := pki.config(srv.agentAddr)
+	cfg.DialTimeout = 500 * time.Millisecond
+	startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+
+	for _, tc := range []struct {
+		name, addr, want string
+		within           time.Duration
+	}{
+		{"refused", refusedAddr, "dial tcp " + refusedAddr + ": connect: connection refused", 2 * time.Second},
+		{"timeout", fullBacklogListener(t), "i/o timeout", 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			c, err := srv.dial(ctx, tc.addr)
+			if err == nil {
+				c.Close()
+				t.Fatal("dial succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+			if el := time.Since(start); el > tc.within {
+				t.Fatalf("took %v, want under %v", el, tc.within)
+			}
+		})
+	}
+}
+
+func TestNoAgent(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := srv.dial(ctx, "127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "No agent available") {
+		t.Fatalf("dial without an agent: %v, want \"No agent available\"", err)
+	}
+}
+
+func TestAllowDestination(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	allowed, denied := startEcho(t), startEcho(t)
+	_, port, _ := net.SplitHostPort(allowed.addr())
+	d, err := ParseDestination("127.0.0.0/8:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pki.config(srv.agentAddr)
+	cfg.Allow = AllowList{d}
+	startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	c, err := srv.dial(ctx, allowed.addr())
+	if err != nil {
+		t.Fatalf("allowed destination: %v", err)
+	}
+	roundTrip(t, c, 1000, 1000)
+	c.Close()
+
+	for _, addr := range []string{denied.addr(), "localhost:" + strings.Split(denied.addr(), ":")[1]} {
+		_, err = srv.dial(ctx, addr)
+		if err == nil || !strings.Contains(err.Error(), "not in --allow-destination") {
+			t.Fatalf("dial %s: %v; want a refusal naming --allow-destination", addr, err)
+		}
+	}
+	if n := denied.accepted.Load(); n != 0 {
+		t.Fatalf("refused destination saw %d connections", n)
+	}
+}
+
+// TestServerFirstBackend: backends that speak first (SSH, SMTP, database banners) send data right after the
+// dial. konnectivity-client drops DATA that arrives before its dialing goroutine has registered the
+// connection; the agent holds the first DATA back briefly so that the banner is not lost.
+func TestServerFirstBackend(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	startAgent(t, pki.config(srv.agentAddr))
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	banner := []byte("SSH-2.0-konnect-test\r\n")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(banner)
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 30 {
+		c, err := srv.dial(ctx, ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, len(banner))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, buf); err != nil || !bytes.Equal(buf, banner) {
+			t.Fatalf("tunnel %d: banner %q, %v", i, buf, err)
+		}
+		c.Close()
+	}
+}

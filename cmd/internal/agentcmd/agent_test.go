@@ -1,0 +1,184 @@
+package agentcmd
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
+	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
+)
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testServer runs upstream's server library with a TLS agent listener and returns its address and the CA
+// file that verifies it.
+func testServer(t *testing.T) (addr, caFile, certFile, keyFile string) {
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "server"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	caFile = filepath.Join(dir, "ca.crt")
+	writePEM(t, caFile, "CERTIFICATE", caDER)
+	kp := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	// The agent's client certificate (the server does not ask for one; this is for the expiry metric).
+	ckey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ctmpl := &x509.Certificate{SerialNumber: big.NewInt(3), Subject: pkix.Name{CommonName: "agent"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	cder, _ := x509.CreateCertificate(rand.Reader, ctmpl, caCert, &ckey.PublicKey, caKey)
+	ckeyDER, _ := x509.MarshalECPrivateKey(ckey)
+	certFile, keyFile = filepath.Join(dir, "agent.crt"), filepath.Join(dir, "agent.key")
+	writePEM(t, certFile, "CERTIFICATE", cder)
+	writePEM(t, keyFile, "EC PRIVATE KEY", ckeyDER)
+	ps := server.NewProxyServer("s1", []proxystrategies.ProxyStrategy{proxystrategies.ProxyStrategyDefault}, 1, &server.AgentTokenAuthenticationOptions{}, 10)
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
+	agentpb.RegisterAgentServiceServer(gs, ps)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	return ln.Addr().String(), caFile, certFile, keyFile
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestAgentCommand(t *testing.T) {
+	addr, caFile, certFile, keyFile := testServer(t)
+	host, port, _ := net.SplitHostPort(addr)
+	health, admin := freePort(t), freePort(t)
+	cmd := NewAgentCommand()
+	cmd.SetArgs([]string{
+		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
+		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + admin,
+		"--enable-profiling", "--sync-interval=100ms", "--graceful-timeout=1s",
+		"--v=1", "--logtostderr", // klog flags, as upstream's binary takes them
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	base := "http://127.0.0.1:" + health
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get(base + "/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, body := get(base + "/readyz?verbose")
+			t.Fatalf("agent never became ready: %s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/readyz?verbose", "[+]all-servers-connected ok"},
+		{"/readyz/server-connected", "ok"},
+		{"/livez", "ok"},
+		{"/healthz", "ok"},
+		{"/ready", "ok"},
+		{"/metrics", "konnectivity_network_proxy_agent_open_server_connections 1"},
+		{"/metrics", `konnect_certificate_expiry_seconds{file="` + caFile + `",name="agent-ca"}`},
+		{"/metrics", `konnect_certificate_expiry_seconds{file="` + certFile + `",name="agent-client"}`},
+	} {
+		code, body := get(base + tc.path)
+		if code != 200 || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %q, want %q", tc.path, code, body, tc.want)
+		}
+	}
+	if code, _ := get("http://127.0.0.1:" + admin + "/debug/pprof/"); code != 200 {
+		t.Errorf("pprof on the admin port: %d", code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent command did not return after cancel")
+	}
+}
+
+func TestAgentCommandRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"remote admin", []string{"--admin-bind-address=0.0.0.0", "--health-server-host=127.0.0.1", "--admin-server-port=" + freePort(t), "--health-server-port=" + freePort(t)}, "--admin-bind-address"},
+		{"bad allow", []string{"--allow-destination=10.0.0.0/8"}, "--allow-destination"},
+		{"missing CA", []string{"--ca-cert=/nonexistent/ca.crt"}, "--ca-cert"},
+		{"health port taken", nil, "--health-server-port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.name == "health port taken" {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				args = []string{"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "--admin-server-port=" + freePort(t)}
+			}
+			cmd := NewAgentCommand()
+			cmd.SetArgs(args)
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := cmd.ExecuteContext(ctx)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,155 @@
+package initcmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/cobra"
+)
+
+// NewCertsCommand returns `konnect certs`.
+func NewCertsCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "certs",
+		Short: "Check, renew and issue aggregation-layer and Konnectivity certificates",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(newCheckExpirationCommand(), newRenewCommand(), newAPIServiceCommand())
+	return cmd
+}
+
+func absDir(dir string) (string, error) {
+	if dir == "" {
+		return "", fmt.Errorf("--dir must not be empty")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("--dir %q: %w", dir, err)
+	}
+	return abs, nil
+}
+
+func newCheckExpirationCommand() *cobra.Command {
+	dir, output := pki.DefaultDir, "text"
+	cmd := &cobra.Command{
+		Use:   "check-expiration",
+		Short: "List the certificates in DIR/pki and DIR/" + pki.KubeconfigFile + " with their expiry",
+		Long: `List every certificate konnect knows of that exists in DIR/pki, and the client certificate embedded in
+DIR/` + pki.KubeconfigFile + `: name, file, expiry, residual time, whether it is a CA, and whether it is
+externally managed (its CA's key is not on this node, so konnect cannot renew it). No key material is
+printed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return fmt.Errorf("--output %q: must be text or json", output)
+			}
+			d, err := absDir(dir)
+			if err != nil {
+				return err
+			}
+			exp, err := pki.CheckExpiration(pki.Config{Dir: d})
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if output == "json" {
+				b, err := json.MarshalIndent(struct {
+					Certificates []pki.Expiration `json:"certificates"`
+				}{exp}, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(w, string(b))
+				return err
+			}
+			if len(exp) == 0 {
+				return fmt.Errorf("no certificates found in %s", filepath.Join(d, pki.PKISubdir))
+			}
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "CERTIFICATE\tEXPIRES\tRESIDUAL TIME\tCA\tEXTERNALLY MANAGED\tFILE")
+			for _, e := range exp {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Name, e.NotAfter.Format("Jan 02, 2006 15:04 MST"), e.Residual, yesNo(e.CA), yesNo(e.External), e.File)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", dir, "konnect directory (certificates in DIR/pki)")
+	cmd.Flags().StringVarP(&output, "output", "o", output, "output format: text or json")
+	return cmd
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func newRenewCommand() *cobra.Command {
+	dir := pki.DefaultDir
+	caValidity, certValidity := pki.DefaultCAValidity, pki.DefaultCertValidity
+	dryRun := false
+	var valid []string
+	var lines []string
+	for _, s := range pki.Specs() {
+		valid = append(valid, s.Name)
+		lines = append(lines, fmt.Sprintf("  %-28s %s", s.Name, s.Description))
+	}
+	cmd := &cobra.Command{
+		Use:   "renew NAME|all...",
+		Short: "Re-sign certificates with their CA, keeping keys and SANs",
+		Long: `Re-sign certificates in DIR/pki with their CA. Each keeps its key (and so its key algorithm), its
+SANs and its subject; only the validity changes. "all" renews every leaf present; a CA is renewed only when
+named, and is re-signed with its own key so that everything it issued stays valid. Renewing
+konnectivity-server-client also updates DIR/` + pki.KubeconfigFile + `. To replace a key, delete the
+certificate's files and run konnect init.
+
+Certificates:
+  all                          every leaf certificate present in DIR/pki
+` + strings.Join(lines, "\n"),
+		Args:      cobra.MinimumNArgs(1),
+		ValidArgs: append([]string{pki.All}, valid...),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := absDir(dir)
+			if err != nil {
+				return err
+			}
+			if err := validities(caValidity, certValidity); err != nil {
+				return err
+			}
+			res, err := pki.Renew(pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}, args...)
+			for _, r := range res {
+				verb := string(r.Action)
+				if r.DryRun {
+					verb = "would be " + verb
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339))
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", dir, "konnect directory (certificates in DIR/pki)")
+	cmd.Flags().DurationVar(&caValidity, "ca-validity-period", caValidity, "lifetime of a renewed CA certificate")
+	cmd.Flags().DurationVar(&certValidity, "cert-validity-period", certValidity, "lifetime of renewed leaf certificates")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", dryRun, "print what would be renewed, and write nothing")
+	return cmd
+}
+
+func validities(ca, cert time.Duration) error {
+	if ca <= 0 {
+		return fmt.Errorf("--ca-validity-period %s: must be positive", ca)
+	}
+	if cert <= 0 {
+		return fmt.Errorf("--cert-validity-period %s: must be positive", cert)
+	}
+	if cert > ca {
+		return fmt.Errorf("--cert-validity-period %s: exceeds --ca-validity-period %s", cert, ca)
+	}
+	return nil
+}

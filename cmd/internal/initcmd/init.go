@@ -1,0 +1,333 @@
+// Package initcmd holds `konnect init` (with its phases) and `konnect certs`: the control-plane setup
+// commands. It turns flags into the configurations of the pki, egress and manifests packages and writes
+// what they render; it holds no certificate or manifest logic of its own.
+//
+// konnect init writes, under --dir (default /etc/kubernetes):
+//
+//	DIR/pki/ca.{crt,key}, front-proxy-ca.{crt,key}, front-proxy-client.{crt,key},
+//	    konnectivity-server-client.{crt,key}, konnectivity-server.{crt,key}
+//	    (+ konnectivity-agent.{crt,key} with --agent-auth mtls,
+//	     + konnectivity-frontend.{crt,key} and apiserver-egress-client.{crt,key} with --transport tcp)
+//	DIR/konnectivity-server.conf               kubeconfig of the Konnectivity server
+//	DIR/egress-selector-configuration.yaml     kube-apiserver --egress-selector-config-file
+//	DIR/kube-apiserver.flags                   kube-apiserver flags, one --flag=value per line
+//	DIR/manifests/konnectivity-server.yaml     Konnectivity server static pod
+//	DIR/manifests/konnectivity-agent/          agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml
+//
+// These paths are a stable interface.
+package initcmd
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/cobra"
+)
+
+// phase is one step of konnect init; the phase subcommands and their help come from this table.
+type phase struct {
+	name  string
+	short string
+	needs needs
+	// subphases, each a name that run accepts; nil when the phase has none.
+	subphases func() []subphase
+	run       func(r *runner, names []string) error
+}
+
+type subphase struct{ name, short string }
+
+func phases() []phase {
+	return []phase{
+		{
+			name: "certs", short: "Create or check the certificates and keys in DIR/pki",
+			needs: needs{addresses: true},
+			subphases: func() []subphase {
+				var out []subphase
+				for _, s := range pki.Specs() {
+					out = append(out, subphase{s.Name, s.Description})
+				}
+				return out
+			},
+			run: (*runner).certs,
+		},
+		{name: "kubeconfig", short: "Write DIR/" + pki.KubeconfigFile + " for the Konnectivity server", needs: needs{apiserverURL: true}, run: (*runner).kubeconfig},
+		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
+		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
+		{name: "manifests", short: "Write DIR/" + ManifestsSubdir + "/: Konnectivity server static pod, agent DaemonSet, RBAC, kustomization.yaml", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
+	}
+}
+
+// NewInitCommand returns `konnect init`.
+func NewInitCommand() *cobra.Command {
+	o := NewOptions()
+	cmd := &cobra.Command{
+		Use:   "init",
+		Short: "Set up the aggregation layer and the Konnectivity tunnel on a control-plane node",
+		Long: `Set up the aggregation layer and the Konnectivity tunnel on a control-plane node.
+
+konnect init runs these phases in order (each also runs alone as "konnect init phase NAME"):
+` + phaseList() + `
+It writes, under --dir (default /etc/kubernetes):
+` + outputList() + `
+Existing CAs are never overwritten; existing certificates are checked and kept, and a second identical run
+changes no byte. A leaf that fails its checks is an error naming the file, unless --force renews it.
+With ca.crt but no ca.key (an external CA), the certificates it signs must already exist; they are checked.`,
+		Example: `  konnect init --control-plane-address 198.18.0.1 --apiserver-url https://198.18.0.1:6443
+  konnect init --dir ./_demo --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 --dry-run`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			all := needs{}
+			for _, p := range phases() {
+				all.addresses = all.addresses || p.needs.addresses
+				all.apiserverURL = all.apiserverURL || p.needs.apiserverURL
+				all.manifests = all.manifests || p.needs.manifests
+			}
+			r, err := newRunner(cmd, o, all)
+			if err != nil {
+				return err
+			}
+			for _, p := range phases() {
+				if err := p.run(r, nil); err != nil {
+					r.print()
+					return fmt.Errorf("phase %s: %w", p.name, err)
+				}
+			}
+			r.print()
+			return nil
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	cmd.AddCommand(newPhaseCommand())
+	return cmd
+}
+
+func newPhaseCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "phase",
+		Short: "Run one phase of konnect init",
+		Long:  "Run one phase of konnect init:\n" + phaseList(),
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	for _, p := range phases() {
+		cmd.AddCommand(newPhaseSubcommand(p, ""))
+	}
+	return cmd
+}
+
+// newPhaseSubcommand builds `init phase P` (sub empty) or `init phase P SUB`.
+func newPhaseSubcommand(p phase, sub string) *cobra.Command {
+	o := NewOptions()
+	use, short := p.name, p.short
+	var names []string
+	n := p.needs
+	if sub != "" {
+		use, names = sub, []string{sub}
+		for _, sp := range p.subphases() {
+			if sp.name == sub {
+				short = sp.short
+			}
+		}
+		// Only certificates with SANs are computed from the control-plane addresses.
+		if s, ok := pki.Lookup(pki.Specs(), sub); ok {
+			n.addresses = s.AltNames != nil
+		}
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := newRunner(cmd, o, n)
+			if err != nil {
+				return err
+			}
+			err = p.run(r, names)
+			r.print()
+			return err
+		},
+	}
+	if sub == "" && p.subphases != nil {
+		var lines []string
+		for _, sp := range p.subphases() {
+			lines = append(lines, fmt.Sprintf("  %-28s %s", sp.name, sp.short))
+			cmd.AddCommand(newPhaseSubcommand(p, sp.name))
+		}
+		cmd.Long = p.short + "; without a name, all that the flags call for:\n" + strings.Join(lines, "\n")
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+func phaseList() string {
+	var b strings.Builder
+	for _, p := range phases() {
+		fmt.Fprintf(&b, "  %-11s %s\n", p.name, p.short)
+	}
+	return b.String()
+}
+
+func outputList() string {
+	var b strings.Builder
+	for _, s := range pki.Specs() {
+		fmt.Fprintf(&b, "  DIR/pki/%-37s %s\n", s.BaseName+".{crt,key}", s.Description)
+	}
+	for _, f := range [][2]string{
+		{pki.KubeconfigFile, "kubeconfig of the Konnectivity server (client cert konnectivity-server-client, --apiserver-url)"},
+		{EgressConfigFile, "EgressSelectorConfiguration for kube-apiserver's --egress-selector-config-file"},
+		{FlagsFile, "kube-apiserver flags, one --flag=value per line"},
+		{ManifestsSubdir + "/konnectivity-server.yaml", "Konnectivity server static pod (kubelet runs it when DIR is /etc/kubernetes)"},
+		{ManifestsSubdir + "/" + AgentManifestsSubdir + "/", "agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml: kubectl apply -k"},
+	} {
+		fmt.Fprintf(&b, "  DIR/%-41s %s\n", f[0], f[1])
+	}
+	return b.String()
+}
+
+// runner carries one invocation's options and collects what happened.
+type runner struct {
+	o        *Options
+	out      io.Writer
+	outcomes []outcome
+}
+
+type outcome struct {
+	action pki.Action
+	dryRun bool
+	file   string
+	note   string
+}
+
+func newRunner(cmd *cobra.Command, o *Options, n needs) (*runner, error) {
+	if err := o.Complete(cmd.Flags()); err != nil {
+		return nil, err
+	}
+	if err := o.Validate(n); err != nil {
+		return nil, err
+	}
+	return &runner{o: o, out: cmd.OutOrStdout()}, nil
+}
+
+func (r *runner) add(res pki.Result) {
+	note := res.Reason
+	if res.External {
+		note = strings.TrimPrefix(note+"; external CA", "; ")
+	}
+	file := res.CertFile
+	// One line per pair: DIR/pki/NAME.{crt,key}. A renewal re-signs the certificate and keeps the key; an
+	// external CA has no key here.
+	if res.KeyFile != "" && res.Action != pki.Renewed && !(res.External && res.CA) {
+		file = strings.TrimSuffix(res.CertFile, ".crt") + ".{crt,key}"
+	}
+	r.outcomes = append(r.outcomes, outcome{action: res.Action, dryRun: res.DryRun, file: file, note: note})
+}
+
+// print summarises what was created, kept, renewed or updated; it never shows file contents.
+func (r *runner) print() {
+	for _, oc := range r.outcomes {
+		verb := string(oc.action)
+		if oc.dryRun {
+			verb = "would be " + verb
+		}
+		line := fmt.Sprintf("[%s] %s", verb, oc.file)
+		if oc.note != "" {
+			line += " (" + oc.note + ")"
+		}
+		fmt.Fprintln(r.out, line)
+	}
+	r.outcomes = nil
+}
+
+func (r *runner) certs(names []string) error {
+	res, err := pki.Ensure(r.o.PKI(), names...)
+	for _, x := range res {
+		r.add(x)
+	}
+	return err
+}
+
+func (r *runner) kubeconfig([]string) error {
+	res, err := pki.EnsureKubeconfig(r.o.PKI(), r.o.APIServerURL)
+	if err == nil {
+		r.add(res)
+	}
+	return err
+}
+
+func (r *runner) egress([]string) error {
+	data, err := r.o.selector().Marshal()
+	if err != nil {
+		return err
+	}
+	return r.write(filepath.Join(r.o.Dir, EgressConfigFile), data, 0o644)
+}
+
+func (r *runner) flags([]string) error {
+	flags, err := r.o.apiserverFlags().Flags()
+	if err != nil {
+		return err
+	}
+	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644); err != nil {
+		return err
+	}
+	if r.o.APIServerManifest == "" {
+		return nil
+	}
+	sel := r.o.selector()
+	patch := egress.ManifestPatch{Flags: flags, UDSDir: sel.UDSDir(), Files: sel.Files()}
+	path := r.o.APIServerManifest
+	if r.o.DryRun {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--apiserver-manifest: %w", err)
+		}
+		_, changed, err := egress.PatchManifest(data, path, patch)
+		if err != nil {
+			return err
+		}
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path})
+		return nil
+	}
+	res, err := egress.PatchManifestFile(path, patch)
+	if err != nil {
+		return err
+	}
+	note := ""
+	if res.Backup != "" {
+		note = "backup " + res.Backup
+	}
+	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
+	return nil
+}
+
+func actionFor(changed, existed bool) pki.Action {
+	switch {
+	case !changed:
+		return pki.Kept
+	case existed:
+		return pki.Updated
+	}
+	return pki.Created
+}
+
+// write writes a derived, non-secret file atomically, only when its content changes.
+func (r *runner) write(path string, data []byte, mode os.FileMode) error {
+	old, err := os.ReadFile(path)
+	existed := err == nil
+	changed := !existed || !bytes.Equal(old, data)
+	if r.o.DryRun {
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path})
+		return nil
+	}
+	if _, err := pki.WriteFile(path, data, mode, 0o755); err != nil {
+		return err
+	}
+	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), file: path})
+	return nil
+}

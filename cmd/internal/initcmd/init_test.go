@@ -1,0 +1,514 @@
+package initcmd
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apiserver/pkg/server/egressselector"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// run executes a command tree in-process, as `konnect ARGS` would.
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := &cobra.Command{Use: "konnect", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(NewInitCommand(), NewCertsCommand())
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), err
+}
+
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("konnect %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// sums maps every file under dir to its mode and sha256.
+func sums(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		info, _ := d.Info()
+		s := sha256.Sum256(data)
+		// The inode changes on every atomic replacement, so a rewrite with equal content counts too.
+		ino := info.Sys().(*syscall.Stat_t).Ino
+		out[strings.TrimPrefix(p, dir+"/")] = fmt.Sprintf("%s %d %s", info.Mode(), ino, hex.EncodeToString(s[:]))
+		return nil
+	})
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func changed(a, b map[string]string) []string {
+	var out []string
+	for k, v := range b {
+		if a[k] != v {
+			out = append(out, k)
+		}
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			out = append(out, k+" (removed)")
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func initArgs(dir string, extra ...string) []string {
+	return append([]string{"init", "--dir", dir, "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443"}, extra...)
+}
+
+// TestInitAcceptance is the acceptance check: everything written, openssl verify holds for every leaf,
+// a second run changes no byte, deleting one leaf regenerates only it.
+func TestInitAcceptance(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "D")
+	out := mustRun(t, initArgs(dir)...)
+	want := []string{
+		"pki/ca.crt", "pki/ca.key", "pki/front-proxy-ca.crt", "pki/front-proxy-ca.key",
+		"pki/front-proxy-client.crt", "pki/front-proxy-client.key",
+		"pki/konnectivity-server-client.crt", "pki/konnectivity-server-client.key",
+		"pki/konnectivity-server.crt", "pki/konnectivity-server.key",
+		"konnectivity-server.conf", "egress-selector-configuration.yaml", "kube-apiserver.flags",
+		"manifests/konnectivity-server.yaml", "manifests/konnectivity-agent/kustomization.yaml",
+	}
+	first := sums(t, dir)
+	for _, f := range want {
+		if _, ok := first[f]; !ok {
+			t.Errorf("%s not written; have %v", f, first)
+		}
+		shown := filepath.Join(dir, f)
+		if strings.HasPrefix(f, "pki/") {
+			shown = strings.TrimSuffix(strings.TrimSuffix(shown, ".crt"), ".key") + ".{crt,key}"
+		}
+		if !strings.Contains(out, "[created] "+shown) {
+			t.Errorf("summary lacks %s:\n%s", shown, out)
+		}
+	}
+	for f, v := range first {
+		mode := strings.Fields(v)[0]
+		if strings.HasSuffix(f, ".key") || f == "konnectivity-server.conf" {
+			if mode != "-rw-------" {
+				t.Errorf("%s: mode %s", f, mode)
+			}
+		}
+		if strings.HasSuffix(f, ".crt") && mode != "-rw-r--r--" {
+			t.Errorf("%s: mode %s", f, mode)
+		}
+	}
+	if strings.Contains(out, "PRIVATE KEY") || strings.Contains(out, "BEGIN") {
+		t.Fatal("summary shows key material")
+	}
+
+	if openssl, err := exec.LookPath("openssl"); err == nil {
+		for _, leaf := range []struct{ name, ca, purpose string }{
+			{"front-proxy-client", "front-proxy-ca", "sslclient"},
+			{"konnectivity-server-client", "ca", "sslclient"},
+			{"konnectivity-server", "ca", "sslserver"},
+		} {
+			cmd := exec.Command(openssl, "verify", "-purpose", leaf.purpose, "-CAfile",
+				filepath.Join(dir, "pki", leaf.ca+".crt"), filepath.Join(dir, "pki", leaf.name+".crt"))
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("openssl verify %s: %v\n%s", leaf.name, err, b)
+			}
+		}
+	}
+
+	out = mustRun(t, initArgs(dir)...)
+	if c := changed(first, sums(t, dir)); len(c) > 0 {
+		t.Fatalf("second run changed %v", c)
+	}
+	if strings.Contains(out, "[created]") || strings.Contains(out, "[updated]") || strings.Contains(out, "[renewed]") {
+		t.Fatalf("second run reports changes:\n%s", out)
+	}
+
+	os.Remove(filepath.Join(dir, "pki/konnectivity-server.crt"))
+	os.Remove(filepath.Join(dir, "pki/konnectivity-server.key"))
+	mustRun(t, initArgs(dir)...)
+	if c := changed(first, sums(t, dir)); !slices.Equal(c, []string{"pki/konnectivity-server.crt", "pki/konnectivity-server.key"}) {
+		t.Fatalf("deleting one leaf changed %v", c)
+	}
+}
+
+func TestInitOutputs(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir, "--enable-aggregator-routing")...)
+
+	flags, err := os.ReadFile(filepath.Join(dir, FlagsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(flags)), "\n")
+	line := regexp.MustCompile(`^--[a-z-]+=\S+$`)
+	got := map[string]string{}
+	for _, l := range lines {
+		if !line.MatchString(l) {
+			t.Errorf("flags line %q is not --flag=value", l)
+		}
+		k, v, _ := strings.Cut(strings.TrimPrefix(l, "--"), "=")
+		got[k] = v
+	}
+	for k, v := range map[string]string{
+		"requestheader-client-ca-file":       filepath.Join(dir, "pki/front-proxy-ca.crt"),
+		"requestheader-allowed-names":        "front-proxy-client",
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-username-headers":     "X-Remote-User",
+		"requestheader-uid-headers":          "X-Remote-Uid",
+		"proxy-client-cert-file":             filepath.Join(dir, "pki/front-proxy-client.crt"),
+		"proxy-client-key-file":              filepath.Join(dir, "pki/front-proxy-client.key"),
+		"egress-selector-config-file":        filepath.Join(dir, EgressConfigFile),
+		"api-audiences":                      "https://kubernetes.default.svc.cluster.local,system:konnectivity-server",
+		"enable-aggregator-routing":          "true",
+	} {
+		if got[k] != v {
+			t.Errorf("--%s=%q, want %q", k, got[k], v)
+		}
+	}
+
+	// kube-apiserver's own loader and validation accept the egress configuration.
+	sel, err := egressselector.ReadEgressSelectorConfiguration(filepath.Join(dir, EgressConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := egressselector.ValidateEgressSelectorConfiguration(sel); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	uds := sel.EgressSelections[0].Connection.Transport.UDS
+	if uds == nil || uds.UDSName != filepath.Join(dir, "konnectivity-server/konnectivity-server.socket") {
+		t.Fatalf("UDS %+v: a non-default --dir puts the socket under it", uds)
+	}
+
+	// The static pod runs the server on the socket kube-apiserver dials, with the files init wrote.
+	podYAML, err := os.ReadFile(filepath.Join(dir, "manifests/konnectivity-server.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(podYAML, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		t.Fatalf("static pod is a %T", obj)
+	}
+	args := strings.Join(append(pod.Spec.Containers[0].Command, pod.Spec.Containers[0].Args...), " ")
+	for _, want := range []string{
+		"--uds-name=" + uds.UDSName,
+		"--cluster-cert=" + filepath.Join(dir, "pki/konnectivity-server.crt"),
+		"--cluster-key=" + filepath.Join(dir, "pki/konnectivity-server.key"),
+		"--kubeconfig=" + filepath.Join(dir, "konnectivity-server.conf"),
+		"--mode=grpc",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("static pod lacks %s: %s", want, args)
+		}
+	}
+
+	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "konnectivity-server.conf"))
+	if err != nil || rc.Host != "https://198.18.0.1:6443" {
+		t.Fatalf("kubeconfig: %v %v", rc, err)
+	}
+	block, _ := pem.Decode(rc.CertData)
+	cert, _ := x509.ParseCertificate(block.Bytes)
+	if cert.Subject.CommonName != "system:konnectivity-server" || len(cert.Subject.Organization) != 0 {
+		t.Fatalf("kubeconfig client %v", cert.Subject)
+	}
+}
+
+func TestInitTCPAndMTLS(t *testing.T) {
+	dir := t.TempDir()
+	for _, phase := range []string{"certs", "kubeconfig", "egress", "flags"} {
+		mustRun(t, "init", "phase", phase, "--dir", dir, "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443",
+			"--mode", "http-connect", "--transport", "tcp", "--agent-auth", "mtls", "--key-algorithm", "ecdsa-p256")
+	}
+	for _, f := range []string{"konnectivity-agent", "konnectivity-frontend", "apiserver-egress-client"} {
+		if _, err := os.Stat(filepath.Join(dir, "pki", f+".crt")); err != nil {
+			t.Error(err)
+		}
+	}
+	sel, err := egressselector.ReadEgressSelectorConfiguration(filepath.Join(dir, EgressConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := egressselector.ValidateEgressSelectorConfiguration(sel); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	tcp := sel.EgressSelections[0].Connection.Transport.TCP
+	if tcp == nil || tcp.URL != "https://127.0.0.1:8090" || tcp.TLSConfig.ClientCert != filepath.Join(dir, "pki/apiserver-egress-client.crt") ||
+		tcp.TLSConfig.CABundle != filepath.Join(dir, "pki/ca.crt") {
+		t.Fatalf("TCP %+v", tcp)
+	}
+	// The frontend's certificate must be valid for the URL kube-apiserver dials.
+	frontend, _ := os.ReadFile(filepath.Join(dir, "pki/konnectivity-frontend.crt"))
+	ca, _ := os.ReadFile(filepath.Join(dir, "pki/ca.crt"))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	b, _ := pem.Decode(frontend)
+	cert, _ := x509.ParseCertificate(b.Bytes)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInitBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"init", "--control-plane-address", "bad address", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "http://198.18.0.1:6443"}, "--apiserver-url"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1"}, "--apiserver-url is required"},
+		{[]string{"init", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address is required"},
+		{initArgs("")[3:], ""}, // placeholder, replaced below
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--key-algorithm", "rsa-1024"}, "--key-algorithm"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "tcp"}, "--mode"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "ssh"}, "--mode"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "none"}, "--agent-auth"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "mtls"}, "--agent-auth mtls"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--cert-validity-period", "100000h"}, "--cert-validity-period"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", "/nonexistent/kube-apiserver.yaml"}, "--apiserver-manifest"},
+	} {
+		if tc.want == "" {
+			continue
+		}
+		dir := t.TempDir()
+		out, err := run(t, append(tc.args, "--dir", dir)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error naming %s\n%s", tc.args, err, tc.want, out)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("%v wrote %v", tc.args, entries)
+		}
+	}
+}
+
+func TestInitDryRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "D")
+	out := mustRun(t, initArgs(dir, "--dry-run")...)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("dry run created %s", dir)
+	}
+	for _, f := range []string{"pki/ca.{crt,key}", "konnectivity-server.conf", EgressConfigFile, FlagsFile, "manifests/konnectivity-server.yaml"} {
+		if !strings.Contains(out, "[would be created] "+filepath.Join(dir, f)) {
+			t.Errorf("dry run does not list %s:\n%s", f, out)
+		}
+	}
+	mustRun(t, initArgs(dir)...)
+	before := sums(t, dir)
+	out = mustRun(t, initArgs(dir, "--dry-run", "--control-plane-address", "198.18.0.2", "--force")...)
+	if !strings.Contains(out, "[would be renewed] "+filepath.Join(dir, "pki/konnectivity-server.crt")) {
+		t.Errorf("dry run with a new address:\n%s", out)
+	}
+	if c := changed(before, sums(t, dir)); len(c) > 0 {
+		t.Fatalf("dry run changed %v", c)
+	}
+}
+
+func TestInitPhases(t *testing.T) {
+	dir := t.TempDir()
+	out, err := run(t, "init", "phase", "kubeconfig", "--dir", dir, "--apiserver-url", "https://198.18.0.1:6443")
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "pki/ca.crt")) {
+		t.Fatalf("kubeconfig before certs: %v\n%s", err, out)
+	}
+	mustRun(t, "init", "phase", "certs", "konnectivity-server", "--dir", dir, "--control-plane-address", "198.18.0.1")
+	var files []string
+	for f := range sums(t, dir) {
+		files = append(files, f)
+	}
+	slices.Sort(files)
+	if want := []string{"pki/ca.crt", "pki/ca.key", "pki/konnectivity-server.crt", "pki/konnectivity-server.key"}; !slices.Equal(files, want) {
+		t.Fatalf("phase certs konnectivity-server wrote %v", files)
+	}
+	mustRun(t, "init", "phase", "certs", "front-proxy-client", "--dir", dir)
+	mustRun(t, "init", "phase", "egress", "--dir", dir)
+	mustRun(t, "init", "phase", "flags", "--dir", dir)
+	for _, f := range []string{EgressConfigFile, FlagsFile, "pki/front-proxy-ca.crt"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	// Help and subcommands come from the certificate table.
+	help := mustRun(t, "init", "phase", "certs", "--help")
+	for _, s := range pki.Specs() {
+		if !strings.Contains(help, s.Name) || !strings.Contains(help, s.Description) {
+			t.Errorf("phase certs help lacks %s", s.Name)
+		}
+		if _, err := run(t, "init", "phase", "certs", s.Name, "--help"); err != nil {
+			t.Errorf("no subcommand %s: %v", s.Name, err)
+		}
+	}
+	help = mustRun(t, "init", "--help")
+	for _, p := range []string{"pki/ca.{crt,key}", "konnectivity-server.conf", EgressConfigFile, FlagsFile} {
+		if !strings.Contains(help, p) {
+			t.Errorf("init help lacks %s", p)
+		}
+	}
+}
+
+func TestInitPatchesAPIServerManifest(t *testing.T) {
+	dir := t.TempDir()
+	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	const pod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - name: kube-apiserver
+    image: registry.k8s.io/kube-apiserver:v1.36.1
+    command:
+    - kube-apiserver
+    - --advertise-address=198.18.0.1
+    - --service-account-issuer=https://kubernetes.default.svc.cluster.local
+  hostNetwork: true
+`
+	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
+	if !strings.Contains(out, "[updated] "+manifest) {
+		t.Fatalf("patch not reported:\n%s", out)
+	}
+	data, _ := os.ReadFile(manifest)
+	for _, want := range []string{"--egress-selector-config-file=" + filepath.Join(dir, EgressConfigFile), "--advertise-address=198.18.0.1", "--requestheader-uid-headers=X-Remote-Uid"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("patched manifest lacks %s", want)
+		}
+	}
+	before := sums(t, filepath.Dir(manifest))
+	out = mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
+	if !strings.Contains(out, "[kept] "+manifest) {
+		t.Fatalf("second patch:\n%s", out)
+	}
+	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
+		t.Fatalf("second run changed %v", c)
+	}
+}
+
+func TestCertsCommands(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir, "--key-algorithm", "ecdsa-p256")...)
+
+	out := mustRun(t, "certs", "check-expiration", "--dir", dir, "-o", "json")
+	var doc struct {
+		Certificates []pki.Expiration `json:"certificates"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(doc.Certificates) != 6 || strings.Contains(out, "PRIVATE") {
+		t.Fatalf("check-expiration: %s", out)
+	}
+	text := mustRun(t, "certs", "check-expiration", "--dir", dir)
+	if !strings.Contains(text, "RESIDUAL TIME") || !strings.Contains(text, "konnectivity-server.conf") {
+		t.Fatalf("text: %s", text)
+	}
+	if _, err := run(t, "certs", "check-expiration", "--dir", dir, "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output") {
+		t.Fatalf("-o yaml: %v", err)
+	}
+
+	before := sums(t, dir)
+	out = mustRun(t, "certs", "renew", "all", "--dir", dir)
+	c := changed(before, sums(t, dir))
+	want := []string{"konnectivity-server.conf", "pki/front-proxy-client.crt", "pki/konnectivity-server-client.crt", "pki/konnectivity-server.crt"}
+	if !slices.Equal(c, want) {
+		t.Fatalf("renew all changed %v, want %v\n%s", c, want, out)
+	}
+	// Everything still passes init's checks.
+	before = sums(t, dir)
+	mustRun(t, initArgs(dir, "--key-algorithm", "ecdsa-p256")...)
+	if c := changed(before, sums(t, dir)); len(c) > 0 {
+		t.Fatalf("init after renew changed %v", c)
+	}
+	if _, err := run(t, "certs", "renew", "--dir", dir); err == nil {
+		t.Fatal("renew without a name")
+	}
+
+	apiDir := filepath.Join(t.TempDir(), "out")
+	mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", apiDir, "--key-algorithm", "ecdsa-p256")
+	apiservice, err := os.ReadFile(filepath.Join(apiDir, "apiservice.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(apiservice), "insecureSkipTLSVerify") || !strings.Contains(string(apiservice), "caBundle:") {
+		t.Fatalf("apiservice.yaml:\n%s", apiservice)
+	}
+	if _, err := run(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "Bad_Group", "--version", "v1", "--out", filepath.Join(t.TempDir(), "x")); err == nil || !strings.Contains(err.Error(), "--group") {
+		t.Fatalf("bad group: %v", err)
+	}
+	if _, err := run(t, "certs", "apiservice", "--namespace", "pizza"); err == nil || !strings.Contains(err.Error(), "--service is required") {
+		t.Fatalf("missing --service: %v", err)
+	}
+}
+
+func TestInitTCPStaticPod(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir, "--mode", "http-connect", "--transport", "tcp", "--key-algorithm", "ecdsa-p256", "--frontend-port", "8091")...)
+	data, err := os.ReadFile(filepath.Join(dir, "manifests/konnectivity-server.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := obj.(*corev1.Pod).Spec.Containers[0]
+	args := strings.Join(append(c.Command, c.Args...), " ")
+	for _, want := range []string{
+		"--mode=http-connect",
+		"--server-port=8091",
+		"--server-cert=" + filepath.Join(dir, "pki/konnectivity-frontend.crt"),
+		"--server-key=" + filepath.Join(dir, "pki/konnectivity-frontend.key"),
+		"--server-ca-cert=" + filepath.Join(dir, "pki/ca.crt"),
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("static pod lacks %s: %s", want, args)
+		}
+	}
+	if strings.Contains(args, "--uds-name") {
+		t.Errorf("TCP static pod with --uds-name: %s", args)
+	}
+	sel, err := egressselector.ReadEgressSelectorConfiguration(filepath.Join(dir, EgressConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := sel.EgressSelections[0].Connection.Transport.TCP.URL; u != "https://127.0.0.1:8091" {
+		t.Errorf("egress URL %s", u)
+	}
+}

@@ -1,0 +1,75 @@
+package initcmd
+
+import (
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/pki"
+)
+
+// AgentManifestsSubdir holds the cluster-side manifests under DIR/manifests. kubelet does not descend
+// into subdirectories of its manifest directory, so with --dir /etc/kubernetes the static pod runs and
+// the DaemonSet, ServiceAccount and RBAC wait for `kubectl apply -k`.
+const AgentManifestsSubdir = "konnectivity-agent"
+
+// defaultImage is konnect's image for the version this binary was built as.
+func defaultImage() string {
+	v := "latest"
+	if bi, ok := debug.ReadBuildInfo(); ok && strings.HasPrefix(bi.Main.Version, "v") {
+		v = bi.Main.Version
+	}
+	return manifests.Image(v)
+}
+
+func (r *runner) manifests([]string) error {
+	o := r.o
+	pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+	specs := pki.Specs()
+	path := func(name string, key bool) string {
+		s, _ := pki.Lookup(specs, name)
+		if key {
+			return s.KeyFile(pkiDir)
+		}
+		return s.CertFile(pkiDir)
+	}
+	srv := manifests.Server{
+		Image:       o.Image,
+		Mode:        string(o.Mode),
+		ClusterCert: path(pki.KonnectivityServer, false),
+		ClusterKey:  path(pki.KonnectivityServer, true),
+		Kubeconfig:  filepath.Join(o.Dir, pki.KubeconfigFile),
+	}
+	if o.Transport == egress.TransportTCP {
+		srv.FrontendBindAddress = "127.0.0.1"
+		srv.FrontendPort = o.FrontendPort
+		srv.ServerCert = path(pki.KonnectivityFrontend, false)
+		srv.ServerKey = path(pki.KonnectivityFrontend, true)
+		srv.ServerCACert = path(pki.CA, false)
+	} else {
+		srv.UDSName = o.UDSName
+	}
+	pod, err := srv.Render()
+	if err != nil {
+		return err
+	}
+	// Agents check the server's certificate against the CA that signed it, which need not be the CA that
+	// kube-controller-manager publishes in kube-root-ca.crt.
+	caPEM, err := os.ReadFile(path(pki.CA, false))
+	if err != nil && !(o.DryRun && os.IsNotExist(err)) {
+		return err
+	}
+	agent := manifests.Agent{Image: o.Image, ProxyServerHost: o.ControlPlaneAddresses[0], CACert: caPEM}
+	files, err := agent.Render()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(o.Dir, ManifestsSubdir)
+	if err := r.writeFiles(dir, []manifests.File{pod}); err != nil {
+		return err
+	}
+	return r.writeFiles(filepath.Join(dir, AgentManifestsSubdir), files)
+}

@@ -1,0 +1,253 @@
+package initcmd
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/pflag"
+)
+
+// Agent authentication methods (--agent-auth).
+const (
+	AgentAuthToken = "token"
+	AgentAuthMTLS  = "mtls"
+)
+
+// Output files relative to --dir besides the pki and the kubeconfig; the e2e harness and the manifests
+// rely on these names.
+const (
+	EgressConfigFile = "egress-selector-configuration.yaml"
+	FlagsFile        = "kube-apiserver.flags"
+	ManifestsSubdir  = "manifests"
+)
+
+// DefaultAPIAudiences is what kube-apiserver accepts by default under kubeadm (its
+// --service-account-issuer); --api-audiences replaces that default, so it must be listed again.
+var DefaultAPIAudiences = []string{"https://kubernetes.default.svc.cluster.local"}
+
+// Options are the flags of konnect init and its phases.
+type Options struct {
+	// Where everything goes.
+	Dir string
+
+	// Certificates.
+	ControlPlaneAddresses []string
+	KeyAlgorithm          string
+	CAValidity            time.Duration
+	CertValidity          time.Duration
+
+	// The Konnectivity server's kubeconfig.
+	APIServerURL string
+
+	// How kube-apiserver reaches the Konnectivity server, and how agents authenticate.
+	Mode         egress.Mode
+	Transport    egress.Transport
+	UDSName      string
+	FrontendPort int
+	AgentAuth    string
+
+	// Manifests.
+	Image string
+
+	// kube-apiserver.
+	APIAudiences            []string
+	EnableAggregatorRouting bool
+	APIServerManifest       string
+
+	// Behaviour.
+	Force  bool
+	DryRun bool
+
+	udsNameSet bool
+}
+
+// NewOptions spells out every default.
+func NewOptions() *Options {
+	return &Options{
+		Dir:          pki.DefaultDir,
+		KeyAlgorithm: string(pki.RSA2048),
+		CAValidity:   pki.DefaultCAValidity,
+		CertValidity: pki.DefaultCertValidity,
+		Mode:         egress.ModeGRPC,
+		Transport:    egress.TransportUDS,
+		UDSName:      egress.DefaultUDSName,
+		FrontendPort: egress.DefaultFrontendPort,
+		AgentAuth:    AgentAuthToken,
+		APIAudiences: append([]string(nil), DefaultAPIAudiences...),
+		Image:        defaultImage(),
+	}
+}
+
+// AddFlags registers every option with its current value as the default.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir)
+	fs.StringArrayVar(&o.ControlPlaneAddresses, "control-plane-address", o.ControlPlaneAddresses, "IP address or DNS name under which agents reach this control plane (repeatable); SAN of konnectivity-server.crt")
+	fs.StringVar(&o.KeyAlgorithm, "key-algorithm", o.KeyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
+	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates")
+	fs.DurationVar(&o.CertValidity, "cert-validity-period", o.CertValidity, "lifetime of new leaf certificates")
+	fs.StringVar(&o.APIServerURL, "apiserver-url", o.APIServerURL, "https URL of kube-apiserver, written into "+pki.KubeconfigFile)
+	fs.Var(&o.Mode, "mode", "protocol between kube-apiserver and the Konnectivity server: grpc or http-connect")
+	fs.Var(&o.Transport, "transport", "transport between kube-apiserver and the Konnectivity server: uds or tcp (tcp needs --mode http-connect)")
+	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
+	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
+	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
+	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet")
+	fs.StringSliceVar(&o.APIAudiences, "api-audiences", o.APIAudiences, "token audiences kube-apiserver accepts besides system:konnectivity-server; include the service-account issuer, or ordinary service-account tokens stop working")
+	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
+	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+egress.DefaultAPIServerManifest+"), keeping a backup")
+	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, and rewrite a kubeconfig that points elsewhere (never a CA)")
+	fs.BoolVar(&o.DryRun, "dry-run", o.DryRun, "print what would be written, and write nothing")
+}
+
+func joinAlgorithms() string {
+	var s []string
+	for _, a := range pki.KeyAlgorithms() {
+		s = append(s, string(a))
+	}
+	return strings.Join(s, ", ")
+}
+
+// needs says which inputs a run requires.
+type needs struct {
+	addresses    bool
+	apiserverURL bool
+	manifests    bool
+}
+
+// Complete fills defaults that depend on other flags.
+func (o *Options) Complete(fs *pflag.FlagSet) error {
+	if o.Dir != "" {
+		abs, err := filepath.Abs(o.Dir)
+		if err != nil {
+			return fmt.Errorf("--dir %q: %w", o.Dir, err)
+		}
+		o.Dir = abs
+	}
+	o.udsNameSet = fs != nil && fs.Changed("uds-name")
+	if !o.udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
+		o.UDSName = filepath.Join(o.Dir, "konnectivity-server", "konnectivity-server.socket")
+	}
+	return nil
+}
+
+// Validate names the flag in every error.
+func (o *Options) Validate(n needs) error {
+	var errs []error
+	if o.Dir == "" {
+		errs = append(errs, errors.New("--dir must not be empty"))
+	}
+	if n.addresses && len(o.ControlPlaneAddresses) == 0 {
+		errs = append(errs, errors.New("--control-plane-address is required: it becomes a SAN of konnectivity-server.crt"))
+	}
+	for _, a := range o.ControlPlaneAddresses {
+		if err := pki.ValidateAddress(a); err != nil {
+			errs = append(errs, fmt.Errorf("--control-plane-address: %w", err))
+		}
+	}
+	if _, err := pki.ParseKeyAlgorithm(o.KeyAlgorithm); err != nil {
+		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
+	}
+	if o.CAValidity <= 0 {
+		errs = append(errs, fmt.Errorf("--ca-validity-period %s: must be positive", o.CAValidity))
+	}
+	if o.CertValidity <= 0 {
+		errs = append(errs, fmt.Errorf("--cert-validity-period %s: must be positive", o.CertValidity))
+	} else if o.CertValidity > o.CAValidity {
+		errs = append(errs, fmt.Errorf("--cert-validity-period %s: exceeds --ca-validity-period %s", o.CertValidity, o.CAValidity))
+	}
+	if n.apiserverURL && o.APIServerURL == "" {
+		errs = append(errs, errors.New("--apiserver-url is required: it is the server of "+pki.KubeconfigFile))
+	}
+	if o.APIServerURL != "" {
+		if err := pki.ValidateAPIServerURL(o.APIServerURL); err != nil {
+			errs = append(errs, fmt.Errorf("--apiserver-url: %w", err))
+		}
+	}
+	if o.AgentAuth != AgentAuthToken && o.AgentAuth != AgentAuthMTLS {
+		errs = append(errs, fmt.Errorf("--agent-auth %q: must be %s or %s", o.AgentAuth, AgentAuthToken, AgentAuthMTLS))
+	}
+	if n.manifests && o.AgentAuth == AgentAuthMTLS {
+		// Refused before anything is written, rather than rendering manifests that authenticate agents
+		// differently from what was asked.
+		errs = append(errs, fmt.Errorf("--agent-auth %s: the server and agent manifests support only token authentication so far; "+
+			"run the certs, kubeconfig, egress and flags phases (konnect init phase NAME --agent-auth %s) and start `konnect server --cluster-ca-cert` "+
+			"and `konnect agent --agent-cert --agent-key` with DIR/pki/konnectivity-agent.{crt,key} yourself", AgentAuthMTLS, AgentAuthMTLS))
+	}
+	if o.FrontendPort < 1 || o.FrontendPort > 65535 {
+		errs = append(errs, fmt.Errorf("--frontend-port %d: must be 1-65535", o.FrontendPort))
+	}
+	if err := o.selector().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--mode/--transport/--uds-name: %w", err))
+	}
+	for _, a := range o.APIAudiences {
+		if strings.ContainsAny(a, ", \t\n") {
+			errs = append(errs, fmt.Errorf("--api-audiences: %q contains a comma or white space", a))
+		}
+	}
+	if o.APIServerManifest != "" {
+		if _, err := os.Stat(o.APIServerManifest); err != nil {
+			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PKI is the certificate configuration.
+func (o *Options) PKI() pki.Config {
+	hostname, _ := os.Hostname()
+	return pki.Config{
+		Dir:                   o.Dir,
+		ControlPlaneAddresses: o.ControlPlaneAddresses,
+		Hostname:              strings.ToLower(hostname),
+		KeyAlgorithm:          pki.KeyAlgorithm(o.KeyAlgorithm),
+		CAValidity:            o.CAValidity,
+		CertValidity:          o.CertValidity,
+		AgentMTLS:             o.AgentAuth == AgentAuthMTLS,
+		FrontendTLS:           o.Transport == egress.TransportTCP,
+		Force:                 o.Force,
+		DryRun:                o.DryRun,
+	}
+}
+
+// selector is kube-apiserver's egress configuration.
+func (o *Options) selector() egress.SelectorConfig {
+	c := egress.SelectorConfig{Mode: o.Mode, Transport: o.Transport}
+	if o.Transport == egress.TransportTCP {
+		pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+		specs := pki.Specs()
+		ca, _ := pki.Lookup(specs, pki.CA)
+		client, _ := pki.Lookup(specs, pki.APIServerEgressClient)
+		// kube-apiserver and the Konnectivity server share the node; konnectivity-frontend.crt covers 127.0.0.1.
+		c.URL = "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(o.FrontendPort))
+		c.CABundle = ca.CertFile(pkiDir)
+		c.ClientCert = client.CertFile(pkiDir)
+		c.ClientKey = client.KeyFile(pkiDir)
+		return c
+	}
+	c.UDSName = o.UDSName
+	return c
+}
+
+// apiserverFlags are the kube-apiserver flags.
+func (o *Options) apiserverFlags() egress.APIServerFlags {
+	pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+	specs := pki.Specs()
+	fpca, _ := pki.Lookup(specs, pki.FrontProxyCA)
+	fpc, _ := pki.Lookup(specs, pki.FrontProxyClient)
+	return egress.APIServerFlags{
+		RequestHeaderClientCAFile: fpca.CertFile(pkiDir),
+		ProxyClientCertFile:       fpc.CertFile(pkiDir),
+		ProxyClientKeyFile:        fpc.KeyFile(pkiDir),
+		EgressSelectorConfigFile:  filepath.Join(o.Dir, EgressConfigFile),
+		APIAudiences:              o.APIAudiences,
+		EnableAggregatorRouting:   o.EnableAggregatorRouting,
+	}
+}

@@ -1,0 +1,76 @@
+package initcmd
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// TestFlagDefaults pins every default, so that a change in behaviour is always deliberate.
+func TestFlagDefaults(t *testing.T) {
+	fs := pflag.NewFlagSet("init", pflag.ContinueOnError)
+	o := NewOptions()
+	o.Image = "IMAGE" // depends on the build
+	o.AddFlags(fs)
+	want := map[string]string{
+		"dir":                       "/etc/kubernetes",
+		"control-plane-address":     "[]",
+		"key-algorithm":             "rsa-2048",
+		"ca-validity-period":        "87600h0m0s",
+		"cert-validity-period":      "8760h0m0s",
+		"apiserver-url":             "",
+		"mode":                      "grpc",
+		"transport":                 "uds",
+		"uds-name":                  "/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+		"frontend-port":             "8090",
+		"agent-auth":                "token",
+		"image":                     "IMAGE",
+		"api-audiences":             "[https://kubernetes.default.svc.cluster.local]",
+		"enable-aggregator-routing": "false",
+		"apiserver-manifest":        "",
+		"force":                     "false",
+		"dry-run":                   "false",
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		w, ok := want[f.Name]
+		if !ok {
+			t.Errorf("flag --%s has no pinned default", f.Name)
+			return
+		}
+		if f.DefValue != w {
+			t.Errorf("--%s default %q, want %q", f.Name, f.DefValue, w)
+		}
+		delete(want, f.Name)
+	})
+	for name := range want {
+		t.Errorf("flag --%s is gone", name)
+	}
+	if !strings.HasPrefix(defaultImage(), "ghcr.io/konnect-dev/konnect:") {
+		t.Errorf("default image %q", defaultImage())
+	}
+}
+
+func TestUDSDefaultFollowsDir(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "/etc/kubernetes/konnectivity-server/konnectivity-server.socket"},
+		{[]string{"--dir", "/srv/k"}, "/srv/k/konnectivity-server/konnectivity-server.socket"},
+		{[]string{"--dir", "/srv/k", "--uds-name", "/run/k.sock"}, "/run/k.sock"},
+	} {
+		fs := pflag.NewFlagSet("init", pflag.ContinueOnError)
+		o := NewOptions()
+		o.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(fs); err != nil {
+			t.Fatal(err)
+		}
+		if o.UDSName != tc.want {
+			t.Errorf("%v: --uds-name %q, want %q", tc.args, o.UDSName, tc.want)
+		}
+	}
+}

@@ -1,0 +1,529 @@
+package proxycmd
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/socks/sshdial"
+	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
+	"k8s.io/klog/v2"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// kubectlProxyFlags is kubectl proxy's flag set as k8s.io/kubectl v0.36.1 (pkg/cmd/proxy/proxy.go)
+// registers it: name, shorthand, default.
+var kubectlProxyFlags = []struct{ name, short, def string }{
+	{"www", "w", ""},
+	{"www-prefix", "P", "/static/"},
+	{"api-prefix", "", "/"},
+	{"accept-paths", "", `^.*`},
+	{"reject-paths", "", `^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach`},
+	{"accept-hosts", "", `^localhost$,^127\.0\.0\.1$,^\[::1\]$`},
+	{"reject-methods", "", `^$`},
+	{"port", "p", "8001"},
+	{"address", "", "127.0.0.1"},
+	{"disable-filter", "", "false"},
+	{"unix-socket", "u", ""},
+	{"keepalive", "", "0s"},
+	{"append-server-path", "", "false"},
+}
+
+// kubectlGlobalFlags are kubectl's global flags that select and override the kubeconfig; konnect proxy
+// takes them too (all but --request-timeout, which a proxy does not apply).
+var kubectlGlobalFlags = []string{
+	"kubeconfig", "context", "cluster", "user", "namespace", "server", "token", "as", "as-group", "as-uid",
+	"username", "password", "client-certificate", "client-key", "certificate-authority",
+	"insecure-skip-tls-verify", "tls-server-name", "proxy-url", "disable-compression", "v", "vmodule",
+}
+
+// konnectFlags are konnect's additions; a new flag has to be added here on purpose.
+// The SSH flags, shared with konnect socks, are checked where they are defined.
+var konnectFlags = []string{"allow-remote", "max-connections", "backend-http2", "via", "help"}
+
+func TestFlagsMatchKubectlProxy(t *testing.T) {
+	fs := NewProxyCommand().Flags()
+	known := map[string]bool{}
+	for _, f := range kubectlProxyFlags {
+		known[f.name] = true
+		got := fs.Lookup(f.name)
+		if got == nil {
+			t.Errorf("--%s: missing", f.name)
+			continue
+		}
+		if got.Shorthand != f.short {
+			t.Errorf("--%s: shorthand %q, kubectl has %q", f.name, got.Shorthand, f.short)
+		}
+		if got.DefValue != f.def {
+			t.Errorf("--%s: default %q, kubectl has %q", f.name, got.DefValue, f.def)
+		}
+	}
+	for _, n := range append(append([]string{}, kubectlGlobalFlags...), konnectFlags...) {
+		known[n] = true
+	}
+	sshFlags := pflag.NewFlagSet("ssh", pflag.ContinueOnError)
+	sshdial.NewFlags().AddFlags(sshFlags)
+	sshFlags.VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
+	NewProxyCommand().Flags().VisitAll(func(f *pflag.Flag) {
+		if !known[f.Name] {
+			t.Errorf("--%s is neither a kubectl flag nor a listed konnect addition", f.Name)
+		}
+	})
+	for _, n := range kubectlGlobalFlags {
+		if fs.Lookup(n) == nil {
+			t.Errorf("--%s: missing", n)
+		}
+	}
+}
+
+// The same check against the kubectl installed on this machine, from its own help text.
+func TestFlagsMatchInstalledKubectl(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl is not installed")
+	}
+	out, err := exec.Command(kubectl, "proxy", "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl proxy --help: %v\n%s", err, out)
+	}
+	// Lines look like "    -p, --port=8001:" and "    --accept-paths='^.*':".
+	re := regexp.MustCompile(`(?m)^\s+(?:-(\w), )?--([\w-]+)=(.*):$`)
+	matches := re.FindAllStringSubmatch(string(out), -1)
+	if len(matches) < 10 {
+		t.Fatalf("found only %d flags in kubectl's help; has its format changed?\n%s", len(matches), out)
+	}
+	fs := NewProxyCommand().Flags()
+	for _, m := range matches {
+		short, name, def := m[1], m[2], strings.Trim(m[3], "'")
+		got := fs.Lookup(name)
+		if got == nil {
+			t.Errorf("kubectl has --%s; konnect proxy does not", name)
+			continue
+		}
+		if got.Shorthand != short || got.DefValue != def {
+			t.Errorf("--%s: konnect -%s default %q; kubectl -%s default %q", name, got.Shorthand, got.DefValue, short, def)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want string // "" means valid
+	}{
+		{"defaults", nil, ""},
+		{"port 0", []string{"--port=0"}, ""},
+		{"unix socket", []string{"--unix-socket=/tmp/x.sock"}, ""},
+		{"unix socket and port", []string{"-u", "/tmp/x.sock", "-p", "9000"}, "cannot set --unix-socket and --port at the same time"},
+		{"port out of range", []string{"--port=70000"}, "--port"},
+		{"negative port", []string{"--port=-1"}, "--port"},
+		{"address not an IP", []string{"--address=example.com"}, "--address"},
+		{"non-loopback address", []string{"--address=0.0.0.0"}, "--allow-remote"},
+		{"non-loopback address allowed", []string{"--address=0.0.0.0", "--allow-remote"}, ""},
+		{"IPv6 loopback", []string{"--address=::1"}, ""},
+		{"bad accept-hosts", []string{"--accept-hosts=("}, "--accept-hosts"},
+		{"bad reject-paths", []string{"--reject-paths=[z-a]"}, "--reject-paths"},
+		{"bad pattern ignored with the filter off", []string{"--accept-hosts=(", "--disable-filter"}, ""},
+		{"max connections", []string{"--max-connections=0"}, "--max-connections"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := NewOptions()
+			fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatal(err)
+			}
+			err := o.Validate()
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("Validate() = %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// backend is an HTTPS server that requires a client certificate from its own CA or a bearer token, as
+// kube-apiserver does, and answers GET /api.
+type backend struct {
+	url                       string
+	caFile, certFile, keyFile string
+	token                     string
+}
+
+func newBackend(t *testing.T) *backend {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leaf := func(n int64, cn string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(n),
+			Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der, k
+	}
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	b := &backend{caFile: write("ca.crt", "CERTIFICATE", caDER), token: "t0ken-for-tests"}
+	cDER, cKey := leaf(2, "jane", x509.ExtKeyUsageClientAuth)
+	b.certFile = write("client.crt", "CERTIFICATE", cDER)
+	kDER, _ := x509.MarshalECPrivateKey(cKey)
+	b.keyFile = write("client.key", "EC PRIVATE KEY", kDER)
+	sDER, sKey := leaf(3, "apiserver", x509.ExtKeyUsageServerAuth)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		certOK := r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "jane"
+		if !certOK && r.Header.Get("Authorization") != "Bearer "+b.token {
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"kind":"APIVersions","versions":["v1"],"path":%q}`, r.URL.Path)
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{sDER}, PrivateKey: sKey}},
+		ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	b.url = srv.URL
+	return b
+}
+
+// kubeconfig writes a kubeconfig with two contexts: "cert" (client certificate) and "token".
+func (b *backend) kubeconfig(t *testing.T, current string) string {
+	t.Helper()
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: cert
+  user:
+    client-certificate: %s
+    client-key: %s
+- name: token
+  user:
+    token: %s
+contexts:
+- name: cert
+  context: {cluster: test, user: cert}
+- name: token
+  context: {cluster: test, user: token}
+current-context: %s
+`, b.url, b.caFile, b.certFile, b.keyFile, b.token, current)
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(p, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// syncBuffer is a bytes.Buffer safe for the command writing and the test reading.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runCommand runs `konnect proxy args...` in-process until the returned stop is called, and returns the
+// address from its "Starting to serve on" line.
+func runCommand(t *testing.T, args ...string) (addr string, stop func() error) {
+	t.Helper()
+	cmd := NewProxyCommand()
+	out := &syncBuffer{}
+	cmd.SetOut(out)
+	cmd.SetErr(out)
+	cmd.SetArgs(args)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- cmd.ExecuteContext(ctx) }()
+	var once sync.Once
+	var result error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case result = <-errc:
+			case <-time.After(20 * time.Second):
+				result = errors.New("the command did not stop within 20s")
+			}
+		})
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	re := regexp.MustCompile(`Starting to serve on (\S+)\n`)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			return m[1], stop
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("the command ended before serving: %v\n%s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("no \"Starting to serve on\" line within 10s:\n%s", out.String())
+	return "", nil
+}
+
+func get(t *testing.T, url, host string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if host != "" {
+		req.Host = host
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestCommandProxiesWithKubeconfigCredentials(t *testing.T) {
+	b := newBackend(t)
+	kc := b.kubeconfig(t, "cert")
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"client certificate", []string{"--kubeconfig", kc}},
+		{"token context", []string{"--kubeconfig", kc, "--context", "token"}},
+		{"token over HTTP/2", []string{"--kubeconfig", kc, "--context", "token", "--backend-http2"}},
+		{"KUBECONFIG and an API prefix", []string{"--api-prefix", "/k8s-api"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("KUBECONFIG", kc)
+			addr, stop := runCommand(t, append([]string{"--port=0"}, c.args...)...)
+			prefix := ""
+			if strings.Contains(c.name, "prefix") {
+				prefix = "/k8s-api"
+			}
+			code, body := get(t, "http://"+addr+prefix+"/api", "")
+			if code != 200 || !strings.Contains(body, `"path":"/api"`) {
+				t.Fatalf("GET /api: %d %q", code, body)
+			}
+			if code, _ := get(t, "http://"+addr+prefix+"/api", "evil.example"); code != http.StatusForbidden {
+				t.Fatalf("Host evil.example: %d, want 403", code)
+			}
+			if code, _ := get(t, "http://"+addr+prefix+"/api/v1/namespaces/default/pods/web/exec", ""); code != http.StatusForbidden {
+				t.Fatalf("exec: %d, want 403", code)
+			}
+			if err := stop(); err != nil {
+				t.Fatalf("command returned %v after cancel", err)
+			}
+		})
+	}
+}
+
+func TestCommandRefuses(t *testing.T) {
+	b := newBackend(t)
+	kc := b.kubeconfig(t, "cert")
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"non-loopback address", []string{"--address=0.0.0.0", "--port=0"}, "--allow-remote"},
+		{"missing context", []string{"--context=nope", "--port=0"}, "nope"},
+		{"missing kubeconfig", []string{"--kubeconfig=" + filepath.Join(t.TempDir(), "absent"), "--port=0"}, "--kubeconfig"},
+		{"argument", []string{"extra"}, "unknown command"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := NewProxyCommand()
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			args := c.args
+			if !strings.Contains(strings.Join(args, " "), "--kubeconfig") {
+				args = append(args, "--kubeconfig", kc)
+			}
+			cmd.SetArgs(args)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := cmd.ExecuteContext(ctx)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// With --allow-remote the proxy listens on a non-loopback address; this uses the wildcard address and
+// talks to it over loopback only.
+func TestCommandAllowRemote(t *testing.T) {
+	b := newBackend(t)
+	logs := captureKlog(t)
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--address=0.0.0.0", "--port=0", "--allow-remote")
+	_, port, _ := net.SplitHostPort(addr)
+	if code, _ := get(t, "http://127.0.0.1:"+port+"/api", ""); code != 200 {
+		t.Fatalf("GET /api: %d", code)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	if !strings.Contains(logs.String(), "--allow-remote") {
+		t.Errorf("no warning about --allow-remote in the log:\n%s", logs.String())
+	}
+}
+
+func TestCommandDisableFilterWarns(t *testing.T) {
+	b := newBackend(t)
+	logs := captureKlog(t)
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0", "--disable-filter")
+	if code, _ := get(t, "http://"+addr+"/api", "evil.example"); code != 200 {
+		t.Fatalf("filter disabled, Host evil.example: %d, want 200", code)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	if want := "Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious"; !strings.Contains(logs.String(), want) {
+		t.Errorf("log lacks kubectl's warning %q:\n%s", want, logs.String())
+	}
+}
+
+// captureKlog sends klog's output to a buffer for the rest of the test.
+func captureKlog(t *testing.T) *syncBuffer {
+	t.Helper()
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	buf := &syncBuffer{}
+	klog.SetOutput(buf)
+	t.Cleanup(func() {
+		klog.Flush()
+		_ = fs.Set("logtostderr", "true")
+		klog.SetOutput(os.Stderr)
+	})
+	return buf
+}
+
+// kubectl and curl, the clients people point at kubectl proxy, work through konnect proxy.
+func TestCommandWithKubectlAndCurl(t *testing.T) {
+	b := newBackend(t)
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "token"), "--port=0")
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	run := func(name string, args ...string) string {
+		t.Helper()
+		path, err := exec.LookPath(name)
+		if err != nil {
+			t.Skipf("%s is not installed", name)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, path, args...)
+		// kubectl must not find a kubeconfig of its own: the proxy holds the credentials.
+		empty := filepath.Join(t.TempDir(), "empty-kubeconfig")
+		if err := os.WriteFile(empty, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+empty, "HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	if out := run("kubectl", "--server", "http://"+addr, "get", "--raw", "/api"); !strings.Contains(out, `"path":"/api"`) {
+		t.Errorf("kubectl get --raw /api through the proxy: %q", out)
+	}
+	if out := run("curl", "-sS", "http://"+addr+"/api"); !strings.Contains(out, `"kind":"APIVersions"`) {
+		t.Errorf("curl /api: %q", out)
+	}
+	if out := run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: evil.example", "http://"+addr+"/api"); out != "403" {
+		t.Errorf("curl with Host: evil.example got %q, want 403", out)
+	}
+	if out := run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "http://"+addr+"/api/v1/namespaces/default/pods/web/exec?command=id"); out != "403" {
+		t.Errorf("curl POST exec got %q, want 403", out)
+	}
+}
+
+func TestCommandRefusesForeignOrigin(t *testing.T) {
+	b := newBackend(t)
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0")
+	defer stop()
+	for origin, want := range map[string]int{"https://evil.example": 403, "http://localhost:8001": 200} {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/api", nil)
+		req.Header.Set("Origin", origin)
+		client := &http.Client{Transport: &http.Transport{}}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		client.CloseIdleConnections()
+		if resp.StatusCode != want {
+			t.Errorf("Origin %s: %d, want %d", origin, resp.StatusCode, want)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package proxycmd
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// withProxyURL rewrites kubeconfig's cluster to use proxyURL.
+func withProxyURL(t *testing.T, kubeconfig, proxyURL string) {
+	t.Helper()
+	kc, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc.Clusters["test"].ProxyURL = proxyURL
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// --via against a real OpenSSH sshd: the API traffic goes through an SSH direct-tcpip channel, and the
+// kubeconfig's proxy-url (here a dead one) is ignored.
+func TestViaRealSSHD(t *testing.T) {
+	t.Setenv("SSH_AUTH_SOCK", "")
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_ed25519", "")
+	sshd := sshdtest.Start(t, pub)
+	knownHosts := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(knownHosts, []byte(sshd.KnownHostsLine()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(t)
+	kc := b.kubeconfig(t, "cert")
+	withProxyURL(t, kc, "socks5://127.0.0.1:1")
+	u, _ := url.Parse(b.url)
+	_, backendPort, _ := net.SplitHostPort(u.Host)
+
+	sshArgs := func(knownHosts string) []string {
+		return []string{"--kubeconfig", kc, "--port=0", "--via", "root@127.0.0.1", "--ssh-port", strconv.Itoa(sshd.Port),
+			"-i", key, "--known-hosts", knownHosts, "--ssh-config", "none", "--connect-timeout", "5s"}
+	}
+
+	t.Run("API through SSH", func(t *testing.T) {
+		addr, stop := runCommand(t, sshArgs(knownHosts)...)
+		code, body := get(t, "http://"+addr+"/api", "")
+		if code != 200 || !strings.Contains(body, `"path":"/api"`) {
+			t.Fatalf("GET /api over SSH: %d %q", code, body)
+		}
+		if code, _ := get(t, "http://"+addr+"/api", "evil.example"); code != 403 {
+			t.Fatalf("Host evil.example over SSH: %d, want 403", code)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		// sshd (LogLevel DEBUG1) logs each direct-tcpip channel with its target.
+		want := "target 127.0.0.1 port " + backendPort
+		deadline := time.Now().Add(5 * time.Second)
+		for !strings.Contains(sshd.Log(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sshd log has no channel to the API server (%q):\n%s", want, sshd.Log())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
+	t.Run("sshd restart", func(t *testing.T) {
+		addr, stop := runCommand(t, sshArgs(knownHosts)...)
+		if code, _ := get(t, "http://"+addr+"/api", ""); code != 200 {
+			t.Fatalf("before the restart: %d", code)
+		}
+		// The SSH connection, and every pooled connection to the API server inside it, dies; the proxy
+		// keeps its port, reconnects, and serves again.
+		sshd.Restart()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			code, body := get(t, "http://"+addr+"/api", "")
+			if code == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no success within 20s of the sshd restart; last: %d %q", code, body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("unknown host key ends the command", func(t *testing.T) {
+		empty := filepath.Join(t.TempDir(), "known_hosts")
+		if err := os.WriteFile(empty, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := NewProxyCommand()
+		out := &syncBuffer{}
+		cmd.SetOut(out)
+		cmd.SetErr(out)
+		cmd.SetArgs(sshArgs(empty))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		err := cmd.ExecuteContext(ctx)
+		if err == nil || ctx.Err() != nil {
+			t.Fatalf("command returned %v (ctx %v); want an SSH host key error before the timeout", err, ctx.Err())
+		}
+		if !strings.Contains(err.Error(), "--via") || !strings.Contains(strings.ToLower(err.Error()), "host") {
+			t.Fatalf("error %q does not name --via and the host key", err)
+		}
+	})
+}

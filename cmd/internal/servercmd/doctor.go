@@ -1,0 +1,248 @@
+package servercmd
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/spf13/cobra"
+)
+
+// NewDoctorCommand returns `konnect doctor` with its status and dial subcommands.
+func NewDoctorCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Inspect Konnectivity servers and dial through them as kube-apiserver does",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
+	}
+	cmd.AddCommand(newStatusCommand(), newDialCommand())
+	return cmd
+}
+
+func newStatusCommand() *cobra.Command {
+	var (
+		admins  []string
+		output  string
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each server's connected agents, their identifiers, connection age and last error",
+		Long: `Queries the admin endpoint (/debug/agents) of one or more konnect servers and prints, for each server,
+the agents it knows: connected or not, identifiers, remote address, connection age and the last error
+(for example a failed token authentication).`,
+		Example: `  konnect doctor status --admin-address 127.0.0.1:8133
+  konnect doctor status --admin-address 10.0.0.1:8133,10.0.0.2:8133 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o/--output must be table or json, not %q", output)
+			}
+			if len(admins) == 0 {
+				return fmt.Errorf("--admin-address: give at least one server's admin address")
+			}
+			results := make([]serverResult, 0, len(admins))
+			failed := 0
+			for _, a := range admins {
+				st, err := fetchStatus(cmd.Context(), a, timeout)
+				r := serverResult{Admin: a, Status: st}
+				if err != nil {
+					r.Error = err.Error()
+					failed++
+				}
+				results = append(results, r)
+			}
+			out := cmd.OutOrStdout()
+			if output == "json" {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(results); err != nil {
+					return err
+				}
+			} else {
+				printStatus(out, results, time.Now())
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d servers did not answer", failed, len(admins))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&admins, "admin-address", []string{"127.0.0.1:8095"}, "Admin address(es) (host:port) of the servers to ask; upstream's default admin port is 8095.")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "How long to wait for each server.")
+	return cmd
+}
+
+type serverResult struct {
+	Admin  string         `json:"admin"`
+	Status *tunnel.Status `json:"status,omitempty"`
+	Error  string         `json:"error,omitempty"`
+}
+
+func fetchStatus(ctx context.Context, admin string, timeout time.Duration) (*tunnel.Status, error) {
+	if _, _, err := net.SplitHostPort(admin); err != nil {
+		return nil, fmt.Errorf("--admin-address %q: %w", admin, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/agents", nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("ask %s: %w", admin, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("ask %s: %s (is this a konnect server's admin port?)", admin, res.Status)
+	}
+	var st tunnel.Status
+	if err := json.NewDecoder(io.LimitReader(res.Body, 8<<20)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("ask %s: decode status: %w", admin, err)
+	}
+	return &st, nil
+}
+
+func printStatus(w io.Writer, results []serverResult, now time.Time) {
+	for i, r := range results {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if r.Status == nil {
+			fmt.Fprintf(w, "server %s: UNREACHABLE: %s\n", r.Admin, r.Error)
+			continue
+		}
+		st := r.Status
+		connected := 0
+		for _, a := range st.Agents {
+			if a.Connected {
+				connected++
+			}
+		}
+		state := "serving"
+		if st.Draining {
+			state = "draining"
+		}
+		fmt.Fprintf(w, "server %s (id %s, %s, frontend %s, agents on %s, server-count %d): %s, %d agent(s) connected, %d open tunnel(s)\n",
+			r.Admin, st.ServerID, st.Mode, st.Frontend, st.Agent, st.ServerCount, state, connected, st.Frontends)
+		if len(st.Agents) == 0 {
+			fmt.Fprintln(w, "  no agent has connected: dials through this server fail with \"No agent available\"")
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  AGENT\tSTATE\tAGE\tREMOTE\tIDENTIFIERS\tLAST ERROR")
+		for _, a := range st.Agents {
+			stateStr, age := "disconnected", "-"
+			if a.Connected {
+				stateStr = "connected"
+				age = now.Sub(a.Since).Round(time.Second).String()
+			}
+			lastErr := "-"
+			if a.LastError != "" {
+				lastErr = fmt.Sprintf("%s (%s ago)", a.LastError, now.Sub(a.LastErrorAt).Round(time.Second))
+			}
+			idents := a.Identifiers
+			if idents == "" {
+				idents = "-"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", a.ID, stateStr, age, a.Remote, idents, lastErr)
+		}
+		tw.Flush()
+	}
+}
+
+func newDialCommand() *cobra.Command {
+	var (
+		f       tunnel.Frontend
+		timeout time.Duration
+		request string
+	)
+	cmd := &cobra.Command{
+		Use:   "dial ADDRESS --uds-name PATH",
+		Short: "Dial ADDRESS through a server's frontend exactly as kube-apiserver does, and report why it fails",
+		Long: `Dials host:port through the Konnectivity server's frontend socket the way kube-apiserver's egress
+selector does (a single-use konnectivity-client gRPC tunnel, or HTTP CONNECT), then reports the latency or
+the precise failure: no agent connected, dial timeout, refused connection, no route, or a server that is
+not there. With --request, it sends one HTTP/1.1 request through the tunnel and prints the status line.`,
+		Example: `  konnect doctor dial 10.96.0.1:443 --uds-name /etc/kubernetes/konnectivity-server/konnectivity-server.socket
+  konnect doctor dial 127.0.0.1:8080 --uds-name _demo/konnectivity-server.socket --mode http-connect --request 'GET /'`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			addr := args[0]
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return fmt.Errorf("ADDRESS %q must be host:port: %w", addr, err)
+			}
+			if f.UDSName == "" {
+				return fmt.Errorf("--uds-name is required: the server's frontend socket")
+			}
+			if f.Mode != "grpc" && f.Mode != "http-connect" {
+				return fmt.Errorf("--mode must be grpc or http-connect, not %q", f.Mode)
+			}
+			method, path, err := parseRequest(request)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			start := time.Now()
+			conn, err := f.Dial(ctx, addr)
+			took := time.Since(start)
+			if err != nil {
+				reason := tunnel.Reason(err)
+				if reason == "" {
+					reason = "unrecognised failure"
+				}
+				fmt.Fprintf(out, "FAIL dial %s through %s (%s) after %s\n  error:  %v\n  reason: %s\n", addr, f.UDSName, f.Mode, took.Round(time.Microsecond), err, reason)
+				return fmt.Errorf("dial %s: %s", addr, reason)
+			}
+			defer conn.Close()
+			fmt.Fprintf(out, "OK dial %s through %s (%s) in %s\n", addr, f.UDSName, f.Mode, took.Round(time.Microsecond))
+			if method == "" {
+				return nil
+			}
+			_ = conn.SetDeadline(time.Now().Add(timeout))
+			start = time.Now()
+			if _, err := fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: konnect-doctor\r\nConnection: close\r\n\r\n", method, path, addr); err != nil {
+				return fmt.Errorf("send request through the tunnel: %w", err)
+			}
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil {
+				return fmt.Errorf("read response through the tunnel: %w", err)
+			}
+			fmt.Fprintf(out, "%s (%s)\n", strings.TrimRight(line, "\r\n"), time.Since(start).Round(time.Microsecond))
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.UDSName, "uds-name", "", "The server's frontend socket (its --uds-name).")
+	fl.StringVar(&f.Mode, "mode", "grpc", "Frontend protocol: grpc or http-connect (the server's --mode).")
+	fl.DurationVar(&timeout, "timeout", 30*time.Second, "Dial timeout (kube-apiserver uses 30s) and request timeout.")
+	fl.StringVar(&request, "request", "", "Send one HTTP/1.1 request through the tunnel, e.g. 'GET /', and print the status line.")
+	return cmd
+}
+
+func parseRequest(s string) (method, path string, err error) {
+	if s == "" {
+		return "", "", nil
+	}
+	parts := strings.Fields(s)
+	if len(parts) != 2 || !strings.HasPrefix(parts[1], "/") {
+		return "", "", errors.New("--request must be 'METHOD /path', e.g. 'GET /'")
+	}
+	return strings.ToUpper(parts[0]), parts[1], nil
+}

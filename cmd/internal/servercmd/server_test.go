@@ -1,0 +1,286 @@
+package servercmd
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/agent"
+	"github.com/konnect-dev/konnect/egress/tunnel"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreAnyFunction("time.Sleep"),
+	)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// pki writes a CA and a server and agent certificate (SAN 127.0.0.1) into dir.
+func pki(t *testing.T, dir string) (ca, serverCert, serverKey, agentCert, agentKey string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ca = write("ca.crt", "CERTIFICATE", caDER)
+	leaf := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kder, _ := x509.MarshalECPrivateKey(k)
+		return write(name+".crt", "CERTIFICATE", der), write(name+".key", "EC PRIVATE KEY", kder)
+	}
+	serverCert, serverKey = leaf("server", 2, x509.ExtKeyUsageServerAuth)
+	agentCert, agentKey = leaf("agent", 3, x509.ExtKeyUsageClientAuth)
+	return
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+func runCmd(t *testing.T, ctx context.Context, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := NewDoctorCommand()
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// TestServerAndDoctor runs `konnect server` as a user would, checks its health, metrics and admin
+// endpoints, and drives `konnect doctor status` and `konnect doctor dial` against it, before and after an
+// agent connects.
+func TestServerAndDoctor(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ksc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ca, sc, sk, ac, ak := pki(t, dir)
+	sock := filepath.Join(dir, "konnectivity-server.socket")
+
+	var out syncBuffer
+	cmd := NewServerCommand()
+	cmd.SetArgs([]string{
+		"--uds-name=" + sock, "--cluster-cert=" + sc, "--cluster-key=" + sk, "--cluster-ca-cert=" + ca,
+		"--mode=grpc", "--server-port=0", "--agent-port=0", "--agent-bind-address=127.0.0.1",
+		"--admin-port=0", "--health-port=0", "--graceful-timeout=2s", "--server-id=cmd-test",
+		"--logtostderr=true", "--v=0",
+	})
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("server command did not return")
+		}
+	})
+
+	re := regexp.MustCompile(`agents (\S+), health (\S+), admin (\S+)`)
+	var m []string
+	for deadline := time.Now().Add(10 * time.Second); m == nil; {
+		m = re.FindStringSubmatch(out.String())
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not start: %s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	agentAddr, health, admin := m[1], "http://"+m[2], m[3]
+
+	if code, body := get(t, health+"/readyz?verbose"); code != 200 || !strings.Contains(body, "[+]frontend-socket ok") || !strings.Contains(body, "[+]shutdown ok") {
+		t.Errorf("/readyz?verbose: %d %s", code, body)
+	}
+	for _, p := range []string{"/livez", "/healthz", "/readyz/frontend-socket", "/ready"} {
+		if code, body := get(t, health+p); code != 200 {
+			t.Errorf("%s: %d %s", p, code, body)
+		}
+	}
+	if code, body := get(t, health+"/readyz?exclude=frontend-socket&verbose"); code != 200 || !strings.Contains(body, "frontend-socket excluded") {
+		t.Errorf("/readyz?exclude: %d %s", code, body)
+	}
+	_, metrics := get(t, health+"/metrics")
+	for _, want := range []string{"konnectivity_network_proxy_server_", `konnect_certificate_expiry_seconds{file="` + sc, "konnect_tunnel_server_frontend_queued_bytes"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if code, _ := get(t, "http://"+admin+"/debug/pprof/"); code != 404 {
+		t.Errorf("pprof served without --enable-profiling: %d", code)
+	}
+
+	// No agent yet: status says so, and dial gives the reason users meet.
+	o, err := runCmd(t, context.Background(), "status", "--admin-address", admin)
+	if err != nil || !strings.Contains(o, "0 agent(s) connected") || !strings.Contains(o, "No agent available") {
+		t.Errorf("status without agents: %v\n%s", err, o)
+	}
+	web := httpBackend(t)
+	o, err = runCmd(t, context.Background(), "dial", web, "--uds-name", sock, "--timeout", "5s")
+	if err == nil || !strings.Contains(o, "No agent available") || !strings.Contains(o, "no agent is connected") {
+		t.Errorf("dial without agents: %v\n%s", err, o)
+	}
+
+	// konnect's agent connects; status lists it, and dial gets through.
+	a, err := agent.New(agent.Config{Servers: []string{agentAddr}, CAFile: ca, CertFile: ac, KeyFile: ak,
+		AgentID: "node-1", Identifiers: "host=node-1", SyncInterval: 100 * time.Millisecond, GracefulTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stopAgent := context.WithCancel(context.Background())
+	agentDone := make(chan struct{})
+	go func() { defer close(agentDone); a.Run(actx) }()
+	defer func() { stopAgent(); <-agentDone }()
+	var st tunnel.Status
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, body := get(t, "http://"+admin+"/debug/agents")
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatalf("/debug/agents: %v: %s", err, body)
+		}
+		if len(st.Agents) == 1 && st.Agents[0].Connected {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not connected: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.ServerID != "cmd-test" || st.Agents[0].ID != "node-1" || st.Agents[0].Identifiers != "host=node-1" {
+		t.Errorf("status %+v", st)
+	}
+	o, err = runCmd(t, context.Background(), "status", "--admin-address", admin)
+	if err != nil || !strings.Contains(o, "1 agent(s) connected") || !regexp.MustCompile(`node-1\s+connected`).MatchString(o) {
+		t.Errorf("status with an agent: %v\n%s", err, o)
+	}
+	o, err = runCmd(t, context.Background(), "dial", web, "--uds-name", sock, "--request", "GET /")
+	if err != nil || !strings.Contains(o, "OK dial") || !strings.Contains(o, "HTTP/1.1 200 OK") {
+		t.Errorf("dial with an agent: %v\n%s", err, o)
+	}
+	o, err = runCmd(t, context.Background(), "dial", "127.0.0.1:1", "--uds-name", sock)
+	if err == nil || !strings.Contains(o, "connection refused") {
+		t.Errorf("dial to a closed port: %v\n%s", err, o)
+	}
+	o, err = runCmd(t, context.Background(), "status", "--admin-address", "127.0.0.1:1")
+	if err == nil || !strings.Contains(o, "UNREACHABLE") {
+		t.Errorf("status of a server that is not there: %v\n%s", err, o)
+	}
+}
+
+func httpBackend(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), ReadHeaderTimeout: time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+func TestServerFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	_, sc, sk, _, _ := pki(t, dir)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	_, busyPort, _ := net.SplitHostPort(busy.Addr().String())
+	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk,
+		"--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"mode", []string{"--mode=tcp"}, "--mode"},
+		{"remote admin", []string{"--admin-bind-address=0.0.0.0"}, "--allow-remote-admin"},
+		{"health port in use", []string{"--health-port=" + busyPort, "--health-bind-address=127.0.0.1"}, "address already in use"},
+		{"unknown flag", []string{"--no-such-flag"}, "unknown flag"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := NewServerCommand()
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs(append(append([]string{}, base...), tc.args...))
+			err := cmd.Execute()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want error with %q, got %v", tc.want, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,127 @@
+package sockscmd
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const testKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    server: https://198.18.0.1:6443
+    certificate-authority-data: Y2E=
+  name: prod
+- cluster:
+    server: https://198.18.0.2:6443
+  name: staging
+contexts:
+- context:
+    cluster: prod
+    user: alice
+  name: prod-admin
+- context:
+    cluster: staging
+    user: alice
+  name: staging
+current-context: staging
+users:
+- name: alice
+  user:
+    token: abc
+`
+
+func setProxy(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := NewKubeconfigCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append([]string{"set-proxy"}, args...))
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestKubeconfigSetProxy(t *testing.T) {
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "config")
+	os.WriteFile(kc, []byte(testKubeconfig), 0o600)
+
+	if _, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Clusters["prod"].ProxyURL; got != "socks5://127.0.0.1:1080" {
+		t.Fatalf("prod proxy-url = %q", got)
+	}
+	if got := cfg.Clusters["staging"].ProxyURL; got != "" {
+		t.Fatalf("staging proxy-url changed to %q", got)
+	}
+	if cfg.CurrentContext != "staging" || cfg.AuthInfos["alice"].Token != "abc" || string(cfg.Clusters["prod"].CertificateAuthorityData) != "ca" {
+		t.Fatalf("other settings changed: %+v", cfg)
+	}
+	backup, err := os.ReadFile(kc + ".konnect-backup")
+	if err != nil || string(backup) != testKubeconfig {
+		t.Fatalf("backup = %q, %v; want the original file", backup, err)
+	}
+	if st, _ := os.Stat(kc); st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode = %v, want 0600 kept", st.Mode().Perm())
+	}
+	// Clearing it again.
+	if _, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", ""); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ = clientcmd.LoadFromFile(kc)
+	if cfg.Clusters["prod"].ProxyURL != "" {
+		t.Fatalf("proxy-url not cleared")
+	}
+}
+
+func TestKubeconfigSetProxyErrors(t *testing.T) {
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "config")
+	os.WriteFile(kc, []byte(testKubeconfig), 0o600)
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr []string
+	}{
+		{"socks5h refused", []string{"--context", "prod-admin", "--proxy-url", "socks5h://127.0.0.1:1080"}, []string{"--proxy-url", "socks5h", "socks5://"}},
+		{"unknown scheme", []string{"--context", "prod-admin", "--proxy-url", "ftp://x:1"}, []string{"--proxy-url", "ftp"}},
+		{"no port", []string{"--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1"}, []string{"--proxy-url", "port"}},
+		{"missing context", []string{"--context", "nope", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context", `"nope"`, "prod-admin, staging"}},
+		{"no context flag", []string{"--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context"}},
+		{"no proxy-url flag", []string{"--context", "prod-admin"}, []string{"--proxy-url"}},
+		{"missing file", []string{"--kubeconfig", filepath.Join(dir, "absent"), "--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--kubeconfig"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if !strings.Contains(strings.Join(args, " "), "--kubeconfig") {
+				args = append([]string{"--kubeconfig", kc}, args...)
+			}
+			_, err := setProxy(t, args...)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if b, _ := os.ReadFile(kc); string(b) != testKubeconfig {
+				t.Fatalf("file changed on error")
+			}
+			if _, err := os.Stat(kc + ".konnect-backup"); err == nil {
+				t.Fatalf("backup written on error")
+			}
+		})
+	}
+}

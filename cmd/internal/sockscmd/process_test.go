@@ -1,0 +1,124 @@
+package sockscmd
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+)
+
+// konnectProcess runs `konnect socks args...` as its own process (this test binary, see TestMain) with
+// stdin on /dev/null, so there is no terminal.
+func konnectProcess(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1", "SSH_AUTH_SOCK=")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd, &out
+}
+
+func waitExit(t *testing.T, cmd *exec.Cmd, within time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("konnect socks did not exit within %s", within)
+	}
+	return nil
+}
+
+func TestProcessEncryptedKeyWithoutTerminal(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_enc", "passphrase")
+	srv := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	cmd, out := konnectProcess(t, "-D", "127.0.0.1:0", "-i", key, "--known-hosts", kh, "-F", "none", srv.Addr())
+	err := waitExit(t, cmd, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("exit = %v, want a failure; output:\n%s", err, out)
+	}
+	for _, want := range []string{key + " is encrypted and there is no terminal", "ssh-add " + key} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output does not say %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestProcessNoSecretsInLogsAndCleanExit(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
+	srv := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	const password = "Zq8-very-secret-proxy-password"
+	pw := filepath.Join(dir, "pw")
+	os.WriteFile(pw, []byte(password+"\n"), 0o600)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(t)))
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(t)))
+	cmd, out := konnectProcess(t, "-v", "10", "-D", addr, "--health-listen", health, "-i", key, "--known-hosts", kh,
+		"-F", "none", "--proxy-user", "dev", "--proxy-password-file", pw, srv.Addr())
+	waitFor(t, "readiness", func() bool {
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	port := backend(t)
+	url := "http://localhost:" + port + "/s"
+	if got, err := curl(t, "--socks5-hostname", addr, "--proxy-user", "dev:"+password, url); err != nil || got != "backend /s" {
+		t.Fatalf("with credentials: %v %q", err, got)
+	}
+	curl(t, "--socks5-hostname", addr, "--proxy-user", "dev:wrong-"+password, url)
+	curl(t, "--proxy", "http://"+addr, "--proxy-user", "dev:wrong-"+password, url)
+
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := waitExit(t, cmd, 15*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM = %v, want 0; output:\n%s", err, out)
+	}
+	logs := out.String()
+	if !strings.Contains(logs, "SSH connection established") || !strings.Contains(logs, "authentication failed") {
+		t.Fatalf("logs are missing expected lines (is -v honoured?):\n%s", logs)
+	}
+	keyPEM, _ := os.ReadFile(key)
+	secrets := []string{password}
+	for _, line := range strings.Split(string(keyPEM), "\n") {
+		if len(line) > 20 && !strings.HasPrefix(line, "-----") {
+			secrets = append(secrets, line)
+		}
+	}
+	for _, s := range secrets {
+		if strings.Contains(logs, s) {
+			t.Fatalf("a secret appears in the logs: %q", s)
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package egress
+
+import (
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// KonnectivityAudience is the service-account token audience that Konnectivity agents present and the
+// server checks (--authentication-audience); kube-apiserver must list it in --api-audiences or it rejects
+// the agents' tokens.
+const KonnectivityAudience = "system:konnectivity-server"
+
+// Flag is one kube-apiserver command-line flag. Name has no leading dashes.
+type Flag struct {
+	Name  string
+	Value string
+}
+
+// String renders f as kube-apiserver reads it: --name=value.
+func (f Flag) String() string { return "--" + f.Name + "=" + f.Value }
+
+// APIServerFlags are the inputs of the kube-apiserver flags that the aggregation layer (Kubernetes
+// documentation, "Configure the Aggregation Layer") and the Konnectivity tunnel need. File paths are as
+// kube-apiserver sees them.
+type APIServerFlags struct {
+	// RequestHeaderClientCAFile is the front-proxy CA certificate: extension API servers trust requests
+	// signed by it (--requestheader-client-ca-file).
+	RequestHeaderClientCAFile string
+	// ProxyClientCertFile and ProxyClientKeyFile are kube-apiserver's front-proxy client certificate and key
+	// (CN front-proxy-client), used when it proxies to extension API servers.
+	ProxyClientCertFile string
+	ProxyClientKeyFile  string
+	// EgressSelectorConfigFile is the file SelectorConfig.Marshal rendered.
+	EgressSelectorConfigFile string
+	// APIAudiences are accepted token audiences besides KonnectivityAudience, which is always included.
+	// kube-apiserver defaults --api-audiences to its --service-account-issuer values and setting the flag
+	// replaces that default, so the issuer (e.g. https://kubernetes.default.svc.cluster.local) belongs here
+	// or every ordinary service-account token stops working. PatchPod adds the manifest's own issuers.
+	APIAudiences []string
+	// EnableAggregatorRouting makes the aggregator dial endpoint IPs instead of the service's cluster IP;
+	// needed when no kube-proxy runs on the control-plane node.
+	EnableAggregatorRouting bool
+}
+
+// Flags returns the flags in a fixed order. Every file path must be absolute: kube-apiserver resolves
+// relative paths from its own working directory, which is not the caller's.
+func (c APIServerFlags) Flags() ([]Flag, error) {
+	files := []struct{ flag, path string }{
+		{"requestheader-client-ca-file", c.RequestHeaderClientCAFile},
+		{"proxy-client-cert-file", c.ProxyClientCertFile},
+		{"proxy-client-key-file", c.ProxyClientKeyFile},
+		{"egress-selector-config-file", c.EgressSelectorConfigFile},
+	}
+	for _, f := range files {
+		if f.path == "" {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s needs a file path", f.flag)
+		}
+		if !filepath.IsAbs(f.path) {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s=%s: path must be absolute", f.flag, f.path)
+		}
+		if strings.ContainsAny(f.path, "\n\r") {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s: path contains a line break", f.flag)
+		}
+	}
+	audiences, err := mergeAudiences(c.APIAudiences, []string{KonnectivityAudience})
+	if err != nil {
+		return nil, err
+	}
+	flags := []Flag{
+		{"requestheader-client-ca-file", c.RequestHeaderClientCAFile},
+		// The CN of the front-proxy client certificate; extension API servers refuse any other.
+		{"requestheader-allowed-names", "front-proxy-client"},
+		{"requestheader-extra-headers-prefix", "X-Remote-Extra-"},
+		{"requestheader-group-headers", "X-Remote-Group"},
+		{"requestheader-username-headers", "X-Remote-User"},
+		{"requestheader-uid-headers", "X-Remote-Uid"},
+		{"proxy-client-cert-file", c.ProxyClientCertFile},
+		{"proxy-client-key-file", c.ProxyClientKeyFile},
+		{"egress-selector-config-file", c.EgressSelectorConfigFile},
+		{"api-audiences", strings.Join(audiences, ",")},
+	}
+	if c.EnableAggregatorRouting {
+		flags = append(flags, Flag{"enable-aggregator-routing", "true"})
+	}
+	return flags, nil
+}
+
+// mergeAudiences returns base followed by the members of extra that base lacks, refusing values that
+// cannot sit in a comma-separated flag.
+func mergeAudiences(base, extra []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, a := range append(append([]string(nil), base...), extra...) {
+		a = strings.TrimSpace(a)
+		if a == "" || seen[a] {
+			continue
+		}
+		if strings.ContainsAny(a, ", \t\n\r") {
+			return nil, fmt.Errorf("kube-apiserver flags: --api-audiences: audience %q must not contain a comma or white space", a)
+		}
+		seen[a] = true
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// MarshalFlags renders flags one per line, as --name=value, for the kube-apiserver.flags file.
+func MarshalFlags(flags []Flag) []byte {
+	var b bytes.Buffer
+	for _, f := range flags {
+		b.WriteString(f.String())
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
+}

@@ -1,0 +1,525 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/konnect-dev/konnect/pki"
+)
+
+// DefaultAPIServerManifest is where kubeadm writes the kube-apiserver static pod.
+const DefaultAPIServerManifest = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+
+// Volume names this package owns in the kube-apiserver pod. A volume with one of these names is updated in
+// place on a later run, so changing a path moves the mount instead of adding a second one.
+const (
+	udsVolume          = "konnectivity-uds"
+	egressConfigVolume = "egress-selector-config"
+	certsVolume        = "konnect-pki"
+)
+
+// ManifestPatch is what PatchPod sets on a kube-apiserver static pod.
+type ManifestPatch struct {
+	// Flags are set on the kube-apiserver container: an existing flag of the same name gets the new value
+	// in place (duplicates of it are dropped), a missing one is appended, and every other argument keeps
+	// its value and position. --api-audiences is merged, not replaced: the pod's own audiences (or, when it
+	// sets none, its --service-account-issuer values, which kube-apiserver uses as the default) are kept.
+	Flags []Flag
+	// UDSDir is the directory of the Konnectivity server's unix socket (SelectorConfig.UDSDir); it is
+	// mounted read-write. Empty with --transport tcp.
+	UDSDir string
+	// Files are further files kube-apiserver must read, such as the TLS files of a TCP egress selector
+	// (SelectorConfig.Files). The files named by *-file flags in Flags are always included.
+	Files []string
+	// BackupDir is where PatchManifestFile keeps the original manifest. Empty means next to it, as a hidden
+	// file: kubelet ignores files whose names start with a dot, so the backup never runs as a second pod.
+	BackupDir string
+	// Now stamps the backup's name; nil means time.Now.
+	Now func() time.Time
+}
+
+// UDSDir returns the directory to mount into kube-apiserver for c's unix socket, or "" for TCP.
+func (c SelectorConfig) UDSDir() string {
+	c = c.withDefaults()
+	if c.Transport != TransportUDS {
+		return ""
+	}
+	return filepath.Dir(c.UDSName)
+}
+
+// Files returns the files kube-apiserver reads because of c (the TLS files of a TCP transport).
+func (c SelectorConfig) Files() []string {
+	c = c.withDefaults()
+	if c.Transport != TransportTCP {
+		return nil
+	}
+	return []string{c.CABundle, c.ClientCert, c.ClientKey}
+}
+
+// PatchResult tells what PatchManifestFile did.
+type PatchResult struct {
+	// Changed is false when the manifest already carried the patch; nothing was written then.
+	Changed bool
+	// Backup is the path of the copy of the original manifest, if one was written.
+	Backup string
+}
+
+// PatchManifestFile patches the kube-apiserver static pod manifest at path (see PatchPod). When the patch
+// changes the pod it first copies the original to a backup, then replaces path atomically, keeping its file
+// mode; when it does not, no file is touched. The new manifest is encoded from the typed Pod, as kubeadm
+// writes it, so comments in a hand-written manifest survive only in the backup.
+func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
+	// Write through a symlink to its target rather than replacing the link with a file.
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		path = resolved
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)
+	}
+	out, changed, err := PatchManifest(data, path, p)
+	if err != nil || !changed {
+		return PatchResult{}, err
+	}
+	now := time.Now
+	if p.Now != nil {
+		now = p.Now
+	}
+	backup, err := backupPath(path, p.BackupDir, now())
+	if err != nil {
+		return PatchResult{}, err
+	}
+	if _, err := pki.WriteFile(backup, data, st.Mode().Perm(), 0o700); err != nil {
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: backup: %w", err)
+	}
+	if _, err := pki.WriteFile(path, out, st.Mode().Perm(), 0o700); err != nil {
+		return PatchResult{Backup: backup}, fmt.Errorf("kube-apiserver manifest: %w", err)
+	}
+	return PatchResult{Changed: true, Backup: backup}, nil
+}
+
+// backupPath picks a backup name for path that does not exist yet.
+func backupPath(path, dir string, now time.Time) (string, error) {
+	name := filepath.Base(path) + ".konnect-backup-" + now.UTC().Format("20060102T150405Z")
+	if dir == "" {
+		dir, name = filepath.Dir(path), "."+name
+	}
+	for i := 0; i < 100; i++ {
+		candidate := filepath.Join(dir, name)
+		if i > 0 {
+			candidate += "-" + strconv.Itoa(i)
+		}
+		if _, err := os.Lstat(candidate); errors.Is(err, fs.ErrNotExist) {
+			return candidate, nil
+		} else if err != nil {
+			return "", fmt.Errorf("kube-apiserver manifest: backup: %w", err)
+		}
+	}
+	return "", fmt.Errorf("kube-apiserver manifest: backup: too many backups named %s in %s", name, dir)
+}
+
+// PatchManifest patches a kube-apiserver static pod manifest held in data (see PatchPod); source names it
+// in errors. It returns data itself, and changed false, when the pod already carries the patch, so that an
+// unchanged manifest is never reformatted.
+func PatchManifest(data []byte, source string, p ManifestPatch) (out []byte, changed bool, err error) {
+	pod, err := DecodePod(data, source)
+	if err != nil {
+		return nil, false, err
+	}
+	changed, err = PatchPod(pod, p)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: %w", source, err)
+	}
+	if !changed {
+		return data, false, nil
+	}
+	pod.APIVersion, pod.Kind = "v1", "Pod"
+	out, err = yaml.Marshal(pod)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: encode: %w", source, err)
+	}
+	return out, true, nil
+}
+
+// strictCodecs refuse unknown and duplicate fields, so that a typo in a manifest is reported rather than
+// silently dropped when the patched pod is written back.
+var strictCodecs = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict)
+
+// DecodePod decodes data strictly as a v1 Pod; source names the data in errors.
+func DecodePod(data []byte, source string) (*corev1.Pod, error) {
+	// kubelet reads one pod per file; a second document would be lost when the patched pod is written.
+	if n, err := countDocuments(data); err != nil {
+		return nil, fmt.Errorf("%s: not a valid Pod manifest: %w", source, err)
+	} else if n > 1 {
+		return nil, fmt.Errorf("%s: holds %d YAML documents; a static pod manifest holds one Pod", source, n)
+	}
+	obj, gvk, err := strictCodecs.UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a valid Pod manifest: %w", source, err)
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, fmt.Errorf("%s: is a %s, not a v1 Pod", source, gvk)
+	}
+	return pod, nil
+}
+
+// countDocuments counts the non-empty documents of a YAML stream.
+func countDocuments(data []byte) (int, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	n := 0
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if len(bytes.TrimSpace(doc)) > 0 && !onlyComments(doc) {
+			n++
+		}
+	}
+}
+
+func onlyComments(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) > 0 && line[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// PatchPod finds the kube-apiserver container in pod (by name, or by a command that runs kube-apiserver),
+// sets p.Flags on it, and makes every directory and file it needs visible inside it at the same path
+// through hostPath volumes, unless a hostPath mount already covers the path. It reports whether pod
+// changed; applying the same patch twice changes nothing the second time.
+func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
+	before := pod.DeepCopy()
+	c, err := apiserverContainer(pod)
+	if err != nil {
+		return false, err
+	}
+	for _, f := range p.Flags {
+		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
+			return false, fmt.Errorf("bad flag name %q", f.Name)
+		}
+		if f.Name == "api-audiences" {
+			kept := lookupFlag(c, "api-audiences")
+			if len(kept) == 0 {
+				kept = lookupFlag(c, "service-account-issuer")
+			}
+			var base []string
+			for _, v := range kept {
+				base = append(base, strings.Split(v, ",")...)
+			}
+			merged, err := mergeAudiences(base, strings.Split(f.Value, ","))
+			if err != nil {
+				return false, err
+			}
+			f.Value = strings.Join(merged, ",")
+		}
+		setFlag(c, f)
+	}
+
+	if p.UDSDir != "" {
+		if !filepath.IsAbs(p.UDSDir) {
+			return false, fmt.Errorf("unix socket directory %q must be absolute", p.UDSDir)
+		}
+		if err := ensureHostPath(pod, c, udsVolume, filepath.Clean(p.UDSDir), corev1.HostPathDirectoryOrCreate, false); err != nil {
+			return false, err
+		}
+	} else {
+		// No socket (TCP transport): a socket mount from an earlier run has no purpose any more.
+		removeVolume(pod, c, udsVolume)
+	}
+	var dirs []string
+	seenDir := map[string]bool{}
+	addDir := func(file string) error {
+		if !filepath.IsAbs(file) {
+			return fmt.Errorf("file %q must be an absolute path", file)
+		}
+		if d := filepath.Dir(filepath.Clean(file)); !seenDir[d] {
+			seenDir[d] = true
+			dirs = append(dirs, d)
+		}
+		return nil
+	}
+	for _, f := range p.Flags {
+		if !strings.HasSuffix(f.Name, "-file") {
+			continue
+		}
+		if f.Name == "egress-selector-config-file" {
+			// Mounted as a single file: its directory (often /etc/kubernetes) holds admin credentials that
+			// kube-apiserver has no business seeing, and kube-apiserver reads this file only at start-up.
+			if !filepath.IsAbs(f.Value) {
+				return false, fmt.Errorf("--%s=%s: path must be absolute", f.Name, f.Value)
+			}
+			if err := ensureHostPath(pod, c, egressConfigVolume, filepath.Clean(f.Value), corev1.HostPathFile, true); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if err := addDir(f.Value); err != nil {
+			return false, fmt.Errorf("--%s: %w", f.Name, err)
+		}
+	}
+	for _, f := range p.Files {
+		if err := addDir(f); err != nil {
+			return false, err
+		}
+	}
+	// Certificates are mounted by directory, not file by file: kube-apiserver reloads the front-proxy
+	// files when they change, and a file bind mount would keep showing the replaced inode after an atomic
+	// rename. Directories are numbered in sorted order so that a rerun maps each to the same volume.
+	sort.Strings(dirs)
+	n := 0
+	for _, d := range dirs {
+		name := numbered(certsVolume, n)
+		if covered(pod, c, d, name) {
+			removeVolume(pod, c, name)
+			continue
+		}
+		if err := ensureHostPath(pod, c, name, d, corev1.HostPathDirectory, true); err != nil {
+			return false, err
+		}
+		n++
+	}
+	for _, v := range append([]corev1.Volume(nil), pod.Spec.Volumes...) {
+		if isNumbered(v.Name, certsVolume, n) {
+			removeVolume(pod, c, v.Name)
+		}
+	}
+	return !equality.Semantic.DeepEqual(before, pod), nil
+}
+
+func numbered(name string, n int) string {
+	if n == 0 {
+		return name
+	}
+	return name + "-" + strconv.Itoa(n+1)
+}
+
+// apiserverContainer returns the container that runs kube-apiserver.
+func apiserverContainer(pod *corev1.Pod) (*corev1.Container, error) {
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == "kube-apiserver" {
+			return &pod.Spec.Containers[i], nil
+		}
+	}
+	var found *corev1.Container
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if len(c.Command) > 0 && filepath.Base(c.Command[0]) == "kube-apiserver" {
+			if found != nil {
+				return nil, fmt.Errorf("pod %s: containers %q and %q both run kube-apiserver", pod.Name, found.Name, c.Name)
+			}
+			found = c
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("pod %s: no kube-apiserver container (none is named kube-apiserver or runs it)", pod.Name)
+	}
+	return found, nil
+}
+
+// flagAt reports whether tok is flag name (--name or --name=value), and whether the value is the next
+// token (--name value). Boolean flags never take the next token as their value.
+func flagAt(list []string, i int, name string, boolean bool) (match, twoTokens bool) {
+	tok := list[i]
+	if strings.HasPrefix(tok, "--"+name+"=") {
+		return true, false
+	}
+	if tok != "--"+name {
+		return false, false
+	}
+	return true, !boolean && i+1 < len(list) && !strings.HasPrefix(list[i+1], "-")
+}
+
+// flagLists returns pointers to the parts of c's command line that hold flags: the command after the
+// program name, and the args.
+func flagLists(c *corev1.Container) (cmd []string, args []string) {
+	if len(c.Command) > 0 && !strings.HasPrefix(c.Command[0], "-") {
+		return c.Command[1:], c.Args
+	}
+	return c.Command, c.Args
+}
+
+// lookupFlag returns the values of every occurrence of flag name in c.
+func lookupFlag(c *corev1.Container, name string) []string {
+	var out []string
+	cmd, args := flagLists(c)
+	for _, list := range [][]string{cmd, args} {
+		for i := 0; i < len(list); i++ {
+			match, two := flagAt(list, i, name, false)
+			switch {
+			case !match:
+			case two:
+				out = append(out, list[i+1])
+				i++
+			case strings.Contains(list[i], "="):
+				out = append(out, strings.SplitN(list[i], "=", 2)[1])
+			}
+		}
+	}
+	return out
+}
+
+// setFlag gives f's value to the first occurrence of f in c, removes any later occurrence, and appends f
+// where c keeps its flags if it had none.
+func setFlag(c *corev1.Container, f Flag) {
+	boolean := f.Value == "true" || f.Value == "false"
+	found := false
+	edit := func(list []string) []string {
+		out := list[:0:0]
+		for i := 0; i < len(list); i++ {
+			match, two := flagAt(list, i, f.Name, boolean)
+			if !match {
+				out = append(out, list[i])
+				continue
+			}
+			if two {
+				i++
+			}
+			if !found {
+				out = append(out, f.String())
+				found = true
+			}
+		}
+		return out
+	}
+	if len(c.Command) > 0 && !strings.HasPrefix(c.Command[0], "-") {
+		c.Command = append(c.Command[:1:1], edit(c.Command[1:])...)
+	} else if len(c.Command) > 0 {
+		c.Command = edit(c.Command)
+	}
+	if len(c.Args) > 0 {
+		c.Args = edit(c.Args)
+	}
+	if found {
+		return
+	}
+	// Append where the flags live: kubeadm puts them all in command; other manifests use args.
+	if len(c.Args) > 0 || len(c.Command) == 0 {
+		c.Args = append(c.Args, f.String())
+	} else {
+		c.Command = append(c.Command, f.String())
+	}
+}
+
+// isNumbered reports whether name is numbered(base, k) for some k >= from.
+func isNumbered(name, base string, from int) bool {
+	for k := from; k < from+64; k++ {
+		if name == numbered(base, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// removeVolume drops the volume called name and c's mount of it.
+func removeVolume(pod *corev1.Pod, c *corev1.Container, name string) {
+	vols := pod.Spec.Volumes[:0:0]
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != name {
+			vols = append(vols, v)
+		}
+	}
+	if len(vols) == len(pod.Spec.Volumes) {
+		return
+	}
+	pod.Spec.Volumes = vols
+	mounts := c.VolumeMounts[:0:0]
+	for _, m := range c.VolumeMounts {
+		if m.Name != name {
+			mounts = append(mounts, m)
+		}
+	}
+	c.VolumeMounts = mounts
+}
+
+// covered reports whether path is visible inside c at the same path through a hostPath mount, other than
+// of volume except, of a directory (or of path itself) that maps the host path onto the same container
+// path.
+func covered(pod *corev1.Pod, c *corev1.Container, path, except string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.Name == except || m.SubPath != "" || m.SubPathExpr != "" {
+			continue
+		}
+		mp := filepath.Clean(m.MountPath)
+		if path != mp && !strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/") {
+			continue
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == m.Name && v.HostPath != nil && filepath.Clean(v.HostPath.Path) == mp {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ensureHostPath makes host path visible in c at the same path. If another hostPath mount already covers
+// it, a volume called name (left by an earlier run) is removed. Otherwise the volume called name, which
+// this package owns, is created or pointed at path, and so is c's mount of it.
+func ensureHostPath(pod *corev1.Pod, c *corev1.Container, name, path string, t corev1.HostPathType, readOnly bool) error {
+	if covered(pod, c, path, name) {
+		removeVolume(pod, c, name)
+		return nil
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name != name && filepath.Clean(m.MountPath) == path {
+			return fmt.Errorf("container %s: mount path %s is taken by volume %q, which does not map host path %s there",
+				c.Name, path, m.Name, path)
+		}
+	}
+	want := corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t},
+	}}
+	vi := -1
+	for i, v := range pod.Spec.Volumes {
+		if v.Name == name {
+			vi = i
+		}
+	}
+	if vi < 0 {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, want)
+	} else {
+		if pod.Spec.Volumes[vi].HostPath == nil {
+			return fmt.Errorf("volume %q exists and is not a hostPath volume; rename it", name)
+		}
+		pod.Spec.Volumes[vi] = want
+	}
+	mount := corev1.VolumeMount{Name: name, MountPath: path, ReadOnly: readOnly}
+	for i, m := range c.VolumeMounts {
+		if m.Name == name {
+			c.VolumeMounts[i] = mount
+			return nil
+		}
+	}
+	c.VolumeMounts = append(c.VolumeMounts, mount)
+	return nil
+}

@@ -1,0 +1,197 @@
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	kclient "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+)
+
+// Frontend dials through a Konnectivity server's frontend the way kube-apiserver's egress selector does: a
+// single-use gRPC tunnel from konnectivity-client, or an HTTP CONNECT request, over the Unix socket or over
+// mTLS TCP. `konnect doctor dial` and the tests use it.
+type Frontend struct {
+	// UDSName is the server's socket; when empty, Addr and TLS name an mTLS TCP frontend.
+	UDSName string
+	Addr    string
+	TLS     *tls.Config
+	// Mode is "grpc" (default) or "http-connect".
+	Mode string
+}
+
+func (f Frontend) rawDial(ctx context.Context) (net.Conn, error) {
+	if f.UDSName != "" {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", f.UDSName)
+	}
+	d := tls.Dialer{Config: f.TLS}
+	return d.DialContext(ctx, "tcp", f.Addr)
+}
+
+func (f Frontend) where() string {
+	if f.UDSName != "" {
+		return f.UDSName
+	}
+	return f.Addr
+}
+
+// FrontendError is a failure to reach the server itself, as opposed to a dial the server or agent refused.
+type FrontendError struct {
+	Where string
+	Err   error
+}
+
+func (e *FrontendError) Error() string {
+	return fmt.Sprintf("konnectivity server at %s: %v", e.Where, e.Err)
+}
+
+func (e *FrontendError) Unwrap() error { return e.Err }
+
+// DefaultDialTimeout bounds a Dial whose context has no deadline, as kube-apiserver bounds its own.
+const DefaultDialTimeout = 30 * time.Second
+
+// Dial opens a connection to addr through the server. ctx bounds the dial only.
+func (f Frontend) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultDialTimeout)
+		defer cancel()
+	}
+	if f.Mode == "http-connect" {
+		return f.dialConnect(ctx, addr)
+	}
+	return f.dialGRPC(ctx, addr)
+}
+
+func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
+	creds := insecure.NewCredentials()
+	target := "passthrough:///" + f.where()
+	if f.UDSName == "" {
+		creds = credentials.NewTLS(f.TLS)
+	}
+	// The tunnel lives as long as the connection; cancelling tunnelCtx on Close releases it.
+	tunnelCtx, cancel := context.WithCancel(context.Background())
+	tun, err := kclient.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, target,
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return f.rawDial(ctx) }),
+		grpc.WithBlock(),                  //nolint:staticcheck // as kube-apiserver does
+		grpc.WithReturnConnectionError(),  //nolint:staticcheck // as kube-apiserver does
+		grpc.WithTransportCredentials(creds),
+	)
+	if err != nil {
+		cancel()
+		return nil, &FrontendError{Where: f.where(), Err: err}
+	}
+	c, err := tun.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &cancelConn{Conn: c, cancel: cancel}, nil
+}
+
+type cancelConn struct {
+	net.Conn
+	cancel context.CancelFunc
+}
+
+func (c *cancelConn) Close() error {
+	err := c.Conn.Close()
+	// Let the client send CLOSE_REQ before the tunnel goes.
+	time.AfterFunc(time.Second, c.cancel)
+	return err
+}
+
+func (f Frontend) dialConnect(ctx context.Context, addr string) (net.Conn, error) {
+	conn, err := f.rawDial(ctx)
+	if err != nil {
+		return nil, &FrontendError{Where: f.where(), Err: err}
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr); err != nil {
+		conn.Close()
+		return nil, &FrontendError{Where: f.where(), Err: err}
+	}
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("dial timeout: %w", ctx.Err())
+		}
+		return nil, &FrontendError{Where: f.where(), Err: fmt.Errorf("read CONNECT response: %w", err)}
+	}
+	if res.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+		conn.Close()
+		return nil, fmt.Errorf("%s: %s", res.Status, strings.TrimSpace(string(body)))
+	}
+	if !stop() {
+		conn.Close()
+		return nil, fmt.Errorf("dial timeout: %w", ctx.Err())
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if br.Buffered() == 0 {
+		return conn, nil
+	}
+	return &bufferedConn{Conn: conn, r: br}, nil
+}
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// Reason explains a Dial error in the terms an operator acts on (the failures users meet: k0s issues 1352
+// and 5809). It returns "" for an error it does not recognise.
+func Reason(err error) string {
+	if err == nil {
+		return ""
+	}
+	var fe *FrontendError
+	msg := err.Error()
+	low := strings.ToLower(msg)
+	switch {
+	case errors.As(err, &fe):
+		switch {
+		case strings.Contains(low, "no such file"):
+			return "the server's socket does not exist: is konnect server running with this --uds-name?"
+		case strings.Contains(low, "connection refused"):
+			return "nothing listens on the server's socket or port: the server is down or still starting"
+		case strings.Contains(low, "permission denied"):
+			return "no permission on the server's socket: run as its owner or group"
+		}
+		return "cannot reach the konnectivity server"
+	case strings.Contains(low, "no agent available"):
+		return "no agent is connected to this server (or none matches the destination): check `konnect doctor status` and the agents' logs"
+	case strings.Contains(low, "dial timeout"), strings.Contains(low, "timed out waiting for backend dial"):
+		return "the agent did not answer in time: the agent is overloaded or stuck, or the destination drops packets"
+	case strings.Contains(low, "connection refused"):
+		return "the agent reached the destination host, but nothing listens on that port"
+	case strings.Contains(low, "i/o timeout"):
+		return "the agent's dial to the destination timed out: the destination drops packets or is down"
+	case strings.Contains(low, "network is unreachable"), strings.Contains(low, "no route to host"), strings.Contains(low, "host is unreachable"):
+		return "the agent has no route to the destination"
+	case strings.Contains(low, "no such host"):
+		return "the agent cannot resolve the destination's name"
+	case strings.Contains(low, "tunnel closed"):
+		return "the server closed the tunnel during the dial (server or agent went away)"
+	}
+	return ""
+}

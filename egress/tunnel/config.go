@@ -1,0 +1,106 @@
+package tunnel
+
+import (
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
+)
+
+// Config is everything New needs, without flags. Options.Config builds one; tests build their own.
+type Config struct {
+	// ServerID identifies this server to agents; ServerCount tells agents how many servers to hold.
+	ServerID    string
+	ServerCount int
+
+	// Mode is the frontend protocol: "grpc" (kube-apiserver's GRPC mode) or "http-connect".
+	Mode string
+
+	// UDSName, when set, is the Unix socket the frontend listens on. DeleteExistingUDS allows a stale
+	// socket file (nobody answering) to be replaced; a live one is always refused.
+	UDSName           string
+	DeleteExistingUDS bool
+	// ServerAddr is the mTLS TCP frontend address (host:port), used when UDSName is empty, with
+	// ServerCert/ServerKey and ServerCA verifying kube-apiserver's client certificate.
+	ServerAddr string
+	ServerCert string
+	ServerKey  string
+	ServerCA   string
+
+	// AgentAddr is where agents connect (host:port), over TLS with ClusterCert/ClusterKey. With ClusterCA
+	// set, agents must present a client certificate signed by it.
+	AgentAddr   string
+	ClusterCert string
+	ClusterKey  string
+	ClusterCA   string
+
+	// CipherSuites and MinTLSVersion apply to both TLS listeners; zero values mean Go's defaults (TLS 1.2).
+	CipherSuites  []uint16
+	MinTLSVersion uint16
+
+	KeepaliveTime         time.Duration
+	FrontendKeepaliveTime time.Duration
+
+	ProxyStrategies    []proxystrategies.ProxyStrategy
+	XfrChannelSize     int
+	BackendDialTimeout time.Duration
+
+	// TokenAuth, when set, makes agents authenticate with a ServiceAccount token checked by TokenReview.
+	TokenAuth *TokenAuth
+	// Leases, when set, runs upstream's lease controller so that agents can count servers by lease.
+	Leases *Leases
+
+	// GracefulTimeout bounds how long Run lets open tunnels finish once its context ends.
+	GracefulTimeout time.Duration
+	// FrontendBuffer, StalledReaderTimeout and MaxFrontendMessage: see Options.
+	FrontendBuffer       int
+	StalledReaderTimeout time.Duration
+	MaxFrontendMessage   int
+}
+
+// TokenAuth configures agent authentication by ServiceAccount token.
+type TokenAuth struct {
+	Namespace      string
+	ServiceAccount string
+	Audience       string
+	Client         kubernetes.Interface
+}
+
+// Leases configures upstream's lease controller.
+type Leases struct {
+	Namespace string
+	Labels    map[string]string
+	Client    kubernetes.Interface
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.Mode == "" {
+		out.Mode = "grpc"
+	}
+	if out.ServerCount < 1 {
+		out.ServerCount = 1
+	}
+	if out.XfrChannelSize <= 0 {
+		out.XfrChannelSize = 10
+	}
+	if len(out.ProxyStrategies) == 0 {
+		out.ProxyStrategies = []proxystrategies.ProxyStrategy{proxystrategies.ProxyStrategyDefault}
+	}
+	if out.KeepaliveTime <= 0 {
+		out.KeepaliveTime = time.Hour
+	}
+	if out.FrontendKeepaliveTime <= 0 {
+		out.FrontendKeepaliveTime = time.Hour
+	}
+	if out.FrontendBuffer <= 0 {
+		out.FrontendBuffer = DefaultFrontendBuffer
+	}
+	if out.StalledReaderTimeout <= 0 {
+		out.StalledReaderTimeout = DefaultStalledReaderTimeout
+	}
+	if out.MaxFrontendMessage <= 0 {
+		out.MaxFrontendMessage = DefaultMaxFrontendMessage
+	}
+	return out
+}

@@ -1,0 +1,21 @@
+// Package tunnel is the konnect Konnectivity server: the control-plane end of the tunnel that kube-apiserver
+// dials through (gRPC or HTTP CONNECT, over a Unix socket or mTLS TCP) and that agents connect to over TLS.
+//
+// It speaks the wire protocol of sigs.k8s.io/apiserver-network-proxy v0.36.0 and reuses that module's
+// ProxyServer for routing (proxy strategies, agent identifiers, token authentication, metrics), so it works
+// with upstream proxy-agent and with kube-apiserver's konnectivity client. Around it, this package adds what
+// upstream lacks:
+//
+//   - every listener is bound in New, a stale socket is replaced and a live one refused;
+//   - Run returns within a bounded graceful timeout even while tunnels are open (ANP issue 866);
+//   - DATA packets are cut below gRPC's 4 MiB default message size before they reach an agent or the
+//     frontend, so a single large write does not kill the tunnel;
+//   - every frontend connection has its own send queue, so one slow reader does not stall the other
+//     connections on the same agent stream (ANP issue 180);
+//   - larger HTTP/2 windows and buffers on both links;
+//   - the agent-facing and frontend certificates are reloaded from disk when they change;
+//   - a per-agent status (identifiers, connection age, last error) for `konnect doctor`.
+//
+// It does not parse flags into anything but Options, and it does not serve health, metrics or pprof
+// endpoints itself: it exposes checks and handlers that the command wires up.
+package tunnel

@@ -1,0 +1,236 @@
+package tunnel
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+const (
+	// maxChunk is the largest DATA payload sent in one gRPC message, to agents and to the frontend. Peers
+	// keep gRPC's default 4 MiB receive limit (upstream's agent, kube-apiserver's konnectivity client), and
+	// 1 MiB messages already amortise the per-message cost.
+	maxChunk = 1 << 20
+	// flushTimeout bounds how long a finished connection may take to flush what is queued for its reader.
+	flushTimeout = 5 * time.Second
+)
+
+func packetSize(p *client.Packet) int {
+	if d := p.GetData(); d != nil {
+		return len(d.Data) + 64
+	}
+	return 64
+}
+
+// sendChunked sends p with send, split into DATA packets of at most maxChunk bytes.
+func sendChunked(send func(any) error, p *client.Packet) error {
+	d := p.GetData()
+	if d == nil || len(d.Data) <= maxChunk {
+		return send(p)
+	}
+	chunkedPackets.Inc()
+	for off := 0; off < len(d.Data); off += maxChunk {
+		end := min(off+maxChunk, len(d.Data))
+		if err := send(&client.Packet{
+			Type:    client.PacketType_DATA,
+			Payload: &client.Packet_Data{Data: &client.Data{ConnectID: d.ConnectID, Data: d.Data[off:end]}},
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// frontendStream hands packets for kube-apiserver to the connection's own queue instead of writing them on
+// the agent stream's goroutine.
+type frontendStream struct {
+	grpc.ServerStream
+	q *sendQueue[*client.Packet]
+}
+
+func (f *frontendStream) SendMsg(m any) error {
+	p, ok := m.(*client.Packet)
+	if !ok {
+		return f.ServerStream.SendMsg(m)
+	}
+	return f.q.push(p)
+}
+
+// frontendInterceptor gives every frontend stream (one tunnel, one connection: kube-apiserver's client is
+// single-use) its send queue and writer.
+func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	s.frontends.Add(1)
+	defer s.frontends.Add(-1)
+	ctx := ss.Context()
+	stalled := make(chan struct{})
+	var once sync.Once
+	q := newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, packetSize, func() { once.Do(func() { close(stalled) }) })
+	q.merge = mergeData
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		_ = q.run(ctx.Done(), func(p *client.Packet) error { return sendChunked(ss.SendMsg, p) })
+	}()
+	handlerDone := make(chan error, 1)
+	go func() { handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q}) }()
+	select {
+	case err := <-handlerDone:
+		q.close()
+		t := time.NewTimer(flushTimeout)
+		defer t.Stop()
+		select {
+		case <-writerDone:
+		case <-t.C:
+			q.fail(errQueueClosed)
+		}
+		return err
+	case <-stalled:
+		// Returning ends the stream: gRPC cancels its context, the handler's Recv fails, and upstream's
+		// handler closes the connection on the agent.
+		return status.Error(codes.ResourceExhausted, errStalled.Error())
+	}
+}
+
+// connectHandler wraps upstream's HTTP CONNECT handler so that the hijacked connection writes through its own
+// queue, and is tracked for draining (http.Server.Shutdown does not see hijacked connections).
+type connectHandler struct {
+	s    *Server
+	next http.Handler
+}
+
+func (h connectHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	h.next.ServeHTTP(&hijackWriter{ResponseWriter: w, hj: hj, s: h.s}, r)
+}
+
+type hijackWriter struct {
+	http.ResponseWriter
+	hj http.Hijacker
+	s  *Server
+}
+
+func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := w.hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	qc := w.s.newQueuedConn(c)
+	return qc, bufio.NewReadWriter(rw.Reader, bufio.NewWriter(qc)), nil
+}
+
+// queuedConn is a hijacked CONNECT connection whose writes go through a sendQueue.
+type queuedConn struct {
+	net.Conn
+	q         *sendQueue[[]byte]
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
+	qc := &queuedConn{Conn: c, done: make(chan struct{})}
+	qc.q = newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, func(b []byte) int { return len(b) }, func() { c.Close() })
+	qc.q.merge = mergeBytes
+	s.trackConn(qc, true)
+	s.frontends.Add(1)
+	go func() {
+		defer func() {
+			c.Close()
+			s.trackConn(qc, false)
+			s.frontends.Add(-1)
+			close(qc.done)
+		}()
+		_ = qc.q.run(nil, func(b []byte) error {
+			_, err := c.Write(b)
+			return err
+		})
+	}()
+	return qc
+}
+
+func (c *queuedConn) Write(p []byte) (int, error) {
+	// The caller may reuse p once Write returns (io.Writer), so the queue keeps a copy.
+	if err := c.q.push(append([]byte(nil), p...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Close flushes what is queued, then closes; a reader that does not take it within flushTimeout is cut off.
+func (c *queuedConn) Close() error {
+	c.closeOnce.Do(func() {
+		c.q.close()
+		go func() {
+			t := time.NewTimer(flushTimeout)
+			defer t.Stop()
+			select {
+			case <-c.done:
+			case <-t.C:
+				c.Conn.Close()
+			}
+		}()
+	})
+	return nil
+}
+
+// forceClose drops the connection at once (end of a drain).
+func (c *queuedConn) forceClose() {
+	c.q.fail(errQueueClosed)
+	c.Conn.Close()
+}
+
+// mergeData combines consecutive DATA packets of one connection, up to maxChunk bytes, into one packet.
+// Upstream's agent sends 4 KiB packets; kube-apiserver's client pays per message (a receive, a channel
+// hand-off and a copy), so a backlog goes out as fewer, larger messages.
+func mergeData(batch []*client.Packet) (*client.Packet, int) {
+	first := batch[0].GetData()
+	if first == nil || len(batch) == 1 {
+		return batch[0], 1
+	}
+	total, k := len(first.Data), 1
+	for ; k < len(batch); k++ {
+		d := batch[k].GetData()
+		if d == nil || d.ConnectID != first.ConnectID || total+len(d.Data) > maxChunk {
+			break
+		}
+		total += len(d.Data)
+	}
+	if k == 1 {
+		return batch[0], 1
+	}
+	buf := make([]byte, 0, total)
+	for _, p := range batch[:k] {
+		buf = append(buf, p.GetData().Data...)
+	}
+	mergedPackets.Add(float64(k))
+	return &client.Packet{
+		Type:    client.PacketType_DATA,
+		Payload: &client.Packet_Data{Data: &client.Data{ConnectID: first.ConnectID, Data: buf}},
+	}, k
+}
+
+// mergeBytes combines queued writes, up to maxChunk bytes, into one write.
+func mergeBytes(batch [][]byte) ([]byte, int) {
+	total, k := len(batch[0]), 1
+	for ; k < len(batch) && total+len(batch[k]) <= maxChunk; k++ {
+		total += len(batch[k])
+	}
+	if k == 1 {
+		return batch[0], 1
+	}
+	buf := make([]byte, 0, total)
+	for _, b := range batch[:k] {
+		buf = append(buf, b...)
+	}
+	return buf, k
+}

@@ -1,0 +1,64 @@
+package tunnel
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/agent"
+)
+
+// startKonnectAgent runs konnect's own agent in-process against the server's agent port.
+func startKonnectAgent(t testing.TB, e *env, id string, port int) func() {
+	t.Helper()
+	a, err := agent.New(agent.Config{
+		Servers:         []string{fmt.Sprintf("127.0.0.1:%d", port)},
+		CAFile:          e.ca.file,
+		CertFile:        e.agentCert,
+		KeyFile:         e.agentKey,
+		AgentID:         id,
+		SyncInterval:    100 * time.Millisecond,
+		SyncIntervalCap: 500 * time.Millisecond,
+		GracefulTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatalf("konnect agent: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	stop := func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestTunnelKonnectAgent runs the server with konnect's own agent in both frontend modes.
+func TestTunnelKonnectAgent(t *testing.T) {
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(mode)
+			cfg.ClusterCA = e.ca.file
+			s := start(t, cfg)
+			startKonnectAgent(t, e, "konnect-agent", s.agentPort())
+			s.waitAgents(t, 1)
+			web, echo := startHTTPBackend(t), startEchoBackend(t)
+			f := s.frontend(mode)
+
+			c := dial(t, f, web)
+			res, body := httpGet(t, c, web, "/")
+			c.Close()
+			if res.StatusCode != 200 || string(body) != "hello from backend\n" {
+				t.Fatalf("got %s %q", res.Status, body)
+			}
+			c = dial(t, f, echo)
+			echoRoundTrip(t, c, 16<<20, 0)
+			c.Close()
+			c = dial(t, f, echo)
+			echoRoundTrip(t, c, 64<<20, 256<<10)
+			c.Close()
+			download(t, f, web, 64<<20)
+		})
+	}
+}

@@ -1,0 +1,302 @@
+package tunnel
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/util"
+)
+
+// Options are the flags of `konnect server`: every flag of upstream proxy-server v0.36.0, registered from
+// upstream's own options so that names and defaults cannot drift, plus konnect's own.
+type Options struct {
+	// Upstream holds the proxy-server flags. Their meaning is upstream's, with two differences: a port of 0
+	// picks a free port (logged), and an empty --health-bind-address means loopback, as konnect binds every
+	// endpoint that is not a tunnel listener to loopback unless told otherwise.
+	Upstream *upstream.ProxyRunOptions
+
+	// GracefulTimeout bounds how long Run waits for open tunnels to finish after its context ends, unless
+	// --graceful-shutdown-timeout (upstream's, default 0) is set.
+	GracefulTimeout time.Duration
+	// AllowRemoteAdmin permits a non-loopback --admin-bind-address (pprof and agent status live there).
+	AllowRemoteAdmin bool
+	// FrontendBuffer is how many bytes may wait for one slow frontend reader before the agent stream that
+	// feeds it has to wait too.
+	FrontendBuffer int
+	// StalledReaderTimeout is how long a full frontend buffer may block the agent stream before that one
+	// frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It stays
+	// below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
+	StalledReaderTimeout time.Duration
+	// MaxFrontendMessage is the largest gRPC message accepted from kube-apiserver. Its client sends each
+	// write as one message, so this bounds the largest single write through the tunnel.
+	MaxFrontendMessage int
+}
+
+// Defaults for konnect's own flags.
+const (
+	DefaultGracefulTimeout      = 15 * time.Second
+	DefaultFrontendBuffer       = 8 << 20
+	DefaultStalledReaderTimeout = 5 * time.Second
+	DefaultMaxFrontendMessage   = 256 << 20
+)
+
+// NewOptions returns the defaults: upstream's for upstream's flags, and konnect's own.
+func NewOptions() *Options {
+	return &Options{
+		Upstream:             upstream.NewProxyRunOptions(),
+		GracefulTimeout:      DefaultGracefulTimeout,
+		AllowRemoteAdmin:     false,
+		FrontendBuffer:       DefaultFrontendBuffer,
+		StalledReaderTimeout: DefaultStalledReaderTimeout,
+		MaxFrontendMessage:   DefaultMaxFrontendMessage,
+	}
+}
+
+// AddFlags registers upstream's flags and konnect's on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.AddFlagSet(o.Upstream.Flags())
+	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
+		"konnect: on SIGTERM, how long open tunnels may finish before they are closed; --graceful-shutdown-timeout, when set, wins.")
+	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
+		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
+	fs.IntVar(&o.FrontendBuffer, "frontend-buffer-bytes", o.FrontendBuffer,
+		"konnect: bytes buffered for each frontend connection before its agent stream waits.")
+	fs.DurationVar(&o.StalledReaderTimeout, "stalled-reader-timeout", o.StalledReaderTimeout,
+		"konnect: how long one full frontend buffer may hold up its agent stream before that connection is closed.")
+	fs.IntVar(&o.MaxFrontendMessage, "max-frontend-message-bytes", o.MaxFrontendMessage,
+		"konnect: largest gRPC message accepted from the frontend (kube-apiserver sends one write as one message).")
+}
+
+// Validate checks the options and names the flag in every error. It reads no file beyond checking that the
+// files named exist.
+func (o *Options) Validate() error {
+	u := o.Upstream
+	for _, f := range []struct{ flag, path string }{
+		{"--server-cert", u.ServerCert}, {"--server-key", u.ServerKey}, {"--server-ca-cert", u.ServerCaCert},
+		{"--cluster-cert", u.ClusterCert}, {"--cluster-key", u.ClusterKey}, {"--cluster-ca-cert", u.ClusterCaCert},
+		{"--kubeconfig", u.KubeconfigPath},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.flag, err)
+		}
+	}
+	if (u.ServerCert == "") != (u.ServerKey == "") {
+		return fmt.Errorf("--server-cert and --server-key must be set together")
+	}
+	if (u.ClusterCert == "") != (u.ClusterKey == "") {
+		return fmt.Errorf("--cluster-cert and --cluster-key must be set together")
+	}
+	if u.ClusterCert == "" {
+		return fmt.Errorf("--cluster-cert and --cluster-key are required: agents connect over TLS")
+	}
+	if u.Mode != "grpc" && u.Mode != "http-connect" {
+		return fmt.Errorf("--mode must be grpc or http-connect, not %q", u.Mode)
+	}
+	if u.UdsName != "" {
+		if u.ServerPort != 0 {
+			return fmt.Errorf("--server-port must be 0 with --uds-name, not %d", u.ServerPort)
+		}
+		if u.ServerCert != "" || u.ServerKey != "" || u.ServerCaCert != "" {
+			return fmt.Errorf("--server-cert, --server-key and --server-ca-cert do not apply with --uds-name")
+		}
+	} else {
+		if u.ServerCaCert == "" || u.ServerCert == "" {
+			return fmt.Errorf("--server-cert, --server-key and --server-ca-cert are required for the mTLS TCP frontend (--uds-name is empty)")
+		}
+	}
+	ports := []struct {
+		flag     string
+		port     int
+		frontend bool
+	}{
+		{"--server-port", u.ServerPort, true}, {"--agent-port", u.AgentPort, false},
+		{"--admin-port", u.AdminPort, false}, {"--health-port", u.HealthPort, false},
+	}
+	for _, p := range ports {
+		switch {
+		case p.port < 0 || p.port > 65535:
+			return fmt.Errorf("%s: %d is not a port", p.flag, p.port)
+		case p.port > 49151:
+			return fmt.Errorf("%s: %d is in the ephemeral range; pick one below 49152 (or 0 for any free port)", p.flag, p.port)
+		case p.port > 0 && p.port < 1024:
+			return fmt.Errorf("%s: %d is a reserved port", p.flag, p.port)
+		}
+	}
+	if u.EnableContentionProfiling && !u.EnableProfiling {
+		return fmt.Errorf("--enable-contention-profiling needs --enable-profiling")
+	}
+	if u.AgentNamespace != "" || u.AgentServiceAccount != "" || u.AuthenticationAudience != "" {
+		if u.ClusterCaCert != "" {
+			return fmt.Errorf("--cluster-ca-cert cannot be combined with token authentication (--agent-namespace, --agent-service-account, --authentication-audience)")
+		}
+		for _, f := range []struct{ flag, v string }{
+			{"--agent-namespace", u.AgentNamespace}, {"--agent-service-account", u.AgentServiceAccount},
+			{"--authentication-audience", u.AuthenticationAudience},
+		} {
+			if f.v == "" {
+				return fmt.Errorf("%s is required when agents authenticate by token", f.flag)
+			}
+		}
+	}
+	if u.ProxyStrategies == "" {
+		return fmt.Errorf("--proxy-strategies cannot be empty")
+	}
+	if _, err := proxystrategies.ParseProxyStrategies(u.ProxyStrategies); err != nil {
+		return fmt.Errorf("--proxy-strategies: %w", err)
+	}
+	if u.XfrChannelSize <= 0 {
+		return fmt.Errorf("--xfr-channel-size must be greater than 0, not %d", u.XfrChannelSize)
+	}
+	if u.ServerCount < 1 {
+		return fmt.Errorf("--server-count must be at least 1, not %d", u.ServerCount)
+	}
+	if u.TLSMinVersion != "" {
+		v, err := util.GetTLSVersion(u.TLSMinVersion)
+		if err != nil {
+			return fmt.Errorf("--tls-min-version: %w", err)
+		}
+		if v < tls.VersionTLS12 {
+			klog.Warningf("--tls-min-version=%s is below TLS 1.2 and is considered insecure (RFC 8996)", u.TLSMinVersion)
+		}
+	}
+	accepted := util.GetAcceptedCiphers()
+	for _, c := range u.CipherSuites {
+		if _, ok := accepted[c]; !ok {
+			return fmt.Errorf("--cipher-suites: %s is unknown or insecure", c)
+		}
+	}
+	if u.EnableLeaseController {
+		if u.KubeconfigPath == "" {
+			return fmt.Errorf("--enable-lease-controller needs --kubeconfig")
+		}
+		if _, err := util.ParseLabels(u.LeaseLabel); err != nil {
+			return fmt.Errorf("--lease-label: %w", err)
+		}
+	}
+	if u.AgentNamespace != "" && u.KubeconfigPath == "" {
+		// Upstream falls back to in-cluster config; konnect runs on the host and says so instead.
+		if _, err := clientcmd.BuildConfigFromFlags("", ""); err != nil {
+			return fmt.Errorf("--kubeconfig is required when agents authenticate by token (no in-cluster config: %w)", err)
+		}
+	}
+	if u.GracefulShutdownTimeout < 0 {
+		return fmt.Errorf("--graceful-shutdown-timeout must be >= 0, not %v", u.GracefulShutdownTimeout)
+	}
+	if u.BackendDialTimeout < 0 {
+		return fmt.Errorf("--backend-dial-timeout must be >= 0, not %v", u.BackendDialTimeout)
+	}
+	if o.GracefulTimeout < 0 {
+		return fmt.Errorf("--graceful-timeout must be >= 0, not %v", o.GracefulTimeout)
+	}
+	if o.FrontendBuffer < 64<<10 {
+		return fmt.Errorf("--frontend-buffer-bytes must be at least 65536, not %d", o.FrontendBuffer)
+	}
+	if o.StalledReaderTimeout <= 0 {
+		return fmt.Errorf("--stalled-reader-timeout must be positive, not %v", o.StalledReaderTimeout)
+	}
+	if o.MaxFrontendMessage < 4<<20 {
+		return fmt.Errorf("--max-frontend-message-bytes must be at least 4194304 (gRPC's default), not %d", o.MaxFrontendMessage)
+	}
+	return nil
+}
+
+// Config resolves validated options into a Config. It builds the Kubernetes client when token
+// authentication or the lease controller needs one.
+func (o *Options) Config() (*Config, error) {
+	u := o.Upstream
+	strategies, err := proxystrategies.ParseProxyStrategies(u.ProxyStrategies)
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-strategies: %w", err)
+	}
+	var minVersion uint16
+	if u.TLSMinVersion != "" {
+		if minVersion, err = util.GetTLSVersion(u.TLSMinVersion); err != nil {
+			return nil, fmt.Errorf("--tls-min-version: %w", err)
+		}
+	}
+	var ciphers []uint16
+	accepted := util.GetAcceptedCiphers()
+	for _, c := range u.CipherSuites {
+		ciphers = append(ciphers, accepted[c])
+	}
+	graceful := o.GracefulTimeout
+	if u.GracefulShutdownTimeout > 0 {
+		graceful = u.GracefulShutdownTimeout
+	}
+	cfg := &Config{
+		ServerID:              u.ServerID,
+		ServerCount:           u.ServerCount,
+		Mode:                  u.Mode,
+		UDSName:               u.UdsName,
+		DeleteExistingUDS:     u.DeleteUDSFile,
+		ServerCert:            u.ServerCert,
+		ServerKey:             u.ServerKey,
+		ServerCA:              u.ServerCaCert,
+		ClusterCert:           u.ClusterCert,
+		ClusterKey:            u.ClusterKey,
+		ClusterCA:             u.ClusterCaCert,
+		CipherSuites:          ciphers,
+		MinTLSVersion:         minVersion,
+		KeepaliveTime:         u.KeepaliveTime,
+		FrontendKeepaliveTime: u.FrontendKeepaliveTime,
+		ProxyStrategies:       strategies,
+		XfrChannelSize:        u.XfrChannelSize,
+		BackendDialTimeout:    u.BackendDialTimeout,
+		GracefulTimeout:       graceful,
+		FrontendBuffer:        o.FrontendBuffer,
+		StalledReaderTimeout:  o.StalledReaderTimeout,
+		MaxFrontendMessage:    o.MaxFrontendMessage,
+	}
+	if u.UdsName == "" {
+		cfg.ServerAddr = net.JoinHostPort(u.ServerBindAddress, strconv.Itoa(u.ServerPort))
+	}
+	cfg.AgentAddr = net.JoinHostPort(u.AgentBindAddress, strconv.Itoa(u.AgentPort))
+
+	needClient := u.AgentNamespace != "" || u.EnableLeaseController
+	if needClient {
+		rc, err := clientcmd.BuildConfigFromFlags("", u.KubeconfigPath)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", u.KubeconfigPath, err)
+		}
+		if u.KubeconfigQPS != 0 {
+			rc.QPS = u.KubeconfigQPS
+		}
+		if u.KubeconfigBurst != 0 {
+			rc.Burst = u.KubeconfigBurst
+		}
+		rc.ContentType = u.APIContentType
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: build client: %w", u.KubeconfigPath, err)
+		}
+		if u.AgentNamespace != "" {
+			cfg.TokenAuth = &TokenAuth{
+				Namespace:      u.AgentNamespace,
+				ServiceAccount: u.AgentServiceAccount,
+				Audience:       u.AuthenticationAudience,
+				Client:         client,
+			}
+		}
+		if u.EnableLeaseController {
+			labels, err := util.ParseLabels(u.LeaseLabel)
+			if err != nil {
+				return nil, fmt.Errorf("--lease-label: %w", err)
+			}
+			cfg.Leases = &Leases{Namespace: u.LeaseNamespace, Labels: labels, Client: client}
+		}
+	}
+	return cfg, nil
+}

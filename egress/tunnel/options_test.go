@@ -1,0 +1,120 @@
+package tunnel
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
+)
+
+// TestFlagsMatchUpstream: every proxy-server v0.36.0 flag exists with the same type and default, so a
+// manifest written for proxy-server keeps working.
+func TestFlagsMatchUpstream(t *testing.T) {
+	// PROXY_SERVER_ID would make both sides take the same value; a random UUID would differ.
+	t.Setenv("PROXY_SERVER_ID", "fixed-id")
+	theirs := upstream.NewProxyRunOptions().Flags()
+	ours := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+	NewOptions().AddFlags(ours)
+	n := 0
+	theirs.VisitAll(func(f *pflag.Flag) {
+		n++
+		o := ours.Lookup(f.Name)
+		if o == nil {
+			t.Errorf("--%s missing", f.Name)
+			return
+		}
+		if o.Value.Type() != f.Value.Type() || o.DefValue != f.DefValue {
+			t.Errorf("--%s: ours %s %q, upstream %s %q", f.Name, o.Value.Type(), o.DefValue, f.Value.Type(), f.DefValue)
+		}
+		if o.Deprecated != f.Deprecated {
+			t.Errorf("--%s: deprecation differs", f.Name)
+		}
+	})
+	if n < 40 {
+		t.Fatalf("upstream has only %d flags; the walk is broken", n)
+	}
+	// Pinned here so that a change of upstream version is a deliberate act.
+	for name, def := range map[string]string{
+		"mode": "grpc", "server-port": "8090", "agent-port": "8091", "health-port": "8092", "admin-port": "8095",
+		"admin-bind-address": "127.0.0.1", "delete-existing-uds-file": "true", "proxy-strategies": "default",
+		"keepalive-time": "1h0m0s", "xfr-channel-size": "10", "server-count": "1", "graceful-shutdown-timeout": "0s",
+		"graceful-timeout": "15s", "allow-remote-admin": "false", "stalled-reader-timeout": "5s",
+	} {
+		if f := ours.Lookup(name); f == nil || f.DefValue != def {
+			t.Errorf("--%s default: got %v, want %q", name, f, def)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, []byte("x"), 0o600)
+	valid := func(o *Options) {
+		o.Upstream.UdsName = filepath.Join(dir, "s.sock")
+		o.Upstream.ServerPort = 0
+		o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(*Options)
+		want string // "" means valid
+	}{
+		{"ok", func(*Options) {}, ""},
+		{"mode", func(o *Options) { o.Upstream.Mode = "socks" }, "--mode"},
+		{"missing cluster key", func(o *Options) { o.Upstream.ClusterKey = "" }, "--cluster-cert and --cluster-key"},
+		{"no cluster cert", func(o *Options) { o.Upstream.ClusterCert, o.Upstream.ClusterKey = "", "" }, "--cluster-cert and --cluster-key are required"},
+		{"cluster cert absent", func(o *Options) { o.Upstream.ClusterCert = filepath.Join(dir, "nope") }, "--cluster-cert"},
+		{"uds with server port", func(o *Options) { o.Upstream.ServerPort = 8090 }, "--server-port must be 0"},
+		{"tcp without certs", func(o *Options) { o.Upstream.UdsName = ""; o.Upstream.ServerPort = 8090 }, "--server-ca-cert"},
+		{"agent port reserved", func(o *Options) { o.Upstream.AgentPort = 80 }, "--agent-port"},
+		{"health port ephemeral", func(o *Options) { o.Upstream.HealthPort = 50000 }, "--health-port"},
+		{"admin port not a port", func(o *Options) { o.Upstream.AdminPort = 70000 }, "--admin-port"},
+		{"token auth partial", func(o *Options) { o.Upstream.AgentNamespace = "kube-system" }, "--agent-service-account"},
+		{"token auth with ca", func(o *Options) {
+			o.Upstream.AgentNamespace, o.Upstream.AgentServiceAccount, o.Upstream.AuthenticationAudience = "a", "b", "c"
+			o.Upstream.ClusterCaCert = file
+		}, "--cluster-ca-cert"},
+		{"strategy", func(o *Options) { o.Upstream.ProxyStrategies = "nearest" }, "--proxy-strategies"},
+		{"xfr", func(o *Options) { o.Upstream.XfrChannelSize = 0 }, "--xfr-channel-size"},
+		{"tls version", func(o *Options) { o.Upstream.TLSMinVersion = "TLS9" }, "--tls-min-version"},
+		{"cipher", func(o *Options) { o.Upstream.CipherSuites = []string{"TLS_RSA_WITH_RC4_128_SHA"} }, "--cipher-suites"},
+		{"contention", func(o *Options) { o.Upstream.EnableContentionProfiling = true }, "--enable-profiling"},
+		{"graceful", func(o *Options) { o.GracefulTimeout = -1 }, "--graceful-timeout"},
+		{"buffer", func(o *Options) { o.FrontendBuffer = 10 }, "--frontend-buffer-bytes"},
+		{"max message", func(o *Options) { o.MaxFrontendMessage = 1024 }, "--max-frontend-message-bytes"},
+		{"kubeconfig absent", func(o *Options) { o.Upstream.KubeconfigPath = filepath.Join(dir, "kc") }, "--kubeconfig"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			valid(o)
+			tc.mut(o)
+			err := o.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("want error naming %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+func TestConfigGracefulTimeout(t *testing.T) {
+	o := NewOptions()
+	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
+	cfg, err := o.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GracefulTimeout != DefaultGracefulTimeout || cfg.ServerAddr != "" || cfg.AgentAddr != ":8091" {
+		t.Fatalf("config %+v", cfg)
+	}
+	o.Upstream.GracefulShutdownTimeout = 3e9
+	if cfg, _ = o.Config(); cfg.GracefulTimeout != 3e9 {
+		t.Fatalf("--graceful-shutdown-timeout not honoured: %v", cfg.GracefulTimeout)
+	}
+}

@@ -1,0 +1,374 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	authv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server/leases"
+	"sigs.k8s.io/apiserver-network-proxy/proto/agent"
+)
+
+// Transport tuning for both gRPC links. Upstream keeps gRPC's defaults (64 KiB stream window grown by BDP
+// estimation, 32 KiB buffers); with every connection multiplexed on one agent stream, a fixed large window
+// and larger buffers keep the link full.
+const (
+	streamWindow    = 8 << 20
+	connWindow      = 32 << 20
+	ioBufferSize    = 256 << 10
+	maxAgentMessage = 32 << 20
+	// tokenReviewCacheFor limits how often readiness probes reach kube-apiserver.
+	tokenReviewCacheFor = 5 * time.Second
+	// leaseDuration and friends follow upstream proxy-server.
+	leaseDuration = 30 * time.Second
+	leaseRenew    = 15 * time.Second
+	leaseGC       = 15 * time.Second
+)
+
+// Server is a running Konnectivity server. New binds every listener; Run serves until its context ends.
+type Server struct {
+	cfg Config
+	ps  *server.ProxyServer
+
+	frontendLn   net.Listener
+	agentLn      net.Listener
+	frontendGRPC *grpc.Server
+	frontendHTTP *http.Server
+	agentGRPC    *grpc.Server
+	socketIno    uint64
+	leases       *leases.Controller
+
+	agents    agentTracker
+	frontends atomic.Int64
+	draining  atomic.Bool
+
+	connMu sync.Mutex
+	conns  map[*queuedConn]struct{}
+
+	tokenMu      sync.Mutex
+	tokenChecked time.Time
+	tokenErr     error
+
+	runOnce atomic.Bool
+}
+
+// New builds the server and binds its frontend (socket or mTLS TCP) and agent listeners. Every error names
+// the flag or file at fault, and nothing stays bound when New fails.
+func New(c *Config) (_ *Server, err error) {
+	cfg := c.withDefaults()
+	if cfg.Mode != server.ModeGRPC && cfg.Mode != server.ModeHTTPConnect {
+		return nil, fmt.Errorf("--mode must be grpc or http-connect, not %q", cfg.Mode)
+	}
+	registerMetrics()
+	auth := &server.AgentTokenAuthenticationOptions{}
+	if ta := cfg.TokenAuth; ta != nil {
+		auth = &server.AgentTokenAuthenticationOptions{
+			Enabled:                true,
+			AgentNamespace:         ta.Namespace,
+			AgentServiceAccount:    ta.ServiceAccount,
+			AuthenticationAudience: ta.Audience,
+			KubernetesClient:       ta.Client,
+		}
+	}
+	s := &Server{
+		cfg:    cfg,
+		ps:     server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
+		agents: agentTracker{agents: map[string]*AgentStatus{}},
+		conns:  map[*queuedConn]struct{}{},
+	}
+	s.ps.SetBackendDialTimeout(cfg.BackendDialTimeout)
+	defer func() {
+		if err != nil {
+			s.closeListeners()
+		}
+	}()
+
+	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-cert/--cluster-key/--cluster-ca-cert: %w", err)
+	}
+	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
+		return nil, fmt.Errorf("--agent-port/--agent-bind-address: listen on %s: %w", cfg.AgentAddr, err)
+	}
+	s.agentGRPC = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(agentTLS)),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ReadBufferSize(ioBufferSize),
+		grpc.WriteBufferSize(ioBufferSize),
+		grpc.MaxRecvMsgSize(maxAgentMessage),
+		grpc.StreamInterceptor(s.agentInterceptor),
+	)
+	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
+
+	if cfg.UDSName != "" {
+		ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS)
+		if err != nil {
+			return nil, err
+		}
+		s.frontendLn = ln
+		if st, err := stampOf(cfg.UDSName); err == nil {
+			s.socketIno = st.ino
+		}
+	} else {
+		if s.frontendLn, err = net.Listen("tcp", cfg.ServerAddr); err != nil {
+			return nil, fmt.Errorf("--server-port/--server-bind-address: listen on %s: %w", cfg.ServerAddr, err)
+		}
+	}
+
+	if cfg.Mode == server.ModeGRPC {
+		opts := []grpc.ServerOption{
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
+			grpc.InitialWindowSize(streamWindow),
+			grpc.InitialConnWindowSize(streamWindow),
+			grpc.ReadBufferSize(ioBufferSize),
+			grpc.WriteBufferSize(ioBufferSize),
+			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
+			grpc.StreamInterceptor(s.frontendInterceptor),
+		}
+		if cfg.UDSName == "" {
+			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+			if err != nil {
+				return nil, fmt.Errorf("--server-cert/--server-key/--server-ca-cert: %w", err)
+			}
+			opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+		}
+		s.frontendGRPC = grpc.NewServer(opts...)
+		client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
+	} else {
+		s.frontendHTTP = &http.Server{
+			Handler: connectHandler{s: s, next: &server.Tunnel{Server: s.ps}},
+			// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
+			ReadHeaderTimeout: 10 * time.Second,
+			MaxHeaderBytes:    64 << 10,
+			ErrorLog:          nil,
+		}
+		if cfg.UDSName == "" {
+			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
+			if err != nil {
+				return nil, fmt.Errorf("--server-cert/--server-key/--server-ca-cert: %w", err)
+			}
+			s.frontendHTTP.TLSConfig = tc
+			// CONNECT tunnels are HTTP/1.1 only.
+			s.frontendHTTP.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+		}
+	}
+
+	if l := cfg.Leases; l != nil {
+		s.leases = leases.NewController(l.Client, cfg.ServerID, int32(leaseDuration.Seconds()), leaseRenew, leaseGC,
+			"konnectivity-proxy-server-"+cfg.ServerID, l.Namespace, l.Labels)
+	}
+	klog.InfoS("Konnectivity server bound", "serverID", cfg.ServerID, "mode", cfg.Mode,
+		"frontend", s.FrontendAddr(), "agent", s.AgentAddr())
+	return s, nil
+}
+
+func (s *Server) closeListeners() {
+	if s.agentLn != nil {
+		s.agentLn.Close()
+	}
+	if s.frontendLn != nil {
+		s.frontendLn.Close()
+	}
+}
+
+// FrontendAddr is the bound frontend address: the socket path or host:port.
+func (s *Server) FrontendAddr() string { return s.frontendLn.Addr().String() }
+
+// AgentAddr is the bound agent address (host:port), with the real port when 0 was asked for.
+func (s *Server) AgentAddr() string { return s.agentLn.Addr().String() }
+
+// Run serves until ctx ends, then drains: new tunnels are refused, open ones get GracefulTimeout to finish,
+// and whatever is left is closed. It returns nil after a drain that ctx asked for, and never blocks longer
+// than GracefulTimeout plus a moment (unlike upstream, whose GracefulStop waits for every stream; ANP issue
+// 866). Run may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.runOnce.CompareAndSwap(false, true) {
+		return errors.New("tunnel server: Run called twice")
+	}
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := s.agentGRPC.Serve(s.agentLn); err != nil {
+			errc <- fmt.Errorf("agent listener: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		var err error
+		if s.frontendGRPC != nil {
+			err = s.frontendGRPC.Serve(s.frontendLn)
+		} else if s.cfg.UDSName == "" {
+			err = s.frontendHTTP.ServeTLS(s.frontendLn, "", "")
+		} else {
+			err = s.frontendHTTP.Serve(s.frontendLn)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("frontend listener: %w", err)
+		}
+	}()
+	leaseCtx, stopLeases := context.WithCancel(context.Background())
+	if s.leases != nil {
+		s.leases.Run(leaseCtx)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	s.shutdown()
+	stopLeases()
+	if s.leases != nil {
+		s.leases.Stop()
+	}
+	wg.Wait()
+	return runErr
+}
+
+// shutdown stops the frontend first (no new tunnels; open ones may finish within GracefulTimeout), then the
+// agent link, which only open tunnels needed.
+func (s *Server) shutdown() {
+	s.draining.Store(true)
+	deadline := time.Now().Add(s.cfg.GracefulTimeout)
+	klog.InfoS("Draining tunnel server", "openTunnels", s.frontends.Load(), "gracefulTimeout", s.cfg.GracefulTimeout)
+	if s.frontendGRPC != nil {
+		stopped := make(chan struct{})
+		go func() { s.frontendGRPC.GracefulStop(); close(stopped) }()
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-stopped:
+		case <-t.C:
+			klog.InfoS("Graceful timeout reached; closing open tunnels", "openTunnels", s.frontends.Load())
+			s.frontendGRPC.Stop()
+			<-stopped
+		}
+		t.Stop()
+	} else {
+		sctx, cancel := context.WithDeadline(context.Background(), deadline)
+		_ = s.frontendHTTP.Shutdown(sctx) // stops accepting; hijacked tunnels are ours to wait for
+		for s.openConns() > 0 && sctx.Err() == nil {
+			select {
+			case <-sctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		cancel()
+		_ = s.frontendHTTP.Close()
+		s.closeConns()
+	}
+	s.agentGRPC.Stop()
+	// Wait briefly for tunnel writers to see their streams end, so that Run leaves nothing behind.
+	end := time.Now().Add(2 * time.Second)
+	for s.frontends.Load() > 0 && time.Now().Before(end) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	klog.InfoS("Tunnel server stopped")
+}
+
+func (s *Server) trackConn(c *queuedConn, add bool) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if add {
+		s.conns[c] = struct{}{}
+	} else {
+		delete(s.conns, c)
+	}
+}
+
+func (s *Server) openConns() int {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	return len(s.conns)
+}
+
+func (s *Server) closeConns() {
+	s.connMu.Lock()
+	conns := make([]*queuedConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connMu.Unlock()
+	for _, c := range conns {
+		c.forceClose()
+	}
+}
+
+// ReadyChecks are the server's readiness checks: the frontend socket is still ours, the server is not
+// draining, and (with token authentication) kube-apiserver answers TokenReviews.
+func (s *Server) ReadyChecks() []healthz.HealthChecker {
+	checks := []healthz.HealthChecker{
+		healthz.NamedCheck("shutdown", func(*http.Request) error {
+			if s.draining.Load() {
+				return errors.New("draining")
+			}
+			return nil
+		}),
+	}
+	if s.cfg.UDSName != "" {
+		checks = append(checks, healthz.NamedCheck("frontend-socket", func(*http.Request) error {
+			return socketPresent(s.cfg.UDSName, s.socketIno)
+		}))
+	}
+	if s.cfg.TokenAuth != nil {
+		checks = append(checks, healthz.NamedCheck("tokenreview", func(r *http.Request) error {
+			return s.checkTokenReview(r.Context())
+		}))
+	}
+	return checks
+}
+
+// checkTokenReview sends a TokenReview for a token that cannot be valid. Any TokenReview answer proves that
+// kube-apiserver is reachable and that this server may create TokenReviews (system:auth-delegator); an
+// error (refused, unauthorized, forbidden) is what would make every agent fail to authenticate.
+func (s *Server) checkTokenReview(ctx context.Context) error {
+	s.tokenMu.Lock()
+	defer s.tokenMu.Unlock()
+	if time.Since(s.tokenChecked) < tokenReviewCacheFor {
+		return s.tokenErr
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ta := s.cfg.TokenAuth
+	_, err := ta.Client.AuthenticationV1().TokenReviews().Create(ctx, &authv1.TokenReview{
+		Spec: authv1.TokenReviewSpec{Token: "konnect-readiness-probe", Audiences: []string{ta.Audience}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		err = fmt.Errorf("TokenReview through --kubeconfig: %w", err)
+	}
+	s.tokenChecked, s.tokenErr = time.Now(), err
+	return err
+}
+
+// Status reports the server and the agents it knows.
+func (s *Server) Status() Status {
+	return Status{
+		ServerID:    s.cfg.ServerID,
+		ServerCount: s.cfg.ServerCount,
+		Mode:        s.cfg.Mode,
+		Frontend:    s.FrontendAddr(),
+		Agent:       s.AgentAddr(),
+		Frontends:   s.frontends.Load(),
+		Draining:    s.draining.Load(),
+		Agents:      s.agents.list(),
+	}
+}

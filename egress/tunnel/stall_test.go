@@ -1,0 +1,126 @@
+package tunnel
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// download reads one /bytes response of n bytes on a fresh tunnel and checks every byte.
+func download(t *testing.T, f Frontend, web string, n int64) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c := dial(t, f, web)
+	defer c.Close()
+	res, body := httpGet(t, c, web, fmt.Sprintf("/bytes?n=%d", n))
+	if res.StatusCode != 200 || int64(len(body)) != n {
+		t.Fatalf("got %s, %d bytes", res.Status, len(body))
+	}
+	checkPattern(t, body, 0)
+	return time.Since(start)
+}
+
+// TestSlowReaderDoesNotStallOthers: connection A has 4 MiB on its way and its reader takes nothing until
+// connection B, on the same agent stream, has downloaded 32 MiB. Upstream writes to A on the agent stream's
+// only goroutine, so B would wait for A's reader (ANP issue 180) and this test would hang until A's reader
+// gives up; here A's queue absorbs A's data, B completes, and A then gets every byte.
+func TestSlowReaderDoesNotStallOthers(t *testing.T) {
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			s := start(t, e.config(mode))
+			startUpstreamAgent(t, e, "agent-1", s.agentPort())
+			s.waitAgents(t, 1)
+			web := startHTTPBackend(t)
+			f := s.frontend(mode)
+
+			const aSize = 4 << 20
+			a := dial(t, f, web)
+			defer a.Close()
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/bytes?n=%d", web, aSize), nil)
+			if err := req.Write(a); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // A's response is in flight and nobody reads it
+
+			bDone := make(chan error, 1)
+			began := time.Now()
+			go func() { bDone <- fetch(f, web, 32<<20) }()
+			select {
+			case err := <-bDone:
+				if err != nil {
+					t.Fatalf("B: %v", err)
+				}
+				t.Logf("B downloaded 32 MiB in %v while A's reader was stalled", time.Since(began))
+			case <-time.After(30 * time.Second):
+				t.Fatal("B stalled behind A's reader")
+			}
+
+			_ = a.SetDeadline(time.Now().Add(30 * time.Second))
+			res, err := http.ReadResponse(bufio.NewReader(a), req)
+			if err != nil {
+				t.Fatalf("A: %v", err)
+			}
+			body, err := io.ReadAll(res.Body)
+			if err != nil || len(body) != aSize {
+				t.Fatalf("A: %d bytes, %v", len(body), err)
+			}
+			checkPattern(t, body, 0)
+		})
+	}
+}
+
+// TestStalledReaderIsCutOff: a reader that never reads, with more data coming than its buffer holds, is
+// closed after the stall timeout, and the other connections on the agent carry on.
+func TestStalledReaderIsCutOff(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.FrontendBuffer = 1 << 20
+	cfg.StalledReaderTimeout = time.Second
+	s := start(t, cfg)
+	startUpstreamAgent(t, e, "agent-1", s.agentPort())
+	s.waitAgents(t, 1)
+	web := startHTTPBackend(t)
+	f := s.frontend("grpc")
+	before := counterValue(stalledClosed)
+
+	a := dial(t, f, web)
+	defer a.Close()
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/bytes?n=%d", web, 1<<30), nil)
+	if err := req.Write(a); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if took := download(t, f, web, 16<<20); took > 5*time.Second {
+		t.Errorf("B took %v", took)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for counterValue(stalledClosed) == before {
+		if time.Now().After(deadline) {
+			t.Fatal("stalled reader was not cut off")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A sees its connection end after what was delivered.
+	_ = a.SetDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, a)
+	if err == nil && n >= 1<<30 {
+		t.Fatalf("A got the whole GiB (%d bytes)", n)
+	}
+	// And a new connection still works.
+	download(t, f, web, 1<<20)
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,259 @@
+package manifests
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+// Agent is the input of the cluster-side manifests: the konnectivity-agent DaemonSet running
+// `konnect agent`, its ServiceAccount, and the RBAC the server needs.
+type Agent struct {
+	// Image is the container image; Image(version) gives konnect's own.
+	Image string
+	// Binary is the konnect binary inside the image; empty means DefaultBinary.
+	Binary string
+
+	// ProxyServerHost and ProxyServerPort are where agents reach the server: a control-plane address, a
+	// load balancer in front of several, or a comma-separated list of servers (each may carry its own
+	// :port), which `konnect agent` connects to one by one. Zero ProxyServerPort means DefaultAgentPort.
+	ProxyServerHost string
+	ProxyServerPort int
+
+	// CACert is the PEM of the CA that signed the server's agent-facing certificate. When set it is
+	// shipped in a ConfigMap of its own; when empty agents use the cluster CA from the kube-root-ca.crt
+	// ConfigMap that kube-controller-manager publishes in every namespace.
+	CACert []byte
+
+	// HealthPort is the agent's health port (probes); zero means DefaultAgentHealthPort.
+	HealthPort int
+}
+
+// Paths inside the agent pod.
+const (
+	agentCredentialsDir = "/var/run/secrets/konnectivity-agent"
+	agentTokenFile      = "token"
+	agentCAFile         = "ca.crt"
+	// AgentCAConfigMap is the ConfigMap rendered when Agent.CACert is set.
+	AgentCAConfigMap = "konnectivity-agent-ca"
+	rootCAConfigMap  = "kube-root-ca.crt"
+	// tokenExpiry is how long a projected token lives; kubelet refreshes it at 80% of that.
+	tokenExpiry = 3600
+)
+
+func (a Agent) withDefaults() Agent {
+	if a.Binary == "" {
+		a.Binary = DefaultBinary
+	}
+	if a.ProxyServerPort == 0 {
+		a.ProxyServerPort = DefaultAgentPort
+	}
+	if a.HealthPort == 0 {
+		a.HealthPort = DefaultAgentHealthPort
+	}
+	return a
+}
+
+// Validate reports the first problem with a, or nil.
+func (a Agent) Validate() error {
+	a = a.withDefaults()
+	if err := checkImage(a.Image); err != nil {
+		return fmt.Errorf("konnectivity-agent: %w", err)
+	}
+	if err := checkAbs("konnectivity-agent: binary", a.Binary); err != nil {
+		return err
+	}
+	if a.ProxyServerHost == "" {
+		return fmt.Errorf("konnectivity-agent: --proxy-server-host: a host is required")
+	}
+	for _, entry := range strings.Split(a.ProxyServerHost, ",") {
+		host := entry
+		if h, port, err := net.SplitHostPort(entry); err == nil {
+			n, err := strconv.Atoi(port)
+			if err != nil {
+				return fmt.Errorf("konnectivity-agent: --proxy-server-host entry %q: bad port", entry)
+			}
+			if err := checkPort("konnectivity-agent: --proxy-server-host entry "+entry+": port", n); err != nil {
+				return err
+			}
+			host = h
+		}
+		if err := checkHost("konnectivity-agent: --proxy-server-host", host); err != nil {
+			return err
+		}
+	}
+	if err := checkPort("konnectivity-agent: --proxy-server-port", a.ProxyServerPort); err != nil {
+		return err
+	}
+	if err := checkPort("konnectivity-agent: --health-server-port", a.HealthPort); err != nil {
+		return err
+	}
+	if len(a.CACert) > 0 && !containsPEMCertificate(a.CACert) {
+		return fmt.Errorf("konnectivity-agent: CA certificate: no PEM CERTIFICATE block")
+	}
+	return nil
+}
+
+// Args returns the arguments of `konnect agent`, in upstream proxy-agent's spelling.
+func (a Agent) Args() []string {
+	a = a.withDefaults()
+	return []string{
+		"agent",
+		"--proxy-server-host=" + a.ProxyServerHost,
+		"--proxy-server-port=" + strconv.Itoa(a.ProxyServerPort),
+		"--ca-cert=" + agentCredentialsDir + "/" + agentCAFile,
+		"--service-account-token-path=" + agentCredentialsDir + "/" + agentTokenFile,
+		// Bound to the pod's own address, which is where kubelet sends the probes.
+		"--health-server-host=$(POD_IP)",
+		"--health-server-port=" + strconv.Itoa(a.HealthPort),
+	}
+}
+
+// DaemonSet builds the agent DaemonSet.
+func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
+	if err := a.Validate(); err != nil {
+		return nil, err
+	}
+	a = a.withDefaults()
+	labels := map[string]string{"k8s-app": "konnectivity-agent"}
+	caConfigMap := rootCAConfigMap
+	if len(a.CACert) > 0 {
+		caConfigMap = AgentCAConfigMap
+	}
+	probe := func(path string, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("health"), Scheme: corev1.URISchemeHTTP,
+			}},
+			PeriodSeconds:    period,
+			TimeoutSeconds:   5,
+			FailureThreshold: failures,
+		}
+	}
+	liveness := probe("/livez", 10, 3)
+	liveness.InitialDelaySeconds = 15
+
+	return &appsv1.DaemonSet{
+		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "konnectivity-agent",
+			Namespace: Namespace,
+			Labels:    commonLabels(labels),
+		},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
+				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr.To(intstr.FromString("10%"))},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: commonLabels(labels)},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: AgentServiceAccount,
+					// The agent never calls the API; its one credential is the projected token below.
+					AutomountServiceAccountToken: ptr.To(false),
+					PriorityClassName:            "system-node-critical",
+					NodeSelector:                 map[string]string{"kubernetes.io/os": "linux"},
+					// Every node, tainted or not: a node without an agent is a node kube-apiserver cannot
+					// reach for logs, exec or webhooks.
+					Tolerations: []corev1.Toleration{
+						{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+						{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists},
+						{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+						{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+					},
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr.To(true),
+						RunAsUser:      ptr.To[int64](65534),
+						RunAsGroup:     ptr.To[int64](65534),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:            "konnectivity-agent",
+						Image:           a.Image,
+						ImagePullPolicy: corev1.PullIfNotPresent,
+						Command:         []string{a.Binary},
+						Args:            a.Args(),
+						Env: []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
+							FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"},
+						}}},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi"),
+						}},
+						Ports: []corev1.ContainerPort{
+							{Name: "health", ContainerPort: int32(a.HealthPort), Protocol: corev1.ProtocolTCP},
+						},
+						LivenessProbe:  liveness,
+						ReadinessProbe: probe("/readyz", 5, 3),
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "konnectivity-agent-credentials", MountPath: agentCredentialsDir, ReadOnly: true},
+						},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+					Volumes: []corev1.Volume{{
+						Name: "konnectivity-agent-credentials",
+						VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+							Sources: []corev1.VolumeProjection{
+								{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+									Audience:          Audience,
+									ExpirationSeconds: ptr.To[int64](tokenExpiry),
+									Path:              agentTokenFile,
+								}},
+								{ConfigMap: &corev1.ConfigMapProjection{
+									LocalObjectReference: corev1.LocalObjectReference{Name: caConfigMap},
+									Items:                []corev1.KeyToPath{{Key: agentCAFile, Path: agentCAFile}},
+								}},
+							},
+						}},
+					}},
+				},
+			},
+		},
+	}, nil
+}
+
+// Render renders the cluster-side manifests and a kustomization.yaml listing them, for
+// `kubectl apply -k DIR`: the CA ConfigMap (only with CACert), the agents' ServiceAccount, the
+// ClusterRoleBinding that lets the server review the agents' tokens, and the DaemonSet.
+func (a Agent) Render() ([]File, error) {
+	ds, err := a.DaemonSet()
+	if err != nil {
+		return nil, err
+	}
+	var objs []namedObject
+	if len(a.CACert) > 0 {
+		objs = append(objs, namedObject{name: "konnectivity-agent-ca.yaml", obj: &corev1.ConfigMap{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+			ObjectMeta: metav1.ObjectMeta{Name: AgentCAConfigMap, Namespace: Namespace, Labels: commonLabels(nil)},
+			Data:       map[string]string{agentCAFile: string(a.CACert)},
+		}})
+	}
+	objs = append(objs,
+		namedObject{name: "konnectivity-agent-serviceaccount.yaml", obj: &corev1.ServiceAccount{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+			ObjectMeta: metav1.ObjectMeta{Name: AgentServiceAccount, Namespace: Namespace, Labels: commonLabels(nil)},
+		}},
+		// The server authenticates agents with TokenReview, which needs system:auth-delegator.
+		namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: ServerUser, Labels: commonLabels(nil)},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
+		}},
+		namedObject{name: "konnectivity-agent.yaml", obj: ds},
+	)
+	return renderAll(objs)
+}

@@ -1,0 +1,232 @@
+package manifests
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+)
+
+// testPEM returns a self-signed CA certificate and its key, in PEM.
+func testPEM(t *testing.T, cn string) (cert, key []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+}
+
+func TestAgentManifests(t *testing.T) {
+	ca, _ := testPEM(t, "konnectivity-ca")
+	tests := []struct {
+		name      string
+		agent     Agent
+		files     []string
+		configMap string
+	}{
+		{
+			name:      "cluster CA from kube-root-ca.crt",
+			agent:     Agent{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1"},
+			files:     []string{"konnectivity-agent-serviceaccount.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			configMap: "kube-root-ca.crt",
+		},
+		{
+			name:      "own CA ConfigMap",
+			agent:     Agent{Image: "registry.example/konnect@sha256:0123", ProxyServerHost: "konnectivity.example.com,10.0.0.2:8132,[fd00::1]:8132", ProxyServerPort: 443, CACert: ca},
+			files:     []string{"konnectivity-agent-ca.yaml", "konnectivity-agent-serviceaccount.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			configMap: "konnectivity-agent-ca",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := tc.agent.Render()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, f := range files {
+				names = append(names, f.Name)
+				if f.Mode != 0o644 {
+					t.Errorf("%s mode %v", f.Name, f.Mode)
+				}
+				if f.Name != "kustomization.yaml" {
+					decode(t, f)
+				}
+			}
+			if !slices.Equal(names, tc.files) {
+				t.Fatalf("files %q, want %q", names, tc.files)
+			}
+			checkKustomization(t, files)
+			if n := kustomize(t, files); n != len(files)-1 {
+				t.Errorf("kubectl kustomize emitted %d objects, want %d", n, len(files)-1)
+			}
+
+			sa := decode(t, byName(t, files, "konnectivity-agent-serviceaccount.yaml")).(*corev1.ServiceAccount)
+			if sa.Name != "konnectivity-agent" || sa.Namespace != "kube-system" {
+				t.Errorf("ServiceAccount %s/%s", sa.Namespace, sa.Name)
+			}
+			crb := decode(t, byName(t, files, "konnectivity-server-rbac.yaml")).(*rbacv1.ClusterRoleBinding)
+			if crb.Name != "system:konnectivity-server" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:auth-delegator"}) ||
+				!slices.Equal(crb.Subjects, []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "system:konnectivity-server"}}) {
+				t.Errorf("ClusterRoleBinding %+v", crb)
+			}
+			if len(tc.agent.CACert) > 0 {
+				cm := decode(t, byName(t, files, "konnectivity-agent-ca.yaml")).(*corev1.ConfigMap)
+				if cm.Name != "konnectivity-agent-ca" || cm.Namespace != "kube-system" || cm.Data["ca.crt"] != string(ca) {
+					t.Errorf("CA ConfigMap %+v", cm)
+				}
+			}
+
+			ds := decode(t, byName(t, files, "konnectivity-agent.yaml")).(*appsv1.DaemonSet)
+			checkAgentDaemonSet(t, ds, tc.agent.withDefaults(), tc.configMap)
+		})
+	}
+}
+
+func checkAgentDaemonSet(t *testing.T, ds *appsv1.DaemonSet, a Agent, configMap string) {
+	t.Helper()
+	if ds.Name != "konnectivity-agent" || ds.Namespace != "kube-system" {
+		t.Errorf("DaemonSet %s/%s", ds.Namespace, ds.Name)
+	}
+	if ds.Spec.Selector == nil || ds.Spec.Selector.MatchLabels["k8s-app"] != "konnectivity-agent" ||
+		ds.Spec.Template.Labels["k8s-app"] != "konnectivity-agent" {
+		t.Errorf("selector %+v does not match template labels %v", ds.Spec.Selector, ds.Spec.Template.Labels)
+	}
+	spec := ds.Spec.Template.Spec
+	if spec.ServiceAccountName != "konnectivity-agent" || spec.PriorityClassName != "system-node-critical" || spec.HostNetwork {
+		t.Errorf("serviceAccountName %q priorityClassName %q hostNetwork %v", spec.ServiceAccountName, spec.PriorityClassName, spec.HostNetwork)
+	}
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("the default service-account token is mounted; the agent needs only the projected one")
+	}
+	wantTolerations := []corev1.Toleration{
+		{Key: "node-role.kubernetes.io/control-plane", Operator: "Exists", Effect: "NoSchedule"},
+		{Key: "CriticalAddonsOnly", Operator: "Exists"},
+		{Operator: "Exists", Effect: "NoSchedule"},
+		{Operator: "Exists", Effect: "NoExecute"},
+	}
+	if !slices.EqualFunc(spec.Tolerations, wantTolerations, func(a, b corev1.Toleration) bool { return a.MatchToleration(&b) }) {
+		t.Errorf("tolerations %+v", spec.Tolerations)
+	}
+	psc := spec.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser != 65534 ||
+		psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v", psc)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if c.Image != a.Image || !slices.Equal(c.Command, []string{"/usr/local/bin/konnect"}) {
+		t.Errorf("image %q command %q", c.Image, c.Command)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("container securityContext %+v", sc)
+	}
+
+	args := map[string]string{}
+	for _, arg := range c.Args[1:] {
+		k, v, ok := strings.Cut(arg, "=")
+		if !ok || !strings.HasPrefix(k, "--") {
+			t.Errorf("argument %q is not --name=value", arg)
+		}
+		args[k] = v
+	}
+	if c.Args[0] != "agent" || args["--proxy-server-host"] != a.ProxyServerHost || args["--proxy-server-port"] != strconv.Itoa(a.ProxyServerPort) ||
+		args["--health-server-port"] != "8093" || args["--health-server-host"] != "$(POD_IP)" {
+		t.Errorf("args %q", c.Args)
+	}
+	if len(c.Env) != 1 || c.Env[0].Name != "POD_IP" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef == nil ||
+		c.Env[0].ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("env %+v, want POD_IP from status.podIP for --health-server-host", c.Env)
+	}
+	for _, p := range []struct {
+		probe *corev1.Probe
+		path  string
+	}{{c.LivenessProbe, "/livez"}, {c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "health" {
+			t.Errorf("probe for %s: %+v", p.path, p.probe)
+		}
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "health" || c.Ports[0].ContainerPort != 8093 {
+		t.Errorf("ports %+v, want health 8093", c.Ports)
+	}
+
+	// The token and CA files the arguments name are the ones the projected volume provides.
+	if len(c.VolumeMounts) != 1 || len(spec.Volumes) != 1 || c.VolumeMounts[0].Name != spec.Volumes[0].Name || !c.VolumeMounts[0].ReadOnly {
+		t.Fatalf("mounts %+v volumes %+v", c.VolumeMounts, spec.Volumes)
+	}
+	dir := c.VolumeMounts[0].MountPath
+	proj := spec.Volumes[0].Projected
+	if proj == nil || len(proj.Sources) != 2 {
+		t.Fatalf("volume %+v, want a projected volume with a token and a CA", spec.Volumes[0])
+	}
+	tok := proj.Sources[0].ServiceAccountToken
+	if tok == nil || tok.Audience != "system:konnectivity-server" || tok.ExpirationSeconds == nil || *tok.ExpirationSeconds < 600 {
+		t.Fatalf("token projection %+v, want audience system:konnectivity-server", tok)
+	}
+	if args["--service-account-token-path"] != dir+"/"+tok.Path {
+		t.Errorf("--service-account-token-path=%s, but the token is at %s/%s", args["--service-account-token-path"], dir, tok.Path)
+	}
+	cm := proj.Sources[1].ConfigMap
+	if cm == nil || cm.Name != configMap || len(cm.Items) != 1 || cm.Items[0].Key != "ca.crt" {
+		t.Fatalf("CA projection %+v, want ca.crt of ConfigMap %s", cm, configMap)
+	}
+	if args["--ca-cert"] != dir+"/"+cm.Items[0].Path {
+		t.Errorf("--ca-cert=%s, but the CA is at %s/%s", args["--ca-cert"], dir, cm.Items[0].Path)
+	}
+}
+
+func TestAgentRefusesBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		a    Agent
+		want string
+	}{
+		{"no host", Agent{Image: "i"}, "--proxy-server-host"},
+		{"bad host", Agent{Image: "i", ProxyServerHost: "https://cp:8132"}, "--proxy-server-host"},
+		{"bad port", Agent{Image: "i", ProxyServerHost: "cp", ProxyServerPort: -1}, "--proxy-server-port"},
+		{"no image", Agent{ProxyServerHost: "cp"}, "image"},
+		{"CA not PEM", Agent{Image: "i", ProxyServerHost: "cp", CACert: []byte("not a certificate")}, "PEM"},
+		{"bad entry in a list", Agent{Image: "i", ProxyServerHost: "10.0.0.1,bad_host"}, "bad_host"},
+		{"bad port in a list", Agent{Image: "i", ProxyServerHost: "10.0.0.1:8132,10.0.0.2:99999"}, "port"},
+		{"relative binary", Agent{Image: "i", ProxyServerHost: "cp", Binary: "konnect"}, "binary"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := tc.a.Render(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Render() error = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,195 @@
+package manifests
+
+import (
+	"encoding/pem"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// APIService is the input of an extension API server's manifests: a kubernetes.io/tls Secret with its
+// serving certificate, the APIService that registers it with the aggregator, and the RBAC every
+// extension API server needs to authenticate and authorize the requests kube-apiserver forwards.
+type APIService struct {
+	// Service and Namespace name the Service in front of the extension API server.
+	Service, Namespace string
+	// Group and Version are the API group and version it serves.
+	Group, Version string
+
+	// CACert is the PEM of the CA that signed the serving certificate: the APIService's caBundle.
+	CACert []byte
+	// Cert and Key are the PEM serving certificate and key, for the Secret.
+	Cert, Key []byte
+
+	// SecretName names the Secret; empty means Service + "-tls".
+	SecretName string
+	// ServiceAccount is the extension API server's ServiceAccount in Namespace; empty means Service.
+	ServiceAccount string
+	// Port is the Service port; zero means 443.
+	Port int32
+	// GroupPriorityMinimum and VersionPriority order the group and version in discovery; zero means 1000
+	// and 15, the values the Kubernetes sample-apiserver registers with.
+	GroupPriorityMinimum, VersionPriority int32
+}
+
+// apiService mirrors the fields of apiregistration.k8s.io/v1 APIService that konnect renders; the real
+// type lives in k8s.io/kube-aggregator, whose dependencies are far larger than these few lines.
+type apiService struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              apiServiceSpec `json:"spec"`
+}
+
+type apiServiceSpec struct {
+	Service               *serviceReference `json:"service,omitempty"`
+	Group                 string            `json:"group,omitempty"`
+	Version               string            `json:"version,omitempty"`
+	InsecureSkipTLSVerify bool              `json:"insecureSkipTLSVerify,omitempty"`
+	CABundle              []byte            `json:"caBundle,omitempty"`
+	GroupPriorityMinimum  int32             `json:"groupPriorityMinimum"`
+	VersionPriority       int32             `json:"versionPriority"`
+}
+
+type serviceReference struct {
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	Port      *int32 `json:"port,omitempty"`
+}
+
+func (a APIService) withDefaults() APIService {
+	if a.SecretName == "" {
+		a.SecretName = a.Service + "-tls"
+	}
+	if a.ServiceAccount == "" {
+		a.ServiceAccount = a.Service
+	}
+	if a.Port == 0 {
+		a.Port = 443
+	}
+	if a.GroupPriorityMinimum == 0 {
+		a.GroupPriorityMinimum = 1000
+	}
+	if a.VersionPriority == 0 {
+		a.VersionPriority = 15
+	}
+	return a
+}
+
+// Name is the APIService's object name, VERSION.GROUP, as the aggregator requires.
+func (a APIService) Name() string { return a.Version + "." + a.Group }
+
+// Validate checks a against the rules the aggregator and the core API apply to these objects.
+func (a APIService) Validate() error {
+	a = a.withDefaults()
+	if errs := validation.IsDNS1035Label(a.Service); len(errs) > 0 {
+		return fmt.Errorf("--service %q: %s", a.Service, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Label(a.Namespace); len(errs) > 0 {
+		return fmt.Errorf("--namespace %q: %s", a.Namespace, strings.Join(errs, "; "))
+	}
+	// The core group has no APIService of this kind; extension servers always serve a named group.
+	if errs := validation.IsDNS1123Subdomain(a.Group); len(errs) > 0 {
+		return fmt.Errorf("--group %q: %s", a.Group, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1035Label(a.Version); len(errs) > 0 {
+		return fmt.Errorf("--version %q: %s", a.Version, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(a.SecretName); len(errs) > 0 {
+		return fmt.Errorf("secret name %q: %s", a.SecretName, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(a.ServiceAccount); len(errs) > 0 {
+		return fmt.Errorf("service account %q: %s", a.ServiceAccount, strings.Join(errs, "; "))
+	}
+	if a.Port < 1 || a.Port > 65535 {
+		return fmt.Errorf("service port %d: must be between 1 and 65535", a.Port)
+	}
+	if a.GroupPriorityMinimum < 1 || a.GroupPriorityMinimum > 20000 {
+		return fmt.Errorf("group priority minimum %d: must be between 1 and 20000", a.GroupPriorityMinimum)
+	}
+	if a.VersionPriority < 1 || a.VersionPriority > 1000 {
+		return fmt.Errorf("version priority %d: must be between 1 and 1000", a.VersionPriority)
+	}
+	// Without a caBundle kube-apiserver would not trust the server; konnect never renders
+	// insecureSkipTLSVerify instead.
+	for _, f := range []struct {
+		what  string
+		data  []byte
+		block string
+	}{{"CA certificate", a.CACert, "CERTIFICATE"}, {"serving certificate", a.Cert, "CERTIFICATE"}, {"serving key", a.Key, "PRIVATE KEY"}} {
+		if !containsPEM(f.data, f.block) {
+			return fmt.Errorf("%s: no PEM %s block", f.what, f.block)
+		}
+	}
+	return nil
+}
+
+// containsPEM reports whether data holds a PEM block whose type ends in suffix ("PRIVATE KEY" matches
+// RSA, EC and PKCS #8 keys).
+func containsPEM(data []byte, suffix string) bool {
+	for len(data) > 0 {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			return false
+		}
+		if strings.HasSuffix(b.Type, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+func containsPEMCertificate(data []byte) bool { return containsPEM(data, "CERTIFICATE") }
+
+// Render renders the Secret (0600: it holds the key), the APIService, a ClusterRoleBinding to
+// system:auth-delegator (TokenReview and SubjectAccessReview) and a RoleBinding in kube-system to
+// extension-apiserver-authentication-reader (the front-proxy CA and header names), plus a
+// kustomization.yaml listing them.
+func (a APIService) Render() ([]File, error) {
+	if err := a.Validate(); err != nil {
+		return nil, fmt.Errorf("apiservice: %w", err)
+	}
+	a = a.withDefaults()
+	labels := commonLabels(map[string]string{"app.kubernetes.io/name": a.Service})
+	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: a.ServiceAccount, Namespace: a.Namespace}}
+	return renderAll([]namedObject{
+		{name: "secret.yaml", secret: true, obj: &corev1.Secret{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Name: a.SecretName, Namespace: a.Namespace, Labels: labels},
+			Type:       corev1.SecretTypeTLS,
+			Data: map[string][]byte{
+				corev1.TLSCertKey:       a.Cert,
+				corev1.TLSPrivateKeyKey: a.Key,
+				"ca.crt":                a.CACert,
+			},
+		}},
+		{name: "apiservice.yaml", obj: &apiService{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "apiregistration.k8s.io/v1", Kind: "APIService"},
+			ObjectMeta: metav1.ObjectMeta{Name: a.Name(), Labels: labels},
+			Spec: apiServiceSpec{
+				Service:              &serviceReference{Namespace: a.Namespace, Name: a.Service, Port: &a.Port},
+				Group:                a.Group,
+				Version:              a.Version,
+				CABundle:             a.CACert,
+				GroupPriorityMinimum: a.GroupPriorityMinimum,
+				VersionPriority:      a.VersionPriority,
+			},
+		}},
+		{name: "auth-delegator.yaml", obj: &rbacv1.ClusterRoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":system:auth-delegator", Labels: labels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
+			Subjects:   subject,
+		}},
+		{name: "authentication-reader.yaml", obj: &rbacv1.RoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":extension-apiserver-authentication-reader", Namespace: "kube-system", Labels: labels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "extension-apiserver-authentication-reader"},
+			Subjects:   subject,
+		}},
+	})
+}

@@ -1,0 +1,186 @@
+package manifests
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+)
+
+// File is one rendered manifest.
+type File struct {
+	// Name is the file name, relative to the directory the file set belongs in.
+	Name string
+	Data []byte
+	// Mode is 0644, or 0600 for a file that holds a private key.
+	Mode fs.FileMode
+}
+
+const (
+	publicMode fs.FileMode = 0o644
+	secretMode fs.FileMode = 0o600
+)
+
+// ImageRepository is where konnect's container image is published.
+const ImageRepository = "ghcr.io/konnect-dev/konnect"
+
+// Image returns konnect's image reference for version, e.g. ghcr.io/konnect-dev/konnect:v0.1.0.
+func Image(version string) string { return ImageRepository + ":" + version }
+
+// DefaultBinary is the path of the konnect binary inside the image.
+const DefaultBinary = "/usr/local/bin/konnect"
+
+// Names shared by the server, the agents and kube-apiserver.
+const (
+	// Namespace holds the agents, their ServiceAccount and the server's static pod.
+	Namespace = "kube-system"
+	// AgentServiceAccount is the ServiceAccount whose tokens the server accepts from agents.
+	AgentServiceAccount = "konnectivity-agent"
+	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
+	Audience = "system:konnectivity-server"
+	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
+	ServerUser = "system:konnectivity-server"
+)
+
+// Default ports: the server's are those the Kubernetes documentation uses, the agent's are upstream
+// proxy-agent's defaults.
+const (
+	DefaultAgentPort        = 8132
+	DefaultAdminPort        = 8133
+	DefaultHealthPort       = 8134
+	DefaultAgentHealthPort  = 8093
+	DefaultFrontendPort     = 8090
+	defaultKustomizationAPI = "kustomize.config.k8s.io/v1beta1"
+)
+
+// commonLabels mark every object konnect renders, so that `kubectl get -l` finds them.
+func commonLabels(extra map[string]string) map[string]string {
+	l := map[string]string{"app.kubernetes.io/managed-by": "konnect"}
+	for k, v := range extra {
+		l[k] = v
+	}
+	return l
+}
+
+// marshal renders obj as YAML without its status: rendered objects are desired state, and an empty
+// status block (with zero counters, for a DaemonSet) only adds noise to every `kubectl apply`.
+func marshal(obj any) ([]byte, error) {
+	j, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(j, &m); err != nil {
+		return nil, err
+	}
+	delete(m, "status")
+	return yaml.Marshal(m)
+}
+
+// kustomization renders a kustomization.yaml listing files in order.
+func kustomization(files []File) (File, error) {
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name)
+	}
+	data, err := yaml.Marshal(struct {
+		APIVersion string   `json:"apiVersion"`
+		Kind       string   `json:"kind"`
+		Resources  []string `json:"resources"`
+	}{defaultKustomizationAPI, "Kustomization", names})
+	if err != nil {
+		return File{}, err
+	}
+	return File{Name: "kustomization.yaml", Data: data, Mode: publicMode}, nil
+}
+
+// renderAll marshals each named object into a File and appends a kustomization.yaml listing them.
+func renderAll(objs []namedObject) ([]File, error) {
+	var files []File
+	for _, o := range objs {
+		data, err := marshal(o.obj)
+		if err != nil {
+			return nil, fmt.Errorf("render %s: %w", o.name, err)
+		}
+		mode := publicMode
+		if o.secret {
+			mode = secretMode
+		}
+		files = append(files, File{Name: o.name, Data: data, Mode: mode})
+	}
+	k, err := kustomization(files)
+	if err != nil {
+		return nil, fmt.Errorf("render kustomization.yaml: %w", err)
+	}
+	return append(files, k), nil
+}
+
+type namedObject struct {
+	name   string
+	obj    any
+	secret bool
+}
+
+func checkPort(what string, port int) error {
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("%s %d: must be between 1 and 65535", what, port)
+	}
+	return nil
+}
+
+func checkAbs(what, path string) error {
+	if path == "" {
+		return fmt.Errorf("%s: a file path is required", what)
+	}
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("%s %q: path must be absolute", what, path)
+	}
+	return nil
+}
+
+// checkHost accepts an IP address or a DNS name.
+func checkHost(what, host string) error {
+	if host == "" {
+		return fmt.Errorf("%s: a host is required", what)
+	}
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(strings.ToLower(host)); len(errs) > 0 {
+		return fmt.Errorf("%s %q: not an IP address or DNS name: %s", what, host, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func checkImage(image string) error {
+	if image == "" {
+		return fmt.Errorf("image: an image reference is required")
+	}
+	if strings.ContainsAny(image, " \t\n\r") {
+		return fmt.Errorf("image %q: must not contain white space", image)
+	}
+	return nil
+}
+
+// dirsOf returns the sorted distinct directories of files.
+func dirsOf(files ...string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range files {
+		if f == "" {
+			continue
+		}
+		if d := filepath.Dir(filepath.Clean(f)); !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

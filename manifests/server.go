@@ -1,0 +1,274 @@
+package manifests
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+// Server is the input of the konnectivity-server static pod, which runs `konnect server` with the
+// arguments of upstream proxy-server. Paths are host paths; each is mounted at the same path in the pod.
+type Server struct {
+	// Image is the container image; Image(version) gives konnect's own.
+	Image string
+	// Binary is the konnect binary inside the image; empty means DefaultBinary.
+	Binary string
+
+	// Mode is "grpc" or "http-connect" and must match the egress selector configuration.
+	Mode string
+	// UDSName is the unix socket kube-apiserver dials. When it is empty the server listens for
+	// kube-apiserver on TCP instead (http-connect only), with the Server* fields below.
+	UDSName string
+
+	// FrontendBindAddress and FrontendPort are where kube-apiserver connects over TCP; empty and zero
+	// mean 127.0.0.1 and DefaultFrontendPort.
+	FrontendBindAddress string
+	FrontendPort        int
+	// ServerCert and ServerKey are the TCP frontend's serving certificate; ServerCACert verifies
+	// kube-apiserver's client certificate.
+	ServerCert, ServerKey, ServerCACert string
+
+	// ClusterCert and ClusterKey are the agent-facing serving certificate.
+	ClusterCert, ClusterKey string
+	// Kubeconfig lets the server review agents' tokens (TokenReview) as ServerUser.
+	Kubeconfig string
+
+	// Ports; zero means the Default* constant.
+	AgentPort, AdminPort, HealthPort int
+}
+
+func (s Server) withDefaults() Server {
+	if s.Binary == "" {
+		s.Binary = DefaultBinary
+	}
+	if s.AgentPort == 0 {
+		s.AgentPort = DefaultAgentPort
+	}
+	if s.AdminPort == 0 {
+		s.AdminPort = DefaultAdminPort
+	}
+	if s.HealthPort == 0 {
+		s.HealthPort = DefaultHealthPort
+	}
+	if s.UDSName == "" {
+		if s.FrontendPort == 0 {
+			s.FrontendPort = DefaultFrontendPort
+		}
+		if s.FrontendBindAddress == "" {
+			s.FrontendBindAddress = "127.0.0.1"
+		}
+	}
+	return s
+}
+
+// Validate reports the first problem with s, or nil.
+func (s Server) Validate() error {
+	s = s.withDefaults()
+	if err := checkImage(s.Image); err != nil {
+		return fmt.Errorf("konnectivity-server: %w", err)
+	}
+	if err := checkAbs("konnectivity-server: binary", s.Binary); err != nil {
+		return err
+	}
+	switch s.Mode {
+	case "grpc", "http-connect":
+	default:
+		return fmt.Errorf("konnectivity-server: --mode %q: must be grpc or http-connect", s.Mode)
+	}
+	files := []struct{ what, path string }{
+		{"--cluster-cert", s.ClusterCert}, {"--cluster-key", s.ClusterKey}, {"--kubeconfig", s.Kubeconfig},
+	}
+	if s.UDSName != "" {
+		files = append(files, struct{ what, path string }{"--uds-name", s.UDSName})
+		if s.ServerCert != "" || s.ServerKey != "" || s.ServerCACert != "" {
+			return fmt.Errorf("konnectivity-server: --server-cert, --server-key and --server-ca-cert apply only to a TCP frontend, not with --uds-name")
+		}
+	} else {
+		if s.Mode == "grpc" {
+			return fmt.Errorf("konnectivity-server: --mode grpc needs --uds-name: kube-apiserver speaks GRPC only over a unix socket")
+		}
+		files = append(files,
+			struct{ what, path string }{"--server-cert", s.ServerCert},
+			struct{ what, path string }{"--server-key", s.ServerKey},
+			struct{ what, path string }{"--server-ca-cert", s.ServerCACert})
+		if err := checkHost("konnectivity-server: --server-bind-address", s.FrontendBindAddress); err != nil {
+			return err
+		}
+	}
+	for _, f := range files {
+		if err := checkAbs("konnectivity-server: "+f.what, f.path); err != nil {
+			return err
+		}
+	}
+	ports := []struct {
+		what string
+		port int
+	}{{"--agent-port", s.AgentPort}, {"--admin-port", s.AdminPort}, {"--health-port", s.HealthPort}}
+	if s.UDSName == "" {
+		ports = append(ports, struct {
+			what string
+			port int
+		}{"--server-port", s.FrontendPort})
+	}
+	seen := map[int]string{}
+	for _, p := range ports {
+		if err := checkPort("konnectivity-server: "+p.what, p.port); err != nil {
+			return err
+		}
+		if other, dup := seen[p.port]; dup {
+			return fmt.Errorf("konnectivity-server: %s and %s are both %d (the pod uses the host network)", other, p.what, p.port)
+		}
+		seen[p.port] = p.what
+	}
+	return nil
+}
+
+// Args returns the arguments of `konnect server`, in upstream proxy-server's spelling.
+func (s Server) Args() []string {
+	s = s.withDefaults()
+	args := []string{"server"}
+	if s.UDSName != "" {
+		args = append(args,
+			"--uds-name="+s.UDSName,
+			// A socket left by a killed server would make the new one fail to listen.
+			"--delete-existing-uds-file=true",
+			"--server-port=0")
+	} else {
+		args = append(args,
+			"--server-bind-address="+s.FrontendBindAddress,
+			"--server-port="+strconv.Itoa(s.FrontendPort),
+			"--server-cert="+s.ServerCert,
+			"--server-key="+s.ServerKey,
+			"--server-ca-cert="+s.ServerCACert)
+	}
+	return append(args,
+		"--cluster-cert="+s.ClusterCert,
+		"--cluster-key="+s.ClusterKey,
+		"--mode="+s.Mode,
+		"--agent-port="+strconv.Itoa(s.AgentPort),
+		"--admin-port="+strconv.Itoa(s.AdminPort),
+		// Health and metrics stay on the node's loopback; the probes below use 127.0.0.1.
+		"--health-bind-address=127.0.0.1",
+		"--health-port="+strconv.Itoa(s.HealthPort),
+		"--agent-namespace="+Namespace,
+		"--agent-service-account="+AgentServiceAccount,
+		"--kubeconfig="+s.Kubeconfig,
+		"--authentication-audience="+Audience,
+	)
+}
+
+// Pod builds the static pod.
+func (s Server) Pod() (*corev1.Pod, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	s = s.withDefaults()
+
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
+	add := func(name, path string, t corev1.HostPathType, readOnly bool) {
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(t)},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: path, ReadOnly: readOnly})
+	}
+	udsDir := ""
+	if s.UDSName != "" {
+		udsDir = filepath.Dir(filepath.Clean(s.UDSName))
+		add("konnectivity-uds", udsDir, corev1.HostPathDirectoryOrCreate, false)
+	}
+	// Certificates by directory, so that a renewed file (replaced by rename) is seen.
+	n := 0
+	for _, d := range dirsOf(s.ClusterCert, s.ClusterKey, s.ServerCert, s.ServerKey, s.ServerCACert) {
+		if d == udsDir {
+			continue
+		}
+		name := "pki"
+		if n > 0 {
+			name = "pki-" + strconv.Itoa(n+1)
+		}
+		n++
+		add(name, d, corev1.HostPathDirectory, true)
+	}
+	add("kubeconfig", filepath.Clean(s.Kubeconfig), corev1.HostPathFile, true)
+
+	probe := func(path string, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Host: "127.0.0.1", Path: path, Port: intstr.FromInt32(int32(s.HealthPort)), Scheme: corev1.URISchemeHTTP,
+			}},
+			PeriodSeconds:    period,
+			TimeoutSeconds:   5,
+			FailureThreshold: failures,
+		}
+	}
+	liveness := probe("/livez", 10, 8)
+	liveness.InitialDelaySeconds = 10
+	ports := []corev1.ContainerPort{
+		{Name: "agent", ContainerPort: int32(s.AgentPort), HostPort: int32(s.AgentPort), Protocol: corev1.ProtocolTCP},
+		{Name: "admin", ContainerPort: int32(s.AdminPort), HostPort: int32(s.AdminPort), Protocol: corev1.ProtocolTCP},
+		{Name: "health", ContainerPort: int32(s.HealthPort), HostPort: int32(s.HealthPort), Protocol: corev1.ProtocolTCP},
+	}
+	if s.UDSName == "" {
+		ports = append(ports, corev1.ContainerPort{Name: "frontend", ContainerPort: int32(s.FrontendPort), HostPort: int32(s.FrontendPort), Protocol: corev1.ProtocolTCP})
+	}
+
+	return &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "konnectivity-server",
+			Namespace: Namespace,
+			Labels:    commonLabels(map[string]string{"component": "konnectivity-server", "tier": "control-plane"}),
+		},
+		Spec: corev1.PodSpec{
+			HostNetwork:       true,
+			PriorityClassName: "system-cluster-critical",
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:            "konnectivity-server",
+				Image:           s.Image,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{s.Binary},
+				Args:            s.Args(),
+				Ports:           ports,
+				LivenessProbe:   liveness,
+				ReadinessProbe:  probe("/readyz", 5, 3),
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
+				}},
+				VolumeMounts: mounts,
+				// Root, because the keys are root's 0600 files and the socket directory is root's; but with
+				// no capabilities, so root is just the owner of those files.
+				SecurityContext: &corev1.SecurityContext{
+					RunAsUser:                ptr.To[int64](0),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+			Volumes: volumes,
+		},
+	}, nil
+}
+
+// Render renders the static pod as konnectivity-server.yaml, for kubelet's manifest directory.
+func (s Server) Render() (File, error) {
+	pod, err := s.Pod()
+	if err != nil {
+		return File{}, err
+	}
+	data, err := marshal(pod)
+	if err != nil {
+		return File{}, fmt.Errorf("render konnectivity-server.yaml: %w", err)
+	}
+	// 0600 like the static pods kubeadm writes: the manifest names the key files.
+	return File{Name: "konnectivity-server.yaml", Data: data, Mode: secretMode}, nil
+}

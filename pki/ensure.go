@@ -1,0 +1,565 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Action says what happened to a certificate.
+type Action string
+
+const (
+	Created Action = "created"
+	Kept    Action = "kept"
+	Renewed Action = "renewed"
+	Updated Action = "updated" // a derived file (kubeconfig) rewritten to match the certificates
+)
+
+// Result reports on one certificate (or the kubeconfig).
+type Result struct {
+	Name     string `json:"name"`
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile,omitempty"`
+	Action   Action `json:"action"`
+	// DryRun marks an action that was planned but not carried out.
+	DryRun bool `json:"dryRun,omitempty"`
+	// CA is set for a CA certificate.
+	CA bool `json:"ca,omitempty"`
+	// External is set for a CA whose key is not on this node, and for leaves it signs.
+	External bool `json:"external,omitempty"`
+	// Reason says why a certificate was created or renewed.
+	Reason   string    `json:"reason,omitempty"`
+	NotAfter time.Time `json:"notAfter,omitzero"`
+}
+
+func (r Result) String() string {
+	verb := string(r.Action)
+	if r.DryRun {
+		verb = "would be " + verb
+	}
+	s := fmt.Sprintf("%-28s %-18s %s", r.Name, verb, r.CertFile)
+	if r.External {
+		s += " (external CA)"
+	}
+	if r.Reason != "" {
+		s += ": " + r.Reason
+	}
+	return s
+}
+
+// clockSkew backdates NotBefore so that nodes whose clocks lag a little accept new certificates.
+const clockSkew = 5 * time.Minute
+
+// Ensure creates the certificates named (all that cfg calls for when none are named) and the CAs they
+// need, keeps and checks those that exist, and renews a failing leaf only when cfg.Force is set. A name
+// given explicitly is processed even when cfg does not call for it. Every problem is found before
+// anything is written: either the error lists them all and nothing is written, or the planned files are
+// written (should a write itself fail midway, every file is still whole and no certificate lacks its key).
+func Ensure(cfg Config, names ...string) ([]Result, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	specs := Specs()
+	sel, err := selectSpecs(specs, &cfg, names)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{dir: cfg.PKIDir(), specs: specs, cfg: &cfg, now: cfg.now(), authorities: map[string]*authority{}}
+	return e.run(sel)
+}
+
+// selectSpecs resolves names (or the enabled specs) plus the CAs they need.
+func selectSpecs(specs []*Spec, cfg *Config, names []string) (map[string]bool, error) {
+	sel := map[string]bool{}
+	if len(names) == 0 {
+		for _, s := range specs {
+			if s.IsEnabled(cfg) {
+				sel[s.Name] = true
+			}
+		}
+	}
+	for _, n := range names {
+		if _, ok := Lookup(specs, n); !ok {
+			return nil, fmt.Errorf("pki: unknown certificate %q (want one of %s)", n, strings.Join(Names(specs), ", "))
+		}
+		sel[n] = true
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, s := range specs {
+			if sel[s.Name] && s.CA != "" && !sel[s.CA] {
+				sel[s.CA] = true
+				changed = true
+			}
+		}
+	}
+	return sel, nil
+}
+
+// authority is a CA as found on disk or about to be created.
+type authority struct {
+	spec    *Spec
+	cert    *x509.Certificate // nil while pending
+	key     crypto.Signer     // nil for an external CA
+	pending bool
+}
+
+func (a *authority) certFile(dir string) string { return a.spec.CertFile(dir) }
+
+// step is one planned write.
+type step struct {
+	spec     *Spec
+	result   *Result
+	key      crypto.Signer // key to reuse; nil means generate one
+	altNames AltNames
+}
+
+type engine struct {
+	dir         string
+	specs       []*Spec
+	cfg         *Config
+	now         time.Time
+	authorities map[string]*authority
+	results     []*Result
+	steps       []step
+	problems    []error
+}
+
+func (e *engine) fail(format string, args ...any) {
+	e.problems = append(e.problems, fmt.Errorf(format, args...))
+}
+
+func (e *engine) run(sel map[string]bool) ([]Result, error) {
+	if err := checkTable(e.specs); err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	for _, s := range e.specs {
+		if sel[s.Name] && s.IsCA {
+			e.planCA(s)
+		}
+	}
+	e.checkDistinctCAs()
+	for _, s := range e.specs {
+		if sel[s.Name] && !s.IsCA {
+			e.planLeaf(s)
+		}
+	}
+	if len(e.problems) > 0 {
+		return nil, fmt.Errorf("pki: nothing written: %w", errors.Join(e.problems...))
+	}
+	if e.cfg.DryRun {
+		for _, st := range e.steps {
+			st.result.DryRun = true
+		}
+		return e.flatten(), nil
+	}
+	if len(e.steps) > 0 {
+		// Only the pki directory itself is private; its parent is shared with other readers.
+		if err := os.MkdirAll(filepath.Dir(e.dir), 0o755); err != nil {
+			return nil, fmt.Errorf("pki: create %s: %w", filepath.Dir(e.dir), err)
+		}
+		e.removeStaleTemps()
+	}
+	for _, st := range e.steps {
+		if err := e.apply(st); err != nil {
+			return e.flatten(), fmt.Errorf("pki: %w", err)
+		}
+	}
+	return e.flatten(), nil
+}
+
+func (e *engine) flatten() []Result {
+	out := make([]Result, len(e.results))
+	for i, r := range e.results {
+		out[i] = *r
+	}
+	return out
+}
+
+func (e *engine) newResult(s *Spec) *Result {
+	r := &Result{Name: s.Name, CertFile: s.CertFile(e.dir), KeyFile: s.KeyFile(e.dir), CA: s.IsCA}
+	e.results = append(e.results, r)
+	return r
+}
+
+func (e *engine) planCA(s *Spec) {
+	r := e.newResult(s)
+	certFile, keyFile := s.CertFile(e.dir), s.KeyFile(e.dir)
+	hasCert, hasKey := exists(certFile), exists(keyFile)
+	a := &authority{spec: s}
+	switch {
+	case !hasCert && !hasKey:
+		a.pending = true
+		e.authorities[s.Name] = a
+		r.Action = Created
+		e.steps = append(e.steps, step{spec: s, result: r})
+	case !hasCert && hasKey:
+		// Keys are written before certificates, so this is what an interrupted creation leaves; but the
+		// key may also be all that is left of a CA that signed certificates in use. A CA key is never
+		// replaced, so a person decides.
+		e.fail("%s exists without %s (an interrupted earlier run?): refusing to replace a CA key; restore %s, or remove %s to create a new CA",
+			keyFile, certFile, certFile, keyFile)
+	default:
+		cert, _, err := readCert(certFile)
+		if err != nil {
+			e.fail("%w", err)
+			return
+		}
+		a.cert = cert
+		if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+			e.fail("%s is not a CA certificate (basic constraints CA:TRUE and key usage certSign are required)", certFile)
+		}
+		if e.now.After(cert.NotAfter) {
+			e.fail("%s expired on %s; a CA is never replaced automatically: run `konnect certs renew %s` to re-sign it with its key",
+				certFile, cert.NotAfter.UTC().Format(time.RFC3339), s.Name)
+		}
+		r.Action = Kept
+		r.NotAfter = cert.NotAfter
+		if !hasKey {
+			r.External = true
+			e.authorities[s.Name] = a
+			return
+		}
+		key, _, err := readKey(keyFile)
+		if err != nil {
+			e.fail("%w", err)
+			return
+		}
+		if !samePublicKey(cert.PublicKey, key.Public()) {
+			e.fail("%s does not match %s: a CA is never overwritten; restore the matching pair", keyFile, certFile)
+			return
+		}
+		a.key = key
+		e.authorities[s.Name] = a
+	}
+}
+
+// checkDistinctCAs refuses CAs that share a key, in the plan or on disk. The same CA in
+// --client-ca-file and --requestheader-client-ca-file makes kube-apiserver check ordinary client
+// certificates against --requestheader-allowed-names first, which locks kubelets and users out.
+func (e *engine) checkDistinctCAs() {
+	type found struct {
+		spec *Spec
+		cert *x509.Certificate
+	}
+	var cas []found
+	for _, s := range e.specs {
+		if !s.IsCA {
+			continue
+		}
+		if a, ok := e.authorities[s.Name]; ok {
+			if a.cert != nil {
+				cas = append(cas, found{s, a.cert})
+			}
+			continue
+		}
+		if c, _, err := readCert(s.CertFile(e.dir)); err == nil {
+			cas = append(cas, found{s, c})
+		}
+	}
+	for i := range cas {
+		for j := i + 1; j < len(cas); j++ {
+			a, b := cas[i], cas[j]
+			if samePublicKey(a.cert.PublicKey, b.cert.PublicKey) {
+				what := "the same key as"
+				if slices.Equal(a.cert.Raw, b.cert.Raw) {
+					what = "the same certificate as"
+				}
+				e.fail("%s is %s %s: the %s and %s CAs must be distinct, otherwise kube-apiserver checks ordinary client certificates against --requestheader-allowed-names and kubelets, controllers and users can no longer authenticate",
+					b.spec.CertFile(e.dir), what, a.spec.CertFile(e.dir), b.spec.Name, a.spec.Name)
+			}
+		}
+	}
+}
+
+func (e *engine) planLeaf(s *Spec) {
+	r := e.newResult(s)
+	certFile, keyFile := s.CertFile(e.dir), s.KeyFile(e.dir)
+	ca := e.authorities[s.CA]
+	if ca == nil { // the CA failed to load; its problem is already reported
+		return
+	}
+	want := s.altNames(e.cfg)
+	hasCert, hasKey := exists(certFile), exists(keyFile)
+	external := !ca.pending && ca.key == nil
+	r.External = external
+
+	if !hasCert {
+		if external {
+			e.fail("%s is missing and %s has no key next to it (external CA), so konnect cannot sign it: issue %s with your CA (%s) and place it at %s and %s",
+				certFile, ca.certFile(e.dir), s.Name, describe(s, want), certFile, keyFile)
+			return
+		}
+		r.Action = Created
+		if hasKey {
+			// Only an interrupted run leaves a leaf key without its certificate; nothing can use it.
+			r.Reason = "replaced " + keyFile + " left without a certificate"
+		}
+		e.steps = append(e.steps, step{spec: s, result: r, altNames: want})
+		return
+	}
+
+	cert, certErr := func() (*x509.Certificate, error) { c, _, err := readCert(certFile); return c, err }()
+	var key crypto.Signer
+	var keyErr error
+	if hasKey {
+		key, _, keyErr = readKey(keyFile)
+	} else {
+		keyErr = fmt.Errorf("key %s is missing", keyFile)
+	}
+	var problems []string
+	switch {
+	case certErr != nil:
+		problems = append(problems, certErr.Error())
+	case keyErr != nil:
+		problems = append(problems, keyErr.Error())
+	default:
+		problems = checkLeaf(s, cert, key, ca, want, e.now)
+	}
+	if len(problems) == 0 {
+		r.Action = Kept
+		r.NotAfter = cert.NotAfter
+		return
+	}
+	detail := strings.Join(problems, "; ")
+	if external {
+		e.fail("%s: %s (signed by the external CA %s, which konnect cannot use to renew it)", certFile, detail, ca.certFile(e.dir))
+		return
+	}
+	if !e.cfg.Force {
+		e.fail("%s: %s (run with --force to renew it)", certFile, detail)
+		return
+	}
+	// Re-sign the existing key when it is sound: one atomic write, and the key is never lost.
+	reuse := key
+	if keyErr != nil || (certErr == nil && !samePublicKey(cert.PublicKey, key.Public())) {
+		reuse = nil
+	}
+	r.Action = Renewed
+	r.Reason = detail
+	e.steps = append(e.steps, step{spec: s, result: r, key: reuse, altNames: want})
+}
+
+// checkLeaf lists what is wrong with an existing leaf; empty means it is kept.
+func checkLeaf(s *Spec, cert *x509.Certificate, key crypto.Signer, ca *authority, want AltNames, now time.Time) []string {
+	var p []string
+	if !samePublicKey(cert.PublicKey, key.Public()) {
+		p = append(p, "the key does not match the certificate")
+	}
+	switch {
+	case ca.pending:
+		p = append(p, fmt.Sprintf("not signed by %s, which is being created", ca.spec.BaseName+".crt"))
+	case cert.CheckSignatureFrom(ca.cert) != nil || !slices.Equal(cert.RawIssuer, ca.cert.RawSubject):
+		p = append(p, fmt.Sprintf("not signed by %s (issuer %q)", ca.spec.BaseName+".crt", cert.Issuer.String()))
+	}
+	if now.After(cert.NotAfter) {
+		p = append(p, "expired on "+cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if now.Before(cert.NotBefore) {
+		p = append(p, "not valid before "+cert.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if cert.IsCA {
+		p = append(p, "is a CA certificate, want a leaf")
+	}
+	// A client certificate's CN and O are its user name and groups in kube-apiserver (O=system:masters
+	// would bypass RBAC), so they must be exact. A serving certificate is identified by its SANs, and one
+	// issued by an external CA may carry any subject.
+	if slices.Contains(s.Usages, x509.ExtKeyUsageClientAuth) {
+		if cert.Subject.CommonName != s.CommonName {
+			p = append(p, fmt.Sprintf("subject CN is %q, want %q", cert.Subject.CommonName, s.CommonName))
+		}
+		if !sameStrings(cert.Subject.Organization, s.Organization) {
+			p = append(p, fmt.Sprintf("subject O is %q, want %q", cert.Subject.Organization, s.Organization))
+		}
+	}
+	// No extendedKeyUsage extension means no restriction (RFC 5280), which is what the openssl recipe in
+	// the Kubernetes documentation produces; Go and kube-apiserver accept such certificates.
+	unrestricted := len(cert.ExtKeyUsage) == 0 && len(cert.UnknownExtKeyUsage) == 0 || slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageAny)
+	for _, u := range s.Usages {
+		if !unrestricted && !slices.Contains(cert.ExtKeyUsage, u) {
+			p = append(p, "extended key usage lacks "+usageName(u))
+		}
+	}
+	if cert.KeyUsage != 0 && cert.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
+		p = append(p, "key usage lacks digitalSignature")
+	}
+	if missing := missingAltNames(cert, want); len(missing) > 0 {
+		p = append(p, "SANs lack "+strings.Join(missing, ", "))
+	}
+	return p
+}
+
+func missingAltNames(cert *x509.Certificate, want AltNames) []string {
+	var missing []string
+	for _, d := range want.DNSNames {
+		if !slices.ContainsFunc(cert.DNSNames, func(h string) bool { return strings.EqualFold(h, d) }) {
+			missing = append(missing, d)
+		}
+	}
+	for _, ip := range want.IPs {
+		if !slices.ContainsFunc(cert.IPAddresses, ip.Equal) {
+			missing = append(missing, ip.String())
+		}
+	}
+	return missing
+}
+
+func sameStrings(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	switch u {
+	case x509.ExtKeyUsageServerAuth:
+		return "serverAuth"
+	case x509.ExtKeyUsageClientAuth:
+		return "clientAuth"
+	}
+	return fmt.Sprintf("usage %d", u)
+}
+
+// describe spells out what an external CA must issue.
+func describe(s *Spec, an AltNames) string {
+	parts := []string{"CN=" + s.CommonName}
+	for _, o := range s.Organization {
+		parts = append(parts, "O="+o)
+	}
+	for _, u := range s.Usages {
+		parts = append(parts, usageName(u))
+	}
+	var sans []string
+	sans = append(sans, an.DNSNames...)
+	for _, ip := range an.IPs {
+		sans = append(sans, ip.String())
+	}
+	if len(sans) > 0 {
+		parts = append(parts, "SANs "+strings.Join(sans, ","))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// removeStaleTemps deletes temporary files that a killed run left behind; they may hold key material.
+func (e *engine) removeStaleTemps() {
+	for _, s := range e.specs {
+		for _, f := range []string{s.CertFile(e.dir), s.KeyFile(e.dir)} {
+			stale, _ := filepath.Glob(filepath.Join(e.dir, "."+filepath.Base(f)+".tmp-*"))
+			for _, p := range stale {
+				_ = os.Remove(p)
+			}
+		}
+	}
+}
+
+// apply carries out one step: key first, then certificate.
+func (e *engine) apply(st step) error {
+	s := st.spec
+	key := st.key
+	newKey := key == nil
+	if newKey {
+		var err error
+		if key, err = generateKey(e.cfg.KeyAlgorithm); err != nil {
+			return fmt.Errorf("generate key for %s: %w", s.Name, err)
+		}
+	}
+	var cert *x509.Certificate
+	var err error
+	if s.IsCA {
+		cert, err = signCert(s, key.Public(), AltNames{}, nil, key, e.now, e.cfg.CAValidity)
+	} else {
+		ca := e.authorities[s.CA]
+		cert, err = signCert(s, key.Public(), st.altNames, ca.cert, ca.key, e.now, e.cfg.CertValidity)
+	}
+	if err != nil {
+		return fmt.Errorf("sign %s: %w", s.Name, err)
+	}
+	if err := writePair(s.CertFile(e.dir), s.KeyFile(e.dir), cert, key, newKey); err != nil {
+		return err
+	}
+	if s.IsCA {
+		a := e.authorities[s.Name]
+		a.cert, a.key, a.pending = cert, key, false
+	}
+	st.result.NotAfter = cert.NotAfter
+	if !s.IsCA && cert.NotAfter.Before(e.now.Add(e.cfg.CertValidity-clockSkew)) {
+		st.result.Reason = strings.TrimPrefix(st.result.Reason+"; validity cut to the CA's expiry", "; ")
+	}
+	return nil
+}
+
+// writePair writes the key (when new) before the certificate, so that a crash in between leaves a key
+// without a certificate, which the next run recognises, never a certificate whose key is lost.
+func writePair(certFile, keyFile string, cert *x509.Certificate, key crypto.Signer, writeKey bool) error {
+	if writeKey {
+		pemKey, err := encodeKey(key)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", keyFile, err)
+		}
+		if _, err := WriteFile(keyFile, pemKey, KeyMode, DirMode); err != nil {
+			return err
+		}
+	}
+	_, err := WriteFile(certFile, encodeCert(cert), CertMode, DirMode)
+	return err
+}
+
+// signCert issues a certificate for pub. A nil issuer makes it self-signed. A leaf never outlives its CA.
+// Modifiers adjust the template before signing.
+func signCert(s *Spec, pub crypto.PublicKey, an AltNames, issuer *x509.Certificate, signer crypto.Signer, now time.Time, validity time.Duration, modifiers ...func(*x509.Certificate)) (*x509.Certificate, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, err
+	}
+	serial.Add(serial, big.NewInt(1))
+	now = now.UTC().Truncate(time.Second)
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: s.CommonName, Organization: s.Organization},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(validity),
+		BasicConstraintsValid: true,
+		DNSNames:              an.DNSNames,
+		IPAddresses:           an.IPs,
+	}
+	if s.IsCA {
+		tmpl.IsCA = true
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature
+		// The CAs here sign leaves only.
+		tmpl.MaxPathLenZero = true
+	} else {
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		if _, ok := pub.(*rsa.PublicKey); ok {
+			tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
+		}
+		tmpl.ExtKeyUsage = s.Usages
+	}
+	for _, m := range modifiers {
+		m(tmpl)
+	}
+	parent := tmpl
+	if issuer != nil {
+		parent = issuer
+		if tmpl.NotAfter.After(issuer.NotAfter) {
+			tmpl.NotAfter = issuer.NotAfter
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
+	if err != nil {
+		return nil, err
+	}
+	return x509.ParseCertificate(der)
+}

@@ -1,0 +1,89 @@
+package pki
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+// Expiration describes one certificate on disk. It carries no key material.
+type Expiration struct {
+	Name     string    `json:"name"`
+	File     string    `json:"file"`
+	NotAfter time.Time `json:"expires"`
+	// ResidualSeconds is negative once the certificate has expired.
+	ResidualSeconds int64  `json:"residualSeconds"`
+	Residual        string `json:"residual"`
+	CA              bool   `json:"ca"`
+	// External is set when the issuing CA's key is not on this node, so konnect cannot renew it.
+	External bool   `json:"external"`
+	Issuer   string `json:"issuer"`
+}
+
+// CheckExpiration reports every certificate of the table found in DIR/pki, and the client certificate
+// embedded in DIR/konnectivity-server.conf. Missing certificates are left out; unreadable ones are errors.
+func CheckExpiration(cfg Config) ([]Expiration, error) {
+	cfg = cfg.withDefaults()
+	now := cfg.now()
+	dir := cfg.PKIDir()
+	specs := Specs()
+	var out []Expiration
+	for _, s := range specs {
+		certFile := s.CertFile(dir)
+		if !exists(certFile) {
+			continue
+		}
+		cert, _, err := readCert(certFile)
+		if err != nil {
+			return nil, fmt.Errorf("pki: %w", err)
+		}
+		e := expiration(s.Name, certFile, cert.NotAfter, now)
+		e.CA = s.IsCA
+		e.Issuer = cert.Issuer.CommonName
+		signer := s
+		if !s.IsCA {
+			signer, _ = Lookup(specs, s.CA)
+		}
+		e.External = !exists(signer.KeyFile(dir))
+		out = append(out, e)
+	}
+	path := cfg.KubeconfigPath()
+	if data, err := os.ReadFile(path); err == nil {
+		certPEM, err := kubeconfigClientCert(data)
+		if err != nil {
+			return nil, fmt.Errorf("pki: %s: %w", path, err)
+		}
+		cert, err := parseCert(certPEM)
+		if err != nil {
+			return nil, fmt.Errorf("pki: %s: embedded client certificate: %w", path, err)
+		}
+		e := expiration(KubeconfigFile, path, cert.NotAfter, now)
+		e.Issuer = cert.Issuer.CommonName
+		caSpec, _ := Lookup(specs, CA)
+		e.External = !exists(caSpec.KeyFile(dir))
+		out = append(out, e)
+	} else if !os.IsNotExist(err) {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return out, nil
+}
+
+func expiration(name, file string, notAfter, now time.Time) Expiration {
+	d := notAfter.Sub(now)
+	return Expiration{Name: name, File: file, NotAfter: notAfter.UTC(), ResidualSeconds: int64(d / time.Second), Residual: HumanDuration(d)}
+}
+
+// HumanDuration prints a residual lifetime the way kubeadm does: 9y, 364d, 23h, 59m, or "expired".
+func HumanDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "expired"
+	case d >= 365*24*time.Hour:
+		return fmt.Sprintf("%dy", d/(365*24*time.Hour))
+	case d >= 24*time.Hour:
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("%dm", d/time.Minute)
+}

@@ -1,0 +1,157 @@
+package pki
+
+import (
+	"bytes"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Names inside the Konnectivity server's kubeconfig.
+const (
+	kubeconfigCluster = "kubernetes"
+	kubeconfigUser    = "system:konnectivity-server"
+	kubeconfigContext = kubeconfigUser + "@" + kubeconfigCluster
+)
+
+// ValidateAPIServerURL accepts an https URL with a host and nothing after the path.
+func ValidateAPIServerURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("API server URL %q: %w", s, err)
+	}
+	if u.Scheme != "https" {
+		return fmt.Errorf("API server URL %q: scheme must be https", s)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("API server URL %q: no host", s)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("API server URL %q: must not carry user info, query or fragment", s)
+	}
+	return nil
+}
+
+// EnsureKubeconfig writes DIR/konnectivity-server.conf: the cluster CA, the embedded
+// konnectivity-server-client certificate and key, and apiserverURL. The embedded certificates always
+// follow the files in DIR/pki (so a renewed client certificate reaches the kubeconfig); a different
+// server URL in an existing file is an error unless cfg.Force.
+func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
+	cfg = cfg.withDefaults()
+	path := cfg.KubeconfigPath()
+	res := Result{Name: "kubeconfig", CertFile: path}
+	if err := ValidateAPIServerURL(apiserverURL); err != nil {
+		return res, fmt.Errorf("pki: %s: %w", path, err)
+	}
+	specs := Specs()
+	caSpec, _ := Lookup(specs, CA)
+	client, _ := Lookup(specs, KonnectivityServerClient)
+	dir := cfg.PKIDir()
+	if cfg.DryRun && !exists(client.CertFile(dir)) {
+		res.Action, res.DryRun = Created, true
+		if exists(path) {
+			res.Action = Updated
+		}
+		return res, nil
+	}
+	data, notAfter, err := renderKubeconfig(caSpec.CertFile(dir), client.CertFile(dir), client.KeyFile(dir), apiserverURL)
+	res.NotAfter = notAfter
+	if err != nil {
+		return res, fmt.Errorf("pki: kubeconfig %s: %w", path, err)
+	}
+	old, err := os.ReadFile(path)
+	switch {
+	case os.IsNotExist(err):
+		res.Action = Created
+	case err != nil:
+		return res, fmt.Errorf("pki: read %s: %w", path, err)
+	case bytes.Equal(old, data):
+		res.Action = Kept
+	default:
+		res.Action = Updated
+		res.Reason = "embedded certificates changed"
+		server, perr := kubeconfigServer(old)
+		switch {
+		case perr != nil && !cfg.Force:
+			return res, fmt.Errorf("pki: %s: %w (run with --force to rewrite it)", path, perr)
+		case perr == nil && server != apiserverURL && !cfg.Force:
+			return res, fmt.Errorf("pki: %s points at server %q, not %q (run with --force to rewrite it)", path, server, apiserverURL)
+		case perr != nil || server != apiserverURL:
+			res.Reason = "rewritten with --force"
+		}
+	}
+	if cfg.DryRun {
+		res.DryRun = res.Action != Kept
+		return res, nil
+	}
+	if res.Action != Kept {
+		// The kubeconfig carries a private key.
+		if _, err := WriteFile(path, data, KeyMode, 0o755); err != nil {
+			return res, fmt.Errorf("pki: %w", err)
+		}
+	}
+	return res, nil
+}
+
+func renderKubeconfig(caFile, certFile, keyFile, server string) ([]byte, time.Time, error) {
+	_, caPEM, err := readCert(caFile)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	cert, certPEM, err := readCert(certFile)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	key, keyPEM, err := readKey(keyFile)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if !samePublicKey(cert.PublicKey, key.Public()) {
+		return nil, time.Time{}, fmt.Errorf("%s does not match %s", keyFile, certFile)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[kubeconfigCluster] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	kc.AuthInfos[kubeconfigUser] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	kc.Contexts[kubeconfigContext] = &clientcmdapi.Context{Cluster: kubeconfigCluster, AuthInfo: kubeconfigUser}
+	kc.CurrentContext = kubeconfigContext
+	data, err := clientcmd.Write(*kc)
+	return data, cert.NotAfter, err
+}
+
+// kubeconfigServer returns the server of a kubeconfig's current context.
+func kubeconfigServer(data []byte) (string, error) {
+	kc, err := clientcmd.Load(data)
+	if err != nil {
+		return "", fmt.Errorf("parse kubeconfig: %w", err)
+	}
+	ctx, ok := kc.Contexts[kc.CurrentContext]
+	if !ok {
+		return "", fmt.Errorf("current context %q not found", kc.CurrentContext)
+	}
+	cl, ok := kc.Clusters[ctx.Cluster]
+	if !ok {
+		return "", fmt.Errorf("cluster %q not found", ctx.Cluster)
+	}
+	return cl.Server, nil
+}
+
+// kubeconfigClientCert returns the client certificate embedded in a kubeconfig's current context.
+func kubeconfigClientCert(data []byte) ([]byte, error) {
+	kc, err := clientcmd.Load(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse kubeconfig: %w", err)
+	}
+	ctx, ok := kc.Contexts[kc.CurrentContext]
+	if !ok {
+		return nil, fmt.Errorf("current context %q not found", kc.CurrentContext)
+	}
+	ai, ok := kc.AuthInfos[ctx.AuthInfo]
+	if !ok || len(ai.ClientCertificateData) == 0 {
+		return nil, fmt.Errorf("no embedded client certificate for user %q", ctx.AuthInfo)
+	}
+	return ai.ClientCertificateData, nil
+}

@@ -1,0 +1,87 @@
+package pki
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// File modes of what this package writes.
+const (
+	KeyMode  fs.FileMode = 0o600
+	CertMode fs.FileMode = 0o644
+	DirMode  fs.FileMode = 0o700
+)
+
+// WriteFile writes data to path atomically: a temporary file in the same directory is written, synced,
+// renamed over path, and the directory is synced, so that a crash leaves either the old file or the new
+// one. A file that already holds exactly data (with mode perm) is not touched; changed reports whether
+// anything was written. Missing parent directories are created with mode dirPerm.
+func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed bool, err error) {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		if st, err := os.Stat(path); err == nil && st.Mode().Perm() == perm {
+			return false, nil
+		}
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, dirPerm); err != nil {
+		return false, fmt.Errorf("create directory for %s: %w", path, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	// Chmod before writing so that key material is never readable by others, not even briefly.
+	if err = f.Chmod(perm); err != nil {
+		f.Close()
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err = f.Write(data); err != nil {
+		f.Close()
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = f.Sync(); err != nil {
+		f.Close()
+		return false, fmt.Errorf("write %s: sync: %w", path, err)
+	}
+	if err = f.Close(); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = syncDir(dir); err != nil {
+		return true, fmt.Errorf("write %s: sync directory: %w", path, err)
+	}
+	return true, nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// exists reports whether path exists; errors other than "not found" count as existing so that the caller's
+// later read reports them with the file name.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil || !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR)
+}

@@ -1,0 +1,269 @@
+package apiproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Timeouts of the local listener. There is deliberately no read or write timeout on whole requests: a
+// watch or an exec session lasts as long as the user wants it to.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultShutdownGrace     = 5 * time.Second
+	DefaultMaxConnections    = 1024
+	maxHeaderBytes           = 1 << 20
+)
+
+// Config is everything New needs.
+type Config struct {
+	HandlerConfig
+
+	// Network is "tcp" or "unix"; Address is host:port or a socket path.
+	Network string
+	Address string
+	// AllowRemote permits a TCP address that is not loopback. Anyone who reaches the listener acts with
+	// the kubeconfig's credentials.
+	AllowRemote bool
+
+	// MaxConnections caps open client connections (0 means DefaultMaxConnections); a connection over the cap
+	// gets a 503 and is closed.
+	MaxConnections int
+	// ReadHeaderTimeout cuts off clients that trickle their request headers (0 means the default).
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes idle keep-alive connections (0 means the default).
+	IdleTimeout time.Duration
+	// ShutdownGrace bounds how long Run waits for requests in flight once its context ends (0 means the
+	// default). Watches, log follows and upgraded connections are closed at once.
+	ShutdownGrace time.Duration
+}
+
+// Server is a running proxy: its listener is bound, and Run serves it.
+type Server struct {
+	cfg     Config
+	ln      net.Listener
+	handler *Handler
+
+	// streams is cancelled when shutdown starts: long-running requests end then.
+	streams       context.Context
+	cancelStreams context.CancelFunc
+
+	mu       sync.Mutex
+	inflight sync.WaitGroup
+	stopped  bool
+	ran      bool
+}
+
+// New builds the handler and binds the listener, so that a bad kubeconfig or an address in use is an
+// error here and not a log line later.
+func New(cfg Config) (*Server, error) {
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.ReadHeaderTimeout == 0 {
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = DefaultShutdownGrace
+	}
+	h, err := NewHandler(cfg.HandlerConfig)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listen(cfg.Network, cfg.Address, cfg.AllowRemote)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, ln: newCappedListener(ln, cfg.MaxConnections), handler: h}
+	s.streams, s.cancelStreams = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Addr is the bound address, with the port chosen by the system when the configured port was 0.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Run serves until ctx ends, then stops accepting, ends long-running requests, and gives the others
+// ShutdownGrace to finish before closing what is left. It returns nil after a shutdown that ctx asked for,
+// and only once every request handler has returned. A Server runs once.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.ran {
+		s.mu.Unlock()
+		return errors.New("apiproxy: Run called twice")
+	}
+	s.ran = true
+	s.mu.Unlock()
+
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	srv := &http.Server{
+		Handler:           s.track(s.handler),
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		BaseContext:       func(net.Listener) context.Context { return base },
+		ErrorLog:          klog.NewStandardLogger("INFO"),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(s.ln) }()
+
+	var err error
+	select {
+	case err = <-errc:
+		// The listener failed on its own.
+	case <-ctx.Done():
+	}
+	s.cancelStreams()
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	if serr := srv.Shutdown(sctx); serr != nil {
+		klog.InfoS("Requests still in flight after the grace period; closing them", "grace", s.cfg.ShutdownGrace)
+	}
+	cancel()
+	cancelBase()
+	_ = srv.Close()
+	if err == nil {
+		err = <-errc
+	}
+
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.inflight.Wait()
+	s.handler.CloseIdleConnections()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("apiproxy: serve %s: %w", s.ln.Addr(), err)
+}
+
+// track counts handlers in flight, so that Run returns only after all of them, and ties long-running
+// requests to the streams context.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.stopped {
+			s.mu.Unlock()
+			http.Error(w, "konnect proxy is shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		s.inflight.Add(1)
+		s.mu.Unlock()
+		defer s.inflight.Done()
+		if longRunning(r) {
+			ctx, cancel := context.WithCancel(r.Context())
+			stop := context.AfterFunc(s.streams, cancel)
+			defer func() {
+				stop()
+				cancel()
+			}()
+			r = r.WithContext(ctx)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// longRunning reports whether a request may stay open indefinitely: watches, followed logs, and protocol
+// upgrades. A false positive only means the request is cut at the start of a shutdown rather than at the
+// end of the grace period.
+func longRunning(r *http.Request) bool {
+	if r.Header.Get("Upgrade") != "" || strings.Contains(r.URL.Path, "/watch/") {
+		return true
+	}
+	q := r.URL.RawQuery
+	return strings.Contains(q, "watch=") || strings.Contains(q, "follow=")
+}
+
+// listen binds the local listener. A unix socket is created private to the user (as kubectl does) after
+// removing a stale socket, but never another kind of file.
+func listen(network, address string, allowRemote bool) (net.Listener, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return nil, fmt.Errorf("--address/--port: %q is not host:port: %w", address, err)
+		}
+		if !allowRemote && !isLoopback(host) {
+			return nil, fmt.Errorf("--address: refusing to serve on %s, which is not loopback: anyone who reaches it acts with your kubeconfig's credentials; pass --allow-remote if you really mean it", host)
+		}
+		ln, err := net.Listen(network, address)
+		if err != nil {
+			return nil, fmt.Errorf("--address/--port: listen on %s: %w", address, err)
+		}
+		return ln, nil
+	case "unix":
+		if fi, err := os.Lstat(address); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			_ = os.Remove(address)
+		}
+		ln, err := listenUnixPrivate(address)
+		if err != nil {
+			return nil, fmt.Errorf("--unix-socket: listen on %s: %w", address, err)
+		}
+		return ln, nil
+	default:
+		return nil, fmt.Errorf("apiproxy: unknown network %q", network)
+	}
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && ip.IsLoopback()
+}
+
+// cappedListener refuses connections beyond a limit with a short 503, so that a client opening
+// connections without end gets a clear answer and the proxy keeps its file descriptors.
+type cappedListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func newCappedListener(ln net.Listener, max int) net.Listener {
+	return &cappedListener{Listener: ln, slots: make(chan struct{}, max)}
+}
+
+const tooManyConnections = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n" +
+	"Connection: close\r\nContent-Length: 47\r\n\r\nkonnect proxy: too many connections; try later\n"
+
+func (l *cappedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &slotConn{Conn: c, release: func() { <-l.slots }}, nil
+		default:
+			klog.V(2).InfoS("Connection refused: too many connections", "remote", c.RemoteAddr(), "max", cap(l.slots))
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write([]byte(tooManyConnections))
+			_ = c.Close()
+		}
+	}
+}
+
+type slotConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}

@@ -1,0 +1,309 @@
+// Package socks serves the proxy protocols a developer's tools speak, SOCKS5 and HTTP proxying, and hands
+// every outgoing connection to an injected Dial function.
+//
+// It implements SOCKS5 (RFC 1928) CONNECT with no authentication or username/password (RFC 1929), for IPv4,
+// IPv6 and domain-name destinations (names are passed to Dial unresolved, so the far side resolves them, as
+// with ssh -D and socks5h); HTTP CONNECT; and forwarding of plain http:// requests. Both protocols can share
+// one port: the first byte of a connection (0x05 for SOCKS5) picks the protocol.
+//
+// It handles only the protocols. It does not know what Dial does (an SSH client's DialContext plugs in
+// directly), does not resolve names itself, has no BIND or UDP ASSOCIATE, and does not filter destinations.
+// Hostile clients are bounded: handshake deadlines, header size limits and a connection cap with a clear
+// refusal.
+package socks
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Protocol selects what a listener serves.
+type Protocol int
+
+const (
+	// Auto serves SOCKS5 and HTTP on one listener, chosen by the first byte.
+	Auto Protocol = iota
+	// SOCKS5Only serves only SOCKS5.
+	SOCKS5Only
+	// HTTPOnly serves only HTTP proxying (CONNECT and http:// forwarding).
+	HTTPOnly
+)
+
+// Defaults for the zero values of Server's fields.
+const (
+	DefaultMaxConns         = 1024
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultDialTimeout      = 30 * time.Second
+	DefaultIdleTimeout      = 90 * time.Second
+	// MaxHeaderBytes bounds an HTTP request head (request line and headers).
+	MaxHeaderBytes = 32 << 10
+)
+
+// Credentials is the username and password clients must present, for SOCKS5 (RFC 1929) and HTTP
+// (Proxy-Authorization: Basic).
+type Credentials struct {
+	User     string
+	Password string
+}
+
+func (c *Credentials) match(user, pass string) bool {
+	// Both comparisons always run, so timing does not tell which one failed.
+	u := subtle.ConstantTimeCompare([]byte(user), []byte(c.User))
+	p := subtle.ConstantTimeCompare([]byte(pass), []byte(c.Password))
+	return u&p == 1
+}
+
+// Server is a SOCKS5 and HTTP proxy server. Set its fields before the first Serve; they must not change
+// afterwards. A Server may serve several listeners at once, sharing its connection cap.
+type Server struct {
+	// Dial opens outgoing connections. nil means a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Credentials, when set, are required from every client.
+	Credentials *Credentials
+	// MaxConns caps concurrent client connections; more are refused (SOCKS5 reply 0x01, HTTP 503). 0 means
+	// DefaultMaxConns.
+	MaxConns int
+	// HandshakeTimeout bounds reading a SOCKS5 handshake or an HTTP request head. 0 means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// DialTimeout bounds one outgoing dial. 0 means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// IdleTimeout is how long a kept-alive HTTP forwarding connection may wait for its next request. 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+
+	initOnce  sync.Once
+	slots     chan struct{} // one token per admitted connection
+	refusing  chan struct{} // bounds goroutines spent on refusals
+	transport *http.Transport
+}
+
+func (s *Server) init() {
+	s.initOnce.Do(func() {
+		n := s.MaxConns
+		if n <= 0 {
+			n = DefaultMaxConns
+		}
+		s.slots = make(chan struct{}, n)
+		s.refusing = make(chan struct{}, 64)
+		s.transport = &http.Transport{
+			Proxy:                 nil,
+			DialContext:           s.dial,
+			MaxIdleConns:          64,
+			MaxIdleConnsPerHost:   8,
+			IdleConnTimeout:       s.idleTimeout(),
+			ResponseHeaderTimeout: 0, // a slow origin is the client's business
+			DisableCompression:    true,
+			ForceAttemptHTTP2:     false,
+		}
+	})
+}
+
+func (s *Server) handshakeTimeout() time.Duration {
+	if s.HandshakeTimeout > 0 {
+		return s.HandshakeTimeout
+	}
+	return DefaultHandshakeTimeout
+}
+
+func (s *Server) idleTimeout() time.Duration {
+	if s.IdleTimeout > 0 {
+		return s.IdleTimeout
+	}
+	return DefaultIdleTimeout
+}
+
+// dial applies DialTimeout and the default dialer.
+func (s *Server) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	t := s.DialTimeout
+	if t <= 0 {
+		t = DefaultDialTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, t)
+	defer cancel()
+	if s.Dial != nil {
+		return s.Dial(ctx, network, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+// Serve accepts connections on ln until ctx ends, then closes ln and every connection it accepted and
+// returns nil once they are all done. Any other accept error is returned the same way.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) error {
+	s.init()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		active = map[net.Conn]struct{}{}
+	)
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var tempDelay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = nil
+			} else if retryableAccept(err) {
+				// Out of file descriptors, or a client gone before accept: back off instead of spinning
+				// or giving up; the connections being served will free descriptors.
+				tempDelay = min(max(2*tempDelay, 5*time.Millisecond), time.Second)
+				klog.V(1).InfoS("Proxy accept failed; retrying", "addr", ln.Addr(), "err", err, "in", tempDelay)
+				time.Sleep(tempDelay)
+				continue
+			} else {
+				err = fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+			}
+			ln.Close()
+			mu.Lock()
+			for c := range active {
+				c.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+			return err
+		}
+		tempDelay = 0
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			s.refuse(c, proto)
+			continue
+		}
+		mu.Lock()
+		active[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, c, proto)
+			c.Close()
+			mu.Lock()
+			delete(active, c)
+			mu.Unlock()
+			<-s.slots
+		}()
+	}
+}
+
+func retryableAccept(err error) bool {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// ServeConn serves one already accepted connection, outside any connection cap, and closes it.
+func (s *Server) ServeConn(ctx context.Context, c net.Conn, proto Protocol) {
+	s.init()
+	defer c.Close()
+	s.serveConn(ctx, c, proto)
+}
+
+// ActiveConns returns the number of client connections being served.
+func (s *Server) ActiveConns() int {
+	s.init()
+	return len(s.slots)
+}
+
+// refuse answers a connection over the cap in its own protocol, briefly, so the client shows a clear error
+// rather than a reset; beyond a small number of refusals in flight it just closes.
+func (s *Server) refuse(c net.Conn, proto Protocol) {
+	select {
+	case s.refusing <- struct{}{}:
+	default:
+		c.Close()
+		return
+	}
+	klog.V(1).InfoS("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
+	go func() {
+		defer func() { <-s.refusing }()
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		br := bufio.NewReaderSize(c, 512)
+		isSOCKS, err := sniff(br, proto)
+		if err != nil {
+			return
+		}
+		if isSOCKS {
+			refuseSOCKS(br, c)
+			return
+		}
+		writeHTTPError(c, http.StatusServiceUnavailable, "too many connections")
+	}()
+}
+
+// sniff decides the protocol from the first byte without consuming it.
+func sniff(br *bufio.Reader, proto Protocol) (isSOCKS bool, err error) {
+	switch proto {
+	case SOCKS5Only:
+		return true, nil
+	case HTTPOnly:
+		return false, nil
+	}
+	b, err := br.Peek(1)
+	if err != nil {
+		return false, err
+	}
+	return b[0] == socksVersion, nil
+}
+
+// client is an accepted connection with its buffered reader. lr bounds what the reader may consume while a
+// handshake or request head is read.
+type client struct {
+	net.Conn
+	br *bufio.Reader
+	lr *limitedReader
+}
+
+func (s *Server) serveConn(ctx context.Context, c net.Conn, proto Protocol) {
+	c.SetReadDeadline(time.Now().Add(s.handshakeTimeout()))
+	lr := &limitedReader{r: c, n: MaxHeaderBytes}
+	cl := &client{Conn: c, br: bufio.NewReaderSize(lr, 4096), lr: lr}
+	isSOCKS, err := sniff(cl.br, proto)
+	if err != nil {
+		return
+	}
+	if isSOCKS {
+		s.serveSOCKS(ctx, cl)
+		return
+	}
+	s.serveHTTP(ctx, cl)
+}
+
+// limitedReader fails reads beyond n bytes, bounding what a handshake or request head may consume. The
+// limit is lifted (n < 0) once the handshake is over.
+type limitedReader struct {
+	r net.Conn
+	n int
+}
+
+var errHeaderTooLarge = errors.New("request header too large")
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(p)
+	}
+	if l.n == 0 {
+		return 0, errHeaderTooLarge
+	}
+	if len(p) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= n
+	return n, err
+}

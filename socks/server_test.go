@@ -1,0 +1,691 @@
+package socks
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/proxy"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// http.Transport keeps idle-connection goroutines until CloseIdleConnections; tests close them, but
+		// the persistConn readers exit asynchronously.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// serve runs s on a loopback listener until the test ends, and checks that Serve returns nil on cancel.
+func serve(t testing.TB, s *Server, proto Protocol) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln, proto) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve returned %v after cancel, want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return within 10s of cancel")
+		}
+	})
+	return ln.Addr().String()
+}
+
+// httpBackend is a plain HTTP server on 127.0.0.1 (and [::1] when available).
+func httpBackend(t testing.TB) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/echo" {
+			// Read everything first: an HTTP/1 handler that writes early may lose the rest of the body.
+			b, _ := io.ReadAll(r.Body)
+			w.Write(b)
+			return
+		}
+		fmt.Fprintf(w, "backend saw %s %s host=%s proxy-auth=%q", r.Method, r.URL.Path, r.Host, r.Header.Get("Proxy-Authorization"))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func readAll(t testing.TB, r io.Reader) string {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestSOCKS5WithXNetProxy(t *testing.T) {
+	be := httpBackend(t)
+	_, port, _ := net.SplitHostPort(be.Listener.Addr().String())
+	// An IPv6 backend, if the machine has ::1.
+	var v6Port string
+	if ln6, err := net.Listen("tcp", "[::1]:0"); err == nil {
+		srv6 := &httptest.Server{Listener: ln6, Config: &http.Server{Handler: be.Config.Handler}}
+		srv6.Start()
+		t.Cleanup(srv6.Close)
+		_, v6Port, _ = net.SplitHostPort(ln6.Addr().String())
+	}
+
+	var (
+		mu     sync.Mutex
+		dialed []string
+	)
+	plain := &Server{Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, addr)
+		mu.Unlock()
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}
+	plainAddr := serve(t, plain, Auto)
+	authed := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}}
+	authAddr := serve(t, authed, Auto)
+
+	cases := []struct {
+		name   string
+		proxy  string
+		auth   *proxy.Auth
+		target string
+		want   string // what Dial must receive; "" = not checked
+	}{
+		{"ipv4", plainAddr, nil, "127.0.0.1:" + port, "127.0.0.1:" + port},
+		{"domain passed unresolved", plainAddr, nil, "localhost:" + port, "localhost:" + port},
+		{"ipv6", plainAddr, nil, "[::1]:" + v6Port, "[::1]:" + v6Port},
+		{"username/password", authAddr, &proxy.Auth{User: "alice", Password: "pw"}, "127.0.0.1:" + port, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasSuffix(tc.target, "]:") {
+				t.Fatal("::1 is not available on this machine")
+			}
+			mu.Lock()
+			dialed = nil
+			mu.Unlock()
+			d, err := proxy.SOCKS5("tcp", tc.proxy, tc.auth, proxy.Direct)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := &http.Transport{Dial: d.Dial, DisableKeepAlives: true}
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("http://" + tc.target + "/x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if body := readAll(t, resp.Body); !strings.HasPrefix(body, "backend saw GET /x") {
+				t.Fatalf("body = %q", body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if tc.want != "" && (len(dialed) != 1 || dialed[0] != tc.want) {
+				t.Fatalf("Dial got %v, want [%s]", dialed, tc.want)
+			}
+		})
+	}
+
+	t.Run("wrong password refused", func(t *testing.T) {
+		d, _ := proxy.SOCKS5("tcp", authAddr, &proxy.Auth{User: "alice", Password: "nope"}, proxy.Direct)
+		if c, err := d.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			t.Fatal("dial with a wrong password succeeded")
+		}
+	})
+	t.Run("no auth offered to a server that requires it", func(t *testing.T) {
+		d, _ := proxy.SOCKS5("tcp", authAddr, nil, proxy.Direct)
+		if c, err := d.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			t.Fatal("dial without credentials succeeded")
+		}
+	})
+}
+
+func TestHTTPProxyWithTransport(t *testing.T) {
+	be := httpBackend(t)
+	tlsBe := httptest.NewTLSServer(be.Config.Handler)
+	defer tlsBe.Close()
+	creds := &Credentials{User: "bob", Password: "hunter2"}
+
+	for _, tc := range []struct {
+		name  string
+		srv   *Server
+		proto Protocol
+		user  *url.Userinfo
+	}{
+		{"shared port", &Server{}, Auto, nil},
+		{"http-only port", &Server{}, HTTPOnly, nil},
+		{"with Proxy-Authorization", &Server{Credentials: creds}, Auto, url.UserPassword("bob", "hunter2")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serve(t, tc.srv, tc.proto)
+			pu := &url.URL{Scheme: "http", Host: addr, User: tc.user}
+			tr := &http.Transport{
+				Proxy:           http.ProxyURL(pu),
+				TLSClientConfig: &tls.Config{RootCAs: tlsBe.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs},
+			}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+			// https:// goes through CONNECT; http:// is forwarded. Several requests reuse the connection.
+			for i := 0; i < 3; i++ {
+				for _, u := range []string{tlsBe.URL + "/tls", be.URL + "/plain"} {
+					resp, err := c.Get(u)
+					if err != nil {
+						t.Fatalf("GET %s: %v", u, err)
+					}
+					body := readAll(t, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 || !strings.HasPrefix(body, "backend saw GET /") {
+						t.Fatalf("GET %s: %d %q", u, resp.StatusCode, body)
+					}
+					if strings.Contains(body, "hunter2") || !strings.HasSuffix(body, `proxy-auth=""`) {
+						t.Fatalf("Proxy-Authorization leaked to the backend: %q", body)
+					}
+				}
+				// A request body is forwarded, chunked or with a length.
+				payload := strings.Repeat("p", 100<<10)
+				for _, r := range []io.Reader{strings.NewReader(payload), io.MultiReader(strings.NewReader(payload))} {
+					resp, err := c.Post(be.URL+"/echo", "text/plain", r)
+					if err != nil {
+						t.Fatalf("POST: %v", err)
+					}
+					if got := readAll(t, resp.Body); got != payload {
+						t.Fatalf("POST echoed %d bytes, want %d", len(got), len(payload))
+					}
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+
+	t.Run("missing credentials get 407", func(t *testing.T) {
+		addr := serve(t, &Server{Credentials: creds}, Auto)
+		tr := &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: addr})}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Get(be.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusProxyAuthRequired || resp.Header.Get("Proxy-Authenticate") == "" {
+			t.Fatalf("status %d, Proxy-Authenticate %q", resp.StatusCode, resp.Header.Get("Proxy-Authenticate"))
+		}
+	})
+}
+
+func TestCurl(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Fatalf("curl is required for this test: %v", err)
+	}
+	be := httpBackend(t)
+	_, port, _ := net.SplitHostPort(be.Listener.Addr().String())
+	addr := serve(t, &Server{}, Auto)
+	authAddr := serve(t, &Server{Credentials: &Credentials{User: "u", Password: "p w"}}, Auto)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"socks5-hostname", []string{"--socks5-hostname", addr, "http://localhost:" + port + "/a"}},
+		{"socks5 ip", []string{"--socks5", addr, "http://127.0.0.1:" + port + "/a"}},
+		{"http proxy forward", []string{"--proxy", "http://" + addr, "http://localhost:" + port + "/a"}},
+		{"http proxy CONNECT", []string{"--proxytunnel", "--proxy", "http://" + addr, "http://localhost:" + port + "/a"}},
+		{"socks5 with auth", []string{"--socks5-hostname", authAddr, "--proxy-user", "u:p w", "http://localhost:" + port + "/a"}},
+		{"http with auth", []string{"--proxy", "http://" + authAddr, "--proxy-user", "u:p w", "http://localhost:" + port + "/a"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-sS", "--max-time", "10", "--noproxy", ""}, tc.args...)
+			cmd := exec.Command(curl, args...)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no *_proxy from the environment
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("curl %v: %v: %s", args, err, out)
+			}
+			if !strings.HasPrefix(string(out), "backend saw GET /a") {
+				t.Fatalf("curl output %q", out)
+			}
+		})
+	}
+}
+
+// rawExchange writes in to a fresh connection and returns everything the server sends before it closes.
+func rawExchange(t *testing.T, addr string, in []byte, closeWrite bool) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	if closeWrite {
+		c.(*net.TCPConn).CloseWrite()
+	}
+	out, _ := io.ReadAll(c)
+	return out
+}
+
+func TestSOCKS5HostileInput(t *testing.T) {
+	dials := 0
+	s := &Server{HandshakeTimeout: time.Second, Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
+		dials++
+		return nil, errors.New("must not dial")
+	}}
+	addr := serve(t, s, Auto)
+	hello := []byte{5, 1, 0}
+	ok := []byte{5, 0}
+	fail := func(code byte) []byte { return append(append([]byte{}, ok...), 5, code, 0, 1, 0, 0, 0, 0, 0, 0) }
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want []byte
+	}{
+		{"truncated greeting", []byte{5}, nil},
+		{"greeting with missing methods", []byte{5, 3, 0}, nil},
+		{"no acceptable method", []byte{5, 1, 2}, []byte{5, 0xff}},
+		{"wrong version in request", append(hello, 4, 1, 0, 1, 127, 0, 0, 1, 0, 80), ok},
+		{"BIND not supported", append(hello, 5, 2, 0, 1, 127, 0, 0, 1, 0, 80), fail(ReplyCommandNotSupported)},
+		{"UDP ASSOCIATE not supported", append(hello, 5, 3, 0, 1, 127, 0, 0, 1, 0, 80), fail(ReplyCommandNotSupported)},
+		{"unknown address type", append(hello, 5, 1, 0, 9, 127, 0, 0, 1, 0, 80), fail(ReplyAddrTypeNotSupported)},
+		{"truncated IPv6", append(hello, 5, 1, 0, 4, 0, 0, 0), ok},
+		{"truncated domain", append(hello, 5, 1, 0, 3, 20, 'a', 'b'), ok},
+		{"empty domain", append(hello, 5, 1, 0, 3, 0, 0, 80), fail(ReplyGeneralFailure)},
+		{"control bytes in domain", append(hello, 5, 1, 0, 3, 3, 'a', '\n', 'b', 0, 80), fail(ReplyGeneralFailure)},
+		{"port zero", append(hello, 5, 1, 0, 1, 127, 0, 0, 1, 0, 0), fail(ReplyGeneralFailure)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rawExchange(t, addr, tc.in, true)
+			if string(got) != string(tc.want) {
+				t.Fatalf("server sent %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if dials != 0 {
+		t.Fatalf("server dialled %d times for hostile input", dials)
+	}
+}
+
+func TestHTTPHostileInput(t *testing.T) {
+	addr := serve(t, &Server{HandshakeTimeout: time.Second, Dial: func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("must not dial")
+	}}, Auto)
+	big := "GET http://x/ HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", MaxHeaderBytes) + "\r\n\r\n"
+	for _, tc := range []struct {
+		name, in, status string
+	}{
+		{"oversized header", big, "HTTP/1.1 431 "},
+		{"garbage", "HELLO\r\n\r\n", "HTTP/1.1 400 "},
+		{"origin-form request", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+		{"https:// forwarding", "GET https://x/ HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+		{"CONNECT without port", "CONNECT example.com HTTP/1.1\r\nHost: example.com\r\n\r\n", "HTTP/1.1 400 "},
+		{"CONNECT port out of range", "CONNECT example.com:70000 HTTP/1.1\r\n\r\n", "HTTP/1.1 400 "},
+		{"upgrade over forwarding", "GET http://x/ HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", "HTTP/1.1 501 "},
+		{"truncated head", "GET http://x/ HTTP/1.1\r\nHost:", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := string(rawExchange(t, addr, []byte(tc.in), true))
+			if !strings.HasPrefix(got, tc.status) || (tc.status == "" && got != "") {
+				t.Fatalf("got %q, want status %q", got, tc.status)
+			}
+		})
+	}
+}
+
+func TestSlowloris(t *testing.T) {
+	s := &Server{HandshakeTimeout: 300 * time.Millisecond}
+	addr := serve(t, s, Auto)
+	for _, first := range []string{"\x05", "G"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(first))
+		t0 := time.Now()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.ReadAll(c)
+		c.Close()
+		if err != nil || time.Since(t0) > 3*time.Second {
+			t.Fatalf("first byte %q: connection not closed by the handshake deadline (err %v after %s)", first, err, time.Since(t0))
+		}
+	}
+	// Trickling a header one byte at a time does not extend the deadline.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t0 := time.Now()
+	for i := 0; i < 100; i++ {
+		if _, err := c.Write([]byte("G")); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	io.ReadAll(c)
+	if time.Since(t0) > 3*time.Second {
+		t.Fatalf("trickling client kept the connection for %s", time.Since(t0))
+	}
+}
+
+func TestConnectionCap(t *testing.T) {
+	// An upstream that accepts and holds connections, so admitted clients stay open.
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	s := &Server{MaxConns: 2}
+	addr := serve(t, s, Auto)
+	d, _ := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
+	var held []net.Conn
+	for i := 0; i < 2; i++ {
+		c, err := d.Dial("tcp", up.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	if n := s.ActiveConns(); n != 2 {
+		t.Fatalf("ActiveConns = %d, want 2", n)
+	}
+	// A third SOCKS5 client gets a general failure reply.
+	got := rawExchange(t, addr, []byte{5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1, 0, 80}, false)
+	if want := []byte{5, 0, 5, ReplyGeneralFailure, 0, 1, 0, 0, 0, 0, 0, 0}; string(got) != string(want) {
+		t.Fatalf("over the cap, SOCKS5 got %v, want %v", got, want)
+	}
+	// A third HTTP client gets 503.
+	resp := string(rawExchange(t, addr, []byte("CONNECT 127.0.0.1:80 HTTP/1.1\r\n\r\n"), false))
+	if !strings.HasPrefix(resp, "HTTP/1.1 503 ") || !strings.Contains(resp, "too many connections") {
+		t.Fatalf("over the cap, HTTP got %q", resp)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	// Slots come back once the held connections end.
+	deadline := time.Now().Add(5 * time.Second)
+	for s.ActiveConns() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("ActiveConns = %d after clients left", s.ActiveConns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c, err := d.Dial("tcp", up.Addr().String())
+	if err != nil {
+		t.Fatalf("dial after slots freed: %v", err)
+	}
+	c.Close()
+}
+
+func TestDialErrors(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := ln.Addr().String()
+	ln.Close()
+	addr := serve(t, &Server{}, Auto)
+	host, port, _ := net.SplitHostPort(closed)
+	p, _ := net.LookupPort("tcp", port)
+
+	req := []byte{5, 1, 0, 5, 1, 0, 1}
+	req = append(req, net.ParseIP(host).To4()...)
+	req = append(req, byte(p>>8), byte(p))
+	got := rawExchange(t, addr, req, false)
+	if len(got) < 4 || got[3] != ReplyConnectionRefused {
+		t.Fatalf("SOCKS5 reply to a refused dial: %v, want code %d", got, ReplyConnectionRefused)
+	}
+	resp := string(rawExchange(t, addr, []byte("CONNECT "+closed+" HTTP/1.1\r\n\r\n"), false))
+	if !strings.HasPrefix(resp, "HTTP/1.1 502 ") || !strings.Contains(resp, "connection refused") {
+		t.Fatalf("HTTP reply to a refused dial: %q", resp)
+	}
+
+	for _, tc := range []struct {
+		err   error
+		reply byte
+		code  int
+	}{
+		{syscall.ECONNREFUSED, ReplyConnectionRefused, 502},
+		{fmt.Errorf("ssh: %w", syscall.ENETUNREACH), ReplyNetworkUnreachable, 502},
+		{&net.OpError{Op: "dial", Err: syscall.EHOSTUNREACH}, ReplyHostUnreachable, 502},
+		{syscall.EACCES, ReplyNotAllowed, 502},
+		{&net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}, ReplyHostUnreachable, 502},
+		{context.DeadlineExceeded, ReplyHostUnreachable, 504},
+		{errors.New("something else"), ReplyGeneralFailure, 502},
+	} {
+		if got := replyCode(tc.err); got != tc.reply {
+			t.Errorf("replyCode(%v) = %d, want %d", tc.err, got, tc.reply)
+		}
+		if got := httpStatus(tc.err); got != tc.code {
+			t.Errorf("httpStatus(%v) = %d, want %d", tc.err, got, tc.code)
+		}
+	}
+}
+
+// TestHalfClose checks that a client's EOF reaches the backend while the backend can still answer.
+func TestHalfClose(t *testing.T) {
+	be, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() {
+		for {
+			c, err := be.Accept()
+			if err != nil {
+				return
+			}
+			// Answer only after the request is complete (EOF), like a request/response protocol over
+			// half-close.
+			go func() {
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				fmt.Fprintf(c, "got %d bytes", len(b))
+			}()
+		}
+	}()
+	// Wrap the upstream so that it is not a TCP connection, like an SSH channel.
+	s := &Server{Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, n, a)
+		if err != nil {
+			return nil, err
+		}
+		return wrapped{c.(*net.TCPConn)}, nil
+	}}
+	addr := serve(t, s, Auto)
+	for _, via := range []string{"socks5", "connect"} {
+		t.Run(via, func(t *testing.T) {
+			var c net.Conn
+			if via == "socks5" {
+				d, _ := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
+				c, err = d.Dial("tcp", be.Addr().String())
+			} else {
+				c, err = net.Dial("tcp", addr)
+				if err == nil {
+					fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n\r\n", be.Addr())
+					line, _ := bufio.NewReader(c).ReadString('\n')
+					if !strings.HasPrefix(line, "HTTP/1.1 200") {
+						t.Fatalf("CONNECT: %q", line)
+					}
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			payload := strings.Repeat("z", 1<<20)
+			io.WriteString(c, payload)
+			c.(interface{ CloseWrite() error }).CloseWrite()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got := readAll(t, c)
+			if want := fmt.Sprintf("got %d bytes", len(payload)); !strings.HasSuffix(got, want) {
+				t.Fatalf("reply %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// wrapped hides *net.TCPConn, so the upstream looks like an SSH channel: a net.Conn with CloseWrite.
+type wrapped struct{ *net.TCPConn }
+
+func TestProxyAuthorizationParsing(t *testing.T) {
+	s := &Server{Credentials: &Credentials{User: "a", Password: "b:c"}}
+	for _, tc := range []struct {
+		header string
+		ok     bool
+	}{
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("a:b:c")), true},
+		{"basic " + base64.StdEncoding.EncodeToString([]byte("a:b:c")), true},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("a:b")), false},
+		{"Bearer xyz", false},
+		{"Basic !!!", false},
+		{"", false},
+	} {
+		r := &http.Request{Header: http.Header{}}
+		if tc.header != "" {
+			r.Header.Set("Proxy-Authorization", tc.header)
+		}
+		if got := s.proxyAuthorized(r); got != tc.ok {
+			t.Errorf("%q: authorized = %v, want %v", tc.header, got, tc.ok)
+		}
+	}
+}
+
+// BenchmarkRelay measures bulk throughput through the proxy on loopback: a SOCKS5 client sends to a sink
+// that counts the bytes. The upstream is wrapped so that it is not a *net.TCPConn, as with an SSH channel.
+func BenchmarkRelay(b *testing.B) {
+	sink, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	go func() {
+		for {
+			c, err := sink.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "%d", n)
+				c.Close()
+			}()
+		}
+	}()
+	s := &Server{Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, n, a)
+		if err != nil {
+			return nil, err
+		}
+		return wrapped{c.(*net.TCPConn)}, nil
+	}}
+	addr := serve(b, s, Auto)
+	d, _ := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
+	c, err := d.Dial("tcp", sink.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 1<<20)
+	b.SetBytes(int64(len(buf)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	got, _ := io.ReadAll(c)
+	b.StopTimer()
+	if want := fmt.Sprint(int64(b.N) * int64(len(buf))); string(got) != want {
+		b.Fatalf("sink counted %s bytes, want %s", got, want)
+	}
+}
+
+// flakyListener fails its first accepts with errs, then accepts for real.
+type flakyListener struct {
+	net.Listener
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if len(l.errs) > 0 {
+		err := l.errs[0]
+		l.errs = l.errs[1:]
+		l.mu.Unlock()
+		return nil, err
+	}
+	l.mu.Unlock()
+	return l.Listener.Accept()
+}
+
+func TestServeAcceptErrors(t *testing.T) {
+	be := httpBackend(t)
+	t.Run("out of descriptors is survived", func(t *testing.T) {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		fl := &flakyListener{Listener: ln, errs: []error{
+			&net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", syscall.EMFILE)},
+			&net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", syscall.ECONNABORTED)},
+		}}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- (&Server{}).Serve(ctx, fl, Auto) }()
+		tr := &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()})}
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(be.URL)
+		if err != nil {
+			t.Fatalf("request after EMFILE: %v", err)
+		}
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Serve = %v after cancel", err)
+		}
+	})
+	t.Run("other errors end Serve", func(t *testing.T) {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		fl := &flakyListener{Listener: ln, errs: []error{errors.New("listener broke")}}
+		err := (&Server{}).Serve(context.Background(), fl, Auto)
+		if err == nil || !strings.Contains(err.Error(), "listener broke") {
+			t.Fatalf("Serve = %v, want the accept error", err)
+		}
+	})
+}

@@ -1,0 +1,391 @@
+package sshdial
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kevinburke/ssh_config"
+)
+
+// Config describes one SSH destination, how to reach it and how to trust it. It holds no pflag types; Flags
+// builds it from the command line. Zero values mean the OpenSSH defaults.
+type Config struct {
+	// Destination is "[user@]host[:port]" (port only with brackets for IPv6, "[::1]:22") or
+	// "ssh://[user@]host[:port]". host may be an alias from the SSH config file.
+	Destination string
+	// Port overrides the destination's and the config file's port (ssh -p). 0 means not set.
+	Port int
+	// User overrides the destination's and the config file's user (ssh -l).
+	User string
+	// IdentityFiles are private keys tried after the agent's keys (ssh -i). Each must exist.
+	IdentityFiles []string
+	// JumpHosts is the jump chain, first hop first (ssh -J). ["none"] ignores the config file's ProxyJump.
+	JumpHosts []string
+	// ConfigFile is the ssh_config to read (ssh -F). "" reads ~/.ssh/config; "none" reads nothing.
+	ConfigFile string
+	// KnownHostsFile holds the trusted host keys. "" means the config file's UserKnownHostsFile, else
+	// ~/.ssh/known_hosts.
+	KnownHostsFile string
+	// AcceptNew trusts a host seen for the first time and records its key. A changed key is refused anyway.
+	AcceptNew bool
+	// ConnectTimeout bounds one connection attempt (TCP connect and SSH handshake, per hop) and how long a
+	// dial waits for the SSH connection to come back. 0 means 15s.
+	ConnectTimeout time.Duration
+	// ServerAliveInterval is the keepalive period. 0 means the config file's ServerAliveInterval, else 15s;
+	// a negative value disables keepalives.
+	ServerAliveInterval time.Duration
+	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means 3.
+	ServerAliveCountMax int
+	// Ciphers is the cipher preference. nil keeps golang.org/x/crypto/ssh's default order, which puts
+	// aes128-gcm@openssh.com first: with AES-NI it is the fastest choice on both ends.
+	Ciphers []string
+	// AgentSocket is the ssh-agent socket. "" means $SSH_AUTH_SOCK; "none" disables the agent.
+	AgentSocket string
+	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
+	// otherwise fails with an error that says to load the key into ssh-agent.
+	Passphrase func(keyFile string) ([]byte, error)
+}
+
+const (
+	defaultConnectTimeout = 15 * time.Second
+	defaultAliveInterval  = 15 * time.Second
+	defaultAliveCountMax  = 3
+)
+
+// endpoint is one resolved SSH hop.
+type endpoint struct {
+	alias    string // what the user wrote, used for display and config lookups
+	hostName string // what is dialled
+	port     int
+	user     string
+	identity []string // from the config file (IdentityFile), already expanded
+}
+
+func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
+
+func (e endpoint) String() string { return e.user + "@" + e.addr() }
+
+// plan is a fully resolved Config: the hops to take, in order, and the settings for all of them.
+type plan struct {
+	hops           []endpoint // jump hosts first, target last
+	identityFiles  []string   // explicit (-i) files, each must exist
+	defaultIDs     []string   // OpenSSH's default files, skipped when absent
+	knownHosts     string
+	acceptNew      bool
+	connectTimeout time.Duration
+	aliveInterval  time.Duration
+	aliveCountMax  int
+	ciphers        []string
+	agentSocket    string
+}
+
+// sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
+type sshConfig struct{ files []*ssh_config.Config }
+
+func (c *sshConfig) get(alias, key string) string {
+	if c == nil {
+		return ""
+	}
+	for _, f := range c.files {
+		if v, err := f.Get(alias, key); err == nil && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (c *sshConfig) getAll(alias, key string) []string {
+	if c == nil {
+		return nil
+	}
+	var out []string
+	for _, f := range c.files {
+		if v, err := f.GetAll(alias, key); err == nil {
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+func loadSSHConfig(path string) (*sshConfig, error) {
+	var paths []string
+	explicit := false
+	switch path {
+	case "none":
+		return nil, nil
+	case "":
+		if home, err := os.UserHomeDir(); err == nil {
+			paths = append(paths, filepath.Join(home, ".ssh", "config"))
+		}
+		paths = append(paths, "/etc/ssh/ssh_config")
+	default:
+		paths = []string{path}
+		explicit = true
+	}
+	out := &sshConfig{}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			if !explicit && errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, fmt.Errorf("ssh config %s: %w", p, err)
+		}
+		cfg, err := ssh_config.Decode(f)
+		f.Close()
+		if err != nil {
+			if !explicit && p == "/etc/ssh/ssh_config" {
+				// The system file may use directives the parser does not know; it is optional here.
+				continue
+			}
+			return nil, fmt.Errorf("ssh config %s: %w", p, err)
+		}
+		out.files = append(out.files, cfg)
+	}
+	return out, nil
+}
+
+// parseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
+func parseDestination(s string) (usr, host string, port int, err error) {
+	if s == "" {
+		return "", "", 0, errors.New("empty SSH destination")
+	}
+	if strings.HasPrefix(s, "ssh://") {
+		u, perr := url.Parse(s)
+		if perr != nil {
+			return "", "", 0, fmt.Errorf("SSH destination %q: %w", s, perr)
+		}
+		if u.Path != "" && u.Path != "/" {
+			return "", "", 0, fmt.Errorf("SSH destination %q: a path is not allowed", s)
+		}
+		if u.User != nil {
+			usr = u.User.Username()
+		}
+		host = u.Hostname()
+		if p := u.Port(); p != "" {
+			if port, err = parsePort(p); err != nil {
+				return "", "", 0, fmt.Errorf("SSH destination %q: %w", s, err)
+			}
+		}
+	} else {
+		if i := strings.LastIndex(s, "@"); i >= 0 {
+			usr, s = s[:i], s[i+1:]
+		}
+		host = s
+		if strings.HasPrefix(s, "[") {
+			h, p, serr := net.SplitHostPort(s)
+			if serr != nil {
+				// "[::1]" without a port.
+				if strings.HasSuffix(s, "]") {
+					h, p = s[1:len(s)-1], ""
+				} else {
+					return "", "", 0, fmt.Errorf("SSH destination %q: %w", s, serr)
+				}
+			}
+			host = h
+			if p != "" {
+				if port, err = parsePort(p); err != nil {
+					return "", "", 0, fmt.Errorf("SSH destination %q: %w", s, err)
+				}
+			}
+		} else if strings.Count(s, ":") == 1 {
+			// host:port, as in ssh -J and ProxyJump.
+			h, p, _ := strings.Cut(s, ":")
+			host = h
+			if port, err = parsePort(p); err != nil {
+				return "", "", 0, fmt.Errorf("SSH destination %q: %w", s, err)
+			}
+		}
+	}
+	if host == "" {
+		return "", "", 0, fmt.Errorf("SSH destination %q has no host", s)
+	}
+	if strings.HasPrefix(host, "-") || strings.ContainsAny(host, " \t\r\n/") {
+		return "", "", 0, fmt.Errorf("SSH destination %q: invalid host %q", s, host)
+	}
+	return usr, host, port, nil
+}
+
+func parsePort(p string) (int, error) {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("port %q is not a number from 1 to 65535", p)
+	}
+	return n, nil
+}
+
+func localUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return "root"
+}
+
+// expandPath handles "~/" and the ssh_config tokens that matter for key and known_hosts paths.
+func expandPath(p string, e endpoint) string {
+	home, _ := os.UserHomeDir()
+	if strings.HasPrefix(p, "~/") {
+		p = filepath.Join(home, p[2:])
+	}
+	r := strings.NewReplacer("%%", "%", "%d", home, "%h", e.hostName, "%r", e.user, "%u", localUser(),
+		"%p", strconv.Itoa(e.port), "%n", e.alias)
+	return r.Replace(p)
+}
+
+// resolveEndpoint applies the config file to one "[user@]host[:port]" hop. cliUser and cliPort (ssh -l,
+// -p) win over what the destination says, which wins over the config file.
+func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (endpoint, error) {
+	usr, alias, port, err := parseDestination(dest)
+	if err != nil {
+		return endpoint{}, err
+	}
+	e := endpoint{alias: alias, hostName: alias}
+	if hn := sc.get(alias, "HostName"); hn != "" {
+		e.hostName = strings.NewReplacer("%%", "%", "%h", alias).Replace(hn)
+	}
+	switch {
+	case cliUser != "":
+		e.user = cliUser
+	case usr != "":
+		e.user = usr
+	case sc.get(alias, "User") != "":
+		e.user = sc.get(alias, "User")
+	default:
+		e.user = localUser()
+	}
+	switch {
+	case cliPort != 0:
+		e.port = cliPort
+	case port != 0:
+		e.port = port
+	case sc.get(alias, "Port") != "":
+		if e.port, err = parsePort(sc.get(alias, "Port")); err != nil {
+			return endpoint{}, fmt.Errorf("ssh config Port for %s: %w", alias, err)
+		}
+	default:
+		e.port = 22
+	}
+	for _, id := range sc.getAll(alias, "IdentityFile") {
+		e.identity = append(e.identity, expandPath(id, e))
+	}
+	return e, nil
+}
+
+// resolve turns a Config into a plan: it reads the SSH config file and checks every setting, without touching
+// the network.
+func resolve(cfg Config) (*plan, error) {
+	sc, err := loadSSHConfig(cfg.ConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	target, err := resolveEndpoint(cfg.Destination, cfg.User, cfg.Port, sc)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{
+		acceptNew:      cfg.AcceptNew,
+		connectTimeout: cfg.ConnectTimeout,
+		aliveInterval:  cfg.ServerAliveInterval,
+		aliveCountMax:  cfg.ServerAliveCountMax,
+		ciphers:        cfg.Ciphers,
+		agentSocket:    cfg.AgentSocket,
+	}
+	if p.connectTimeout <= 0 {
+		p.connectTimeout = defaultConnectTimeout
+		if v := sc.get(target.alias, "ConnectTimeout"); v != "" {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				p.connectTimeout = time.Duration(n) * time.Second
+			}
+		}
+	}
+	if p.aliveInterval == 0 {
+		p.aliveInterval = defaultAliveInterval
+		if v := sc.get(target.alias, "ServerAliveInterval"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("ssh config ServerAliveInterval for %s: %q is not a number of seconds", target.alias, v)
+			}
+			p.aliveInterval = time.Duration(n) * time.Second
+			if n == 0 {
+				p.aliveInterval = -1
+			}
+		}
+	}
+	if p.aliveCountMax <= 0 {
+		p.aliveCountMax = defaultAliveCountMax
+		if v := sc.get(target.alias, "ServerAliveCountMax"); v != "" {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				p.aliveCountMax = n
+			}
+		}
+	}
+
+	jumps := cfg.JumpHosts
+	if len(jumps) == 0 {
+		if pj := sc.get(target.alias, "ProxyJump"); pj != "" {
+			jumps = splitJump(pj)
+		}
+	}
+	if len(jumps) == 1 && jumps[0] == "none" {
+		jumps = nil
+	}
+	for _, j := range jumps {
+		// Jump hosts take their user and port from their own spec and config entry, not from -l and -p,
+		// as with OpenSSH. Their own ProxyJump is not followed.
+		e, err := resolveEndpoint(j, "", 0, sc)
+		if err != nil {
+			return nil, fmt.Errorf("jump host: %w", err)
+		}
+		p.hops = append(p.hops, e)
+	}
+	p.hops = append(p.hops, target)
+
+	for _, f := range cfg.IdentityFiles {
+		f = expandPath(f, target)
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("identity file: %w", err)
+		}
+		p.identityFiles = append(p.identityFiles, f)
+	}
+	home, _ := os.UserHomeDir()
+	if len(target.identity) == 0 && home != "" {
+		for _, n := range []string{"id_ed25519", "id_ecdsa", "id_rsa"} {
+			p.defaultIDs = append(p.defaultIDs, filepath.Join(home, ".ssh", n))
+		}
+	}
+
+	p.knownHosts = cfg.KnownHostsFile
+	if p.knownHosts == "" {
+		if v := sc.get(target.alias, "UserKnownHostsFile"); v != "" && v != "none" {
+			p.knownHosts = expandPath(strings.Fields(v)[0], target)
+		} else if home != "" {
+			p.knownHosts = filepath.Join(home, ".ssh", "known_hosts")
+		} else {
+			return nil, errors.New("no home directory to find known_hosts in; set the known_hosts file explicitly")
+		}
+	} else {
+		p.knownHosts = expandPath(p.knownHosts, target)
+	}
+	return p, nil
+}
+
+func splitJump(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

@@ -1,0 +1,184 @@
+package sshdial
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func TestParseDestination(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		user, host string
+		port       int
+		err        bool
+	}{
+		{"bastion", "", "bastion", 0, false},
+		{"alice@bastion", "alice", "bastion", 0, false},
+		{"alice@bastion:2222", "alice", "bastion", 2222, false},
+		{"ssh://alice@bastion:2222", "alice", "bastion", 2222, false},
+		{"ssh://[::1]:22", "", "::1", 22, false},
+		{"[::1]:2200", "", "::1", 2200, false},
+		{"[fe80::1]", "", "fe80::1", 0, false},
+		{"a@b@host", "a@b", "host", 0, false},
+		{"", "", "", 0, true},
+		{"alice@", "", "", 0, true},
+		{"-oProxyCommand=x", "", "", 0, true},
+		{"host:0", "", "", 0, true},
+		{"host:99999", "", "", 0, true},
+		{"ssh://host/path", "", "", 0, true},
+		{"ho st", "", "", 0, true},
+	} {
+		u, h, p, err := parseDestination(tc.in)
+		if (err != nil) != tc.err {
+			t.Errorf("%q: err = %v, want error %v", tc.in, err, tc.err)
+			continue
+		}
+		if !tc.err && (u != tc.user || h != tc.host || p != tc.port) {
+			t.Errorf("%q = (%q, %q, %d), want (%q, %q, %d)", tc.in, u, h, p, tc.user, tc.host, tc.port)
+		}
+	}
+}
+
+func TestResolveWithSSHConfig(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("HOME", dir)
+	cfgFile := filepath.Join(dir, "config")
+	os.WriteFile(cfgFile, []byte(`Host bastion
+  HostName 192.0.2.10
+  User ops
+  Port 2222
+  IdentityFile ~/.ssh/bastion_key
+  ServerAliveInterval 7
+  ProxyJump jumpy
+
+Host jumpy
+  HostName 192.0.2.1
+  User jumper
+
+Host *
+  ServerAliveCountMax 5
+`), 0o600)
+	key := filepath.Join(dir, "k")
+	os.WriteFile(key, []byte("x"), 0o600)
+
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		check func(t *testing.T, p *plan)
+		err   string
+	}{
+		{"config file applies", Config{Destination: "bastion", ConfigFile: cfgFile}, func(t *testing.T, p *plan) {
+			if len(p.hops) != 2 {
+				t.Fatalf("hops %v", p.hops)
+			}
+			if j := p.hops[0]; j.hostName != "192.0.2.1" || j.user != "jumper" || j.port != 22 {
+				t.Errorf("jump %+v", j)
+			}
+			tg := p.hops[1]
+			if tg.hostName != "192.0.2.10" || tg.user != "ops" || tg.port != 2222 {
+				t.Errorf("target %+v", tg)
+			}
+			if want := []string{filepath.Join(dir, ".ssh", "bastion_key")}; !reflect.DeepEqual(tg.identity, want) {
+				t.Errorf("identity %v, want %v", tg.identity, want)
+			}
+			if p.aliveInterval != 7*time.Second || p.aliveCountMax != 5 {
+				t.Errorf("keepalive %s x%d", p.aliveInterval, p.aliveCountMax)
+			}
+			if p.knownHosts != filepath.Join(dir, ".ssh", "known_hosts") {
+				t.Errorf("known_hosts %s", p.knownHosts)
+			}
+		}, ""},
+		{"command line wins", Config{Destination: "root@bastion:2200", User: "cli", Port: 2300, JumpHosts: []string{"none"}, ConfigFile: cfgFile}, func(t *testing.T, p *plan) {
+			if len(p.hops) != 1 {
+				t.Fatalf("hops %v: -J none must drop ProxyJump", p.hops)
+			}
+			if tg := p.hops[0]; tg.user != "cli" || tg.port != 2300 {
+				t.Errorf("target %+v", tg)
+			}
+		}, ""},
+		{"destination user and port over the config", Config{Destination: "root@bastion:2200", ConfigFile: cfgFile, JumpHosts: []string{"j1:23", "u@j2"}}, func(t *testing.T, p *plan) {
+			if len(p.hops) != 3 || p.hops[0].addr() != "j1:23" || p.hops[1].user != "u" {
+				t.Fatalf("hops %v", p.hops)
+			}
+			if tg := p.hops[2]; tg.user != "root" || tg.port != 2200 {
+				t.Errorf("target %+v", tg)
+			}
+		}, ""},
+		{"no config file", Config{Destination: "bastion", ConfigFile: "none"}, func(t *testing.T, p *plan) {
+			if tg := p.hops[0]; tg.hostName != "bastion" || tg.port != 22 || len(p.defaultIDs) != 3 {
+				t.Errorf("target %+v, defaults %v", tg, p.defaultIDs)
+			}
+			if p.aliveInterval != defaultAliveInterval || p.connectTimeout != defaultConnectTimeout {
+				t.Errorf("defaults not applied: %+v", p)
+			}
+		}, ""},
+		{"explicit identity must exist", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{filepath.Join(dir, "absent")}}, nil, "identity file"},
+		{"explicit identity", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{key}}, func(t *testing.T, p *plan) {
+			if !reflect.DeepEqual(p.identityFiles, []string{key}) {
+				t.Errorf("identity %v", p.identityFiles)
+			}
+		}, ""},
+		{"missing explicit config file", Config{Destination: "h", ConfigFile: filepath.Join(dir, "nope")}, nil, "ssh config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := resolve(tc.cfg)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, p)
+		})
+	}
+}
+
+func TestFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	// A command that owns -p keeps it; the SSH port is then only --ssh-port.
+	var port int
+	fs.IntVarP(&port, "port", "p", 8001, "")
+	f := NewFlags()
+	f.AddFlags(fs)
+	if fs.ShorthandLookup("p").Name != "port" || fs.ShorthandLookup("J").Name != "jump" {
+		t.Fatal("shorthands wrong")
+	}
+	if err := fs.Parse([]string{"--ssh-port", "2222", "-J", "a,b:23", "-i", "k1", "-i", "k2", "--cipher", "aes128-gcm@openssh.com", "--accept-new"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.Config("me@host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Destination: "me@host", Port: 2222, JumpHosts: []string{"a", "b:23"}, IdentityFiles: []string{"k1", "k2"},
+		AcceptNew: true, ConnectTimeout: defaultConnectTimeout, Ciphers: []string{"aes128-gcm@openssh.com"}}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("Config = %+v\nwant %+v", cfg, want)
+	}
+	for _, tc := range []struct {
+		mutate func(f *Flags)
+		dest   string
+		want   string
+	}{
+		{func(f *Flags) {}, "", "destination"},
+		{func(f *Flags) { f.Port = -1 }, "h", "--ssh-port"},
+		{func(f *Flags) { f.ConnectTimeout = 0 }, "h", "--connect-timeout"},
+		{func(f *Flags) { f.Jump = "ok,-bad" }, "h", "--jump"},
+		{func(f *Flags) { f.Ciphers = []string{"arcfour"} }, "h", "--cipher"},
+	} {
+		f := NewFlags()
+		tc.mutate(f)
+		if _, err := f.Config(tc.dest); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("err = %v, want it to name %q", err, tc.want)
+		}
+	}
+}

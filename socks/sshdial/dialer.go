@@ -1,0 +1,448 @@
+// Package sshdial keeps one SSH connection to a host (optionally through jump hosts) and dials TCP
+// connections through it, the way `ssh -D` does, with OpenSSH's trust model: host keys are verified against
+// known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
+//
+// It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
+// IdentityFile, ProxyJump, ServerAliveInterval), sends keepalives, and reconnects with backoff when the
+// connection drops; dials made meanwhile wait, bounded by the connect timeout.
+//
+// It is not an SSH client for sessions, commands or remote forwards, and it knows nothing about the
+// protocols spoken over the dialled connections. Typical use:
+//
+//	d, err := sshdial.New(cfg)
+//	go d.Run(ctx)                      // connects, keeps and re-establishes the session
+//	conn, err := d.DialContext(ctx, "tcp", "10.0.0.1:6443")
+package sshdial
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"k8s.io/klog/v2"
+)
+
+// ErrStopped is returned by DialContext after Run has returned.
+var ErrStopped = errors.New("ssh dialer stopped")
+
+// Dialer dials TCP connections through one SSH connection that Run maintains. It is safe for concurrent use.
+type Dialer struct {
+	plan  *plan
+	keys  *keyring
+	known *knownHosts
+
+	mu      sync.Mutex
+	sess    *session      // nil while disconnected
+	up      chan struct{} // closed when sess is set; replaced when it is lost
+	lastErr error         // why the last attempt or session failed
+	stopped bool
+	running bool
+}
+
+// session is one established SSH connection, with the jump-host connections under it.
+type session struct {
+	client *ssh.Client
+	chain  []*ssh.Client // jump hosts, first hop first
+	once   sync.Once
+}
+
+func (s *session) close() {
+	s.once.Do(func() {
+		s.client.Close()
+		for i := len(s.chain) - 1; i >= 0; i-- {
+			s.chain[i].Close()
+		}
+	})
+}
+
+// New checks cfg, reads the SSH config file and prepares authentication. It does not connect; Run does.
+func New(cfg Config) (*Dialer, error) {
+	p, err := resolve(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Dialer{
+		plan:  p,
+		keys:  newKeyring(cfg.Passphrase),
+		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew},
+		up:    make(chan struct{}),
+	}, nil
+}
+
+// Target describes the destination, "user@host:port", with the jump hosts before it.
+func (d *Dialer) Target() string {
+	var parts []string
+	for _, h := range d.plan.hops {
+		parts = append(parts, h.String())
+	}
+	return strings.Join(parts, " -> ")
+}
+
+// Ready reports nil while the SSH connection is up, and otherwise why it is not.
+func (d *Dialer) Ready() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.sess != nil:
+		return nil
+	case d.stopped:
+		return ErrStopped
+	case d.lastErr != nil:
+		return fmt.Errorf("ssh connection to %s is down: %w", d.plan.hops[len(d.plan.hops)-1], d.lastErr)
+	default:
+		return fmt.Errorf("ssh connection to %s not established yet", d.plan.hops[len(d.plan.hops)-1])
+	}
+}
+
+// Run connects and keeps the SSH connection up until ctx ends, reconnecting with exponential backoff (0.5s
+// up to 30s) after failures. It returns nil when ctx ends, and an error for failures that retrying cannot
+// fix: an untrusted host key or failed authentication. Run may be called once.
+func (d *Dialer) Run(ctx context.Context) error {
+	d.mu.Lock()
+	if d.running || d.stopped {
+		d.mu.Unlock()
+		return errors.New("sshdial: Run called twice")
+	}
+	d.running = true
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.stopped = true
+		if d.sess != nil {
+			d.sess.close()
+			d.sess = nil
+		}
+		// Wake waiting dials so they see ErrStopped.
+		select {
+		case <-d.up:
+		default:
+			close(d.up)
+		}
+		d.mu.Unlock()
+	}()
+
+	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
+	backoff := minBackoff
+	target := d.plan.hops[len(d.plan.hops)-1]
+	for attempt := 1; ; attempt++ {
+		s, err := d.connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			d.setErr(err)
+			if permanent(err) {
+				klog.ErrorS(err, "SSH connection refused; not retrying", "target", d.Target())
+				return err
+			}
+			wait := backoff/2 + rand.N(backoff/2+1)
+			klog.InfoS("SSH connection failed; retrying", "target", d.Target(), "attempt", attempt, "in", wait.Round(time.Millisecond), "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			backoff = min(backoff*2, maxBackoff)
+			continue
+		}
+		attempt, backoff = 0, minBackoff
+		d.setSession(s)
+		klog.InfoS("SSH connection established", "target", d.Target(), "server", string(s.client.ServerVersion()))
+
+		lost := make(chan error, 1)
+		go func() { lost <- s.client.Wait() }()
+		kaDone := make(chan struct{})
+		kaCtx, kaCancel := context.WithCancel(ctx)
+		go func() { defer close(kaDone); d.keepalive(kaCtx, s) }()
+
+		var why error
+		select {
+		case <-ctx.Done():
+		case why = <-lost:
+		}
+		kaCancel()
+		s.close()
+		<-kaDone
+		if ctx.Err() != nil {
+			return nil
+		}
+		if why == nil {
+			why = errors.New("connection closed")
+		}
+		d.clearSession(s, fmt.Errorf("connection lost: %w", why))
+		klog.InfoS("SSH connection lost; reconnecting, new proxied connections wait up to the connect timeout",
+			"target", target.String(), "err", why, "connectTimeout", d.plan.connectTimeout)
+	}
+}
+
+func (d *Dialer) setErr(err error) {
+	d.mu.Lock()
+	d.lastErr = err
+	d.mu.Unlock()
+}
+
+func (d *Dialer) setSession(s *session) {
+	d.mu.Lock()
+	d.sess = s
+	d.lastErr = nil
+	close(d.up)
+	d.mu.Unlock()
+}
+
+func (d *Dialer) clearSession(s *session, why error) {
+	d.mu.Lock()
+	if d.sess == s {
+		d.sess = nil
+		d.lastErr = why
+		d.up = make(chan struct{})
+	}
+	d.mu.Unlock()
+}
+
+// current returns the live session, or the channel that is closed when there is one.
+func (d *Dialer) current() (*session, <-chan struct{}, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.sess, d.up, d.stopped
+}
+
+// permanent reports whether retrying err is pointless.
+func permanent(err error) bool {
+	var hk *HostKeyError
+	var ae *AuthError
+	var ek *EncryptedKeyError
+	return errors.As(err, &hk) || errors.As(err, &ae) || errors.As(err, &ek)
+}
+
+// keepalive sends keepalive@openssh.com requests and drops the session when ServerAliveCountMax of them in a
+// row get no answer, so that a dead path is noticed and re-established.
+func (d *Dialer) keepalive(ctx context.Context, s *session) {
+	if d.plan.aliveInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(d.plan.aliveInterval)
+	defer t.Stop()
+	replies := make(chan error, 1)
+	pending, missed := false, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case err := <-replies:
+			pending = false
+			if err != nil {
+				return // the connection is gone; Run sees it through Wait
+			}
+			missed = 0
+		case <-t.C:
+			if pending {
+				missed++
+				if missed >= d.plan.aliveCountMax {
+					klog.InfoS("SSH server stopped answering keepalives; dropping the connection", "target", d.Target(), "unanswered", missed)
+					s.close()
+					return
+				}
+				continue
+			}
+			pending = true
+			go func() {
+				// Any answer, even a refusal, proves the server is alive.
+				_, _, err := s.client.SendRequest("keepalive@openssh.com", true, nil)
+				replies <- err
+			}()
+		}
+	}
+}
+
+// connect establishes the chain of SSH connections, each hop through the previous one.
+func (d *Dialer) connect(ctx context.Context) (*session, error) {
+	var chain []*ssh.Client
+	fail := func(err error) (*session, error) {
+		for i := len(chain) - 1; i >= 0; i-- {
+			chain[i].Close()
+		}
+		return nil, err
+	}
+	for i, hop := range d.plan.hops {
+		hctx, cancel := context.WithTimeout(ctx, d.plan.connectTimeout)
+		var conn net.Conn
+		var err error
+		if i == 0 {
+			nd := net.Dialer{KeepAlive: 30 * time.Second}
+			conn, err = nd.DialContext(hctx, "tcp", hop.addr())
+		} else {
+			conn, err = chain[i-1].DialContext(hctx, "tcp", hop.addr())
+		}
+		if err != nil {
+			cancel()
+			return fail(fmt.Errorf("connect to %s: %w", hop.addr(), err))
+		}
+		cancel()
+		c, err := d.handshake(ctx, conn, hop)
+		if err != nil {
+			conn.Close()
+			return fail(err)
+		}
+		chain = append(chain, c)
+	}
+	return &session{client: chain[len(chain)-1], chain: chain[:len(chain)-1]}, nil
+}
+
+// handshake runs the SSH handshake for one hop over conn, aborting when ctx ends.
+func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*ssh.Client, error) {
+	algos, err := d.known.algorithms(hop.addr())
+	if err != nil {
+		return nil, err
+	}
+	cc := &ssh.ClientConfig{
+		User:              hop.user,
+		HostKeyCallback:   d.known.callback(hop.addr()),
+		HostKeyAlgorithms: algos,
+		ClientVersion:     "SSH-2.0-konnect",
+	}
+	cc.Ciphers = d.plan.ciphers
+
+	// The handshake is bounded by the connect timeout, except while a person types a passphrase.
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(d.plan.connectTimeout, func() { timedOut.Store(true); conn.Close() })
+	defer timer.Stop()
+	pause := func() (resume func()) {
+		if !timer.Stop() {
+			return func() {}
+		}
+		return func() { timer.Reset(d.plan.connectTimeout) }
+	}
+	closeAgent := d.authMethods(cc, hop, pause)
+	defer closeAgent()
+
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	c, chans, reqs, err := ssh.NewClientConn(newReadBuffered(conn), hop.addr(), cc)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("ssh handshake with %s: %w", hop, ctx.Err())
+		}
+		if timedOut.Load() {
+			return nil, fmt.Errorf("ssh handshake with %s: no answer within %s: %w", hop, d.plan.connectTimeout, os.ErrDeadlineExceeded)
+		}
+		var hk *HostKeyError
+		var ek *EncryptedKeyError
+		switch {
+		case errors.As(err, &hk), errors.As(err, &ek):
+			return nil, err
+		case strings.Contains(err.Error(), "unable to authenticate"):
+			return nil, &AuthError{Endpoint: hop.String(), Err: err, Skipped: d.keys.skippedFiles()}
+		}
+		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, err)
+	}
+	return ssh.NewClient(c, chans, reqs), nil
+}
+
+// DialContext opens a TCP connection from the SSH server to addr ("host:port"; a host name is resolved by
+// the server, like ssh -D). network must be tcp, tcp4 or tcp6. While the SSH connection is down it waits for
+// it to come back, at most the connect timeout or until ctx ends. Errors from the far side wrap the matching
+// syscall errno (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, EACCES for a refusal by the server's policy), so
+// that callers can map them without knowing SSH.
+func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("ssh dial %s %s: network not supported", network, addr)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("ssh dial %s: %w", addr, err)
+	}
+	wait := time.NewTimer(d.plan.connectTimeout)
+	defer wait.Stop()
+	for {
+		s, up, stopped := d.current()
+		if stopped {
+			return nil, ErrStopped
+		}
+		if s == nil {
+			select {
+			case <-up:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("ssh dial %s: %w (%v)", addr, ctx.Err(), d.Ready())
+			case <-wait.C:
+				return nil, fmt.Errorf("ssh dial %s: waited %s for the SSH connection: %w", addr, d.plan.connectTimeout, d.Ready())
+			}
+		}
+		conn, err := s.client.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return conn, nil
+		}
+		var oe *ssh.OpenChannelError
+		if errors.As(err, &oe) || ctx.Err() != nil {
+			return nil, fmt.Errorf("ssh dial %s via %s: %w", addr, d.plan.hops[len(d.plan.hops)-1].hostName, channelError(err))
+		}
+		// The session died under us: drop it and wait for Run to bring up another.
+		klog.V(1).InfoS("SSH dial failed on a dying connection; waiting for reconnect", "addr", addr, "err", err)
+		s.close()
+		d.clearSession(s, fmt.Errorf("connection lost: %w", err))
+	}
+}
+
+// channelError wraps the server's refusal of a direct-tcpip channel in the matching errno. OpenSSH's sshd
+// puts strerror() text in the message.
+func channelError(err error) error {
+	var oe *ssh.OpenChannelError
+	if !errors.As(err, &oe) {
+		return err
+	}
+	msg := strings.ToLower(oe.Message)
+	var errno syscall.Errno
+	switch {
+	case oe.Reason == ssh.Prohibited:
+		errno = syscall.EACCES
+	case strings.Contains(msg, "refused"):
+		errno = syscall.ECONNREFUSED
+	case strings.Contains(msg, "network is unreachable"):
+		errno = syscall.ENETUNREACH
+	case strings.Contains(msg, "no route"), strings.Contains(msg, "host is unreachable"):
+		errno = syscall.EHOSTUNREACH
+	case strings.Contains(msg, "timed out"):
+		errno = syscall.ETIMEDOUT
+	default:
+		// Name resolution failures and anything else: the destination cannot be reached.
+		errno = syscall.EHOSTUNREACH
+	}
+	return &remoteError{errno: errno, err: err}
+}
+
+type remoteError struct {
+	errno syscall.Errno
+	err   error
+}
+
+func (e *remoteError) Error() string { return e.err.Error() }
+
+func (e *remoteError) Unwrap() []error { return []error{e.err, e.errno} }
+
+// readBufSize is the read buffer under the SSH transport. The library reads through a 4 KiB bufio.Reader,
+// which costs two or three read syscalls per 32 KiB packet; a large buffer below it brings bulk transfers
+// to about one syscall per several packets.
+const readBufSize = 256 << 10
+
+// readBuffered is a net.Conn whose reads go through a large buffer.
+type readBuffered struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func newReadBuffered(c net.Conn) net.Conn {
+	return &readBuffered{Conn: c, br: bufio.NewReaderSize(quickAck(c), readBufSize)}
+}
+
+func (r *readBuffered) Read(p []byte) (int, error) { return r.br.Read(p) }

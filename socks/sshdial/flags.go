@@ -1,0 +1,98 @@
+package sshdial
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/crypto/ssh"
+)
+
+// Flags are the SSH command-line flags shared by every command that dials over SSH, so that they are spelled
+// the same everywhere. NewFlags spells out the defaults.
+type Flags struct {
+	Port                int
+	User                string
+	IdentityFiles       []string
+	Jump                string
+	ConfigFile          string
+	KnownHostsFile      string
+	AcceptNew           bool
+	ConnectTimeout      time.Duration
+	ServerAliveInterval time.Duration
+	Ciphers             []string
+}
+
+// NewFlags returns the defaults: everything from the SSH config file or OpenSSH's defaults.
+func NewFlags() *Flags {
+	return &Flags{
+		ConnectTimeout: defaultConnectTimeout,
+	}
+}
+
+// AddFlags registers the SSH flags. The OpenSSH shorthands (-p, -l, -i, -J, -F) are added only where the
+// flag set does not already use that letter, so a command that owns -p (kubectl proxy's --port) registers
+// its own flags first and keeps it.
+func (f *Flags) AddFlags(fs *pflag.FlagSet) {
+	short := func(s string) string {
+		if fs.ShorthandLookup(s) != nil {
+			return ""
+		}
+		return s
+	}
+	fs.IntVarP(&f.Port, "ssh-port", short("p"), f.Port, "Port of the SSH server (like ssh -p). Default: the SSH config file's Port, else 22.")
+	fs.StringVarP(&f.User, "ssh-user", short("l"), f.User, "User to log in as on the SSH server (like ssh -l). Default: the destination's user@, the SSH config file's User, else the local user.")
+	fs.StringSliceVarP(&f.IdentityFiles, "identity", short("i"), f.IdentityFiles, "Private key file, repeatable (like ssh -i). Tried after the keys of ssh-agent ($SSH_AUTH_SOCK). Default: the SSH config file's IdentityFile, else ~/.ssh/id_ed25519, id_ecdsa, id_rsa.")
+	fs.StringVarP(&f.Jump, "jump", short("J"), f.Jump, "Jump hosts, comma-separated [user@]host[:port] (like ssh -J). Default: the SSH config file's ProxyJump; \"none\" ignores it.")
+	fs.StringVarP(&f.ConfigFile, "ssh-config", short("F"), f.ConfigFile, "SSH config file (like ssh -F); \"none\" reads none. Default: ~/.ssh/config.")
+	fs.StringVar(&f.KnownHostsFile, "known-hosts", f.KnownHostsFile, "known_hosts file with the trusted host keys (hashed entries and [host]:port are understood). Default: the SSH config file's UserKnownHostsFile, else ~/.ssh/known_hosts.")
+	fs.BoolVar(&f.AcceptNew, "accept-new", f.AcceptNew, "Trust an SSH host seen for the first time and add its key to the known_hosts file. A changed host key is always refused.")
+	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
+	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 15s; negative disables.")
+	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
+}
+
+// Config checks the flags and builds a Config for destination, naming the flag in every error.
+func (f *Flags) Config(destination string) (Config, error) {
+	if destination == "" {
+		return Config{}, fmt.Errorf("an SSH destination [user@]host is required")
+	}
+	if _, _, _, err := parseDestination(destination); err != nil {
+		return Config{}, err
+	}
+	if f.Port != 0 && (f.Port < 1 || f.Port > 65535) {
+		return Config{}, fmt.Errorf("--ssh-port: %d is not a port from 1 to 65535", f.Port)
+	}
+	if f.ConnectTimeout <= 0 {
+		return Config{}, fmt.Errorf("--connect-timeout: must be positive, got %s", f.ConnectTimeout)
+	}
+	jumps := splitJump(f.Jump)
+	for _, j := range jumps {
+		if j == "none" && len(jumps) == 1 {
+			break
+		}
+		if _, _, _, err := parseDestination(j); err != nil {
+			return Config{}, fmt.Errorf("--jump: %w", err)
+		}
+	}
+	supported := ssh.SupportedAlgorithms().Ciphers
+	for _, c := range f.Ciphers {
+		if !slices.Contains(supported, c) {
+			return Config{}, fmt.Errorf("--cipher: %q is not supported; choose from %v", c, supported)
+		}
+	}
+	return Config{
+		Destination:         destination,
+		Port:                f.Port,
+		User:                f.User,
+		IdentityFiles:       slices.Clone(f.IdentityFiles),
+		JumpHosts:           jumps,
+		ConfigFile:          f.ConfigFile,
+		KnownHostsFile:      f.KnownHostsFile,
+		AcceptNew:           f.AcceptNew,
+		ConnectTimeout:      f.ConnectTimeout,
+		ServerAliveInterval: f.ServerAliveInterval,
+		Ciphers:             slices.Clone(f.Ciphers),
+	}, nil
+}

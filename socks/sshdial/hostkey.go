@@ -1,0 +1,220 @@
+package sshdial
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+	"k8s.io/klog/v2"
+)
+
+// HostKeyError is returned when a host key is not trusted: the host is unknown, or its key changed (or is
+// revoked). There is deliberately no way to skip this check.
+type HostKeyError struct {
+	Host           string // the known_hosts name, e.g. "bastion" or "[10.0.0.1]:2222"
+	KnownHostsFile string
+	KeyType        string
+	Fingerprint    string // SHA256:...
+	// Line is the exact known_hosts line that trusts the presented key.
+	Line string
+	// Changed is set when the file holds other keys for Host; Known lists them ("file:line").
+	Changed bool
+	Revoked bool
+	Known   []string
+}
+
+func (e *HostKeyError) Error() string {
+	switch {
+	case e.Revoked:
+		return fmt.Sprintf("host key for %s (%s %s) is marked @revoked in %s; refusing to connect",
+			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile)
+	case e.Changed:
+		return fmt.Sprintf("WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED for %s. It now presents %s %s, "+
+			"which does not match the key recorded at %s. Someone could be eavesdropping on you right now "+
+			"(man-in-the-middle attack), or the host key has just been changed. Refusing to connect. "+
+			"If the change is expected, remove the old entry with: ssh-keygen -R '%s' -f %s",
+			e.Host, e.KeyType, e.Fingerprint, strings.Join(e.Known, ", "), e.Host, e.KnownHostsFile)
+	default:
+		return fmt.Sprintf("host key for %s is not known: %s %s. Verify this fingerprint with the server's "+
+			"administrator, then add this line to %s (or run once with --accept-new):\n%s",
+			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile, e.Line)
+	}
+}
+
+// knownHosts checks host keys against one known_hosts file and, with acceptNew, appends unknown hosts.
+type knownHosts struct {
+	file      string
+	acceptNew bool
+	mu        sync.Mutex // serialises reading against appending
+}
+
+// load reads the file afresh, so entries added since (by us or by ssh) are seen. A missing file is empty.
+func (k *knownHosts) load() (ssh.HostKeyCallback, error) {
+	cb, err := knownhosts.New(k.file)
+	if errors.Is(err, os.ErrNotExist) {
+		return knownhosts.New()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
+	}
+	return cb, nil
+}
+
+// algorithms returns the host key algorithms to ask for when connecting to addr: the types already recorded
+// for it, so that the server presents the key we know instead of another type we would wrongly call
+// "changed". nil (no entry) leaves the library's default order.
+func (k *knownHosts) algorithms(addr string) ([]string, error) {
+	k.mu.Lock()
+	cb, err := k.load()
+	k.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	// A probe key that cannot match: the KeyError lists every key recorded for addr.
+	probe, err := probeKey()
+	if err != nil {
+		return nil, err
+	}
+	var ke *knownhosts.KeyError
+	if err := cb(addr, &net.TCPAddr{IP: net.IPv4zero}, probe); !errors.As(err, &ke) {
+		return nil, nil
+	}
+	var algos []string
+	add := func(a ...string) {
+		for _, s := range a {
+			if !contains(algos, s) {
+				algos = append(algos, s)
+			}
+		}
+	}
+	for _, w := range ke.Want {
+		switch t := w.Key.Type(); t {
+		case ssh.KeyAlgoRSA:
+			add(ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
+		default:
+			add(t)
+		}
+	}
+	return algos, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	probeOnce sync.Once
+	probe     ssh.PublicKey
+	probeErr  error
+)
+
+// probeKey is a fixed public key that is never a real host's key (a point that no key file would carry).
+func probeKey() (ssh.PublicKey, error) {
+	probeOnce.Do(func() {
+		var raw [32]byte
+		for i := range raw {
+			raw[i] = 0xa5
+		}
+		probe, probeErr = ssh.NewPublicKey(ed25519.PublicKey(raw[:]))
+	})
+	return probe, probeErr
+}
+
+// callback returns the HostKeyCallback for one hop, dialled as addr ("host:port").
+func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
+	return func(hostname string, remote net.Addr, key ssh.PublicKey) error {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		cb, err := k.load()
+		if err != nil {
+			return err
+		}
+		err = cb(addr, remote, key)
+		if err == nil {
+			return nil
+		}
+		hke := &HostKeyError{
+			Host:           knownhosts.Normalize(addr),
+			KnownHostsFile: k.file,
+			KeyType:        keyTypeName(key),
+			Fingerprint:    ssh.FingerprintSHA256(key),
+			Line:           knownhosts.Line([]string{addr}, key),
+		}
+		var ke *knownhosts.KeyError
+		var re *knownhosts.RevokedError
+		switch {
+		case errors.As(err, &re):
+			hke.Revoked = true
+			return hke
+		case errors.As(err, &ke) && len(ke.Want) > 0:
+			hke.Changed = true
+			for _, w := range ke.Want {
+				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", w.Filename, w.Line))
+			}
+			return hke
+		case errors.As(err, &ke):
+			if !k.acceptNew {
+				return hke
+			}
+			if err := k.appendLine(hke.Line); err != nil {
+				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.file, err)
+			}
+			klog.InfoS("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,
+				"fingerprint", hke.Fingerprint, "file", k.file)
+			return nil
+		default:
+			return fmt.Errorf("check host key of %s: %w", hke.Host, err)
+		}
+	}
+}
+
+// appendLine adds one line to the known_hosts file, creating it (0600, directory 0700) if needed, and syncs.
+func (k *knownHosts) appendLine(line string) error {
+	if err := os.MkdirAll(filepath.Dir(k.file), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(k.file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	// Keep the file well formed if its last line has no newline.
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		if b, err := os.ReadFile(k.file); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
+			line = "\n" + line
+		}
+	}
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func keyTypeName(k ssh.PublicKey) string {
+	switch k.Type() {
+	case ssh.KeyAlgoED25519:
+		return "ED25519"
+	case ssh.KeyAlgoRSA:
+		return "RSA"
+	case ssh.KeyAlgoECDSA256, ssh.KeyAlgoECDSA384, ssh.KeyAlgoECDSA521:
+		return "ECDSA"
+	default:
+		return k.Type()
+	}
+}

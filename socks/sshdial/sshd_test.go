@@ -1,0 +1,504 @@
+package sshdial
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// backend is a loopback HTTP server that answers with a fixed body.
+func backend(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from backend %s", r.URL.Path)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// fixture is a running sshd with a client key and a known_hosts file that trusts it.
+type fixture struct {
+	sshd       *sshdtest.Server
+	key        string
+	knownHosts string
+	dir        string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
+	srv := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{sshd: srv, key: key, knownHosts: kh, dir: dir}
+}
+
+func (f *fixture) config() Config {
+	return Config{
+		Destination:    f.sshd.Addr(),
+		IdentityFiles:  []string{f.key},
+		ConfigFile:     "none",
+		KnownHostsFile: f.knownHosts,
+		AgentSocket:    "none",
+		ConnectTimeout: 5 * time.Second,
+	}
+}
+
+// start runs the dialer until the test ends and waits until it is connected.
+func start(t *testing.T, cfg Config) (*Dialer, <-chan error) {
+	t.Helper()
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { done <- d.Run(ctx); close(finished) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of cancel")
+		}
+	})
+	return d, done
+}
+
+func waitReady(t *testing.T, d *Dialer, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for d.Ready() != nil {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned before connecting: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not connected after 15s: %v", d.Ready())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// get fetches path from addr over a connection made by dial.
+func get(t *testing.T, d *Dialer, addr, path string) string {
+	t.Helper()
+	tr := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatalf("GET %s via ssh: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestDialThroughSSHD(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	d, done := start(t, f.config())
+	waitReady(t, d, done)
+
+	if got := get(t, d, be, "/ip"); got != "hello from backend /ip" {
+		t.Fatalf("body = %q", got)
+	}
+	// A name is resolved by the server.
+	_, port, _ := net.SplitHostPort(be)
+	if got := get(t, d, "localhost:"+port, "/name"); got != "hello from backend /name" {
+		t.Fatalf("body = %q", got)
+	}
+	if !strings.Contains(f.sshd.Log(), "Accepted publickey") {
+		t.Fatalf("sshd log shows no publickey login:\n%s", f.sshd.Log())
+	}
+}
+
+func TestDialErrorsCarryErrno(t *testing.T) {
+	f := newFixture(t)
+	d, done := start(t, f.config())
+	waitReady(t, d, done)
+	closed := sshdtest.FreePort(t)
+	_, err := d.DialContext(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", closed))
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial to a closed port: err = %v, want ECONNREFUSED", err)
+	}
+	if _, err := d.DialContext(context.Background(), "udp", "127.0.0.1:53"); err == nil {
+		t.Fatal("udp dial succeeded")
+	}
+}
+
+func TestHostKeys(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	otherKey, _ := sshdtest.KeyPair(t, t.TempDir(), "other", "")
+	otherPub := publicKeyOf(t, otherKey)
+	addr := f.sshd.Addr()
+
+	t.Run("unknown host refused with fingerprint and line", func(t *testing.T) {
+		cfg := f.config()
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts") // absent
+		d, done := start(t, cfg)
+		err := waitErr(t, done)
+		var hk *HostKeyError
+		if !errors.As(err, &hk) || hk.Changed {
+			t.Fatalf("err = %v, want unknown-host HostKeyError", err)
+		}
+		want := knownhosts.Normalize(addr) + " " + f.sshd.HostKeyLine
+		if hk.Line != want {
+			t.Errorf("line = %q, want %q", hk.Line, want)
+		}
+		fp := ssh.FingerprintSHA256(parsePub(t, f.sshd.HostKeyLine))
+		for _, s := range []string{fp, want, "--accept-new"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("error does not mention %q: %v", s, err)
+			}
+		}
+		if _, serr := os.Stat(cfg.KnownHostsFile); !errors.Is(serr, os.ErrNotExist) {
+			t.Errorf("known_hosts was created without --accept-new")
+		}
+		if d.Ready() == nil {
+			t.Error("Ready() is nil after a refused host key")
+		}
+	})
+
+	t.Run("changed key refused even with accept-new", func(t *testing.T) {
+		cfg := f.config()
+		cfg.AcceptNew = true
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		line := knownhosts.Line([]string{addr}, otherPub)
+		os.WriteFile(cfg.KnownHostsFile, []byte(line+"\n"), 0o600)
+		_, done := start(t, cfg)
+		err := waitErr(t, done)
+		var hk *HostKeyError
+		if !errors.As(err, &hk) || !hk.Changed {
+			t.Fatalf("err = %v, want changed-key HostKeyError", err)
+		}
+		if !strings.Contains(err.Error(), "REMOTE HOST IDENTIFICATION HAS CHANGED") || !strings.Contains(err.Error(), cfg.KnownHostsFile+":1") {
+			t.Errorf("error is not loud or does not name the line: %v", err)
+		}
+		if b, _ := os.ReadFile(cfg.KnownHostsFile); string(b) != line+"\n" {
+			t.Errorf("known_hosts changed: %q", b)
+		}
+	})
+
+	t.Run("accept-new records and is then trusted", func(t *testing.T) {
+		cfg := f.config()
+		cfg.AcceptNew = true
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "sub", "known_hosts")
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		b, err := os.ReadFile(cfg.KnownHostsFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := knownhosts.Normalize(addr) + " " + f.sshd.HostKeyLine + "\n"; string(b) != want {
+			t.Fatalf("known_hosts = %q, want %q", b, want)
+		}
+		cfg.AcceptNew = false
+		d2, done2 := start(t, cfg)
+		waitReady(t, d2, done2)
+		get(t, d2, be, "/")
+	})
+
+	t.Run("hashed entry", func(t *testing.T) {
+		cfg := f.config()
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		line := knownhosts.HashHostname(knownhosts.Normalize(addr)) + " " + f.sshd.HostKeyLine
+		os.WriteFile(cfg.KnownHostsFile, []byte("# comment\n"+line+"\n"), 0o600)
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		get(t, d, be, "/")
+	})
+
+	t.Run("other key types for the host do not count as changed", func(t *testing.T) {
+		// The file knows only the ed25519 key; the server also offers others. The client must ask for
+		// ed25519 and succeed.
+		cfg := f.config()
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+	})
+}
+
+func waitErr(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil, want an error")
+		}
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not fail within 20s")
+	}
+	return nil
+}
+
+func parsePub(t *testing.T, line string) ssh.PublicKey {
+	t.Helper()
+	k, _, _, _, err := ssh.ParseAuthorizedKey([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func publicKeyOf(t *testing.T, privFile string) ssh.PublicKey {
+	t.Helper()
+	b, err := os.ReadFile(privFile + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parsePub(t, string(b))
+}
+
+func TestJumpChain(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
+	jump1 := sshdtest.Start(t, pub)
+	jump2 := sshdtest.Start(t, pub)
+	target := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(jump1.KnownHostsLine()+"\n"+jump2.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	be := backend(t)
+
+	cfg := Config{
+		Destination:    target.Addr(),
+		JumpHosts:      []string{jump1.Addr(), jump2.Addr()},
+		IdentityFiles:  []string{key},
+		ConfigFile:     "none",
+		KnownHostsFile: kh,
+		AgentSocket:    "none",
+		ConnectTimeout: 5 * time.Second,
+	}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	if got := get(t, d, be, "/jump"); got != "hello from backend /jump" {
+		t.Fatalf("body = %q", got)
+	}
+	// Each hop was reached through the previous one: jump1 forwarded to jump2, jump2 to the target, and
+	// the target to the backend.
+	_, bePort, _ := net.SplitHostPort(be)
+	for _, c := range []struct {
+		srv  *sshdtest.Server
+		port string
+	}{{jump1, fmt.Sprint(jump2.Port)}, {jump2, fmt.Sprint(target.Port)}, {target, bePort}} {
+		if !strings.Contains(c.srv.Log(), "target 127.0.0.1 port "+c.port) {
+			t.Errorf("sshd on %d did not forward to port %s; log:\n%s", c.srv.Port, c.port, c.srv.Log())
+		}
+	}
+}
+
+func TestJumpFromSSHConfig(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
+	jump := sshdtest.Start(t, pub)
+	target := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	sshConfig := filepath.Join(dir, "config")
+	os.WriteFile(sshConfig, []byte(fmt.Sprintf(`Host bastion
+  HostName 127.0.0.1
+  Port %d
+  IdentityFile %s
+
+Host inner
+  HostName 127.0.0.1
+  Port %d
+  ProxyJump bastion
+  IdentityFile %s
+  ServerAliveInterval 1
+`, jump.Port, key, target.Port, key)), 0o600)
+	be := backend(t)
+	cfg := Config{Destination: "inner", ConfigFile: sshConfig, KnownHostsFile: kh, AgentSocket: "none", ConnectTimeout: 5 * time.Second}
+	d, done := start(t, cfg)
+	if d.plan.aliveInterval != time.Second {
+		t.Errorf("ServerAliveInterval = %s, want 1s from the config file", d.plan.aliveInterval)
+	}
+	waitReady(t, d, done)
+	get(t, d, be, "/")
+	if !strings.Contains(jump.Log(), fmt.Sprintf("target 127.0.0.1 port %d", target.Port)) {
+		t.Errorf("the jump host did not forward to the target")
+	}
+	// Keepalives every second keep flowing and the connection stays up.
+	time.Sleep(2500 * time.Millisecond)
+	if err := d.Ready(); err != nil {
+		t.Fatalf("connection dropped with keepalives on: %v", err)
+	}
+}
+
+func TestAgentAuth(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("HOME", dir) // no default identity files
+	key, pub := sshdtest.KeyPair(t, dir, "id_agent", "agent-pass")
+	srv := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	// ssh-add reads the passphrase from SSH_ASKPASS without a terminal.
+	askpass := filepath.Join(dir, "askpass")
+	os.WriteFile(askpass, []byte("#!/bin/sh\necho agent-pass\n"), 0o700)
+	t.Setenv("SSH_ASKPASS", askpass)
+	t.Setenv("SSH_ASKPASS_REQUIRE", "force")
+	t.Setenv("DISPLAY", ":0")
+	sock := sshdtest.Agent(t, key)
+	t.Setenv("SSH_AUTH_SOCK", sock)
+
+	cfg := Config{Destination: srv.Addr(), ConfigFile: "none", KnownHostsFile: kh, ConnectTimeout: 5 * time.Second}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, backend(t), "/")
+
+	// Without the agent the same (encrypted) key cannot be used, which shows the agent did the work.
+	cfg.AgentSocket = "none"
+	cfg.IdentityFiles = []string{key}
+	d2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2.keys.passphrase = func(string) ([]byte, error) { return nil, errNoTerminal }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = d2.Run(ctx)
+	var ek *EncryptedKeyError
+	if !errors.As(err, &ek) || ek.File != key {
+		t.Fatalf("Run without agent: err = %v, want EncryptedKeyError for %s", err, key)
+	}
+	if !strings.Contains(err.Error(), "ssh-add "+key) {
+		t.Errorf("error does not say how to fix it: %v", err)
+	}
+}
+
+func TestEncryptedKeyWithPassphrase(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := sshdtest.KeyPair(t, dir, "id_enc", "s3cret")
+	srv := sshdtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	asked := 0
+	cfg := Config{
+		Destination: srv.Addr(), IdentityFiles: []string{key}, ConfigFile: "none", KnownHostsFile: kh,
+		AgentSocket: "none", ConnectTimeout: time.Second,
+		// A person is slower than the connect timeout; the handshake waits for them.
+		Passphrase: func(f string) ([]byte, error) {
+			asked++
+			time.Sleep(1500 * time.Millisecond)
+			return []byte("s3cret"), nil
+		},
+	}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	if asked != 1 {
+		t.Fatalf("passphrase asked %d times, want 1", asked)
+	}
+}
+
+func TestAuthFailureIsPermanent(t *testing.T) {
+	f := newFixture(t)
+	wrong, _ := sshdtest.KeyPair(t, t.TempDir(), "id_wrong", "")
+	cfg := f.config()
+	cfg.IdentityFiles = []string{wrong}
+	_, done := start(t, cfg)
+	err := waitErr(t, done)
+	var ae *AuthError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want AuthError", err)
+	}
+}
+
+func TestReconnectAfterSSHDRestart(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	cfg := f.config()
+	cfg.ConnectTimeout = 10 * time.Second
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, be, "/before")
+
+	f.sshd.Stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Ready() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Ready() still nil 10s after sshd was killed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(d.Ready().Error(), "down") {
+		t.Errorf("Ready() = %v", d.Ready())
+	}
+	// A dial made while the connection is down waits for the reconnect.
+	result := make(chan error, 1)
+	go func() {
+		c, err := d.DialContext(context.Background(), "tcp", be)
+		if err == nil {
+			c.Close()
+		}
+		result <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	f.sshd.Restart()
+	select {
+	case err := <-result:
+		if err != nil {
+			t.Fatalf("dial during reconnect: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("dial during reconnect did not finish")
+	}
+	waitReady(t, d, done)
+	get(t, d, be, "/after")
+}
+
+func TestDialWaitIsBounded(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.ConnectTimeout = 700 * time.Millisecond
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	f.sshd.Stop()
+	for d.Ready() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	t0 := time.Now()
+	_, err := d.DialContext(context.Background(), "tcp", "127.0.0.1:1")
+	if err == nil || time.Since(t0) > 5*time.Second {
+		t.Fatalf("dial while down: err = %v after %s; want an error within the connect timeout", err, time.Since(t0))
+	}
+}
+
+func TestCipherChoice(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.Ciphers = []string{ssh.CipherChaCha20Poly1305}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, backend(t), "/")
+	if !strings.Contains(f.sshd.Log(), "chacha20-poly1305@openssh.com") {
+		t.Errorf("sshd log does not show the chosen cipher")
+	}
+}

@@ -1,0 +1,114 @@
+// Command backend is the far end of konnect's benchmarks: GET /bytes?n=N streams N zero bytes, GET /small
+// answers a few bytes, and --tls serves the same over HTTPS with a throwaway certificate (the static HTTPS
+// backend of the API-proxy benchmark).
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+var zeros = make([]byte, 256<<10)
+
+func serveBytes(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+	if err != nil || n < 0 {
+		http.Error(w, "n: want a byte count", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	for n > 0 {
+		chunk := zeros
+		if int64(len(chunk)) > n {
+			chunk = chunk[:n]
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return
+		}
+		n -= int64(len(chunk))
+	}
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on")
+	useTLS := flag.Bool("tls", false, "serve HTTPS with a self-signed certificate")
+	certOut := flag.String("cert-out", "", "with --tls: write the self-signed certificate (PEM) here, for clients to trust")
+	flag.Parse()
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("/bytes", serveBytes)
+	small := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"APIVersions","versions":["v1"]}` + "\n"))
+	}
+	mux.HandleFunc("/small", small)
+	mux.HandleFunc("/api", small)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatalf("backend: --listen: %v", err)
+	}
+	if *useTLS {
+		cert, err := selfSigned()
+		if err != nil {
+			log.Fatalf("backend: certificate: %v", err)
+		}
+		if *certOut != "" {
+			pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})
+			if err := os.WriteFile(*certOut, pemBytes, 0o644); err != nil {
+				log.Fatalf("backend: --cert-out: %v", err)
+			}
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+		log.Print(err)
+		os.Exit(1)
+	}
+}
+
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "bench-backend"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:     []string{"localhost"},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}

@@ -1,0 +1,546 @@
+// Command bench runs konnect side by side with the programs its users would otherwise run, on one
+// network-namespace topology, in one run, and reports ratios: upstream proxy-server/proxy-agent for the
+// tunnel, OpenSSH `ssh -D` for SOCKS5, and `kubectl proxy` for the API proxy. Each pair runs alternately
+// (A B A B …) after a warm-up; the report gives the median and the spread (min–max) of every measure.
+//
+// It needs root and `ip netns`, and sends traffic only inside the namespaces it creates. `make bench` runs it
+// and writes docs/benchmarks.md and docs/benchmarks.svg.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	konnect, proxyServer, proxyAgent, loadgen, backend string
+	rounds                                             int
+	bulkBytes                                          int64
+	dialCount, scaleCount, socksCount, heyRequests     int
+	idle                                               time.Duration
+	socksCipher                                        string
+	out, svg                                           string
+	keep                                               bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.konnect, "konnect", "bin/konnect", "konnect binary")
+	flag.StringVar(&o.proxyServer, "proxy-server", "", "upstream proxy-server binary")
+	flag.StringVar(&o.proxyAgent, "proxy-agent", "", "upstream proxy-agent binary")
+	flag.StringVar(&o.loadgen, "loadgen", "", "loadgen binary (test/bench/loadgen)")
+	flag.StringVar(&o.backend, "backend", "", "backend binary (test/bench/backend)")
+	flag.IntVar(&o.rounds, "rounds", 5, "measured rounds per pair, after one warm-up round")
+	flag.Int64Var(&o.bulkBytes, "bulk-bytes", 1<<30, "bytes per bulk transfer")
+	flag.IntVar(&o.dialCount, "dial-count", 1000, "sequential single-use tunnels per dial round")
+	flag.IntVar(&o.scaleCount, "scale-count", 1000, "concurrent tunnels per scale round")
+	flag.IntVar(&o.socksCount, "socks-count", 500, "new SOCKS5 connections per latency round")
+	flag.IntVar(&o.heyRequests, "hey-requests", 20000, "requests per hey round")
+	flag.DurationVar(&o.idle, "idle", 60*time.Second, "how long agents stay connected before their idle RSS is read")
+	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
+	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
+	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
+	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
+	flag.Parse()
+	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend} {
+		if v == "" {
+			fatal(fmt.Errorf("%s is required", name))
+		}
+	}
+
+	dir, err := os.MkdirTemp("", "konnect-bench-")
+	if err != nil {
+		fatal(err)
+	}
+	topo, err := newTopology(dir)
+	if err != nil {
+		fatal(err)
+	}
+	// Clean up on SIGINT/SIGTERM too: the namespaces must never outlive the run.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sig
+		topo.close()
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}()
+	start := time.Now()
+	b := &bench{o: o, t: topo, dir: dir}
+	err = b.run()
+	if o.keep {
+		fmt.Printf("kept: ip netns exec %s bash   (files in %s)\n", topo.ns("cp"), dir)
+	} else {
+		topo.close()
+		os.RemoveAll(dir)
+	}
+	if err != nil {
+		fatal(err)
+	}
+	fmt.Printf("benchmarks took %s\n", time.Since(start).Round(time.Second))
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+type bench struct {
+	o       options
+	t       *topology
+	dir     string
+	results []*measure
+
+	kServer, kAgent, uServer, uAgent *proc
+}
+
+func (b *bench) path(p ...string) string { return filepath.Join(append([]string{b.dir}, p...)...) }
+
+func (b *bench) run() error {
+	if err := b.setup(); err != nil {
+		return err
+	}
+	steps := []func() error{b.tunnelBulk, b.tunnelDial, b.tunnelScale, b.socksRows, b.apiProxy, b.agentIdle}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return b.report()
+}
+
+// setup makes the PKI with konnect init and starts both tunnels (konnect and upstream, with the same
+// drop-in arguments) and the backend behind them.
+func (b *bench) setup() error {
+	pki := b.path("k", "pki")
+	if out, err := exec.Command(b.o.konnect, "init", "--dir", b.path("k"), "--control-plane-address", cpAddr,
+		"--apiserver-url", "https://"+cpAddr+":6443", "--agent-auth", "mtls").CombinedOutput(); err != nil {
+		return fmt.Errorf("konnect init: %w\n%s", err, out)
+	}
+	var err error
+	if _, err = b.t.start("backend-w1", "w1", b.o.backend, "--listen", podAddr+":"+podPort); err != nil {
+		return err
+	}
+	serverArgs := func(uds string, port int) []string {
+		return []string{"--mode=grpc", "--uds-name=" + uds, "--delete-existing-uds-file", "--server-port=0",
+			"--cluster-cert=" + filepath.Join(pki, "konnectivity-server.crt"), "--cluster-key=" + filepath.Join(pki, "konnectivity-server.key"),
+			"--cluster-ca-cert=" + filepath.Join(pki, "ca.crt"),
+			"--agent-port=" + strconv.Itoa(port), "--admin-port=" + strconv.Itoa(port+1), "--health-port=" + strconv.Itoa(port+2),
+			"--admin-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--v=0"}
+	}
+	agentArgs := func(port, health int) []string {
+		return []string{"--proxy-server-host=" + cpAddr, "--proxy-server-port=" + strconv.Itoa(port),
+			"--ca-cert=" + filepath.Join(pki, "ca.crt"),
+			"--agent-cert=" + filepath.Join(pki, "konnectivity-agent.crt"), "--agent-key=" + filepath.Join(pki, "konnectivity-agent.key"),
+			"--health-server-port=" + strconv.Itoa(health), "--admin-server-port=" + strconv.Itoa(health+1), "--v=0"}
+	}
+	if b.kServer, err = b.t.start("konnect-server", "cp", append([]string{b.o.konnect, "server"}, serverArgs(b.path("konnect.sock"), 8132)...)...); err != nil {
+		return err
+	}
+	if b.uServer, err = b.t.start("upstream-server", "cp", append([]string{b.o.proxyServer}, serverArgs(b.path("upstream.sock"), 9132)...)...); err != nil {
+		return err
+	}
+	for _, w := range []struct {
+		p    *proc
+		port int
+	}{{b.kServer, 8134}, {b.uServer, 9134}} {
+		if err := b.t.waitHTTP("cp", fmt.Sprintf("http://127.0.0.1:%d/healthz", w.port), 30*time.Second, w.p); err != nil {
+			return err
+		}
+	}
+	if b.kAgent, err = b.t.start("konnect-agent", "w1", append([]string{b.o.konnect, "agent"}, agentArgs(8132, 8093)...)...); err != nil {
+		return err
+	}
+	if b.uAgent, err = b.t.start("upstream-agent", "w1", append([]string{b.o.proxyAgent}, agentArgs(9132, 9093)...)...); err != nil {
+		return err
+	}
+	for _, w := range []struct {
+		p    *proc
+		port int
+	}{{b.kAgent, 8093}, {b.uAgent, 9093}} {
+		if err := b.t.waitHTTP("w1", fmt.Sprintf("http://127.0.0.1:%d/readyz", w.port), 30*time.Second, w.p); err != nil {
+			return err
+		}
+	}
+	// The agent reports ready once connected; the server may take a moment to register it for dials.
+	return b.waitTunnel(b.path("konnect.sock"), b.kServer)
+}
+
+func (b *bench) waitTunnel(uds string, p *proc) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		if _, last = b.loadgen("cp", "--mode=dial", "--count=1", "--uds="+uds, "--target="+podAddr+":"+podPort); last == nil {
+			return nil
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	return fmt.Errorf("no tunnel through %s: %v\n%s", uds, last, p.tail(20))
+}
+
+type loadResult struct {
+	MBps     float64 `json:"mbps"`
+	OK       int     `json:"ok"`
+	Failed   int     `json:"failed"`
+	P50ms    float64 `json:"p50_ms"`
+	P99ms    float64 `json:"p99_ms"`
+	FirstErr string  `json:"first_error"`
+}
+
+func (b *bench) loadgen(ns string, args ...string) (loadResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out, err := b.t.exec(ctx, ns, append([]string{b.o.loadgen}, args...)...)
+	var r loadResult
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		return r, fmt.Errorf("loadgen output %q: %w", out, err)
+	}
+	if r.Failed > 0 {
+		return r, fmt.Errorf("loadgen: %d failed (first: %s)", r.Failed, r.FirstErr)
+	}
+	return r, nil
+}
+
+// alternate runs every contender once per round, A B A B …, after one warm-up round that is not recorded.
+func (b *bench) alternate(m *measure, contenders ...contender) error {
+	for round := 0; round <= b.o.rounds; round++ {
+		for _, c := range contenders {
+			v, err := c.run()
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", m.title, c.name, err)
+			}
+			if round > 0 {
+				m.add(c.name, v)
+			}
+		}
+	}
+	m.print()
+	b.results = append(b.results, m)
+	return nil
+}
+
+type contender struct {
+	name string
+	run  func() (map[string]float64, error)
+}
+
+func (b *bench) tunnelBulk() error {
+	for _, streams := range []int{1, 8} {
+		bulk := func(via, ns, uds, target string) func() (map[string]float64, error) {
+			return func() (map[string]float64, error) {
+				args := []string{"--mode=bulk", "--via=" + via, "--target=" + target, fmt.Sprintf("--bytes=%d", b.o.bulkBytes), fmt.Sprintf("--streams=%d", streams)}
+				if uds != "" {
+					args = append(args, "--uds="+uds)
+				}
+				r, err := b.loadgen(ns, args...)
+				return map[string]float64{"MB/s": r.MBps}, err
+			}
+		}
+		target := podAddr + ":" + podPort
+		m := newMeasure(fmt.Sprintf("1. tunnel bulk, %d GiB, %d stream(s)", b.o.bulkBytes>>30, streams), []string{"MB/s"})
+		if err := b.alternate(m,
+			contender{"konnect", bulk("tunnel", "cp", b.path("konnect.sock"), target)},
+			contender{"upstream", bulk("tunnel", "cp", b.path("upstream.sock"), target)},
+			contender{"direct", bulk("direct", "w1", "", target)},
+		); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bench) tunnelDial() error {
+	dial := func(uds string) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) {
+			r, err := b.loadgen("cp", "--mode=dial", "--uds="+uds, "--target="+podAddr+":"+podPort, fmt.Sprintf("--count=%d", b.o.dialCount))
+			return map[string]float64{"p50 ms": r.P50ms, "p99 ms": r.P99ms}, err
+		}
+	}
+	m := newMeasure(fmt.Sprintf("2. tunnel dial, %d sequential single-use tunnels", b.o.dialCount), []string{"p50 ms", "p99 ms"})
+	return b.alternate(m, contender{"konnect", dial(b.path("konnect.sock"))}, contender{"upstream", dial(b.path("upstream.sock"))})
+}
+
+func (b *bench) tunnelScale() error {
+	scale := func(uds string, server, agent *proc) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) {
+			ready := b.path("scale.ready")
+			_ = os.Remove(ready)
+			type out struct {
+				r   loadResult
+				err error
+			}
+			done := make(chan out, 1)
+			go func() {
+				r, err := b.loadgen("cp", "--mode=scale", "--uds="+uds, "--target="+podAddr+":"+podPort,
+					fmt.Sprintf("--count=%d", b.o.scaleCount), "--ready-file="+ready, "--hold=2s")
+				done <- out{r, err}
+			}()
+			var srvRSS, agRSS int64
+			for {
+				if _, err := os.Stat(ready); err == nil {
+					srvRSS, _ = server.rssKiB()
+					agRSS, _ = agent.rssKiB()
+					break
+				}
+				select {
+				case o := <-done:
+					return nil, fmt.Errorf("scale run ended before all tunnels were open: %v", o.err)
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			o := <-done
+			return map[string]float64{"ok": float64(o.r.OK), "server RSS MiB": float64(srvRSS) / 1024, "agent RSS MiB": float64(agRSS) / 1024}, o.err
+		}
+	}
+	m := newMeasure(fmt.Sprintf("3. tunnel scale, %d concurrent tunnels", b.o.scaleCount), []string{"ok", "server RSS MiB", "agent RSS MiB"})
+	return b.alternate(m, contender{"konnect", scale(b.path("konnect.sock"), b.kServer, b.kAgent)},
+		contender{"upstream", scale(b.path("upstream.sock"), b.uServer, b.uAgent)})
+}
+
+// agentIdle starts `rounds` fresh agents of each kind at once, leaves them connected and idle, and reads
+// their RSS: the samples are taken side by side in one window instead of rounds × the idle time.
+func (b *bench) agentIdle() error {
+	pki := b.path("k", "pki")
+	var ks, us []*proc
+	for i := 0; i < b.o.rounds; i++ {
+		for _, kind := range []struct {
+			name string
+			argv []string
+			port int
+			list *[]*proc
+		}{
+			{"konnect", []string{b.o.konnect, "agent"}, 8132, &ks},
+			{"upstream", []string{b.o.proxyAgent}, 9132, &us},
+		} {
+			health := 10000 + 10*i + (kind.port-8132)/1000*5
+			argv := append(append([]string{}, kind.argv...), "--proxy-server-host="+cpAddr, "--proxy-server-port="+strconv.Itoa(kind.port),
+				"--ca-cert="+filepath.Join(pki, "ca.crt"), "--agent-cert="+filepath.Join(pki, "konnectivity-agent.crt"),
+				"--agent-key="+filepath.Join(pki, "konnectivity-agent.key"), "--health-server-port="+strconv.Itoa(health),
+				"--admin-server-port="+strconv.Itoa(health+1), "--v=0")
+			p, err := b.t.start(fmt.Sprintf("idle-%s-%d", kind.name, i), "w1", argv...)
+			if err != nil {
+				return err
+			}
+			if err := b.t.waitHTTP("w1", fmt.Sprintf("http://127.0.0.1:%d/readyz", health), 30*time.Second, p); err != nil {
+				return err
+			}
+			*kind.list = append(*kind.list, p)
+		}
+	}
+	fmt.Printf("agents connected; idle for %s\n", b.o.idle)
+	time.Sleep(b.o.idle)
+	m := newMeasure(fmt.Sprintf("4. agent idle, RSS after %s connected", b.o.idle), []string{"RSS MiB"})
+	for i := range ks {
+		for _, p := range []struct {
+			name string
+			p    *proc
+		}{{"konnect", ks[i]}, {"upstream", us[i]}} {
+			kb, err := p.p.rssKiB()
+			if err != nil {
+				return err
+			}
+			m.add(p.name, map[string]float64{"RSS MiB": float64(kb) / 1024})
+		}
+	}
+	for i := range ks {
+		ks[i].stop()
+		us[i].stop()
+	}
+	m.print()
+	b.results = append(b.results, m)
+	return nil
+}
+
+// socksRows starts sshd in cp and, in lap, konnect socks, ssh -D with OpenSSH's defaults, and ssh -D with
+// konnect's cipher, all to the same sshd, then measures bulk transfer and connection latency through each.
+func (b *bench) socksRows() error {
+	if err := b.startSSH(); err != nil {
+		return err
+	}
+	bulk := func(via, ns, socks, target string) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) {
+			r, err := b.loadgen(ns, "--mode=bulk", "--via="+via, "--socks="+socks, "--target="+target, fmt.Sprintf("--bytes=%d", b.o.bulkBytes))
+			return map[string]float64{"MB/s": r.MBps}, err
+		}
+	}
+	m := newMeasure(fmt.Sprintf("5. SOCKS5 over SSH, %d GiB", b.o.bulkBytes>>30), []string{"MB/s"})
+	if err := b.alternate(m,
+		contender{"konnect", bulk("socks", "lap", "127.0.0.1:"+socksPort, cpBackend)},
+		contender{"ssh -D", bulk("socks", "lap", "127.0.0.1:"+sshDPort, cpBackend)},
+		contender{"ssh -D -c " + b.o.socksCipher, bulk("socks", "lap", "127.0.0.1:"+sshDCipher, cpBackend)},
+		contender{"direct", bulk("direct", "cp", "", cpBackend)},
+	); err != nil {
+		return err
+	}
+	dial := func(port string) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) {
+			r, err := b.loadgen("lap", "--mode=dial", "--via=socks", "--socks=127.0.0.1:"+port, "--target="+cpBackend, fmt.Sprintf("--count=%d", b.o.socksCount))
+			return map[string]float64{"p50 ms": r.P50ms, "p99 ms": r.P99ms}, err
+		}
+	}
+	m = newMeasure(fmt.Sprintf("6. SOCKS5 connect latency, %d new connections", b.o.socksCount), []string{"p50 ms", "p99 ms"})
+	return b.alternate(m, contender{"konnect", dial(socksPort)}, contender{"ssh -D", dial(sshDPort)})
+}
+
+func (b *bench) startSSH() error {
+	for _, k := range []string{"host", "client"} {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", b.path(k+"_key")).CombinedOutput(); err != nil {
+			return fmt.Errorf("ssh-keygen: %w: %s", err, out)
+		}
+	}
+	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf("Port %s\nListenAddress %s\nHostKey %s\nAuthorizedKeysFile %s\nStrictModes no\nUsePAM no\n"+
+		"PermitRootLogin prohibit-password\nPasswordAuthentication no\nAllowTcpForwarding yes\nPidFile %s\n",
+		sshPort, cpLapAddr, b.path("host_key"), b.path("client_key.pub"), b.path("sshd.pid"))
+	if err := os.WriteFile(b.path("sshd_config"), []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	sshd, err := b.t.start("sshd", "cp", "/usr/sbin/sshd", "-D", "-e", "-f", b.path("sshd_config"))
+	if err != nil {
+		return err
+	}
+	if err := b.t.waitTCP("lap", cpLapAddr+":"+sshPort, 15*time.Second, sshd); err != nil {
+		return err
+	}
+	pub, err := os.ReadFile(b.path("host_key.pub"))
+	if err != nil {
+		return err
+	}
+	fields := strings.Fields(string(pub))
+	kh := fmt.Sprintf("[%s]:%s %s %s\n", cpLapAddr, sshPort, fields[0], fields[1])
+	if err := os.WriteFile(b.path("known_hosts"), []byte(kh), 0o644); err != nil {
+		return err
+	}
+	sshArgs := func(port string, extra ...string) []string {
+		return append(append([]string{"ssh", "-F", "/dev/null", "-N", "-D", "127.0.0.1:" + port, "-i", b.path("client_key"),
+			"-o", "UserKnownHostsFile=" + b.path("known_hosts"), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"}, extra...),
+			"-p", sshPort, "root@"+cpLapAddr)
+	}
+	if _, err := b.t.start("backend-cp", "cp", b.o.backend, "--listen", cpBackend); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		name string
+		argv []string
+		port string
+	}{
+		{"konnect-socks", []string{b.o.konnect, "socks", "-D", "127.0.0.1:" + socksPort, "-i", b.path("client_key"),
+			"--known-hosts", b.path("known_hosts"), "-p", sshPort, "root@" + cpLapAddr}, socksPort},
+		{"ssh-D", sshArgs(sshDPort), sshDPort},
+		{"ssh-D-cipher", sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher},
+	} {
+		p, err := b.t.start(s.name, "lap", s.argv...)
+		if err != nil {
+			return err
+		}
+		if err := b.t.waitTCP("lap", "127.0.0.1:"+s.port, 15*time.Second, p); err != nil {
+			return err
+		}
+	}
+	// The listeners come up before the SSH session; one request through each proves the whole path.
+	for _, port := range []string{socksPort, sshDPort, sshDCipher} {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, err := b.loadgen("lap", "--mode=dial", "--via=socks", "--socks=127.0.0.1:"+port, "--target="+cpBackend, "--count=1")
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("SOCKS5 on port %s: %w", port, err)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+var (
+	heyRPS = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	heyP99 = regexp.MustCompile(`99% in ([0-9.]+) secs`)
+	heyNon = regexp.MustCompile(`\[(\d{3})\]\s+(\d+) responses`)
+)
+
+// apiProxy compares konnect proxy with kubectl proxy in front of a static HTTPS backend, with hey.
+func (b *bench) apiProxy() error {
+	if _, err := b.t.start("backend-tls", "cp", b.o.backend, "--listen", cpTLSAddr, "--tls", "--cert-out", b.path("backend-tls.crt")); err != nil {
+		return err
+	}
+	if err := b.t.waitTCP("cp", cpTLSAddr, 15*time.Second, nil); err != nil {
+		return err
+	}
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: bench
+  cluster:
+    server: https://%s
+    certificate-authority: %s
+users:
+- name: bench
+  user:
+    token: bench-token-not-a-secret
+contexts:
+- name: bench
+  context: {cluster: bench, user: bench}
+current-context: bench
+`, cpTLSAddr, b.path("backend-tls.crt"))
+	if err := os.WriteFile(b.path("bench.kubeconfig"), []byte(kc), 0o600); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		name string
+		argv []string
+		port string
+	}{
+		{"konnect-proxy", []string{b.o.konnect, "proxy", "--port=8001", "--kubeconfig=" + b.path("bench.kubeconfig")}, "8001"},
+		{"kubectl-proxy", []string{"kubectl", "proxy", "--port=8002", "--kubeconfig=" + b.path("bench.kubeconfig")}, "8002"},
+	} {
+		p, err := b.t.start(s.name, "cp", s.argv...)
+		if err != nil {
+			return err
+		}
+		if err := b.t.waitHTTP("cp", "http://127.0.0.1:"+s.port+"/api", 15*time.Second, p); err != nil {
+			return err
+		}
+	}
+	hey := func(port string) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			out, err := b.t.exec(ctx, "cp", "hey", "-n", strconv.Itoa(b.o.heyRequests), "-c", "32", "http://127.0.0.1:"+port+"/api")
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range heyNon.FindAllStringSubmatch(out, -1) {
+				if m[1] != "200" {
+					return nil, fmt.Errorf("hey: %s responses with status %s", m[2], m[1])
+				}
+			}
+			rps, p99 := heyRPS.FindStringSubmatch(out), heyP99.FindStringSubmatch(out)
+			if rps == nil || p99 == nil {
+				return nil, fmt.Errorf("hey output not understood:\n%s", out)
+			}
+			r, _ := strconv.ParseFloat(rps[1], 64)
+			p, _ := strconv.ParseFloat(p99[1], 64)
+			return map[string]float64{"req/s": r, "p99 ms": p * 1000}, nil
+		}
+	}
+	m := newMeasure(fmt.Sprintf("7. API proxy, hey -n %d -c 32 /api, static HTTPS backend", b.o.heyRequests), []string{"req/s", "p99 ms"})
+	return b.alternate(m, contender{"konnect", hey("8001")}, contender{"kubectl proxy", hey("8002")})
+}

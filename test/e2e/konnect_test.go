@@ -1,0 +1,122 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// konnectHas reports whether `konnect SUBCOMMAND...` is a real command that
+// has flag (a placeholder has no flags).
+func konnectHas(flag string, sub ...string) bool {
+	out, err := run(context.Background(), "", append(append([]string{bins.konnect}, sub...), "--help")...)
+	return err == nil && strings.Contains(out, flag) && !strings.Contains(out, "not yet implemented")
+}
+
+// manifestDoc is one YAML document that konnect init wrote under
+// DIR/manifests.
+type manifestDoc struct {
+	file string
+	kind string
+	name string
+	raw  []byte
+}
+
+// konnectManifests reads every document of every YAML file under
+// DIR/manifests.
+func (c *cluster) konnectManifests() ([]manifestDoc, error) {
+	root := filepath.Join(c.konnectDir, "manifests")
+	var docs []manifestDoc
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, raw := range strings.Split(string(b), "\n---") {
+			var meta struct {
+				Kind     string `json:"kind"`
+				Metadata struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+			}
+			if err := yaml.Unmarshal([]byte(raw), &meta); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if meta.Kind != "" {
+				docs = append(docs, manifestDoc{file: path, kind: meta.Kind, name: meta.Metadata.Name, raw: []byte(raw)})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("konnect init manifests: %w", err)
+	}
+	if len(docs) == 0 {
+		return nil, fmt.Errorf("konnect init wrote no manifests under %s", root)
+	}
+	return docs, nil
+}
+
+// rbacKinds are the objects a cluster needs before any agent connects.
+var rbacKinds = map[string]bool{"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true}
+
+// konnectRBACFile collects the ServiceAccount and RBAC documents konnect
+// init wrote into one file for kubectl apply -f.
+func (c *cluster) konnectRBACFile() (string, []manifestDoc, error) {
+	docs, err := c.konnectManifests()
+	if err != nil {
+		return "", nil, err
+	}
+	var picked []manifestDoc
+	var parts []string
+	for _, d := range docs {
+		if rbacKinds[d.kind] {
+			picked = append(picked, d)
+			parts = append(parts, string(d.raw))
+		}
+	}
+	if len(picked) == 0 {
+		return "", nil, fmt.Errorf("konnect init wrote no ServiceAccount or RBAC under %s/manifests", c.konnectDir)
+	}
+	path := filepath.Join(c.dir, "konnect-rbac.yaml")
+	return path, picked, os.WriteFile(path, []byte(strings.Join(parts, "\n---\n")), 0o644)
+}
+
+// applyKonnectRBAC applies the agents' ServiceAccount and the server's
+// TokenReview permission as konnect init generated them.
+func (c *cluster) applyKonnectRBAC(ctx context.Context) error {
+	path, _, err := c.konnectRBACFile()
+	if err != nil {
+		return err
+	}
+	if _, err := c.kubectl(ctx, nsCP, "apply", "-f", path); err != nil {
+		return fmt.Errorf("konnect RBAC: %w", err)
+	}
+	return nil
+}
+
+// konnectCertsAPIService makes sample-apiserver's serving cert, Secret,
+// APIService and RBAC with konnect certs apiservice, applies them with
+// kubectl apply -k, and returns the serving cert and key files.
+func (c *cluster) konnectCertsAPIService(ctx context.Context) (certFile, keyFile string, err error) {
+	out := filepath.Join(c.dir, "wardle")
+	if o, err := run(ctx, "", bins.konnect, "certs", "apiservice",
+		"--service=api", "--namespace=wardle", "--group=wardle.example.com", "--version=v1alpha1",
+		"--out="+out); err != nil {
+		return "", "", fmt.Errorf("konnect certs apiservice: %w\n%s", err, o)
+	}
+	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", out); err != nil {
+		return "", "", fmt.Errorf("apply konnect certs apiservice output: %w", err)
+	}
+	return filepath.Join(out, "pki", "tls.crt"), filepath.Join(out, "pki", "tls.key"), nil
+}

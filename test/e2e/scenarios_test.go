@@ -1,0 +1,588 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// The scenarios share one cluster per egress mode; Go runs them in this
+// order, so the GRPC+UDS ones come first and reuse a single kube-apiserver.
+
+// TestGRPCOverUDS is the default deployment: kube-apiserver speaks gRPC over
+// a unix socket to konnect server, agents in w1 and w2 hold tunnels, and
+// sample-apiserver on w1's pod address is reachable only through them.
+func TestGRPCOverUDS(t *testing.T) {
+	dumpLogsOnFailure(t)
+	c := sharedCluster(t, modeGRPCUDS)
+	c.expectAPIServiceDown(t)
+	s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+	c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+	c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2})
+	c.checkChain(t)
+
+	want := map[string][]string{"cp-0": {"agent-w1", "agent-w2"}}
+	if got := c.doctorAgents(t, s.adminPort); !reflect.DeepEqual(got, want) {
+		t.Fatalf("konnect doctor status: connected agents %v, want %v", got, want)
+	}
+	t.Logf("konnect doctor status lists agent-w1 and agent-w2 on cp-0")
+}
+
+// TestLaptop is the developer's path: kubectl in lap reaches the API server
+// (which lap has no route to) through konnect socks and a real sshd in cp,
+// and from there sample-apiserver through the tunnel.
+func TestLaptop(t *testing.T) {
+	dumpLogsOnFailure(t)
+	c := sharedCluster(t, modeGRPCUDS)
+	c.expectAPIServiceDown(t)
+	c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+	c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.waitAPIService(ctx, "True", 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	apiAddr := net.JoinHostPort(cpAddr, strconv.Itoa(apiPort))
+	if err := expectUnreachable(c.tp.ns(nsLap), apiAddr); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("direct dial from lap to %s: network is unreachable", apiAddr)
+
+	s := c.startSSHD(t)
+	home := filepath.Join(c.dir, "lap-home-"+randHex(2))
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A clean environment: no ssh-agent, no ~/.ssh of the machine's user.
+	env := []string{"/usr/bin/env", "-u", "SSH_AUTH_SOCK", "HOME=" + home}
+
+	socks := startProcT(t, "konnect-socks", c.tp.ns(nsLap), c.logDir, append(append(append(env, bins.konnect, "socks"),
+		s.sshArgs()...), "-D", "127.0.0.1:1080", "--health-listen", "127.0.0.1:1081", cpLapAddr)...)
+	client := nsHTTPClient(c.tp.ns(nsLap), nil, 3*time.Second)
+	if err := poll("konnect socks /readyz", 30*time.Second, 250*time.Millisecond, func() error {
+		if err := socks.errExited(); err != nil {
+			return err
+		}
+		return httpGetOK(ctx, client, "http://127.0.0.1:1081/readyz", nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The developer's kubeconfig: the admin one, with proxy-url set by konnect.
+	lapConf := filepath.Join(home, "kubeconfig")
+	b, err := os.ReadFile(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lapConf, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lapConf,
+		"--context", "e2e", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
+		t.Fatalf("konnect kubeconfig set-proxy: %v\n%s", err, out)
+	}
+	c.checkFlunders(t, ctx, nsLap, lapConf)
+	t.Logf("kubectl in lap via konnect socks (proxy-url socks5://) and sshd: flunders list, create, get, delete work")
+
+	// konnect proxy --via: kubectl proxy's job, with its own SSH connection,
+	// using the plain admin kubeconfig (no proxy-url).
+	proxy := startProcT(t, "konnect-proxy", c.tp.ns(nsLap), c.logDir, append(append(append(env, bins.konnect, "proxy"),
+		s.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001")...)
+	var body string
+	if err := poll("curl of flunders through konnect proxy --via", 30*time.Second, 500*time.Millisecond, func() error {
+		if err := proxy.errExited(); err != nil {
+			return err
+		}
+		var err error
+		body, err = run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "--fail", "--max-time", "10", "http://127.0.0.1:8001"+flundersPath)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`"kind":\s*"FlunderList"`).MatchString(body) {
+		t.Fatalf("curl %s through konnect proxy: not a FlunderList: %s", flundersPath, tailString(body, 500))
+	}
+	if out, err := run(ctx, c.tp.ns(nsLap), bins.kubectl, "--server", "http://127.0.0.1:8001", "get", "flunders", "-n", "default"); err != nil {
+		t.Fatalf("kubectl through konnect proxy: %v\n%s", err, out)
+	}
+	// kubectl proxy's DNS-rebinding guard: a foreign Host header is refused.
+	code, err := run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+		"-H", "Host: evil.example", "http://127.0.0.1:8001/api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != "403" {
+		t.Fatalf("konnect proxy with Host: evil.example: HTTP %s, want 403", code)
+	}
+	t.Logf("konnect proxy --via in lap: curl and kubectl list flunders; Host: evil.example is refused")
+}
+
+// TestFaults breaks the tunnel in the ways production does and checks that it
+// heals without help.
+func TestFaults(t *testing.T) {
+	t.Run("agent-killed-and-restarted", func(t *testing.T) {
+		dumpLogsOnFailure(t)
+		c := sharedCluster(t, modeGRPCUDS)
+		c.expectAPIServiceDown(t)
+		c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+		a := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+		c.checkChain(t)
+
+		a.p.kill()
+		c.expectAPIServiceDown(t)
+		if err := c.flundersWork(context.Background()); err == nil {
+			t.Fatal("flunders still work with the only agent killed")
+		}
+		start := time.Now()
+		a.restart(t, c)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.pokeUntilAvailable(ctx, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("agent restarted: APIService Available again %v after the restart", time.Since(start).Round(100*time.Millisecond))
+		if err := c.flundersWork(ctx); err != nil {
+			t.Fatalf("flunders after agent restart: %v", err)
+		}
+	})
+
+	t.Run("server-restarted", func(t *testing.T) {
+		dumpLogsOnFailure(t)
+		c := sharedCluster(t, modeGRPCUDS)
+		c.expectAPIServiceDown(t)
+		s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+		a := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+		c.checkChain(t)
+
+		// kube-apiserver keeps tunnels to sample-apiserver open; the server must
+		// still stop within its graceful timeout (3 s here; ANP issue 866).
+		start := time.Now()
+		if err := s.p.stop(15 * time.Second); err != nil {
+			t.Fatalf("konnect server on SIGTERM with tunnels open: %v", err)
+		}
+		t.Logf("konnect server stopped %v after SIGTERM", time.Since(start).Round(100*time.Millisecond))
+		s.restartStopped(t, c)
+		start = time.Now()
+		c.waitAgentReady(t, a)
+		if err := poll("flunders after server restart", 30*time.Second, time.Second, func() error {
+			return c.flundersWork(context.Background())
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("agent reconnected and flunders work %v after the server came back", time.Since(start).Round(100*time.Millisecond))
+	})
+
+	t.Run("two-servers", func(t *testing.T) {
+		dumpLogsOnFailure(t)
+		c := sharedCluster(t, modeGRPCUDS)
+		c.expectAPIServiceDown(t)
+		// Server A serves kube-apiserver's socket; B has its own, used through
+		// konnect doctor dial the way a second control plane's kube-apiserver would.
+		a := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-a", serverCount: 2})
+		b := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-b", serverCount: 2, portOffset: 10,
+			uds: filepath.Join(c.dir, "ks-b", "konnectivity-server.socket")})
+		c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1, extra: []string{
+			fmt.Sprintf("--proxy-server-host=%s:%d,%s:%d", cpAddr, a.agentPort, cpAddr, b.agentPort)}})
+		both := map[string][]string{"cp-a": {"agent-w1"}, "cp-b": {"agent-w1"}}
+		c.waitDoctor(t, both, a.adminPort, b.adminPort)
+		c.checkChain(t)
+		c.doctorDial(t, b)
+
+		b.p.kill()
+		for i := range 5 {
+			if err := c.flundersWork(context.Background()); err != nil {
+				t.Fatalf("request %d after killing server B: %v", i, err)
+			}
+		}
+		t.Logf("server B killed: 5 of 5 flunder lists through server A succeed")
+
+		b.restartStopped(t, c)
+		c.waitDoctor(t, both, a.adminPort, b.adminPort)
+		a.p.kill()
+		c.doctorDial(t, b)
+		t.Logf("server A killed: a dial through server B still reaches the pod address")
+	})
+
+	t.Run("certificates-renewed-on-disk", func(t *testing.T) {
+		dumpLogsOnFailure(t)
+		c := sharedCluster(t, modeGRPCUDS)
+		c.expectAPIServiceDown(t)
+		s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+		a := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+		c.checkChain(t)
+
+		// A watch holds one tunnel open across the renewal.
+		watch := startProcT(t, "kubectl-watch", c.tp.ns(nsCP), c.logDir, bins.kubectl, "--kubeconfig", c.kubeconfig,
+			"get", "flunders", "-n", "default", "--watch", "-o", "name")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		seen := func(name string) error {
+			return poll("the watch to print "+name, 20*time.Second, 250*time.Millisecond, func() error {
+				if err := watch.errExited(); err != nil {
+					return err
+				}
+				if !watch.logContains("flunder.wardle.example.com/" + name) {
+					return errNotYet
+				}
+				return nil
+			})
+		}
+		createFlunder := func(name string) {
+			t.Helper()
+			if err := c.applyYAML(ctx, fmt.Sprintf("apiVersion: wardle.example.com/v1alpha1\nkind: Flunder\nmetadata:\n  name: %s\n  namespace: default\nspec: {}\n", name)); err != nil {
+				t.Fatalf("create flunder %s: %v", name, err)
+			}
+			t.Cleanup(func() {
+				_, _ = c.kubectl(context.Background(), nsCP, "delete", "--ignore-not-found", "flunder", "-n", "default", name)
+			})
+		}
+		pre := "before-" + randHex(3)
+		createFlunder(pre)
+		if err := seen(pre); err != nil {
+			t.Fatal(err)
+		}
+		before := c.agentPortSerial(t, s)
+		if out, err := run(ctx, "", bins.konnect, "certs", "renew", "konnectivity-server", "--dir", c.konnectDir); err != nil {
+			t.Fatalf("konnect certs renew: %v\n%s", err, out)
+		}
+		onDisk, err := loadKeyPair(filepath.Join(c.pki, "konnectivity-server.crt"), filepath.Join(c.pki, "konnectivity-server.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if onDisk.cert.SerialNumber.Cmp(before) == 0 {
+			t.Fatal("konnect certs renew did not change the certificate")
+		}
+		if err := poll("server to serve the renewed certificate", 30*time.Second, 500*time.Millisecond, func() error {
+			if got := c.agentPortSerial(t, s); got.Cmp(onDisk.cert.SerialNumber) != 0 {
+				return fmt.Errorf("serving serial %x, on disk %x", got, onDisk.cert.SerialNumber)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if s.p.exited() || a.p.exited() {
+			t.Fatal("a tunnel process exited during the renewal")
+		}
+		post := "after-" + randHex(3)
+		createFlunder(post)
+		if err := seen(post); err != nil {
+			t.Fatalf("the watch opened before the renewal: %v", err)
+		}
+		t.Logf("renewed konnectivity-server cert served without restart; a watch opened before still streams; flunders work")
+	})
+}
+
+// TestAgentAuthentication checks the server's TokenReview against the real
+// kube-apiserver: a token with the wrong audience, and a token of another
+// ServiceAccount, are refused, while the right one is accepted.
+func TestAgentAuthentication(t *testing.T) {
+	dumpLogsOnFailure(t)
+	c := sharedCluster(t, modeGRPCUDS)
+	c.expectAPIServiceDown(t)
+	s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const intruder = "e2e-intruder"
+	if _, err := c.kubectl(ctx, nsCP, "-n", "kube-system", "get", "serviceaccount", intruder); err != nil {
+		c.kubectlT(t, "-n", "kube-system", "create", "serviceaccount", intruder)
+	}
+	token := func(sa, audience string) string {
+		out := c.kubectlT(t, "-n", "kube-system", "create", "token", sa, "--audience="+audience)
+		path := filepath.Join(c.dir, "token-"+randHex(3))
+		if err := os.WriteFile(path, []byte(strings.TrimSpace(out)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	refused := []*tunnelAgent{
+		c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2, id: "agent-wrong-audience", noWait: true,
+			tokenFile: token("konnectivity-agent", "https://kubernetes.default.svc"),
+			extra:     []string{"--health-server-port=8193", "--admin-server-port=8194"}}),
+		c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2, id: "agent-wrong-account", noWait: true,
+			tokenFile: token(intruder, "system:konnectivity-server"),
+			extra:     []string{"--health-server-port=8293", "--admin-server-port=8294"}}),
+	}
+	c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+
+	// The refused agents keep retrying; each attempt must fail and be
+	// reported by konnect doctor status as that agent's last error.
+	err := poll("konnect doctor status to report the refused agents", 30*time.Second, time.Second, func() error {
+		agents := c.doctorStatus(t, s.adminPort)["cp-0"]
+		for _, a := range refused {
+			st, ok := agents[a.opts.id]
+			switch {
+			case !ok:
+				return fmt.Errorf("%s not listed: %+v", a.opts.id, agents)
+			case st.Connected:
+				return fmt.Errorf("%s is connected with a bad token", a.opts.id)
+			case st.LastError == "":
+				return fmt.Errorf("%s has no last error", a.opts.id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range refused {
+		if err := a.p.errExited(); err != nil {
+			t.Fatalf("a refused agent should keep retrying: %v", err)
+		}
+		t.Logf("%s refused: %s", a.opts.id, c.doctorStatus(t, s.adminPort)["cp-0"][a.opts.id].LastError)
+	}
+	if got, want := c.doctorAgents(t, s.adminPort), map[string][]string{"cp-0": {"agent-w1"}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("connected agents %v, want %v", got, want)
+	}
+	c.checkChain(t)
+}
+
+// TestAgentMTLS authenticates agents by client certificate instead of a
+// token: konnect init issues konnectivity-agent.{crt,key} from the cluster CA
+// (--agent-auth mtls), the server checks it with --cluster-ca-cert, and an
+// agent that has only a token is refused. Both konnect and upstream agents
+// are used.
+func TestAgentMTLS(t *testing.T) {
+	dumpLogsOnFailure(t) // once, for the subtests too: they share this cluster
+	c := sharedCluster(t, modeGRPCUDS)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := run(ctx, "", bins.konnect, "init", "phase", "certs", "--dir", c.konnectDir,
+		"--control-plane-address", cpAddr, "--agent-auth", "mtls"); err != nil {
+		t.Fatalf("konnect init phase certs --agent-auth mtls: %v\n%s", err, out)
+	}
+	certOnly := []string{
+		// No token authentication: every flag of it emptied (pflag keeps the last value).
+		"--agent-namespace=", "--agent-service-account=", "--authentication-audience=", "--kubeconfig=",
+		"--cluster-ca-cert=" + filepath.Join(c.pki, "ca.crt"),
+	}
+	agentCert := []string{
+		"--service-account-token-path=",
+		"--agent-cert=" + filepath.Join(c.pki, "konnectivity-agent.crt"),
+		"--agent-key=" + filepath.Join(c.pki, "konnectivity-agent.key"),
+	}
+	for _, agent := range []impl{implKonnect, implUpstream} {
+		t.Run("konnect-server+"+string(agent)+"-agent", func(t *testing.T) {
+			c.expectAPIServiceDown(t)
+			s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0", extra: certOnly})
+			// A token alone is not enough for this server.
+			tokenOnly := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2, noWait: true})
+			c.startAgent(t, agentOpts{impl: agent, role: nsW1, extra: agentCert})
+			c.checkChain(t)
+			if got, want := c.doctorAgents(t, s.adminPort), map[string][]string{"cp-0": {"agent-w1"}}; !reflect.DeepEqual(got, want) {
+				t.Fatalf("connected agents %v, want %v (the token-only agent must be refused)", got, want)
+			}
+			if err := tokenOnly.p.errExited(); err != nil {
+				t.Fatalf("the refused agent should keep retrying: %v", err)
+			}
+			w2 := nsHTTPClient(c.tp.ns(nsW2), nil, 3*time.Second)
+			if err := httpGetOK(ctx, w2, "http://127.0.0.1:8093/readyz", nil); err == nil {
+				t.Fatal("the token-only agent reports ready against a client-certificate server")
+			}
+			t.Logf("client-certificate agent serves the chain; a token-only agent is refused")
+		})
+	}
+}
+
+// TestWireCompatibility runs the chain with upstream and konnect ends mixed.
+// The upstream pair is the control: it shows the harness itself is sound.
+func TestWireCompatibility(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		server, agent impl
+	}{
+		{"upstream-server+upstream-agent", implUpstream, implUpstream},
+		{"konnect-server+upstream-agent", implKonnect, implUpstream},
+		{"upstream-server+konnect-agent", implUpstream, implKonnect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dumpLogsOnFailure(t)
+			c := sharedCluster(t, modeGRPCUDS)
+			c.expectAPIServiceDown(t)
+			c.startServer(t, serverOpts{impl: tc.server})
+			c.startAgent(t, agentOpts{impl: tc.agent, role: nsW1})
+			c.checkChain(t)
+		})
+	}
+}
+
+// TestManifests checks what konnect init writes for a real cluster: the API
+// server accepts every manifest in a server-side dry run, the ServiceAccount
+// and RBAC (which every other scenario runs on) are in place, and the
+// server's static pod arguments, run as they are, serve the chain.
+func TestManifests(t *testing.T) {
+	dumpLogsOnFailure(t)
+	c := sharedCluster(t, modeGRPCUDS)
+	c.expectAPIServiceDown(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// Server-side dry run of everything: a directory with a kustomization.yaml
+	// is applied with -k, any other YAML file with -f.
+	root := filepath.Join(c.konnectDir, "manifests")
+	var applied []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if _, err := os.Stat(filepath.Join(path, "kustomization.yaml")); err == nil {
+				if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-k", path); err != nil {
+					return fmt.Errorf("dry run of kustomization %s: %w\n%s", path, err, out)
+				}
+				applied = append(applied, "-k "+path)
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".yaml") {
+			return nil
+		}
+		if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-f", path); err != nil {
+			return fmt.Errorf("dry run of %s: %w\n%s", path, err, out)
+		}
+		applied = append(applied, "-f "+path)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubectl apply --dry-run=server accepted: %s", strings.Join(applied, "; "))
+
+	docs, err := c.konnectManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	for _, d := range docs {
+		kinds[d.kind] = true
+	}
+	for _, k := range []string{"Pod", "DaemonSet", "ServiceAccount", "ClusterRoleBinding"} {
+		if !kinds[k] {
+			t.Errorf("konnect init wrote no %s under %s", k, root)
+		}
+	}
+
+	// The ServiceAccount and RBAC were applied at cluster start; applying them
+	// again changes nothing, and they grant what the server needs.
+	rbac, picked, err := c.konnectRBACFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.kubectl(ctx, nsCP, "apply", "-f", rbac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range picked {
+		if !strings.Contains(out, "/"+d.name+" unchanged") {
+			t.Errorf("second apply of konnect's %s %s: want unchanged, got:\n%s", d.kind, d.name, out)
+		}
+	}
+	if out, err := c.kubectl(ctx, nsCP, "auth", "can-i", "create", "tokenreviews.authentication.k8s.io", "--as=system:konnectivity-server"); err != nil || strings.TrimSpace(out) != "yes" {
+		t.Fatalf("system:konnectivity-server may not create TokenReviews: %q %v", out, err)
+	}
+	c.kubectlT(t, "-n", "kube-system", "get", "serviceaccount", "konnectivity-agent")
+
+	// Run konnect server exactly as the static pod would.
+	var pod corev1.Pod
+	for _, d := range docs {
+		if d.kind == "Pod" {
+			if err := yaml.UnmarshalStrict(d.raw, &pod); err != nil {
+				t.Fatalf("%s: %v", d.file, err)
+			}
+		}
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("static pod has %d containers, want 1", len(pod.Spec.Containers))
+	}
+	ctr := pod.Spec.Containers[0]
+	if len(ctr.Command) != 1 || filepath.Base(ctr.Command[0]) != "konnect" {
+		t.Fatalf("static pod command %q, want konnect", ctr.Command)
+	}
+	health := 0
+	for _, a := range ctr.Args {
+		if v, ok := strings.CutPrefix(a, "--health-port="); ok {
+			health, _ = strconv.Atoi(v)
+		}
+	}
+	if health == 0 || ctr.LivenessProbe == nil || ctr.LivenessProbe.HTTPGet == nil || ctr.LivenessProbe.HTTPGet.Port.IntValue() != health {
+		t.Fatalf("static pod: liveness probe does not point at --health-port=%d", health)
+	}
+	p := startProcT(t, "konnect-server-static-pod", c.tp.ns(nsCP), c.logDir, append([]string{bins.konnect}, ctr.Args...)...)
+	c.tunnelStarted = true
+	for _, probe := range []*corev1.Probe{ctr.LivenessProbe, ctr.ReadinessProbe, ctr.StartupProbe} {
+		if probe == nil || probe.HTTPGet == nil {
+			continue
+		}
+		u := fmt.Sprintf("http://127.0.0.1:%d%s", probe.HTTPGet.Port.IntValue(), probe.HTTPGet.Path)
+		client := nsHTTPClient(c.tp.ns(nsCP), nil, 2*time.Second)
+		if err := poll("static pod probe "+u, 30*time.Second, 250*time.Millisecond, func() error {
+			if err := p.errExited(); err != nil {
+				return err
+			}
+			return httpGetOK(ctx, client, u, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("konnect server with the static pod's arguments passes the pod's probes")
+	c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
+	c.checkChain(t)
+}
+
+// TestHTTPConnect runs the chain with kube-apiserver speaking HTTP CONNECT to
+// the server: over a unix socket, and over TCP with mutual TLS (the
+// frontend certificate and kube-apiserver's client certificate come from
+// konnect init). Each needs its own kube-apiserver, since the egress
+// configuration is read at start-up. Mixed konnect/upstream pairs run in
+// this mode too.
+func TestHTTPConnect(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		mode          egressMode
+		server, agent impl
+	}{
+		{"uds", modeHTTPConnectUDS, implKonnect, implKonnect},
+		{"uds/konnect-server+upstream-agent", modeHTTPConnectUDS, implKonnect, implUpstream},
+		{"uds/upstream-server+konnect-agent", modeHTTPConnectUDS, implUpstream, implKonnect},
+		{"tcp-mtls", modeHTTPConnectTCP, implKonnect, implKonnect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dumpLogsOnFailure(t)
+			c := sharedCluster(t, tc.mode)
+			c.expectAPIServiceDown(t)
+			s := c.startServer(t, serverOpts{impl: tc.server, id: "cp-0"})
+			c.startAgent(t, agentOpts{impl: tc.agent, role: nsW1})
+			c.startAgent(t, agentOpts{impl: tc.agent, role: nsW2})
+			c.checkChain(t)
+			if tc.server == implKonnect {
+				want := map[string][]string{"cp-0": {"agent-w1", "agent-w2"}}
+				if got := c.doctorAgents(t, s.adminPort); !reflect.DeepEqual(got, want) {
+					t.Fatalf("konnect doctor status: connected agents %v, want %v", got, want)
+				}
+				t.Logf("konnect doctor status lists both agents")
+				if tc.mode.transport == "uds" {
+					c.doctorDial(t, s)
+					t.Logf("konnect doctor dial through the socket reaches the pod address")
+				}
+			}
+			if tc.mode.transport == "tcp" {
+				c.expectFrontendRequiresClientCert(t)
+			}
+		})
+	}
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Prepares everything the end-to-end tests run against:
+#   - checks that we are root and that `ip netns` works (the tests need both);
+#   - installs the Debian packages etcd-server, openssh-server, curl, hey and
+#     iproute2 when one of their programs is missing;
+#   - builds kube-apiserver v1.36.1, sample-apiserver v0.36.1 and upstream
+#     proxy-server/proxy-agent v0.36.0 from this tools module into the cache dir.
+#
+# A build is skipped when the cache holds binaries made from the same go.mod,
+# go.sum and Go version. The cache dir is $KONNECT_E2E_CACHE, or
+# test/e2e/.cache by default; binaries go to its bin/ subdirectory.
+#
+# Usage: bash test/e2e/tools/build.sh   (prints the bin dir on the last line)
+set -euo pipefail
+
+tools_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache_dir="${KONNECT_E2E_CACHE:-${tools_dir}/../.cache}"
+mkdir -p "${cache_dir}"
+cache_dir="$(cd "${cache_dir}" && pwd)"
+bin_dir="${cache_dir}/bin"
+
+log() { printf 'e2e-tools: %s\n' "$*" >&2; }
+die() { printf 'e2e-tools: FATAL: %s\n' "$*" >&2; exit 1; }
+
+# --- Requirements that cannot be installed ----------------------------------
+if [[ "$(id -u)" != 0 ]]; then
+	die "the end-to-end tests need root (network namespaces, veth pairs, sshd); run as root"
+fi
+command -v ip >/dev/null 2>&1 || need_iproute=1
+if [[ -z "${need_iproute:-}" ]]; then
+	probe="kn-probe-$$"
+	if ! ip netns add "${probe}" 2>/dev/null; then
+		die "'ip netns add' does not work here; the end-to-end tests need network namespaces (root with CAP_SYS_ADMIN, /run/netns writable)"
+	fi
+	ip netns del "${probe}"
+fi
+
+# --- Debian packages -----------------------------------------------------------
+declare -A pkg_for=(
+	[etcd]=etcd-server
+	[sshd]=openssh-server
+	[ssh-keygen]=openssh-client
+	[curl]=curl
+	[hey]=hey
+	[ip]=iproute2
+	[openssl]=openssl
+)
+missing=()
+for prog in "${!pkg_for[@]}"; do
+	path="$(command -v "${prog}" 2>/dev/null || true)"
+	if [[ -z "${path}" && -x "/usr/sbin/${prog}" ]]; then path="/usr/sbin/${prog}"; fi
+	if [[ -z "${path}" && -x "/usr/bin/${prog}" ]]; then path="/usr/bin/${prog}"; fi
+	if [[ -z "${path}" ]]; then missing+=("${pkg_for[${prog}]}"); fi
+done
+if ((${#missing[@]})); then
+	log "installing missing packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q >&2
+	apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+	# Debian starts the services it installs; the tests run their own.
+	for svc in etcd ssh; do
+		if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "${svc}" >/dev/null 2>&1 || true; fi
+		if command -v service >/dev/null 2>&1; then service "${svc}" stop >/dev/null 2>&1 || true; fi
+	done
+fi
+if [[ -n "${need_iproute:-}" ]]; then
+	probe="kn-probe-$$"
+	ip netns add "${probe}" 2>/dev/null || die "'ip netns add' does not work here; the end-to-end tests need network namespaces"
+	ip netns del "${probe}"
+fi
+command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed (expected /usr/bin/kubectl)"
+
+# --- Go binaries -----------------------------------------------------------
+export GOTOOLCHAIN=local
+export GOFLAGS="${GOFLAGS:-} -mod=readonly"
+go_version="$(go env GOVERSION)"
+key="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-${go_version}"
+stamp="${bin_dir}/.stamp"
+binaries=(kube-apiserver sample-apiserver proxy-server proxy-agent)
+
+# One build at a time: the benchmarks and the tests may both call this script.
+exec 9>"${cache_dir}/.lock"
+flock 9
+
+have_all=1
+for b in "${binaries[@]}"; do [[ -x "${bin_dir}/${b}" ]] || have_all=0; done
+if [[ "${have_all}" == 1 && -f "${stamp}" && "$(cat "${stamp}")" == "${key}" ]]; then
+	log "cache hit (${key}) in ${bin_dir}"
+	echo "${bin_dir}"
+	exit 0
+fi
+
+log "building tools into ${bin_dir} (key ${key}); the first build of kube-apiserver takes several minutes"
+mkdir -p "${bin_dir}"
+rm -f "${stamp}"
+kube_version=v1.36.1
+vpkg=k8s.io/component-base/version
+kube_ldflags="-s -w -X ${vpkg}.gitVersion=${kube_version} -X ${vpkg}.gitMajor=1 -X ${vpkg}.gitMinor=36 -X ${vpkg}.gitTreeState=clean -X ${vpkg}.buildDate=2026-01-01T00:00:00Z"
+
+build() { # OUT PKG LDFLAGS
+	local out="$1" pkg="$2" ldflags="$3" start=${SECONDS}
+	log "go build ${pkg} -> ${out}"
+	(cd "${tools_dir}" && nice -n 10 go build -trimpath -ldflags "${ldflags}" -o "${bin_dir}/${out}.tmp" "${pkg}")
+	mv -f "${bin_dir}/${out}.tmp" "${bin_dir}/${out}"
+	log "built ${out} in $((SECONDS - start))s"
+}
+total_start=${SECONDS}
+build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "${kube_ldflags}"
+# sample-apiserver reports the same version so its discovery and skew checks look normal.
+build sample-apiserver k8s.io/sample-apiserver "${kube_ldflags}"
+build proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server "-s -w"
+build proxy-agent sigs.k8s.io/apiserver-network-proxy/cmd/agent "-s -w"
+echo "${key}" >"${stamp}"
+log "all tools built in $((SECONDS - total_start))s"
+echo "${bin_dir}"

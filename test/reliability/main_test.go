@@ -1,0 +1,369 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// envKonnect points at a konnect binary to test instead of building ./cmd/konnect.
+const envKonnect = "KONNECT_BIN"
+
+// konnectBin is the binary under test, built once by TestMain.
+var konnectBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// konnectivity-client logs every cancelled stream through klog; the figures matter here, not that.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "reliability:", err)
+		os.Exit(2)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	tmp, err := os.MkdirTemp("", "konnect-reliability-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	if konnectBin = os.Getenv(envKonnect); konnectBin == "" {
+		root, err := repoRoot()
+		if err != nil {
+			return 0, err
+		}
+		konnectBin = filepath.Join(tmp, "konnect")
+		cmd := exec.Command("go", "build", "-o", konnectBin, "./cmd/konnect")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("go build ./cmd/konnect: %w\n%s", err, out)
+		}
+	}
+	return m.Run(), nil
+}
+
+// repoRoot walks up from the working directory to the directory holding go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// result is what one finished konnect command left behind.
+type result struct {
+	args           []string
+	stdout, stderr string
+	code           int
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("konnect %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(r.args, " "), r.code, r.stdout, r.stderr)
+}
+
+// konnect runs the binary to completion (bounded by timeout) and returns its output and exit code.
+func konnect(t testing.TB, timeout time.Duration, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, konnectBin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent/kubeconfig", "SSH_AUTH_SOCK=")
+	err := cmd.Run()
+	r := result{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exitErr):
+		r.code = exitErr.ExitCode()
+	default:
+		t.Fatalf("konnect %s: %v", strings.Join(args, " "), err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("konnect %s did not finish within %s\n%s", strings.Join(args, " "), timeout, r)
+	}
+	return r
+}
+
+// proc is one long-running konnect process; its stdout and stderr go to a log file.
+type proc struct {
+	t       testing.TB
+	name    string
+	args    []string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+}
+
+// startKonnect starts a konnect daemon. It is killed when the test ends if it still runs.
+func startKonnect(t testing.TB, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, args: args, logPath: filepath.Join(t.TempDir(), name+".log")}
+	p.start()
+	t.Cleanup(func() {
+		p.kill(syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("log of %s (%s):\n%s", p.name, strings.Join(p.args, " "), tail(p.logs(), 4000))
+		}
+	})
+	return p
+}
+
+func (p *proc) start() {
+	p.t.Helper()
+	lf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		p.t.Fatalf("start %s: %v", p.name, err)
+	}
+	defer lf.Close()
+	cmd := exec.Command(konnectBin, p.args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent/kubeconfig", "SSH_AUTH_SOCK=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("start %s: %v", p.name, err)
+	}
+	p.cmd, p.done, p.err = cmd, make(chan struct{}), nil
+	go func(done chan struct{}) {
+		p.err = cmd.Wait()
+		close(done)
+	}(p.done)
+}
+
+// restart starts the same command again after it exited.
+func (p *proc) restart() {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	default:
+		p.t.Fatalf("restart %s: still running", p.name)
+	}
+	p.start()
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill sends sig and waits (bounded) for the process to exit; SIGKILL follows if it does not.
+func (p *proc) kill(sig syscall.Signal) {
+	if p.cmd == nil || !p.running() {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+		return
+	case <-time.After(30 * time.Second):
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// wait waits for the process to exit by itself and returns its exit code.
+func (p *proc) wait(timeout time.Duration) (int, bool) {
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		return 0, false
+	}
+	var exitErr *exec.ExitError
+	if errors.As(p.err, &exitErr) {
+		return exitErr.ExitCode(), true
+	}
+	return 0, true
+}
+
+func (p *proc) logs() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "...\n" + s[len(s)-n:]
+	}
+	return s
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+// eventually polls cond until it returns nil or the deadline passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %v", what, timeout, err)
+}
+
+// httpOK reports nil when GET url answers 200.
+func httpOK(url string) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// fileState is one entry of a directory snapshot.
+type fileState struct {
+	mode fs.FileMode
+	sum  string
+}
+
+// snapshot records every file and directory under dir with its mode and content checksum.
+func snapshot(t testing.TB, dir string) map[string]fileState {
+	t.Helper()
+	snap := map[string]fileState{}
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return snap // a run killed before it created the directory
+	}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		st := fileState{mode: info.Mode()}
+		if info.Mode().IsRegular() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(b)
+			st.sum = hex.EncodeToString(sum[:])
+		}
+		snap[rel] = st
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("snapshot %s: %v", dir, err)
+	}
+	return snap
+}
+
+// diffSnapshots lists what differs between two snapshots.
+func diffSnapshots(before, after map[string]fileState) []string {
+	var diffs []string
+	for p, b := range before {
+		a, ok := after[p]
+		switch {
+		case !ok:
+			diffs = append(diffs, "removed "+p)
+		case a.mode != b.mode:
+			diffs = append(diffs, fmt.Sprintf("mode of %s changed %v -> %v", p, b.mode, a.mode))
+		case a.sum != b.sum:
+			diffs = append(diffs, "content of "+p+" changed")
+		}
+	}
+	for p := range after {
+		if _, ok := before[p]; !ok {
+			diffs = append(diffs, "created "+p)
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
+}
+
+// requireRoot fails (never skips) a test that needs root: the suite is meant to run as root in CI.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test needs root (mounts, read-only bind mounts); run the suite as root")
+	}
+}
+
+// shortDir is a temporary directory with a short path: unix socket paths may not exceed 107 bytes, and
+// t.TempDir's names are long.
+func shortDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "kr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
