@@ -53,10 +53,13 @@ type endpoint struct {
 type epState struct {
 	ep       endpoint
 	sessions int
-	busy     bool // a connect attempt is running
-	retry    backoff
-	lastErr  error
-	errAt    time.Time
+	// aliasOf is set when this address led to a server already connected through another one (a dual-stack
+	// name, or a name and an IP of the same server). It counts as connected while that server is.
+	aliasOf string
+	busy    bool // a connect attempt is running
+	retry   backoff
+	lastErr error
+	errAt   time.Time
 }
 
 // backoff follows upstream's agent: the delay starts at --sync-interval, grows by 1.5x with 10% jitter and
@@ -192,7 +195,9 @@ func (a *Agent) sync(ctx context.Context) {
 			working = append(working, st)
 			continue
 		}
-		all = false
+		if !a.coveredLocked(st) {
+			all = false
+		}
 		if st.busy || now.Before(st.retry.next) {
 			continue
 		}
@@ -304,8 +309,9 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 		if extra {
 			a.lb.reset(&a.cfg)
 		} else {
-			st.retry.reset(&a.cfg)
-			st.lastErr, st.errAt = fmt.Errorf("already connected to server %s through another address", s.serverID), time.Now()
+			// Checked again now and then, in case the address comes to lead somewhere else.
+			st.aliasOf, st.lastErr = s.serverID, nil
+			st.retry.next = time.Now().Add(jitter(a.cfg.SyncIntervalCap))
 		}
 		a.mu.Unlock()
 		klog.V(4).InfoS("Reached a server already connected; closing the duplicate", "serverID", s.serverID, "server", st.ep.addr)
@@ -315,7 +321,7 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 	}
 	a.sessions[s.serverID] = s
 	st.sessions++
-	st.lastErr = nil
+	st.lastErr, st.aliasOf = nil, ""
 	st.retry.reset(&a.cfg)
 	if extra {
 		a.lb.reset(&a.cfg)
@@ -370,7 +376,18 @@ func (a *Agent) serverCount() int {
 // knownServersLocked is the number of servers the agent should be connected to: what the servers say, but
 // at least one per configured address.
 func (a *Agent) knownServersLocked() int {
-	return max(a.serverCount(), len(a.endpoints))
+	distinct := 0
+	for _, st := range a.endpoints {
+		if st.sessions > 0 || !a.coveredLocked(st) {
+			distinct++
+		}
+	}
+	return max(a.serverCount(), distinct)
+}
+
+// coveredLocked reports whether st has no stream of its own but leads to a server that is connected.
+func (a *Agent) coveredLocked(st *epState) bool {
+	return st.sessions == 0 && st.aliasOf != "" && a.sessions[st.aliasOf] != nil
 }
 
 // ServerStatus describes one server endpoint and the stream to it.
@@ -381,6 +398,7 @@ type ServerStatus struct {
 	Connected   bool      //
 	Since       time.Time // when the current stream was opened
 	Connections int       // tunnelled connections open through it
+	Alias       bool      // the address leads to ServerID, which is connected through another address
 	LastError   string    // the last connect or stream error, if any
 	LastErrorAt time.Time
 }
@@ -407,6 +425,9 @@ func (a *Agent) Status() []ServerStatus {
 			found = true
 		}
 		if !found {
+			if a.coveredLocked(st) {
+				base.ServerID, base.Connected, base.Alias = st.aliasOf, true, true
+			}
 			out = append(out, base)
 		}
 	}

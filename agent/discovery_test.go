@@ -82,6 +82,35 @@ func TestOneNameSeveralServers(t *testing.T) {
 	}
 }
 
+// TestTwoAddressesOneServer: a name whose two addresses lead to the same server (dual-stack, or a name and
+// an address of one server) gives one server, not a second one that never connects.
+func TestTwoAddressesOneServer(t *testing.T) {
+	const name = "server.konnect.test"
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, serverHost: name})
+	_, port, _ := net.SplitHostPort(s1.agentAddr)
+	tcpForwarder(t, "127.0.0.2:"+port, s1.agentAddr)
+	cfg := pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "both addresses seen, one server", func() bool {
+		st := ra.Status()
+		return len(st) == 2 && st[0].Connected && st[1].Connected
+	})
+	if n, known := ra.Connected(); n != 1 || known != 1 {
+		t.Fatalf("Connected() = %d, %d; want 1, 1", n, known)
+	}
+	if err := readyErr(ra, "all-servers-connected"); err != nil {
+		t.Fatal(err)
+	}
+	if st := ra.Status(); st[0].ServerID != "s1" || st[1].ServerID != "s1" || st[0].Alias == st[1].Alias {
+		t.Fatalf("status %+v", st)
+	}
+	if s1.backends() != 1 {
+		t.Fatalf("server has %d streams from the agent, want 1", s1.backends())
+	}
+}
+
 // TestAgentIdentifiers: the identifiers reach the server, whose destHost strategy routes by them.
 func TestAgentIdentifiers(t *testing.T) {
 	pki := newTestPKI(t)

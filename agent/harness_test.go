@@ -10,8 +10,10 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"k8s.io/klog/v2"
 	"math/big"
 	"net"
 	"os"
@@ -384,3 +386,33 @@ func (g *group) Wait() error {
 	g.wg.Wait()
 	return g.err
 }
+
+// captureLogs sends klog's output, at the highest verbosity, to a buffer until the test ends, and returns a
+// function that reads it.
+func captureLogs(t *testing.T) func() string {
+	var mu sync.Mutex
+	var buf strings.Builder
+	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "v": "10"} {
+		old := flag.Lookup(name).Value.String()
+		if err := flag.Set(name, v); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = flag.Set(name, old) })
+	}
+	klog.SetOutput(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}))
+	t.Cleanup(func() { klog.SetOutput(os.Stderr) })
+	return func() string {
+		klog.Flush()
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -137,7 +137,11 @@ func TestTwoServersOneAgent(t *testing.T) {
 
 // tcpBalancer forwards each new connection to the next backend in turn, like a layer-4 load balancer.
 func tcpBalancer(t *testing.T, backends ...string) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return tcpForwarder(t, "127.0.0.1:0", backends...)
+}
+
+func tcpForwarder(t *testing.T, listen string, backends ...string) string {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,22 +169,37 @@ func tcpBalancer(t *testing.T, backends ...string) string {
 }
 
 func TestLoadBalancedAddress(t *testing.T) {
-	pki := newTestPKI(t)
-	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})
-	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
-	lb := tcpBalancer(t, s1.agentAddr, s2.agentAddr)
-	ra := startAgent(t, pki.config(lb))
-	// One address, but the servers say there are two: the agent dials again until it has both.
-	eventually(t, 10*time.Second, "agent on both servers behind one address", func() bool {
-		return s1.backends() == 1 && s2.backends() == 1
-	})
-	if n, known := ra.Connected(); n != 2 || known != 2 {
-		t.Fatalf("Connected() = %d, %d", n, known)
-	}
-	// No duplicate streams stay open.
-	time.Sleep(300 * time.Millisecond)
-	if s1.backends() != 1 || s2.backends() != 1 {
-		t.Fatalf("backends %d, %d; want 1, 1", s1.backends(), s2.backends())
+	for _, tc := range []struct {
+		name        string
+		count       int  // what the servers report
+		syncForever bool // --sync-forever
+		want        int  // servers the agent ends up on
+	}{
+		{"servers report two", 2, false, 2},
+		{"servers report one, sync forever", 1, true, 2},
+		{"servers report one", 1, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pki := newTestPKI(t)
+			s1 := startUpstreamServer(t, serverOpts{id: "s1", count: tc.count, ca: pki.ca})
+			s2 := startUpstreamServer(t, serverOpts{id: "s2", count: tc.count, ca: pki.ca})
+			lb := tcpBalancer(t, s1.agentAddr, s2.agentAddr)
+			cfg := pki.config(lb)
+			cfg.SyncForever = tc.syncForever
+			ra := startAgent(t, cfg)
+			// One address, but more servers behind it: the agent dials again until it has them all.
+			eventually(t, 10*time.Second, "agent on the servers behind one address", func() bool {
+				return s1.backends()+s2.backends() == tc.want
+			})
+			// ... and keeps no duplicate or extra streams open.
+			time.Sleep(300 * time.Millisecond)
+			if got := s1.backends() + s2.backends(); got != tc.want {
+				t.Fatalf("agent on %d servers, want %d", got, tc.want)
+			}
+			if n, _ := ra.Connected(); n != tc.want {
+				t.Fatalf("Connected() = %d, want %d", n, tc.want)
+			}
+		})
 	}
 }
 
@@ -377,6 +396,7 @@ func TestWrongServerCA(t *testing.T) {
 }
 
 func TestTokenRejectedIsReported(t *testing.T) {
+	logs := captureLogs(t)
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, wantToken: "other-token"})
 	ra := startAgent(t, pki.config(srv.agentAddr))
@@ -385,6 +405,11 @@ func TestTokenRejectedIsReported(t *testing.T) {
 		return len(st) == 1 && strings.Contains(st[0].LastError, "Unauthenticated") &&
 			strings.Contains(st[0].LastError, "bad token")
 	})
+	_ = ra.stop(t)
+	// Not at any verbosity: captureLogs turned everything on.
+	if out := logs(); strings.Contains(out, "token-1") || !strings.Contains(out, "Cannot connect to server") {
+		t.Fatalf("the token appears in the logs, or the failure does not:\n%s", out)
+	}
 }
 
 func TestHotReloadWithTunnelOpen(t *testing.T) {

@@ -31,8 +31,9 @@ cleanup() {
 trap cleanup EXIT
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-wait_ready() { # name url
+wait_ready() { # name url pid
 	for _ in $(seq 1 100); do
+		if ! kill -0 "$3" 2>/dev/null; then echo "$1 exited before it was ready" >&2; return 1; fi
 		if curl -fsS "$2" >/dev/null 2>&1; then echo "$1 is ready ($2)"; return 0; fi
 		sleep 0.1
 	done
@@ -44,7 +45,10 @@ wait_ready() { # name url
 rm -rf "$DEMO" && mkdir -p "$DEMO/logs"
 step "konnect init: PKI, kubeconfig, egress selector, kube-apiserver flags and manifests into $DEMO"
 "$KONNECT" init --dir "$DEMO" --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 \
-	--agent-auth mtls --key-algorithm ecdsa-p256
+	--key-algorithm ecdsa-p256 --uds-name "$PWD/$DEMO/konnectivity-server.socket"
+# There is no kube-apiserver here to review agent tokens, so the demo's agent authenticates with a client
+# certificate instead (the server's --cluster-ca-cert).
+"$KONNECT" init phase certs konnectivity-agent --dir "$DEMO" --agent-auth mtls --key-algorithm ecdsa-p256
 echo; echo "kube-apiserver would be started with:"; sed 's/^/    /' "$DEMO/kube-apiserver.flags"
 "$KONNECT" certs check-expiration --dir "$DEMO"
 
@@ -55,15 +59,15 @@ step "konnect server: gRPC frontend on the UDS, agents over mutual TLS on 127.0.
 	--health-port "$SERVER_HEALTH" --agent-bind-address 127.0.0.1 --health-bind-address 127.0.0.1 \
 	>"$DEMO/logs/server.log" 2>&1 &
 pids+=($!); server_pid=$!
-wait_ready "konnect server" "http://127.0.0.1:$SERVER_HEALTH/readyz"
+wait_ready "konnect server" "http://127.0.0.1:$SERVER_HEALTH/readyz" "$server_pid"
 
 step "konnect agent: connects to the server with its client certificate"
 "$KONNECT" agent --proxy-server-host 127.0.0.1 --proxy-server-port "$AGENT_PORT" --ca-cert "$DEMO/pki/ca.crt" \
 	--agent-cert "$DEMO/pki/konnectivity-agent.crt" --agent-key "$DEMO/pki/konnectivity-agent.key" \
-	--health-server-port "$AGENT_HEALTH" --admin-server-port "$AGENT_ADMIN" --agent-identifiers host=demo-node \
+	--health-server-host 127.0.0.1 --health-server-port "$AGENT_HEALTH" --admin-server-port "$AGENT_ADMIN" --agent-identifiers host=demo-node \
 	>"$DEMO/logs/agent.log" 2>&1 &
 pids+=($!); agent_pid=$!
-wait_ready "konnect agent" "http://127.0.0.1:$AGENT_HEALTH/readyz"
+wait_ready "konnect agent" "http://127.0.0.1:$AGENT_HEALTH/readyz" "$agent_pid"
 
 step "a small backend behind the agent"
 go run ./hack/demo-backend --port-file "$DEMO/backend.addr" >"$DEMO/logs/backend.log" 2>&1 &
@@ -72,7 +76,7 @@ for _ in $(seq 1 100); do [ -s "$DEMO/backend.addr" ] && break; sleep 0.1; done
 backend=$(cat "$DEMO/backend.addr"); echo "backend listening on $backend"
 
 step "konnect doctor status: the agents the server holds"
-"$KONNECT" doctor status --server-admin "127.0.0.1:$SERVER_ADMIN"
+"$KONNECT" doctor status --admin-address "127.0.0.1:$SERVER_ADMIN"
 
 step "konnect doctor dial $backend: through the UDS, as kube-apiserver does"
 "$KONNECT" doctor dial "$backend" --uds-name "$DEMO/konnectivity-server.socket" --request "GET /through-the-tunnel"

@@ -152,6 +152,12 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 			}
 			return
 		}
+		// Only HTTP/1.x is spoken here; a client that claims another version gets 505 rather than a tunnel
+		// whose framing it may misunderstand.
+		if req.ProtoMajor != 1 {
+			writeHTTPError(c, http.StatusHTTPVersionNotSupported, "only HTTP/1.x is supported")
+			return
+		}
 		if !s.proxyAuthorized(req) {
 			klog.InfoS("HTTP proxy authentication failed", "remote", c.RemoteAddr())
 			writeHTTPError(c, http.StatusProxyAuthRequired, "proxy authentication required",

@@ -349,6 +349,7 @@ func TestHTTPHostileInput(t *testing.T) {
 		{"CONNECT port out of range", "CONNECT example.com:70000 HTTP/1.1\r\n\r\n", "HTTP/1.1 400 "},
 		{"upgrade over forwarding", "GET http://x/ HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", "HTTP/1.1 501 "},
 		{"truncated head", "GET http://x/ HTTP/1.1\r\nHost:", ""},
+		{"unknown HTTP version", "CONNECT example.com:443 HTTP/9.9\r\nHost: example.com\r\n\r\n", "HTTP/1.1 505 "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := string(rawExchange(t, addr, []byte(tc.in), true))

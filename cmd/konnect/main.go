@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/konnect-dev/konnect/cmd/internal/agentcmd"
+	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
 	"github.com/konnect-dev/konnect/cmd/internal/servercmd"
@@ -14,6 +15,7 @@ import (
 )
 
 func main() {
+	daemon.RedactSecretsInLogs()
 	if err := newRootCommand().Execute(); err != nil {
 		// cobra has already printed the error with the command's name.
 		os.Exit(1)

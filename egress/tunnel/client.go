@@ -80,12 +80,26 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	if f.UDSName == "" {
 		creds = credentials.NewTLS(f.TLS)
 	}
+	// A socket that is missing or refusing is a definite answer; do not let gRPC retry it until the timeout.
+	if f.UDSName != "" {
+		probe, err := f.rawDial(ctx)
+		if err != nil {
+			return nil, &FrontendError{Where: f.where(), Err: err}
+		}
+		probe.Close()
+	}
 	// The tunnel lives as long as the connection; cancelling tunnelCtx on Close releases it.
 	tunnelCtx, cancel := context.WithCancel(context.Background())
 	tun, err := kclient.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, target,
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return f.rawDial(ctx) }),
-		grpc.WithBlock(),                  //nolint:staticcheck // as kube-apiserver does
-		grpc.WithReturnConnectionError(),  //nolint:staticcheck // as kube-apiserver does
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			if f.UDSName != "" {
+				return d.DialContext(ctx, "unix", f.UDSName)
+			}
+			return d.DialContext(ctx, "tcp", f.Addr) // gRPC's TLS credentials do the handshake
+		}),
+		grpc.WithBlock(),                 //nolint:staticcheck // as kube-apiserver does
+		grpc.WithReturnConnectionError(), //nolint:staticcheck // as kube-apiserver does
 		grpc.WithTransportCredentials(creds),
 	)
 	if err != nil {
@@ -190,6 +204,8 @@ func Reason(err error) string {
 		return "the agent has no route to the destination"
 	case strings.Contains(low, "no such host"):
 		return "the agent cannot resolve the destination's name"
+	case strings.Contains(low, "not in --allow-destination"):
+		return "the agent's --allow-destination list does not include this address and port"
 	case strings.Contains(low, "tunnel closed"):
 		return "the server closed the tunnel during the dial (server or agent went away)"
 	}

@@ -57,8 +57,6 @@ func leakOptions() []goleak.Option {
 		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
 		goleak.IgnoreAnyFunction("k8s.io/client-go/util/workqueue.(*Typed[...]).updateUnfinishedWorkLoop"),
 		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		// konnectivity-client's tunnels are released a moment after Close (cancelConn).
-		goleak.IgnoreAnyFunction("time.Sleep"),
 	}
 }
 
@@ -326,6 +324,8 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) *proc {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// If the test binary dies (a timeout panic skips cleanups), the child goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -62,3 +62,52 @@ func TestTunnelKonnectAgent(t *testing.T) {
 		})
 	}
 }
+
+// TestTwoServersOneAgent: konnect's agent, given both servers' addresses, holds a connection to each (no
+// load balancer), tunnels work through either, and a server that goes away and comes back is rejoined.
+func TestTwoServersOneAgent(t *testing.T) {
+	e := newEnv(t)
+	cfgs := make([]*Config, 2)
+	servers := make([]*running, 2)
+	for i := range servers {
+		cfgs[i] = e.config("grpc")
+		cfgs[i].ServerID = fmt.Sprintf("server-%d", i)
+		cfgs[i].ServerCount = 2
+		cfgs[i].UDSName = fmt.Sprintf("%s/s%d.sock", e.dir, i)
+		servers[i] = start(t, cfgs[i])
+	}
+	a, err := agent.New(agent.Config{
+		Servers: []string{servers[0].AgentAddr(), servers[1].AgentAddr()},
+		CAFile:  e.ca.file, CertFile: e.agentCert, KeyFile: e.agentKey,
+		AgentID:      "ha-agent",
+		SyncInterval: 100 * time.Millisecond, SyncIntervalCap: 500 * time.Millisecond, GracefulTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	web := startHTTPBackend(t)
+	check := func(s *running) {
+		t.Helper()
+		s.waitAgents(t, 1)
+		c := dial(t, s.frontend("grpc"), web)
+		defer c.Close()
+		if res, _ := httpGet(t, c, web, "/"); res.StatusCode != 200 {
+			t.Fatalf("through %s: %s", s.cfg.ServerID, res.Status)
+		}
+	}
+	check(servers[0])
+	check(servers[1])
+
+	// Server 1 goes away: server 0 keeps working; server 1 comes back on the same port and is rejoined.
+	addr := servers[1].AgentAddr()
+	servers[1].stop(t)
+	check(servers[0])
+	cfgs[1].AgentAddr = addr
+	servers[1] = start(t, cfgs[1])
+	check(servers[1])
+}

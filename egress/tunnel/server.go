@@ -115,6 +115,8 @@ func New(c *Config) (_ *Server, err error) {
 		grpc.WriteBufferSize(ioBufferSize),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
 		grpc.StreamInterceptor(s.agentInterceptor),
+		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
+		grpc.ForceServerCodecV2(packetCodec{zeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
 	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
 
@@ -142,6 +144,7 @@ func New(c *Config) (_ *Server, err error) {
 			grpc.WriteBufferSize(ioBufferSize),
 			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
 			grpc.StreamInterceptor(s.frontendInterceptor),
+			grpc.ForceServerCodecV2(packetCodec{zeroCopySend: true}),
 		}
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
@@ -306,7 +305,5 @@ func TestSingleWriteSplitForUpstreamAgent(t *testing.T) {
 	echo := startEchoBackend(t)
 	c := dial(t, s.frontend("grpc"), echo)
 	defer c.Close()
-	before := sha256.Sum256(nil)
-	_ = before
 	echoRoundTrip(t, c, 16<<20+12345, 0)
 }

@@ -45,8 +45,8 @@ func (i impl) agentArgv() []string {
 	return []string{bins.konnect, "agent", "--graceful-timeout=3s"}
 }
 
-// Default ports of the first tunnel server in cp (the ones TOPOLOGY-style
-// deployments use); a second server adds 10.
+// Ports of the first tunnel server in cp: the ones konnect's generated
+// static pod and DaemonSet use. A second server adds 10.
 const (
 	agentPort  = 8132
 	adminPort  = 8133

@@ -31,7 +31,7 @@ var (
 func initBase(t *testing.T) string {
 	t.Helper()
 	baseDirOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "konnect-reliability-base-")
+		dir, err := os.MkdirTemp(runDir, "base-")
 		if err != nil {
 			baseDirErr = err
 			return

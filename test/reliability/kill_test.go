@@ -62,8 +62,9 @@ func killAfter(t *testing.T, delay time.Duration, args ...string) (killed bool, 
 	return false, 0
 }
 
-// measure returns the median wall time of run.
-func measure(t *testing.T, n int, run func(i int)) time.Duration {
+// fastest returns the shortest wall time of n runs: on a loaded machine the median overstates the run
+// time, and most kills would then land after the run finished.
+func fastest(n int, run func(i int)) time.Duration {
 	var d []time.Duration
 	for i := range n {
 		start := time.Now()
@@ -71,7 +72,7 @@ func measure(t *testing.T, n int, run func(i int)) time.Duration {
 		d = append(d, time.Since(start))
 	}
 	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)/2]
+	return d[0]
 }
 
 func initArgs(dir string) []string {
@@ -99,11 +100,17 @@ const caKeyWithoutCert = "refusing to replace a CA key"
 
 // checkAfterKill checks the invariants that must hold after any interruption, and that a rerun
 // completes without changing any file the interrupted run had finished.
-func checkAfterKill(t *testing.T, dir string, stats map[string]int) (ok bool) {
+func checkAfterKill(t *testing.T, dir string, stats map[string]int) (ok, caKeyOnly bool) {
 	t.Helper()
+	failed := false
+	errorf := func(format string, args ...any) {
+		t.Helper()
+		failed = true
+		t.Errorf(format, args...)
+	}
 	st := inspectPKI(dir)
 	for _, p := range st.problems {
-		t.Errorf("after kill: %s", p)
+		errorf("after kill: %s", p)
 	}
 	stats["temp files left"] += len(st.temps)
 	for name, s := range st.pairs {
@@ -116,11 +123,11 @@ func checkAfterKill(t *testing.T, dir string, stats map[string]int) (ok bool) {
 	if r.code != 0 {
 		if strings.Contains(r.stderr, caKeyWithoutCert) {
 			stats["rerun refused: CA key without certificate"]++
-			t.Errorf("rerun after kill -9 does not complete: the kill left a CA key without its certificate and init refuses it (product bug, see TestKillDuringInit/ca-key-left-by-kill):\n%s", r)
-			return false
+			errorf("rerun after kill -9 does not complete: the kill left a CA key without its certificate and init refuses it (product bug, see TestKillDuringInit/ca-key-left-by-kill):\n%s", r)
+			return false, true
 		}
-		t.Errorf("rerun after kill -9 failed:\n%s", r)
-		return false
+		errorf("rerun after kill -9 failed:\n%s", r)
+		return false, false
 	}
 	after := snapshot(t, dir)
 	// Every file the killed run had completed is kept byte for byte by the rerun; the only exception is
@@ -135,22 +142,22 @@ func checkAfterKill(t *testing.T, dir string, stats map[string]int) (ok bool) {
 			continue
 		}
 		if !found || a.sum != b.sum {
-			t.Errorf("rerun changed %s, which the killed run had left (torn or replaced file)", path)
+			errorf("rerun changed %s, which the killed run had left (torn or replaced file)", path)
 		}
 	}
 	final := inspectPKI(dir)
 	for _, p := range final.problems {
-		t.Errorf("after rerun: %s", p)
+		errorf("after rerun: %s", p)
 	}
 	for _, n := range []string{"ca", "front-proxy-ca", "front-proxy-client", "konnectivity-server-client", "konnectivity-server"} {
 		if final.pairs[n] != pairComplete {
-			t.Errorf("after rerun: %s is not complete", n)
+			errorf("after rerun: %s is not complete", n)
 		}
 	}
 	if err := checkServerConf(dir); err != nil {
-		t.Errorf("after rerun: %v", err)
+		errorf("after rerun: %v", err)
 	}
-	return !t.Failed()
+	return !failed, false
 }
 
 // TestKillDuringInit kills konnect init with SIGKILL at random points, repeatedly: on a fresh directory
@@ -160,13 +167,13 @@ func checkAfterKill(t *testing.T, dir string, stats map[string]int) (ok bool) {
 func TestKillDuringInit(t *testing.T) {
 	rng := seed(t)
 	base := shortDir(t)
-	d := measure(t, 3, func(i int) {
+	d := fastest(5, func(i int) {
 		dir := filepath.Join(base, "measure-"+strconv.Itoa(i))
 		if r := konnect(t, time.Minute, initArgs(dir)...); r.code != 0 {
 			t.Fatalf("init: %s", r)
 		}
 	})
-	t.Logf("konnect init takes %s (median of 3); kills are spread over [0, %s]", d, d*5/4)
+	t.Logf("konnect init takes %s (fastest of 5); kills are spread over [0, %s]", d, d*5/4)
 	stats := map[string]int{}
 	start := time.Now()
 	for i := 0; i < killIterations && time.Since(start) < killBudget; i++ {
@@ -179,7 +186,9 @@ func TestKillDuringInit(t *testing.T) {
 		} else if code != 0 {
 			t.Fatalf("iteration %d: init exited %d without being killed", i, code)
 		}
-		if !checkAfterKill(t, dir, stats) {
+		if ok, caKeyOnly := checkAfterKill(t, dir, stats); caKeyOnly {
+			continue // reported; the other invariants are still checked in the next iterations
+		} else if !ok {
 			t.Fatalf("iteration %d (fresh directory) failed; stats %v", i, stats)
 		}
 		cas := caSums(t, dir)
@@ -200,7 +209,7 @@ func TestKillDuringInit(t *testing.T) {
 		if got := caSums(t, dir); got != cas {
 			t.Fatalf("iteration %d: a CA changed during a killed run:\nbefore %s\nafter  %s", i, cas, got)
 		}
-		if !checkAfterKill(t, dir, stats) {
+		if ok, _ := checkAfterKill(t, dir, stats); !ok {
 			t.Fatalf("iteration %d (existing CAs) failed; stats %v", i, stats)
 		}
 		if got := caSums(t, dir); got != cas {
@@ -249,12 +258,12 @@ func TestKillDuringCertsRenew(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "k")
 	initMTLS(t, dir)
 	renew := []string{"certs", "renew", "all", "--dir", dir}
-	d := measure(t, 3, func(int) {
+	d := fastest(5, func(int) {
 		if r := konnect(t, time.Minute, renew...); r.code != 0 {
 			t.Fatalf("renew: %s", r)
 		}
 	})
-	t.Logf("konnect certs renew all takes %s (median of 3); kills are spread over [0, %s]", d, d*5/4)
+	t.Logf("konnect certs renew all takes %s (fastest of 5); kills are spread over [0, %s]", d, d*5/4)
 	keys := map[string]string{}
 	for p, s := range snapshot(t, dir) {
 		if strings.HasSuffix(p, ".key") {

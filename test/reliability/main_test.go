@@ -27,8 +27,9 @@ import (
 // envKonnect points at a konnect binary to test instead of building ./cmd/konnect.
 const envKonnect = "KONNECT_BIN"
 
-// konnectBin is the binary under test, built once by TestMain.
-var konnectBin string
+// konnectBin is the binary under test, built once by TestMain; runDir holds what the whole run shares
+// and is removed at its end.
+var konnectBin, runDir string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -49,6 +50,7 @@ func run(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
+	runDir = tmp
 	if konnectBin = os.Getenv(envKonnect); konnectBin == "" {
 		root, err := repoRoot()
 		if err != nil {

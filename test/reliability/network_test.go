@@ -75,7 +75,12 @@ func socksGet(proxyAddr, addr string) error {
 
 // exchange writes msg, then reads until the peer closes or the deadline passes.
 func exchange(addr string, msg []byte, wait time.Duration) (resp []byte, closed bool, elapsed time.Duration, err error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return exchangeOn("tcp", addr, msg, wait)
+}
+
+// exchangeOn is exchange over network ("tcp" or "unix").
+func exchangeOn(network, addr string, msg []byte, wait time.Duration) (resp []byte, closed bool, elapsed time.Duration, err error) {
+	c, err := net.DialTimeout(network, addr, 5*time.Second)
 	if err != nil {
 		return nil, false, 0, err
 	}
@@ -506,4 +511,81 @@ func TestAllowDestination(t *testing.T) {
 		t.Errorf("agent not ready after the refusal: %v", err)
 	}
 	t.Logf("refusal seen by the dialler: %s", strings.TrimSpace(bad.stdout+bad.stderr))
+}
+
+// TestHostileConnectFrontend sends malformed and hostile requests to konnect server's HTTP CONNECT frontend
+// (--mode http-connect on a unix socket, where kube-apiserver's egress selector connects). Each is refused
+// with an HTTP error or closed within the header timeout; nothing reaches the backend; the server stays
+// ready and a valid CONNECT through the tunnel works afterwards.
+func TestHostileConnectFrontend(t *testing.T) {
+	t.Parallel() // waits on timeouts; runs alongside the other waiting tests, after the soak
+	dir := copyBase(t)
+	b := startBackend(t)
+	tn := startTunnel(t, dir, append(mtlsServer(dir), "--mode", "http-connect"), mtlsAgent(dir))
+	valid := func() error {
+		r := konnect(t, time.Minute, "doctor", "dial", b.addr, "--uds-name", tn.uds, "--mode", "http-connect", "--timeout", "10s", "--request", "GET /")
+		if r.code != 0 {
+			return fmt.Errorf("%s", r)
+		}
+		return nil
+	}
+	eventually(t, 20*time.Second, "valid CONNECT before the hostile ones", valid)
+	accepted := b.accepted.Load()
+	big := bytes.Repeat([]byte("a"), 1<<20)
+	target := b.addr
+	cases := []hostileCase{
+		{name: "garbage", msg: []byte("\x16\x03\x01garbage\r\n\r\n"), check: httpStatus(400, 499)},
+		{name: "not-connect", msg: []byte("GET http://" + target + "/ HTTP/1.1\r\nHost: " + target + "\r\n\r\n"), check: httpStatus(400, 499)},
+		{name: "connect-without-port", msg: []byte("CONNECT 127.0.0.1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"), check: httpStatus(400, 599)},
+		{name: "connect-port-out-of-range", msg: []byte("CONNECT 127.0.0.1:99999 HTTP/1.1\r\nHost: 127.0.0.1:99999\r\n\r\n"), check: httpStatus(400, 599)},
+		{name: "oversized-header", msg: append(append([]byte("CONNECT "+target+" HTTP/1.1\r\nX-Big: "), big...), "\r\n\r\n"...), check: httpStatus(400, 499)},
+		{name: "truncated-head", msg: []byte("CONNECT " + target + " HTTP/1.1\r\nHost: 127"), check: httpStatus(400, 499), hangs: true},
+		{name: "wrong-version", msg: []byte("CONNECT " + target + " HTTP/9.9\r\nHost: " + target + "\r\n\r\n"), check: httpStatus(400, 505)},
+	}
+	type outcome struct {
+		resp    []byte
+		closed  bool
+		elapsed time.Duration
+		wait    time.Duration
+		err     error
+	}
+	outcomes := make([]outcome, len(cases))
+	var wg sync.WaitGroup
+	for i, tc := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &outcomes[i]
+			o.wait = 5 * time.Second
+			if tc.hangs {
+				o.wait = 15 * time.Second // the frontend's header timeout is 10 s
+			}
+			o.resp, o.closed, o.elapsed, o.err = exchangeOn("unix", tn.uds, tc.msg, o.wait)
+		}()
+	}
+	wg.Wait()
+	if got := b.accepted.Load() - accepted; got != 0 {
+		t.Errorf("the backend accepted %d connections during the hostile requests", got)
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := outcomes[i]
+			if o.err != nil {
+				t.Fatal(o.err)
+			}
+			if !o.closed && !bytes.HasPrefix(o.resp, []byte("HTTP/1.1 4")) && !bytes.HasPrefix(o.resp, []byte("HTTP/1.1 5")) {
+				t.Errorf("connection still open after %s without an error answer (answer %q)", o.wait, head(o.resp))
+			}
+			if err := tc.check(o.resp); err != nil {
+				t.Error(err)
+			}
+			t.Logf("answer %q, closed=%v after %s", head(o.resp), o.closed, o.elapsed.Round(time.Millisecond))
+		})
+	}
+	if err := httpOK(fmt.Sprintf("http://127.0.0.1:%d/readyz", tn.sp.health)); err != nil {
+		t.Errorf("server not ready afterwards: %v", err)
+	}
+	if err := valid(); err != nil {
+		t.Errorf("valid CONNECT afterwards: %v", err)
+	}
 }

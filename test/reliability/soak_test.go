@@ -351,7 +351,7 @@ func TestChurnSoak(t *testing.T) {
 	}
 	measureAll := func() map[string]procStats {
 		time.Sleep(3 * time.Second) // closed tunnels finish on both ends
-		runtimeGC := map[string]procStats{}
+		stats := map[string]procStats{}
 		for _, m := range all {
 			g, err := goroutines(m.admin)
 			if err != nil {
@@ -361,9 +361,9 @@ func TestChurnSoak(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s RSS: %v", m.name, err)
 			}
-			runtimeGC[m.name] = procStats{g, r}
+			stats[m.name] = procStats{g, r}
 		}
-		return runtimeGC
+		return stats
 	}
 	before := measureAll()
 	start := time.Now()

@@ -36,7 +36,6 @@ type tokenReviewer struct {
 	srv    *httptest.Server
 	mu     sync.Mutex
 	tokens map[string]fakeToken
-	seen   []string // tokens asked about
 }
 
 func newTokenReviewer(t *testing.T) *tokenReviewer {
@@ -68,7 +67,6 @@ func (tr *tokenReviewer) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tr.mu.Lock()
-	tr.seen = append(tr.seen, review.Spec.Token)
 	ft, ok := tr.tokens[review.Spec.Token]
 	tr.mu.Unlock()
 	review.APIVersion, review.Kind = "authentication.k8s.io/v1", "TokenReview"

@@ -56,6 +56,17 @@ func TestCheckLoopback(t *testing.T) {
 	}
 }
 
+func TestCheckLoopbackNamesTheAllowFlag(t *testing.T) {
+	err := CheckLoopback("0.0.0.0:8133", false, "--admin-bind-address", "--allow-remote-admin")
+	if err == nil || !strings.Contains(err.Error(), "pass --allow-remote-admin") {
+		t.Fatalf("error %v, want it to name --allow-remote-admin", err)
+	}
+	err = CheckLoopback("0.0.0.0:1080", false, "-D")
+	if err == nil || !strings.Contains(err.Error(), "pass --allow-remote ") {
+		t.Fatalf("error %v, want it to name --allow-remote by default", err)
+	}
+}
+
 func TestListenAddressInUse(t *testing.T) {
 	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
 	if err != nil {
@@ -191,5 +202,23 @@ func TestSlowlorisIsCutOff(t *testing.T) {
 	_, err = io.ReadAll(c)
 	if elapsed := time.Since(start); err != nil || elapsed > ReadHeaderTimeout+3*time.Second {
 		t.Fatalf("connection closed after %v (err %v), want within about %v", elapsed, err, ReadHeaderTimeout)
+	}
+}
+
+func TestRedactSecretsInLogs(t *testing.T) {
+	body := `{"kind":"TokenReview","apiVersion":"authentication.k8s.io/v1","spec":{"token":"eyJhbGciOiJSUzI1NiJ9.secret"}}`
+	_, kv := secretFilter{}.FilterS("Request Body", []interface{}{"body", body, "verb", "POST"})
+	if kv[1] != redacted || kv[3] != "POST" {
+		t.Fatalf("FilterS = %v, want the body redacted and the verb kept", kv)
+	}
+	args := secretFilter{}.Filter([]interface{}{"-----BEGIN EC PRIVATE KEY-----\nMHc...", "harmless"})
+	if args[0] != redacted || args[1] != "harmless" {
+		t.Fatalf("Filter = %v, want the key redacted", args)
+	}
+	if _, a := (secretFilter{}).FilterF("%s", []interface{}{"Authorization: Bearer abc.def"}); a[0] != redacted {
+		t.Fatalf("FilterF kept a bearer token: %v", a)
+	}
+	if _, a := (secretFilter{}).FilterF("%s", []interface{}{"Authorization: Bearer <masked>"}); a[0] == redacted {
+		t.Fatalf("FilterF redacted a header client-go already masked")
 	}
 }

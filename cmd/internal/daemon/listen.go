@@ -10,10 +10,11 @@ import (
 
 // Listen binds addr before the daemon starts, so that "address in use" is an error returned at start-up and
 // not a log line later. A TCP address that is not loopback is refused unless allowRemote is set; flagName is
-// the flag the address came from, so the error tells the user what to change.
-func Listen(network, addr string, allowRemote bool, flagName string) (net.Listener, error) {
+// the flag the address came from, and allowFlag (default --allow-remote) the flag that permits a remote
+// address, so the error tells the user what to change.
+func Listen(network, addr string, allowRemote bool, flagName string, allowFlag ...string) (net.Listener, error) {
 	if strings.HasPrefix(network, "tcp") {
-		if err := CheckLoopback(addr, allowRemote, flagName); err != nil {
+		if err := CheckLoopback(addr, allowRemote, flagName, allowFlag...); err != nil {
 			return nil, err
 		}
 	}
@@ -25,8 +26,9 @@ func Listen(network, addr string, allowRemote bool, flagName string) (net.Listen
 }
 
 // CheckLoopback returns an error unless addr (host:port) is a loopback address, "localhost", or allowRemote is
-// set. An empty host means every interface, which is remote.
-func CheckLoopback(addr string, allowRemote bool, flagName string) error {
+// set. An empty host means every interface, which is remote. allowFlag names the flag that permits it
+// (default --allow-remote).
+func CheckLoopback(addr string, allowRemote bool, flagName string, allowFlag ...string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%s: %q is not host:port: %w", flagName, addr, err)
@@ -38,7 +40,11 @@ func CheckLoopback(addr string, allowRemote bool, flagName string) error {
 	if shown == "" {
 		shown = "all interfaces"
 	}
-	return fmt.Errorf("%s: refusing to listen on %s (%s is not loopback); pass --allow-remote if you really mean it", flagName, addr, shown)
+	allow := "--allow-remote"
+	if len(allowFlag) > 0 && allowFlag[0] != "" {
+		allow = allowFlag[0]
+	}
+	return fmt.Errorf("%s: refusing to listen on %s (%s is not loopback); pass %s if you really mean it", flagName, addr, shown, allow)
 }
 
 // IsLoopbackHost reports whether host is "localhost" or a loopback IP literal.
