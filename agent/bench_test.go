@@ -205,5 +205,9 @@ func TestMain(m *testing.M) {
 	// -args -v=4 shows the agent's logs.
 	klog.InitFlags(nil)
 	flag.Parse()
-	os.Exit(m.Run())
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir) // the upstream binary built by upstreamProxyServer
+	}
+	os.Exit(code)
 }

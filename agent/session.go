@@ -82,7 +82,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		md.Set(header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+tok)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+ep.addr,
-		grpc.WithTransportCredentials(grpccreds.NewTLS(tlsCfg)),
+		grpc.WithTransportCredentials(batchTLS{grpccreds.NewTLS(tlsCfg)}),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.KeepaliveTime, PermitWithoutStream: true}),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),

@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -34,6 +35,12 @@ type Agent struct {
 	// ConfigMap that kube-controller-manager publishes in every namespace.
 	CACert []byte
 
+	// ClientCert and ClientKey, both PEM, switch agents from service-account tokens to client
+	// certificates (the server then needs Server.AgentClientCA): they are shipped in the
+	// kubernetes.io/tls Secret AgentTLSSecret, rendered in a file of its own with mode 0600, and the
+	// agents get no service-account token at all. Both empty means token authentication.
+	ClientCert, ClientKey []byte
+
 	// HealthPort is the agent's health port (probes); zero means DefaultAgentHealthPort.
 	HealthPort int
 }
@@ -43,9 +50,16 @@ const (
 	agentCredentialsDir = "/var/run/secrets/konnectivity-agent"
 	agentTokenFile      = "token"
 	agentCAFile         = "ca.crt"
+	agentCertFile       = corev1.TLSCertKey
+	agentKeyFile        = corev1.TLSPrivateKeyKey
+	// agentKeyMode keeps the key from other users of the node's filesystem; the pod's fsGroup lets
+	// the agent, which is not root, read it.
+	agentKeyMode = 0o440
 	// AgentCAConfigMap is the ConfigMap rendered when Agent.CACert is set.
 	AgentCAConfigMap = "konnectivity-agent-ca"
-	rootCAConfigMap  = "kube-root-ca.crt"
+	// AgentTLSSecret is the Secret rendered when Agent.ClientCert is set.
+	AgentTLSSecret  = "konnectivity-agent-tls"
+	rootCAConfigMap = "kube-root-ca.crt"
 	// tokenExpiry is how long a projected token lives; kubelet refreshes it at 80% of that.
 	tokenExpiry = 3600
 )
@@ -100,22 +114,46 @@ func (a Agent) Validate() error {
 	if len(a.CACert) > 0 && !containsPEMCertificate(a.CACert) {
 		return fmt.Errorf("konnectivity-agent: CA certificate: no PEM CERTIFICATE block")
 	}
+	if len(a.ClientCert) > 0 || len(a.ClientKey) > 0 {
+		if !containsPEMCertificate(a.ClientCert) {
+			return fmt.Errorf("konnectivity-agent: --agent-cert: no PEM CERTIFICATE block")
+		}
+		if !containsPEM(a.ClientKey, "PRIVATE KEY") {
+			return fmt.Errorf("konnectivity-agent: --agent-key: no PEM PRIVATE KEY block")
+		}
+		// Caught here rather than by every agent failing its handshake after `kubectl apply`. The
+		// error names no key material.
+		if _, err := tls.X509KeyPair(a.ClientCert, a.ClientKey); err != nil {
+			return fmt.Errorf("konnectivity-agent: --agent-cert and --agent-key: %w", err)
+		}
+	}
 	return nil
 }
+
+// clientCertAuth reports whether agents authenticate with a client certificate.
+func (a Agent) clientCertAuth() bool { return len(a.ClientCert) > 0 }
 
 // Args returns the arguments of `konnect agent`, in upstream proxy-agent's spelling.
 func (a Agent) Args() []string {
 	a = a.withDefaults()
-	return []string{
+	args := []string{
 		"agent",
 		"--proxy-server-host=" + a.ProxyServerHost,
 		"--proxy-server-port=" + strconv.Itoa(a.ProxyServerPort),
 		"--ca-cert=" + agentCredentialsDir + "/" + agentCAFile,
-		"--service-account-token-path=" + agentCredentialsDir + "/" + agentTokenFile,
+	}
+	if a.clientCertAuth() {
+		args = append(args,
+			"--agent-cert="+agentCredentialsDir+"/"+agentCertFile,
+			"--agent-key="+agentCredentialsDir+"/"+agentKeyFile)
+	} else {
+		args = append(args, "--service-account-token-path="+agentCredentialsDir+"/"+agentTokenFile)
+	}
+	return append(args,
 		// Bound to the pod's own address, which is where kubelet sends the probes.
 		"--health-server-host=$(POD_IP)",
-		"--health-server-port=" + strconv.Itoa(a.HealthPort),
-	}
+		"--health-server-port="+strconv.Itoa(a.HealthPort),
+	)
 }
 
 // DaemonSet builds the agent DaemonSet.
@@ -142,6 +180,39 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 	liveness := probe("/livez", 10, 3)
 	liveness.InitialDelaySeconds = 15
 
+	podSecurity := &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](65534),
+		RunAsGroup:     ptr.To[int64](65534),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	credentials := []corev1.VolumeProjection{
+		{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+			Audience:          Audience,
+			ExpirationSeconds: ptr.To[int64](tokenExpiry),
+			Path:              agentTokenFile,
+		}},
+		{ConfigMap: &corev1.ConfigMapProjection{
+			LocalObjectReference: corev1.LocalObjectReference{Name: caConfigMap},
+			Items:                []corev1.KeyToPath{{Key: agentCAFile, Path: agentCAFile}},
+		}},
+	}
+	if a.clientCertAuth() {
+		// No token: the certificate is the agent's only credential, and a token it does not need
+		// would still let anyone who reads it talk to kube-apiserver as the agent.
+		credentials = []corev1.VolumeProjection{
+			credentials[1],
+			{Secret: &corev1.SecretProjection{
+				LocalObjectReference: corev1.LocalObjectReference{Name: AgentTLSSecret},
+				Items: []corev1.KeyToPath{
+					{Key: corev1.TLSCertKey, Path: agentCertFile},
+					{Key: corev1.TLSPrivateKeyKey, Path: agentKeyFile, Mode: ptr.To[int32](agentKeyMode)},
+				},
+			}},
+		}
+		podSecurity.FSGroup = ptr.To[int64](65534)
+	}
+
 	return &appsv1.DaemonSet{
 		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -159,7 +230,7 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 				ObjectMeta: metav1.ObjectMeta{Labels: commonLabels(labels)},
 				Spec: corev1.PodSpec{
 					ServiceAccountName: AgentServiceAccount,
-					// The agent never calls the API; its one credential is the projected token below.
+					// The agent never calls the API; its one credential is in the projected volume below.
 					AutomountServiceAccountToken: ptr.To(false),
 					PriorityClassName:            "system-node-critical",
 					NodeSelector:                 map[string]string{"kubernetes.io/os": "linux"},
@@ -171,12 +242,7 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 						{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
 						{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
 					},
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot:   ptr.To(true),
-						RunAsUser:      ptr.To[int64](65534),
-						RunAsGroup:     ptr.To[int64](65534),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
+					SecurityContext: podSecurity,
 					Containers: []corev1.Container{{
 						Name:            "konnectivity-agent",
 						Image:           a.Image,
@@ -206,17 +272,7 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 					Volumes: []corev1.Volume{{
 						Name: "konnectivity-agent-credentials",
 						VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-							Sources: []corev1.VolumeProjection{
-								{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
-									Audience:          Audience,
-									ExpirationSeconds: ptr.To[int64](tokenExpiry),
-									Path:              agentTokenFile,
-								}},
-								{ConfigMap: &corev1.ConfigMapProjection{
-									LocalObjectReference: corev1.LocalObjectReference{Name: caConfigMap},
-									Items:                []corev1.KeyToPath{{Key: agentCAFile, Path: agentCAFile}},
-								}},
-							},
+							Sources: credentials,
 						}},
 					}},
 				},
@@ -226,8 +282,9 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 }
 
 // Render renders the cluster-side manifests and a kustomization.yaml listing them, for
-// `kubectl apply -k DIR`: the CA ConfigMap (only with CACert), the agents' ServiceAccount, the
-// ClusterRoleBinding that lets the server review the agents' tokens, and the DaemonSet.
+// `kubectl apply -k DIR`: the CA ConfigMap (only with CACert), the agents' certificate Secret (only
+// with ClientCert; mode 0600), the agents' ServiceAccount, the ClusterRoleBinding that lets the server
+// review the agents' tokens (only without ClientCert), and the DaemonSet.
 func (a Agent) Render() ([]File, error) {
 	ds, err := a.DaemonSet()
 	if err != nil {
@@ -241,19 +298,29 @@ func (a Agent) Render() ([]File, error) {
 			Data:       map[string]string{agentCAFile: string(a.CACert)},
 		}})
 	}
-	objs = append(objs,
-		namedObject{name: "konnectivity-agent-serviceaccount.yaml", obj: &corev1.ServiceAccount{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-			ObjectMeta: metav1.ObjectMeta{Name: AgentServiceAccount, Namespace: Namespace, Labels: commonLabels(nil)},
-		}},
-		// The server authenticates agents with TokenReview, which needs system:auth-delegator.
-		namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
+	if a.clientCertAuth() {
+		objs = append(objs, namedObject{name: AgentTLSSecret + ".yaml", secret: true, obj: &corev1.Secret{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Name: AgentTLSSecret, Namespace: Namespace, Labels: commonLabels(nil)},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{corev1.TLSCertKey: a.ClientCert, corev1.TLSPrivateKeyKey: a.ClientKey},
+		}})
+	}
+	// The pods still name the ServiceAccount, so it exists in both variants.
+	objs = append(objs, namedObject{name: "konnectivity-agent-serviceaccount.yaml", obj: &corev1.ServiceAccount{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentServiceAccount, Namespace: Namespace, Labels: commonLabels(nil)},
+	}})
+	if !a.clientCertAuth() {
+		// The server authenticates agents with TokenReview, which needs system:auth-delegator; with
+		// client certificates it reviews nothing and gets no such grant.
+		objs = append(objs, namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
 			ObjectMeta: metav1.ObjectMeta{Name: ServerUser, Labels: commonLabels(nil)},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
-		}},
-		namedObject{name: "konnectivity-agent.yaml", obj: ds},
-	)
+		}})
+	}
+	objs = append(objs, namedObject{name: "konnectivity-agent.yaml", obj: ds})
 	return renderAll(objs)
 }

@@ -1,12 +1,15 @@
 package manifests
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
+	"io/fs"
 	"math/big"
 	"slices"
 	"strconv"
@@ -189,16 +192,27 @@ func checkAgentDaemonSet(t *testing.T, ds *appsv1.DaemonSet, a Agent, configMap 
 	dir := c.VolumeMounts[0].MountPath
 	proj := spec.Volumes[0].Projected
 	if proj == nil || len(proj.Sources) != 2 {
-		t.Fatalf("volume %+v, want a projected volume with a token and a CA", spec.Volumes[0])
+		t.Fatalf("volume %+v, want a projected volume with a CA and a token or a certificate", spec.Volumes[0])
 	}
-	tok := proj.Sources[0].ServiceAccountToken
-	if tok == nil || tok.Audience != "system:konnectivity-server" || tok.ExpirationSeconds == nil || *tok.ExpirationSeconds < 600 {
-		t.Fatalf("token projection %+v, want audience system:konnectivity-server", tok)
+	var cm *corev1.ConfigMapProjection
+	if len(a.ClientCert) == 0 {
+		tok := proj.Sources[0].ServiceAccountToken
+		if tok == nil || tok.Audience != "system:konnectivity-server" || tok.ExpirationSeconds == nil || *tok.ExpirationSeconds < 600 {
+			t.Fatalf("token projection %+v, want audience system:konnectivity-server", tok)
+		}
+		if args["--service-account-token-path"] != dir+"/"+tok.Path {
+			t.Errorf("--service-account-token-path=%s, but the token is at %s/%s", args["--service-account-token-path"], dir, tok.Path)
+		}
+		for _, flag := range []string{"--agent-cert", "--agent-key"} {
+			if _, ok := args[flag]; ok {
+				t.Errorf("%s with token authentication", flag)
+			}
+		}
+		cm = proj.Sources[1].ConfigMap
+	} else {
+		checkAgentCertificateVolume(t, spec, proj, dir, args)
+		cm = proj.Sources[0].ConfigMap
 	}
-	if args["--service-account-token-path"] != dir+"/"+tok.Path {
-		t.Errorf("--service-account-token-path=%s, but the token is at %s/%s", args["--service-account-token-path"], dir, tok.Path)
-	}
-	cm := proj.Sources[1].ConfigMap
 	if cm == nil || cm.Name != configMap || len(cm.Items) != 1 || cm.Items[0].Key != "ca.crt" {
 		t.Fatalf("CA projection %+v, want ca.crt of ConfigMap %s", cm, configMap)
 	}
@@ -208,6 +222,8 @@ func checkAgentDaemonSet(t *testing.T, ds *appsv1.DaemonSet, a Agent, configMap 
 }
 
 func TestAgentRefusesBadInput(t *testing.T) {
+	agentCert, agentKey := testPEM(t, "konnectivity-agent")
+	_, otherKey := testPEM(t, "other")
 	tests := []struct {
 		name string
 		a    Agent
@@ -221,12 +237,115 @@ func TestAgentRefusesBadInput(t *testing.T) {
 		{"bad entry in a list", Agent{Image: "i", ProxyServerHost: "10.0.0.1,bad_host"}, "bad_host"},
 		{"bad port in a list", Agent{Image: "i", ProxyServerHost: "10.0.0.1:8132,10.0.0.2:99999"}, "port"},
 		{"relative binary", Agent{Image: "i", ProxyServerHost: "cp", Binary: "konnect"}, "binary"},
+		{"certificate without key", Agent{Image: "i", ProxyServerHost: "cp", ClientCert: agentCert}, "--agent-key"},
+		{"key without certificate", Agent{Image: "i", ProxyServerHost: "cp", ClientKey: agentKey}, "--agent-cert"},
+		{"key of another certificate", Agent{Image: "i", ProxyServerHost: "cp", ClientCert: agentCert, ClientKey: otherKey}, "--agent-cert and --agent-key"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := tc.a.Render(); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Render() error = %v, want one containing %q", err, tc.want)
 			}
+		})
+	}
+}
+
+// checkAgentCertificateVolume checks the client-certificate variant: the certificate and key come from
+// the TLS Secret, readable by the agent's group only, and no service-account token is anywhere.
+func checkAgentCertificateVolume(t *testing.T, spec corev1.PodSpec, proj *corev1.ProjectedVolumeSource, dir string, args map[string]string) {
+	t.Helper()
+	for _, src := range proj.Sources {
+		if src.ServiceAccountToken != nil {
+			t.Errorf("a service-account token is projected with client-certificate authentication: %+v", src.ServiceAccountToken)
+		}
+	}
+	if _, ok := args["--service-account-token-path"]; ok {
+		t.Errorf("--service-account-token-path with client-certificate authentication")
+	}
+	sec := proj.Sources[1].Secret
+	if sec == nil || sec.Name != "konnectivity-agent-tls" || len(sec.Items) != 2 {
+		t.Fatalf("certificate projection %+v, want tls.crt and tls.key of Secret konnectivity-agent-tls", sec)
+	}
+	paths := map[string]corev1.KeyToPath{}
+	for _, it := range sec.Items {
+		paths[it.Key] = it
+	}
+	if got := args["--agent-cert"]; got != dir+"/"+paths["tls.crt"].Path || paths["tls.crt"].Path == "" {
+		t.Errorf("--agent-cert=%s, but tls.crt is at %s/%s", got, dir, paths["tls.crt"].Path)
+	}
+	key := paths["tls.key"]
+	if got := args["--agent-key"]; got != dir+"/"+key.Path || key.Path == "" {
+		t.Errorf("--agent-key=%s, but tls.key is at %s/%s", got, dir, key.Path)
+	}
+	if key.Mode == nil || *key.Mode&0o007 != 0 {
+		t.Errorf("tls.key item mode %v: readable by others", key.Mode)
+	}
+	// kubelet makes the files root-owned; the non-root agent reads the key through the pod's fsGroup.
+	psc := spec.SecurityContext
+	if psc == nil || psc.FSGroup == nil || psc.RunAsUser == nil || *psc.FSGroup != 65534 || key.Mode != nil && *key.Mode&0o040 == 0 {
+		t.Errorf("pod securityContext %+v with key mode %v: the agent cannot read its key", psc, key.Mode)
+	}
+}
+
+func TestAgentClientCertificateManifests(t *testing.T) {
+	ca, _ := testPEM(t, "konnectivity-ca")
+	cert, key := testPEM(t, "konnectivity-agent")
+	for _, tc := range []struct {
+		name      string
+		agent     Agent
+		files     []string
+		configMap string
+	}{
+		{
+			name:      "own CA ConfigMap",
+			agent:     Agent{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1", CACert: ca, ClientCert: cert, ClientKey: key},
+			files:     []string{"konnectivity-agent-ca.yaml", "konnectivity-agent-tls.yaml", "konnectivity-agent-serviceaccount.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			configMap: "konnectivity-agent-ca",
+		},
+		{
+			name:      "cluster CA from kube-root-ca.crt",
+			agent:     Agent{Image: Image("v1.2.3"), ProxyServerHost: "cp.example.com", ClientCert: cert, ClientKey: key},
+			files:     []string{"konnectivity-agent-tls.yaml", "konnectivity-agent-serviceaccount.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			configMap: "kube-root-ca.crt",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := tc.agent.Render()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, f := range files {
+				names = append(names, f.Name)
+				want := fs.FileMode(0o644)
+				if f.Name == "konnectivity-agent-tls.yaml" {
+					want = 0o600
+				}
+				if f.Mode != want {
+					t.Errorf("%s mode %v, want %v", f.Name, f.Mode, want)
+				}
+				if f.Name != "konnectivity-agent-tls.yaml" && bytes.Contains(f.Data, []byte(base64.StdEncoding.EncodeToString(key))) {
+					t.Errorf("%s holds the agent's key", f.Name)
+				}
+				if f.Name != "kustomization.yaml" {
+					decode(t, f)
+				}
+			}
+			if !slices.Equal(names, tc.files) {
+				t.Fatalf("files %q, want %q", names, tc.files)
+			}
+			checkKustomization(t, files)
+			if n := kustomize(t, files); n != len(files)-1 {
+				t.Errorf("kubectl kustomize emitted %d objects, want %d", n, len(files)-1)
+			}
+
+			sec := decode(t, byName(t, files, "konnectivity-agent-tls.yaml")).(*corev1.Secret)
+			if sec.Name != "konnectivity-agent-tls" || sec.Namespace != "kube-system" || sec.Type != corev1.SecretTypeTLS ||
+				!bytes.Equal(sec.Data["tls.crt"], cert) || !bytes.Equal(sec.Data["tls.key"], key) || len(sec.Data) != 2 {
+				t.Errorf("Secret %s/%s type %s keys %d", sec.Namespace, sec.Name, sec.Type, len(sec.Data))
+			}
+			ds := decode(t, byName(t, files, "konnectivity-agent.yaml")).(*appsv1.DaemonSet)
+			checkAgentDaemonSet(t, ds, tc.agent.withDefaults(), tc.configMap)
 		})
 	}
 }

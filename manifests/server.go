@@ -36,8 +36,14 @@ type Server struct {
 
 	// ClusterCert and ClusterKey are the agent-facing serving certificate.
 	ClusterCert, ClusterKey string
-	// Kubeconfig lets the server review agents' tokens (TokenReview) as ServerUser.
+	// Kubeconfig lets the server review agents' tokens (TokenReview) as ServerUser. It is required
+	// unless AgentClientCA is set, and must then be empty: nothing else in the pod uses the API.
 	Kubeconfig string
+	// AgentClientCA switches agent authentication from service-account tokens to client certificates:
+	// the server requires every agent to present a certificate signed by this CA (upstream's
+	// --cluster-ca-cert) and reviews no tokens. Upstream refuses --cluster-ca-cert together with the
+	// token flags, so those are then left out.
+	AgentClientCA string
 
 	// Ports; zero means the Default* constant.
 	AgentPort, AdminPort, HealthPort int
@@ -81,8 +87,14 @@ func (s Server) Validate() error {
 	default:
 		return fmt.Errorf("konnectivity-server: --mode %q: must be grpc or http-connect", s.Mode)
 	}
-	files := []struct{ what, path string }{
-		{"--cluster-cert", s.ClusterCert}, {"--cluster-key", s.ClusterKey}, {"--kubeconfig", s.Kubeconfig},
+	files := []struct{ what, path string }{{"--cluster-cert", s.ClusterCert}, {"--cluster-key", s.ClusterKey}}
+	if s.AgentClientCA != "" {
+		if s.Kubeconfig != "" {
+			return fmt.Errorf("konnectivity-server: --kubeconfig is not used with --cluster-ca-cert: agents are authenticated by certificate, not by TokenReview")
+		}
+		files = append(files, struct{ what, path string }{"--cluster-ca-cert", s.AgentClientCA})
+	} else {
+		files = append(files, struct{ what, path string }{"--kubeconfig", s.Kubeconfig})
 	}
 	if s.UDSName != "" {
 		files = append(files, struct{ what, path string }{"--uds-name", s.UDSName})
@@ -147,7 +159,7 @@ func (s Server) Args() []string {
 			"--server-key="+s.ServerKey,
 			"--server-ca-cert="+s.ServerCACert)
 	}
-	return append(args,
+	args = append(args,
 		"--cluster-cert="+s.ClusterCert,
 		"--cluster-key="+s.ClusterKey,
 		"--mode="+s.Mode,
@@ -156,6 +168,11 @@ func (s Server) Args() []string {
 		// Health and metrics stay on the node's loopback; the probes below use 127.0.0.1.
 		"--health-bind-address=127.0.0.1",
 		"--health-port="+strconv.Itoa(s.HealthPort),
+	)
+	if s.AgentClientCA != "" {
+		return append(args, "--cluster-ca-cert="+s.AgentClientCA)
+	}
+	return append(args,
 		"--agent-namespace="+Namespace,
 		"--agent-service-account="+AgentServiceAccount,
 		"--kubeconfig="+s.Kubeconfig,
@@ -185,7 +202,7 @@ func (s Server) Pod() (*corev1.Pod, error) {
 	}
 	// Certificates by directory, so that a renewed file (replaced by rename) is seen.
 	n := 0
-	for _, d := range dirsOf(s.ClusterCert, s.ClusterKey, s.ServerCert, s.ServerKey, s.ServerCACert) {
+	for _, d := range dirsOf(s.ClusterCert, s.ClusterKey, s.ServerCert, s.ServerKey, s.ServerCACert, s.AgentClientCA) {
 		if d == udsDir {
 			continue
 		}
@@ -196,7 +213,9 @@ func (s Server) Pod() (*corev1.Pod, error) {
 		n++
 		add(name, d, corev1.HostPathDirectory, true)
 	}
-	add("kubeconfig", filepath.Clean(s.Kubeconfig), corev1.HostPathFile, true)
+	if s.Kubeconfig != "" {
+		add("kubeconfig", filepath.Clean(s.Kubeconfig), corev1.HostPathFile, true)
+	}
 
 	probe := func(path string, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{

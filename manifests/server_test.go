@@ -49,16 +49,18 @@ func TestServerPod(t *testing.T) {
 		"--cluster-cert=/etc/kubernetes/pki/konnectivity-server.crt",
 		"--cluster-key=/etc/kubernetes/pki/konnectivity-server.key",
 	}
-	tail := []string{
+	ports := []string{
 		"--agent-port=8132",
 		"--admin-port=8133",
 		"--health-bind-address=127.0.0.1",
 		"--health-port=8134",
+	}
+	tail := slices.Concat(ports, []string{
 		"--agent-namespace=kube-system",
 		"--agent-service-account=konnectivity-agent",
 		"--kubeconfig=/etc/kubernetes/konnectivity-server.conf",
 		"--authentication-audience=system:konnectivity-server",
-	}
+	})
 	type mount struct {
 		name, path string
 		t          corev1.HostPathType
@@ -69,6 +71,12 @@ func TestServerPod(t *testing.T) {
 	uds := mount{"konnectivity-uds", "/etc/kubernetes/konnectivity-server", corev1.HostPathDirectoryOrCreate, false}
 	httpUDS := grpcServer()
 	httpUDS.Mode = "http-connect"
+	// Agents with client certificates: upstream refuses --cluster-ca-cert next to the token flags, and
+	// without TokenReview the server has no use for a kubeconfig.
+	mtls := grpcServer()
+	mtls.AgentClientCA, mtls.Kubeconfig = "/etc/kubernetes/pki/ca.crt", ""
+	mtlsTCP := tcpServer()
+	mtlsTCP.AgentClientCA, mtlsTCP.Kubeconfig = "/etc/kubernetes/agent-ca/ca.crt", ""
 
 	tests := []struct {
 		name   string
@@ -107,6 +115,32 @@ func TestServerPod(t *testing.T) {
 				{"pki", "/etc/kubernetes/frontend-ca", corev1.HostPathDirectory, true},
 				{"pki-2", "/etc/kubernetes/pki", corev1.HostPathDirectory, true},
 				kubeconfig,
+			},
+			ports: []int32{8132, 8133, 8134, 8090},
+		},
+		{
+			name:   "grpc over uds, agents with client certificates",
+			server: mtls,
+			args: slices.Concat([]string{"server",
+				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc"}, ports,
+				[]string{"--cluster-ca-cert=/etc/kubernetes/pki/ca.crt"}),
+			mounts: []mount{uds, pki},
+			ports:  []int32{8132, 8133, 8134},
+		},
+		{
+			name:   "http-connect over tcp, agent CA in its own directory",
+			server: mtlsTCP,
+			args: slices.Concat([]string{"server",
+				"--server-bind-address=127.0.0.1", "--server-port=8090",
+				"--server-cert=/etc/kubernetes/pki/konnectivity-frontend.crt",
+				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
+				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect"}, ports,
+				[]string{"--cluster-ca-cert=/etc/kubernetes/agent-ca/ca.crt"}),
+			mounts: []mount{
+				{"pki", "/etc/kubernetes/agent-ca", corev1.HostPathDirectory, true},
+				{"pki-2", "/etc/kubernetes/frontend-ca", corev1.HostPathDirectory, true},
+				{"pki-3", "/etc/kubernetes/pki", corev1.HostPathDirectory, true},
 			},
 			ports: []int32{8132, 8133, 8134, 8090},
 		},
@@ -192,6 +226,8 @@ func TestServerRefusesBadInput(t *testing.T) {
 		{"relative socket", func(s *Server) { s.UDSName = "konnectivity.socket" }, "--uds-name"},
 		{"relative cluster key", func(s *Server) { s.ClusterKey = "pki/k.key" }, "--cluster-key"},
 		{"no kubeconfig", func(s *Server) { s.Kubeconfig = "" }, "--kubeconfig"},
+		{"kubeconfig with client certificates", func(s *Server) { s.AgentClientCA = "/etc/kubernetes/pki/ca.crt" }, "--kubeconfig is not used"},
+		{"relative agent CA", func(s *Server) { s.AgentClientCA, s.Kubeconfig = "pki/ca.crt", "" }, "--cluster-ca-cert"},
 		{"frontend cert with uds", func(s *Server) { s.ServerCert = "/x.crt" }, "--server-cert"},
 		{"tcp without ca", func(s *Server) { *s = tcpServer(); s.ServerCACert = "" }, "--server-ca-cert"},
 		{"port clash", func(s *Server) { s.AdminPort = 8132 }, "both 8132"},

@@ -124,6 +124,7 @@ type step struct {
 	result   *Result
 	key      crypto.Signer // key to reuse; nil means generate one
 	altNames AltNames
+	cert     *x509.Certificate // already signed at planning time; nil means sign when applying
 }
 
 type engine struct {
@@ -206,11 +207,27 @@ func (e *engine) planCA(s *Spec) {
 		r.Action = Created
 		e.steps = append(e.steps, step{spec: s, result: r})
 	case !hasCert && hasKey:
-		// Keys are written before certificates, so this is what an interrupted creation leaves; but the
-		// key may also be all that is left of a CA that signed certificates in use. A CA key is never
-		// replaced, so a person decides.
-		e.fail("%s exists without %s (an interrupted earlier run?): refusing to replace a CA key; restore %s, or remove %s to create a new CA",
-			keyFile, certFile, certFile, keyFile)
+		// Keys are written before certificates, so this is what an interrupted creation leaves; it may also
+		// be all that is left of a CA whose certificate was lost. Either way the key is kept and a new
+		// self-signed certificate is made for it: same key and subject, so every certificate the key ever
+		// signed still verifies, and a kill -9 during the first init never blocks the next run.
+		key, _, err := readKey(keyFile)
+		if err != nil {
+			e.fail("%s exists without %s and cannot be read (%v): restore %s, or remove %s to create a new CA",
+				keyFile, certFile, err, certFile, keyFile)
+			return
+		}
+		// Signed now rather than when written, so that the leaves it signed are checked against it and kept.
+		cert, err := signCert(s, key.Public(), AltNames{}, nil, key, e.now, e.cfg.CAValidity)
+		if err != nil {
+			e.fail("re-create %s for %s: %w", certFile, keyFile, err)
+			return
+		}
+		a.cert, a.key = cert, key
+		e.authorities[s.Name] = a
+		r.Action = Created
+		r.Reason = "certificate re-created for the existing " + keyFile
+		e.steps = append(e.steps, step{spec: s, result: r, key: key, cert: cert})
 	default:
 		cert, _, err := readCert(certFile)
 		if err != nil {
@@ -476,11 +493,13 @@ func (e *engine) apply(st step) error {
 			return fmt.Errorf("generate key for %s: %w", s.Name, err)
 		}
 	}
-	var cert *x509.Certificate
+	cert := st.cert
 	var err error
-	if s.IsCA {
+	switch {
+	case cert != nil:
+	case s.IsCA:
 		cert, err = signCert(s, key.Public(), AltNames{}, nil, key, e.now, e.cfg.CAValidity)
-	} else {
+	default:
 		ca := e.authorities[s.CA]
 		cert, err = signCert(s, key.Public(), st.altNames, ca.cert, ca.key, e.now, e.cfg.CertValidity)
 	}

@@ -484,11 +484,6 @@ func TestBadInputs(t *testing.T) {
 			copyFile(t, specByName(t, FrontProxyCA).KeyFile(cfg.PKIDir()), specByName(t, CA).KeyFile(cfg.PKIDir()))
 			return specByName(t, CA).KeyFile(cfg.PKIDir())
 		}, "does not match", false},
-		{"CA key without certificate", func(t *testing.T, cfg Config) string {
-			f := specByName(t, CA).CertFile(cfg.PKIDir())
-			os.Remove(f)
-			return specByName(t, CA).KeyFile(cfg.PKIDir())
-		}, "refusing to replace a CA key", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t)
@@ -700,5 +695,47 @@ func TestLeafNeverOutlivesCA(t *testing.T) {
 	}
 	if r := resultByName(t, res, KonnectivityServer); !strings.Contains(r.Reason, "cut to the CA's expiry") {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// TestCAKeyWithoutCertificate is what a kill between writing a CA's key and its certificate leaves (or a lost
+// ca.crt): the key is kept, a certificate is made for it, and every leaf it signed still verifies and is kept.
+func TestCAKeyWithoutCertificate(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	ca := specByName(t, CA)
+	keyBefore, err := os.ReadFile(ca.KeyFile(cfg.PKIDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(ca.CertFile(cfg.PKIDir())); err != nil {
+		t.Fatal(err)
+	}
+	results := mustEnsure(t, cfg)
+	for _, r := range results {
+		want := Kept
+		if r.Name == CA {
+			want = Created
+		}
+		if r.Action != want {
+			t.Errorf("%s: %s, want %s", r.Name, r.Action, want)
+		}
+	}
+	keyAfter, err := os.ReadFile(ca.KeyFile(cfg.PKIDir()))
+	if err != nil || string(keyAfter) != string(keyBefore) {
+		t.Fatalf("the CA key changed (err %v)", err)
+	}
+	caCert, _, err := readCert(ca.CertFile(cfg.PKIDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	leaf, _, err := readCert(specByName(t, KonnectivityServer).CertFile(cfg.PKIDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Fatalf("a leaf signed before the CA certificate was re-created no longer verifies: %v", err)
 	}
 }

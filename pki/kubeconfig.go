@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -32,6 +33,11 @@ func ValidateAPIServerURL(s string) error {
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return fmt.Errorf("API server URL %q: must not carry user info, query or fragment", s)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("API server URL %q: port %s is out of range (1-65535)", s, p)
+		}
 	}
 	return nil
 }

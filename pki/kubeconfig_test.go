@@ -201,6 +201,22 @@ func TestRenewErrors(t *testing.T) {
 	}
 }
 
+// TestRenewRefusesFrontProxyCAEqualToClusterCA: renew refuses the CA reuse that init refuses, and writes nothing.
+func TestRenewRefusesFrontProxyCAEqualToClusterCA(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	dir := cfg.PKIDir()
+	copyFile(t, specByName(t, CA).CertFile(dir), specByName(t, FrontProxyCA).CertFile(dir))
+	copyFile(t, specByName(t, CA).KeyFile(dir), specByName(t, FrontProxyCA).KeyFile(dir))
+	before := snapshot(t, cfg.Dir)
+	if _, err := Renew(cfg, All); err == nil || !strings.Contains(err.Error(), "must be distinct") {
+		t.Fatalf("Renew(all) = %v, want the CA-reuse refusal", err)
+	}
+	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
+		t.Fatalf("Renew changed %v", changed)
+	}
+}
+
 func TestCheckExpiration(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.AgentMTLS, cfg.FrontendTLS = false, false

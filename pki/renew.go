@@ -103,6 +103,11 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 			todo = append(todo, l)
 		}
 	}
+	// The same refusal as init: renewing leaves under a front-proxy CA that is the cluster CA would
+	// entrench the set-up that locks kubelets and users out.
+	check := &engine{dir: dir, specs: specs, cfg: &cfg, authorities: map[string]*authority{}}
+	check.checkDistinctCAs()
+	problems = append(problems, check.problems...)
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("pki: nothing renewed: %w", errors.Join(problems...))
 	}

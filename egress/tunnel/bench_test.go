@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -72,6 +73,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 			for _, streams := range []int{1, 8} {
 				b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
 					b.SetBytes(int64(perStream * streams))
+					defer reportCPU(b, int64(perStream*streams))()
 					for range b.N {
 						if err := fetchParallel(f, web, perStream, streams); err != nil {
 							b.Fatal(err)
@@ -194,4 +196,20 @@ func fetch(f Frontend, web string, n int) error {
 		return fmt.Errorf("got %d of %d bytes", got, n)
 	}
 	return nil
+}
+
+// reportCPU adds the process's CPU time per MB moved (client, server and agent together): on a shared,
+// noisy machine it varies much less than wall-clock throughput.
+func reportCPU(b *testing.B, bytesPerOp int64) func() {
+	start := cpuTime()
+	return func() {
+		mb := float64(bytesPerOp) * float64(b.N) / 1e6
+		b.ReportMetric(float64((cpuTime()-start).Microseconds())/mb, "cpu-µs/MB")
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -204,6 +204,8 @@ func Reason(err error) string {
 		return "the agent has no route to the destination"
 	case strings.Contains(low, "no such host"):
 		return "the agent cannot resolve the destination's name"
+	case strings.Contains(low, "shutting down and accepts no new connections"):
+		return "the agent is draining (shutting down); the next dial goes to another agent"
 	case strings.Contains(low, "not in --allow-destination"):
 		return "the agent's --allow-destination list does not include this address and port"
 	case strings.Contains(low, "tunnel closed"):

@@ -106,7 +106,7 @@ func New(c *Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("--agent-port/--agent-bind-address: listen on %s: %w", cfg.AgentAddr, err)
 	}
 	s.agentGRPC = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(agentTLS)),
+		grpc.Creds(batchTLS{credentials.NewTLS(agentTLS)}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(streamWindow),
@@ -142,6 +142,9 @@ func New(c *Config) (_ *Server, err error) {
 			grpc.InitialConnWindowSize(streamWindow),
 			grpc.ReadBufferSize(ioBufferSize),
 			grpc.WriteBufferSize(ioBufferSize),
+			// A tunnel is one connection, mostly idle or short: its write buffer goes back to a pool
+			// between flushes instead of staying with the connection.
+			grpc.SharedWriteBuffer(true),
 			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
 			grpc.StreamInterceptor(s.frontendInterceptor),
 			grpc.ForceServerCodecV2(packetCodec{zeroCopySend: true}),

@@ -6,13 +6,11 @@ package agentcmd
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -21,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
 )
@@ -52,21 +49,8 @@ Health: /livez, /readyz (checks server-connected and all-servers-connected), /he
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
+	daemon.AddKlogFlags(cmd.Flags())
 	return cmd
-}
-
-// addKlogFlags accepts klog's flags under upstream's names (underscores become dashes), so that arguments
-// such as --v=2 or --logtostderr keep working when proxy-agent is swapped for konnect.
-func addKlogFlags(fs *pflag.FlagSet) {
-	gfs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(gfs)
-	gfs.VisitAll(func(f *flag.Flag) {
-		f.Name = strings.ReplaceAll(f.Name, "_", "-")
-		if fs.Lookup(f.Name) == nil {
-			fs.AddGoFlag(f)
-		}
-	})
 }
 
 func run(parent context.Context, o *agent.Options) error {
@@ -84,7 +68,11 @@ func run(parent context.Context, o *agent.Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
-	reg.MustRegister(certExpiry{"agent-client": u.AgentCert, "agent-ca": u.CaCert})
+	for name, file := range map[string]string{"agent-client": u.AgentCert, "agent-ca": u.CaCert} {
+		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
 
 	// Background work that must outlive the agent's drain (lease watch, health endpoints) stops on bgCtx.
 	bgCtx, bgCancel := context.WithCancel(context.Background())
@@ -108,7 +96,7 @@ func run(parent context.Context, o *agent.Options) error {
 		return err
 	}
 	defer healthLn.Close()
-	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)), o.AllowRemoteAdmin, "--admin-bind-address")
+	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)), o.AllowRemoteAdmin, "--admin-bind-address", "--allow-remote-admin")
 	if err != nil {
 		return err
 	}
@@ -135,9 +123,14 @@ func run(parent context.Context, o *agent.Options) error {
 			cancel() // a dead health endpoint would get the pod killed anyway: stop cleanly instead
 		}
 	}
-	wg.Add(2)
+	wg.Add(3)
 	go serve(healthLn, healthMux)
 	go serve(adminLn, adminMux)
+	// An agent mostly sits idle once connected: hand what start-up allocated back to the kernel.
+	go func() {
+		defer wg.Done()
+		daemon.ReleaseMemoryWhen(bgCtx, func() bool { c, k := a.Connected(); return c > 0 && c >= k }, time.Second, 2*time.Second)
+	}()
 
 	runErr := a.Run(ctx)
 	bgCancel()
@@ -151,26 +144,4 @@ func run(parent context.Context, o *agent.Options) error {
 		errs = append(errs, fmt.Errorf("health/admin endpoint: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-var certExpiryDesc = prometheus.NewDesc("konnect_certificate_expiry_seconds",
-	"Seconds until the certificate expires (negative once expired). Absent when the file cannot be read.",
-	[]string{"name", "file"}, nil)
-
-// certExpiry exports konnect_certificate_expiry_seconds for the agent's certificate files, read on each
-// scrape so that it follows hot reloads. One collector serves all of them: the registry refuses two
-// collectors that describe the same metric.
-type certExpiry map[string]string // name → file; empty files are skipped
-
-func (certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- certExpiryDesc }
-
-func (c certExpiry) Collect(ch chan<- prometheus.Metric) {
-	for name, file := range c {
-		if file == "" {
-			continue
-		}
-		if notAfter, err := daemon.CertNotAfter(file); err == nil {
-			ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, time.Until(notAfter).Seconds(), name, file)
-		}
-	}
 }

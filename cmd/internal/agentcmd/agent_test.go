@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +181,37 @@ func TestAgentCommandRefusals(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAgentCommandSIGTERM: the first SIGTERM stops the agent cleanly (drain, then exit 0).
+func TestAgentCommandSIGTERM(t *testing.T) {
+	addr, caFile, _, _ := testServer(t)
+	host, port, _ := net.SplitHostPort(addr)
+	health := freePort(t)
+	cmd := NewAgentCommand()
+	cmd.SetArgs([]string{"--ca-cert=" + caFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
+		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + freePort(t),
+		"--graceful-timeout=2s"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	// Ready means the signal handler is installed (it is set up before the listeners).
+	for code, _ := get("http://127.0.0.1:" + health + "/readyz"); code != 200; code, _ = get("http://127.0.0.1:" + health + "/readyz") {
+		if time.Now().After(deadline) {
+			t.Fatal("agent never became ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not stop on SIGTERM")
 	}
 }

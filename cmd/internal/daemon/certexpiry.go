@@ -13,22 +13,20 @@ import (
 // reloads and renewals without any wiring.
 type certExpiry struct {
 	desc *prometheus.Desc
-	name string
 	file string
 }
 
-var certExpiryDesc = prometheus.NewDesc(
-	"konnect_certificate_expiry_seconds",
-	"Seconds until the certificate expires (negative once expired). Absent when the file cannot be read.",
-	[]string{"name", "file"}, nil)
-
 // RegisterCertExpiry exports konnect_certificate_expiry_seconds{name,file} for certFile. An empty certFile
-// registers nothing.
+// registers nothing. It may be called once per certificate on the same registry: name and file are constant
+// labels, so each certificate is a collector of its own.
 func RegisterCertExpiry(reg prometheus.Registerer, name, certFile string) error {
 	if certFile == "" {
 		return nil
 	}
-	return reg.Register(&certExpiry{desc: certExpiryDesc, name: name, file: certFile})
+	desc := prometheus.NewDesc("konnect_certificate_expiry_seconds",
+		"Seconds until the certificate expires (negative once expired). Absent when the file cannot be read.",
+		nil, prometheus.Labels{"name": name, "file": certFile})
+	return reg.Register(&certExpiry{desc: desc, file: certFile})
 }
 
 func (c *certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -38,7 +36,7 @@ func (c *certExpiry) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, time.Until(notAfter).Seconds(), c.name, c.file)
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, time.Until(notAfter).Seconds())
 }
 
 // CertNotAfter returns the NotAfter of the first certificate in a PEM file.

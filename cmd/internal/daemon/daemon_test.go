@@ -166,9 +166,13 @@ func TestCertExpiryMetric(t *testing.T) {
 	if err := RegisterCertExpiry(reg, "ca", file); err != nil {
 		t.Fatal(err)
 	}
+	// A second certificate on the same registry is a daemon with both a CA bundle and a client certificate.
+	if err := RegisterCertExpiry(reg, "client", file); err != nil {
+		t.Fatalf("second certificate on one registry: %v", err)
+	}
 	mfs, err := reg.Gather()
-	if err != nil || len(mfs) != 1 || len(mfs[0].Metric) != 1 {
-		t.Fatalf("Gather = %v, %v; want one sample", mfs, err)
+	if err != nil || len(mfs) != 1 || len(mfs[0].Metric) != 2 {
+		t.Fatalf("Gather = %v, %v; want two samples of one metric", mfs, err)
 	}
 	if v := mfs[0].Metric[0].GetGauge().GetValue(); v < 90*365*24*3600 {
 		t.Fatalf("expiry seconds = %v, want about a century", v)

@@ -302,6 +302,8 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "mtls"}, "--agent-auth mtls"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--cert-validity-period", "100000h"}, "--cert-validity-period"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", "/nonexistent/kube-apiserver.yaml"}, "--apiserver-manifest"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:99999"}, "--apiserver-url"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", notAPod(t)}, "not a v1 Pod"},
 	} {
 		if tc.want == "" {
 			continue
@@ -511,4 +513,13 @@ func TestInitTCPStaticPod(t *testing.T) {
 	if u := sel.EgressSelections[0].Connection.Transport.TCP.URL; u != "https://127.0.0.1:8091" {
 		t.Errorf("egress URL %s", u)
 	}
+}
+
+// notAPod writes a manifest that is valid YAML but a Service, not the kube-apiserver Pod.
+func notAPod(t *testing.T) string {
+	f := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	if err := os.WriteFile(f, []byte("apiVersion: v1\nkind: Service\nmetadata:\n  name: kube-apiserver\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

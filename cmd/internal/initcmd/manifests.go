@@ -1,6 +1,7 @@
 package initcmd
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -36,12 +37,18 @@ func (r *runner) manifests([]string) error {
 		}
 		return s.CertFile(pkiDir)
 	}
+	mtls := o.AgentAuth == AgentAuthMTLS
 	srv := manifests.Server{
 		Image:       o.Image,
 		Mode:        string(o.Mode),
 		ClusterCert: path(pki.KonnectivityServer, false),
 		ClusterKey:  path(pki.KonnectivityServer, true),
-		Kubeconfig:  filepath.Join(o.Dir, pki.KubeconfigFile),
+	}
+	if mtls {
+		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
+		srv.AgentClientCA = path(pki.CA, false)
+	} else {
+		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
 	}
 	if o.Transport == egress.TransportTCP {
 		srv.FrontendBindAddress = "127.0.0.1"
@@ -63,13 +70,44 @@ func (r *runner) manifests([]string) error {
 		return err
 	}
 	agent := manifests.Agent{Image: o.Image, ProxyServerHost: o.ControlPlaneAddresses[0], CACert: caPEM}
-	files, err := agent.Render()
-	if err != nil {
-		return err
+	// A dry run on a fresh directory cannot render the Secret: the key it would hold does not exist yet.
+	pending := false
+	if mtls {
+		var missing bool
+		agent.ClientCert, agent.ClientKey, missing, err = readPair(path(pki.KonnectivityAgent, false), path(pki.KonnectivityAgent, true))
+		pending = err != nil && o.DryRun && missing
+		if err != nil && !pending {
+			return fmt.Errorf("--agent-auth %s: %w (the certs phase creates it)", AgentAuthMTLS, err)
+		}
+	}
+	var files []manifests.File
+	if !pending {
+		if files, err = agent.Render(); err != nil {
+			return err
+		}
 	}
 	dir := filepath.Join(o.Dir, ManifestsSubdir)
+	agentDir := filepath.Join(dir, AgentManifestsSubdir)
 	if err := r.writeFiles(dir, []manifests.File{pod}); err != nil {
 		return err
 	}
-	return r.writeFiles(filepath.Join(dir, AgentManifestsSubdir), files)
+	if pending {
+		r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: agentDir + string(filepath.Separator),
+			note: "rendered once " + filepath.Base(path(pki.KonnectivityAgent, false)) + " and its key exist"})
+		return nil
+	}
+	return r.writeFiles(agentDir, files)
+}
+
+// readPair reads a certificate and its key; missing says whether either file does not exist.
+func readPair(certFile, keyFile string) (cert, key []byte, missing bool, err error) {
+	cert, err = os.ReadFile(certFile)
+	if err != nil {
+		return nil, nil, os.IsNotExist(err), err
+	}
+	key, err = os.ReadFile(keyFile)
+	if err != nil {
+		return nil, nil, os.IsNotExist(err), err
+	}
+	return cert, key, false, nil
 }

@@ -119,7 +119,6 @@ func joinAlgorithms() string {
 type needs struct {
 	addresses    bool
 	apiserverURL bool
-	manifests    bool
 }
 
 // Complete fills defaults that depend on other flags.
@@ -174,13 +173,6 @@ func (o *Options) Validate(n needs) error {
 	if o.AgentAuth != AgentAuthToken && o.AgentAuth != AgentAuthMTLS {
 		errs = append(errs, fmt.Errorf("--agent-auth %q: must be %s or %s", o.AgentAuth, AgentAuthToken, AgentAuthMTLS))
 	}
-	if n.manifests && o.AgentAuth == AgentAuthMTLS {
-		// Refused before anything is written, rather than rendering manifests that authenticate agents
-		// differently from what was asked.
-		errs = append(errs, fmt.Errorf("--agent-auth %s: the server and agent manifests support only token authentication so far; "+
-			"run the certs, kubeconfig, egress and flags phases (konnect init phase NAME --agent-auth %s) and start `konnect server --cluster-ca-cert` "+
-			"and `konnect agent --agent-cert --agent-key` with DIR/pki/konnectivity-agent.{crt,key} yourself", AgentAuthMTLS, AgentAuthMTLS))
-	}
 	if o.FrontendPort < 1 || o.FrontendPort > 65535 {
 		errs = append(errs, fmt.Errorf("--frontend-port %d: must be 1-65535", o.FrontendPort))
 	}
@@ -193,7 +185,10 @@ func (o *Options) Validate(n needs) error {
 		}
 	}
 	if o.APIServerManifest != "" {
-		if _, err := os.Stat(o.APIServerManifest); err != nil {
+		// Decoded here, before anything is written, so that a manifest that is not a Pod leaves no PKI behind.
+		if data, err := os.ReadFile(o.APIServerManifest); err != nil {
+			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
+		} else if _, err := egress.DecodePod(data, o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
 		}
 	}

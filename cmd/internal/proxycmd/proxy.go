@@ -5,7 +5,6 @@ package proxycmd
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 )
 
@@ -67,7 +65,7 @@ curl, client-go) are not affected.`,
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
+	daemon.AddKlogFlags(cmd.Flags(), "v", "vmodule")
 	return cmd
 }
 
@@ -123,15 +121,4 @@ func Run(ctx context.Context, cfg *Config, out io.Writer) error {
 		return sshErr
 	}
 	return proxyErr
-}
-
-// addKlogFlags adds kubectl's -v (and --vmodule) for klog's verbosity.
-func addKlogFlags(fs *pflag.FlagSet) {
-	gfs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(gfs)
-	for _, name := range []string{"v", "vmodule"} {
-		if f := gfs.Lookup(name); f != nil && fs.Lookup(name) == nil {
-			fs.AddGoFlag(f)
-		}
-	}
 }

@@ -5,21 +5,17 @@ package servercmd
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
 )
 
 // NewServerCommand returns `konnect server`.
@@ -57,21 +53,8 @@ Endpoints: health port /livez /readyz /healthz /metrics; admin port (loopback) /
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
+	daemon.AddKlogFlags(cmd.Flags())
 	return cmd
-}
-
-// addKlogFlags registers klog's flags (-v, --logtostderr, ...) with dashes, as upstream proxy-server does,
-// so that manifests passing them keep working.
-func addKlogFlags(fs *pflag.FlagSet) {
-	gfs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(gfs)
-	gfs.VisitAll(func(f *flag.Flag) {
-		f.Name = strings.ReplaceAll(f.Name, "_", "-")
-		if fs.Lookup(f.Name) == nil {
-			fs.AddGoFlag(f)
-		}
-	})
 }
 
 func run(ctx context.Context, o *tunnel.Options, cmd *cobra.Command) error {

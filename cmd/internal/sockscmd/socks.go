@@ -5,7 +5,6 @@ package sockscmd
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -331,7 +330,7 @@ new connections wait up to --connect-timeout, and konnect reconnects with backof
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
+	daemon.AddKlogFlags(cmd.Flags(), "v", "vmodule")
 	return cmd
 }
 
@@ -343,16 +342,5 @@ new connections wait up to --connect-timeout, and konnect reconnects with backof
 func tuneGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
-	}
-}
-
-// addKlogFlags exposes klog's verbosity flags (-v, --vmodule).
-func addKlogFlags(fs *pflag.FlagSet) {
-	gfs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(gfs)
-	for _, name := range []string{"v", "vmodule"} {
-		if f := gfs.Lookup(name); f != nil && fs.Lookup(name) == nil {
-			fs.AddGoFlag(f)
-		}
 	}
 }
