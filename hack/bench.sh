@@ -11,4 +11,5 @@ go build -o .cache/bench/backend ./test/bench/backend
 go build -o .cache/bench/bench ./test/bench
 exec .cache/bench/bench --konnect bin/konnect \
 	--proxy-server "$tools_bin/proxy-server" --proxy-agent "$tools_bin/proxy-agent" \
+	--kube-apiserver "$tools_bin/kube-apiserver" \
 	--loadgen .cache/bench/loadgen --backend .cache/bench/backend "$@"

@@ -1,5 +1,6 @@
 // Package manifests renders the Kubernetes manifests konnect writes: the konnectivity-server static pod,
-// the konnectivity-agent DaemonSet with its ServiceAccount, RBAC and a kustomization.yaml, and the
+// the konnectivity-agent DaemonSet with its ServiceAccount, RBAC (or, for agents that authenticate with a
+// client certificate, the Secret holding it) and a kustomization.yaml, and the
 // Secret, APIService and RBAC of an extension API server.
 //
 // Typed data goes in and YAML comes out: every object is built from the k8s.io/api types (a small local

@@ -25,6 +25,7 @@ import (
 
 type options struct {
 	konnect, proxyServer, proxyAgent, loadgen, backend string
+	kubeAPIServer                                      string
 	rounds                                             int
 	bulkBytes                                          int64
 	dialCount, scaleCount, socksCount, heyRequests     int
@@ -32,6 +33,7 @@ type options struct {
 	socksCipher                                        string
 	out, svg                                           string
 	keep                                               bool
+	rows                                               string
 }
 
 func main() {
@@ -41,6 +43,7 @@ func main() {
 	flag.StringVar(&o.proxyAgent, "proxy-agent", "", "upstream proxy-agent binary")
 	flag.StringVar(&o.loadgen, "loadgen", "", "loadgen binary (test/bench/loadgen)")
 	flag.StringVar(&o.backend, "backend", "", "backend binary (test/bench/backend)")
+	flag.StringVar(&o.kubeAPIServer, "kube-apiserver", "", "kube-apiserver binary, for the API-proxy row against a real API server")
 	flag.IntVar(&o.rounds, "rounds", 5, "measured rounds per pair, after one warm-up round")
 	flag.Int64Var(&o.bulkBytes, "bulk-bytes", 1<<30, "bytes per bulk transfer")
 	flag.IntVar(&o.dialCount, "dial-count", 1000, "sequential single-use tunnels per dial round")
@@ -51,9 +54,10 @@ func main() {
 	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
 	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
+	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 SOCKS5, 7 API proxy)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
-	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend} {
+	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--kube-apiserver": o.kubeAPIServer} {
 		if v == "" {
 			fatal(fmt.Errorf("%s is required", name))
 		}
@@ -67,6 +71,7 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
+	topo.keep = o.keep
 	// Clean up on SIGINT/SIGTERM too: the namespaces must never outlive the run.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -111,10 +116,19 @@ func (b *bench) run() error {
 	if err := b.setup(); err != nil {
 		return err
 	}
-	steps := []func() error{b.tunnelBulk, b.tunnelDial, b.tunnelScale, b.socksRows, b.apiProxy, b.agentIdle}
+	steps := []struct {
+		rows string
+		run  func() error
+	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"56", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}}
+	want := map[string]bool{}
+	for _, r := range strings.Split(b.o.rows, ",") {
+		want[strings.TrimSpace(r)] = true
+	}
 	for _, step := range steps {
-		if err := step(); err != nil {
-			return err
+		if strings.ContainsFunc(step.rows, func(r rune) bool { return want[string(r)] }) {
+			if err := step.run(); err != nil {
+				return err
+			}
 		}
 	}
 	return b.report()
@@ -478,7 +492,8 @@ var (
 	heyNon = regexp.MustCompile(`\[(\d{3})\]\s+(\d+) responses`)
 )
 
-// apiProxy compares konnect proxy with kubectl proxy in front of a static HTTPS backend, with hey.
+// apiProxy compares konnect proxy with kubectl proxy, with hey: in front of a static HTTPS backend (the
+// proxies' own cost) and in front of a real kube-apiserver (what users see).
 func (b *bench) apiProxy() error {
 	if _, err := b.t.start("backend-tls", "cp", b.o.backend, "--listen", cpTLSAddr, "--tls", "--cert-out", b.path("backend-tls.crt")); err != nil {
 		return err
@@ -505,27 +520,39 @@ current-context: bench
 	if err := os.WriteFile(b.path("bench.kubeconfig"), []byte(kc), 0o600); err != nil {
 		return err
 	}
+	if err := b.proxyPair("static HTTPS backend", b.path("bench.kubeconfig"), 8001, 8002); err != nil {
+		return err
+	}
+	apiKubeconfig, err := b.startAPIServer()
+	if err != nil {
+		return err
+	}
+	return b.proxyPair("kube-apiserver 1.36", apiKubeconfig, 8003, 8004)
+}
+
+// proxyPair starts konnect proxy and kubectl proxy for one kubeconfig and runs hey against each in turn.
+// hey's default Content-Type is text/html, which kube-apiserver answers with 415; -T sets a type it takes.
+func (b *bench) proxyPair(backend, kubeconfig string, konnectPort, kubectlPort int) error {
+	kp, cp := strconv.Itoa(konnectPort), strconv.Itoa(kubectlPort)
 	for _, s := range []struct {
 		name string
 		argv []string
 		port string
 	}{
-		{"konnect-proxy", []string{b.o.konnect, "proxy", "--port=8001", "--kubeconfig=" + b.path("bench.kubeconfig")}, "8001"},
-		{"kubectl-proxy", []string{"kubectl", "proxy", "--port=8002", "--kubeconfig=" + b.path("bench.kubeconfig")}, "8002"},
+		{"konnect-proxy-" + kp, []string{b.o.konnect, "proxy", "--port=" + kp, "--kubeconfig=" + kubeconfig}, kp},
+		{"kubectl-proxy-" + cp, []string{"kubectl", "proxy", "--port=" + cp, "--kubeconfig=" + kubeconfig}, cp},
 	} {
 		p, err := b.t.start(s.name, "cp", s.argv...)
 		if err != nil {
 			return err
 		}
-		if err := b.t.waitHTTP("cp", "http://127.0.0.1:"+s.port+"/api", 15*time.Second, p); err != nil {
+		if err := b.t.waitHTTP("cp", "http://127.0.0.1:"+s.port+"/api", 30*time.Second, p); err != nil {
 			return err
 		}
 	}
 	hey := func(port string) func() (map[string]float64, error) {
 		return func() (map[string]float64, error) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			out, err := b.t.exec(ctx, "cp", "hey", "-n", strconv.Itoa(b.o.heyRequests), "-c", "32", "http://127.0.0.1:"+port+"/api")
+			out, err := b.execFor(5*time.Minute, "cp", "hey", "-n", strconv.Itoa(b.o.heyRequests), "-c", "32", "-T", "application/json", "http://127.0.0.1:"+port+"/api")
 			if err != nil {
 				return nil, err
 			}
@@ -543,8 +570,15 @@ current-context: bench
 			return map[string]float64{"req/s": r, "p99 ms": p * 1000}, nil
 		}
 	}
-	m := newMeasure(fmt.Sprintf("7. API proxy, hey -n %d -c 32 /api, static HTTPS backend", b.o.heyRequests), []string{"req/s", "p99 ms"})
-	return b.alternate(m, contender{"konnect", hey("8001")}, contender{"kubectl proxy", hey("8002")})
+	m := newMeasure(fmt.Sprintf("7. API proxy, hey -n %d -c 32 /api, %s", b.o.heyRequests, backend), []string{"req/s", "p99 ms"})
+	return b.alternate(m, contender{"konnect", hey(kp)}, contender{"kubectl proxy", hey(cp)})
+}
+
+// execFor runs a short command inside ns, bounded by d.
+func (b *bench) execFor(d time.Duration, ns string, argv ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return b.t.exec(ctx, ns, argv...)
 }
 
 // size prints a byte count the way the report's titles use it: 1 GiB, 256 MiB.

@@ -147,9 +147,14 @@ func (b *bench) ratios() []ratio {
 	sl := find("6. SOCKS5 connect")
 	add(sl, "SOCKS5 connect p50: ssh -D / konnect", "konnect", "ssh -D", "p50 ms", false, 0)
 	add(sl, "SOCKS5 connect p99: ssh -D / konnect", "konnect", "ssh -D", "p99 ms", false, 0)
-	api := find("7. API proxy")
-	add(api, "API proxy req/s: konnect / kubectl proxy", "konnect", "kubectl proxy", "req/s", true, 1.3)
-	add(api, "API proxy p99: kubectl proxy / konnect", "konnect", "kubectl proxy", "p99 ms", false, 1)
+	for _, m := range b.results {
+		if !strings.HasPrefix(m.title, "7. API proxy") {
+			continue
+		}
+		_, backend, _ := strings.Cut(m.title, "/api, ")
+		add(m, "API proxy req/s ("+backend+"): konnect / kubectl proxy", "konnect", "kubectl proxy", "req/s", true, 1.3)
+		add(m, "API proxy p99 ("+backend+"): kubectl proxy / konnect", "konnect", "kubectl proxy", "p99 ms", false, 1)
+	}
 	return out
 }
 

@@ -20,6 +20,8 @@ type topology struct {
 	prefix string
 	dir    string
 	procs  []*proc
+	// keep leaves processes running after the run (for debugging); otherwise they die with it.
+	keep bool
 }
 
 const (
@@ -110,7 +112,10 @@ func (t *topology) start(name, ns string, argv ...string) (*proc, error) {
 	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", t.ns(ns)}, argv...)...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if !t.keep {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

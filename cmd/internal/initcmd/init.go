@@ -13,6 +13,7 @@
 //	DIR/kube-apiserver.flags                   kube-apiserver flags, one --flag=value per line
 //	DIR/manifests/konnectivity-server.yaml     Konnectivity server static pod
 //	DIR/manifests/konnectivity-agent/          agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml
+//	    (with --agent-auth mtls: the agents' certificate Secret, mode 0600, instead of the TokenReview RBAC)
 //
 // These paths are a stable interface.
 package initcmd
@@ -182,7 +183,7 @@ func outputList() string {
 		{EgressConfigFile, "EgressSelectorConfiguration for kube-apiserver's --egress-selector-config-file"},
 		{FlagsFile, "kube-apiserver flags, one --flag=value per line"},
 		{ManifestsSubdir + "/konnectivity-server.yaml", "Konnectivity server static pod (kubelet runs it when DIR is /etc/kubernetes)"},
-		{ManifestsSubdir + "/" + AgentManifestsSubdir + "/", "agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml: kubectl apply -k"},
+		{ManifestsSubdir + "/" + AgentManifestsSubdir + "/", "agent DaemonSet, ServiceAccount, RBAC (--agent-auth mtls: certificate Secret), kustomization.yaml: kubectl apply -k"},
 	} {
 		fmt.Fprintf(&b, "  DIR/%-41s %s\n", f[0], f[1])
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -20,7 +21,9 @@ import (
 
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apiserver/pkg/server/egressselector"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
@@ -299,7 +302,6 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "tcp"}, "--mode"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "ssh"}, "--mode"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "none"}, "--agent-auth"},
-		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "mtls"}, "--agent-auth mtls"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--cert-validity-period", "100000h"}, "--cert-validity-period"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", "/nonexistent/kube-apiserver.yaml"}, "--apiserver-manifest"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:99999"}, "--apiserver-url"},
@@ -522,4 +524,134 @@ func notAPod(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// TestInitAgentMTLS runs konnect init with client-certificate agent authentication and checks that the
+// rendered server and agent arguments name files that exist and fit together: the server verifies
+// agents against the CA that signed the certificate shipped in the agents' Secret.
+func TestInitAgentMTLS(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "D")
+	mtls := initArgs(dir, "--agent-auth", "mtls", "--key-algorithm", "ecdsa-p256")
+
+	// A dry run on a fresh directory writes nothing and shows no key.
+	out := mustRun(t, append(mtls, "--dry-run")...)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("dry run created %s", dir)
+	}
+	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "manifests/konnectivity-agent")) {
+		t.Errorf("dry run does not list the agent manifests:\n%s", out)
+	}
+
+	mustRun(t, mtls...)
+	decode := func(name string) any {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, _, err := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer().Decode(data, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return obj
+	}
+	flags := func(c corev1.Container) map[string]string {
+		m := map[string]string{}
+		for _, a := range c.Args[1:] {
+			k, v, _ := strings.Cut(a, "=")
+			m[k] = v
+		}
+		return m
+	}
+
+	pod := decode("manifests/konnectivity-server.yaml").(*corev1.Pod)
+	server := flags(pod.Spec.Containers[0])
+	if server["--cluster-ca-cert"] != filepath.Join(dir, "pki/ca.crt") {
+		t.Errorf("--cluster-ca-cert=%q, want %s", server["--cluster-ca-cert"], filepath.Join(dir, "pki/ca.crt"))
+	}
+	for _, f := range []string{"--kubeconfig", "--agent-namespace", "--agent-service-account", "--authentication-audience"} {
+		if _, ok := server[f]; ok {
+			t.Errorf("static pod has %s with client-certificate agents: %q", f, pod.Spec.Containers[0].Args)
+		}
+	}
+	for _, f := range []string{"--cluster-ca-cert", "--cluster-cert", "--cluster-key"} {
+		mounted := false
+		for _, m := range pod.Spec.Containers[0].VolumeMounts {
+			mounted = mounted || strings.HasPrefix(server[f], m.MountPath+"/")
+		}
+		if _, err := os.Stat(server[f]); err != nil || !mounted {
+			t.Errorf("%s=%s: mounted %v, %v", f, server[f], mounted, err)
+		}
+	}
+
+	agentDir := filepath.Join(dir, "manifests/konnectivity-agent")
+	secret := decode("manifests/konnectivity-agent/konnectivity-agent-tls.yaml").(*corev1.Secret)
+	if info, err := os.Stat(filepath.Join(agentDir, "konnectivity-agent-tls.yaml")); err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("Secret file: %v, mode %v", err, info.Mode())
+	}
+	wantCert, _ := os.ReadFile(filepath.Join(dir, "pki/konnectivity-agent.crt"))
+	wantKey, _ := os.ReadFile(filepath.Join(dir, "pki/konnectivity-agent.key"))
+	if secret.Type != corev1.SecretTypeTLS || secret.Name != "konnectivity-agent-tls" || secret.Namespace != "kube-system" ||
+		!bytes.Equal(secret.Data["tls.crt"], wantCert) || !bytes.Equal(secret.Data["tls.key"], wantKey) || len(wantKey) == 0 {
+		t.Fatalf("Secret %s/%s type %s does not hold DIR/pki/konnectivity-agent.{crt,key}", secret.Namespace, secret.Name, secret.Type)
+	}
+	// The certificate the agents present passes the check the server makes with --cluster-ca-cert.
+	ca, _ := os.ReadFile(server["--cluster-ca-cert"])
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	b, _ := pem.Decode(secret.Data["tls.crt"])
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("agent certificate against --cluster-ca-cert: %v", err)
+	}
+
+	ds := decode("manifests/konnectivity-agent/konnectivity-agent.yaml").(*appsv1.DaemonSet)
+	agent := flags(ds.Spec.Template.Spec.Containers[0])
+	if _, ok := agent["--service-account-token-path"]; ok {
+		t.Errorf("agent has --service-account-token-path: %q", ds.Spec.Template.Spec.Containers[0].Args)
+	}
+	if agent["--agent-cert"] == "" || agent["--agent-key"] == "" {
+		t.Errorf("agent args %q lack --agent-cert/--agent-key", ds.Spec.Template.Spec.Containers[0].Args)
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.ServiceAccountToken != nil {
+				t.Errorf("volume %s projects a service-account token", v.Name)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(agentDir, "konnectivity-server-rbac.yaml")); !os.IsNotExist(err) {
+		t.Errorf("TokenReview RBAC rendered for client-certificate agents: %v", err)
+	}
+
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed")
+	}
+	kust, err := exec.Command(kubectl, "kustomize", agentDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, kust)
+	}
+	for _, kind := range []string{"kind: Secret", "kind: ConfigMap", "kind: ServiceAccount", "kind: DaemonSet"} {
+		if !bytes.Contains(kust, []byte("\n"+kind+"\n")) {
+			t.Errorf("kubectl kustomize output lacks %s", kind)
+		}
+	}
+
+	// A second run changes nothing, and a dry run over the result neither shows nor touches the key.
+	before := sums(t, dir)
+	mustRun(t, mtls...)
+	out = mustRun(t, append(mtls, "--dry-run")...)
+	if c := changed(before, sums(t, dir)); len(c) > 0 {
+		t.Errorf("second run changed %v", c)
+	}
+	if strings.Contains(out, "PRIVATE KEY") || strings.Contains(out, base64.StdEncoding.EncodeToString(wantKey)[:40]) {
+		t.Errorf("dry run prints key material:\n%s", out)
+	}
 }
