@@ -6,7 +6,8 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin/konnect
-# Packages with tests that run without root or network namespaces.
+# Unit and integration tests: every package of the module (test/reliability needs root, sshd, openssl and
+# kubectl, which `deps` provides; test/e2e sits behind its build tag and runs in `e2e`).
 UNIT_PKGS := ./...
 E2E_TIMEOUT ?= 60m
 FUZZTIME  ?= 10s
@@ -22,7 +23,8 @@ build:
 # end-to-end suite. .ci/run calls this.
 test: lint test-unit fuzz e2e
 
-test-unit:
+# deps first: -race needs a C compiler, and the integration tests need sshd, openssl and curl.
+test-unit: deps
 	$(GO) test -race -count=1 -timeout 20m $(UNIT_PKGS)
 
 fuzz:
@@ -45,7 +47,7 @@ demo: build
 	bash hack/demo.sh
 
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/e2e/
 

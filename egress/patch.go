@@ -359,10 +359,16 @@ func flagAt(list []string, i int, name string, boolean bool) (match, twoTokens b
 	return true, !boolean && i+1 < len(list) && !strings.HasPrefix(list[i+1], "-")
 }
 
-// flagLists returns pointers to the parts of c's command line that hold flags: the command after the
-// program name, and the args.
+// namesProgram reports whether c's command starts with the program (kube-apiserver) rather than with a
+// flag, as when the image's entrypoint is the program and command holds only flags.
+func namesProgram(c *corev1.Container) bool {
+	return len(c.Command) > 0 && !strings.HasPrefix(c.Command[0], "-")
+}
+
+// flagLists returns the parts of c's command line that hold flags: the command after the program name,
+// and the args.
 func flagLists(c *corev1.Container) (cmd []string, args []string) {
-	if len(c.Command) > 0 && !strings.HasPrefix(c.Command[0], "-") {
+	if namesProgram(c) {
 		return c.Command[1:], c.Args
 	}
 	return c.Command, c.Args
@@ -411,7 +417,7 @@ func setFlag(c *corev1.Container, f Flag) {
 		}
 		return out
 	}
-	if len(c.Command) > 0 && !strings.HasPrefix(c.Command[0], "-") {
+	if namesProgram(c) {
 		c.Command = append(c.Command[:1:1], edit(c.Command[1:])...)
 	} else if len(c.Command) > 0 {
 		c.Command = edit(c.Command)
@@ -461,9 +467,9 @@ func removeVolume(pod *corev1.Pod, c *corev1.Container, name string) {
 	c.VolumeMounts = mounts
 }
 
-// covered reports whether path is visible inside c at the same path through a hostPath mount, other than
-// of volume except, of a directory (or of path itself) that maps the host path onto the same container
-// path.
+// covered reports whether path is already visible inside c at the same path: some mount other than of
+// volume except is a hostPath volume mounted at the host path it maps, and that path is path itself or
+// one of its parent directories.
 func covered(pod *corev1.Pod, c *corev1.Container, path, except string) bool {
 	for _, m := range c.VolumeMounts {
 		if m.Name == except || m.SubPath != "" || m.SubPathExpr != "" {

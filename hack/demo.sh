@@ -31,24 +31,37 @@ cleanup() {
 trap cleanup EXIT
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+# http_get http://HOST:PORT/PATH prints the body and succeeds only on HTTP 200. Plain bash (/dev/tcp), so that
+# the demo needs nothing but Go on a fresh machine.
+http_get() {
+	local hostport=${1#http://} path status line
+	path=/${hostport#*/}; hostport=${hostport%%/*}
+	{ exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}"; } 2>/dev/null || return 1
+	printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" >&3
+	IFS= read -r -t 2 status <&3 || status=
+	while IFS= read -r -t 2 line <&3 && [ -n "${line%$'\r'}" ]; do :; done
+	timeout 2 cat <&3 || true
+	exec 3<&-
+	[[ $status == HTTP/1.?" 200"* ]]
+}
 wait_ready() { # name url pid
 	for _ in $(seq 1 100); do
 		if ! kill -0 "$3" 2>/dev/null; then echo "$1 exited before it was ready" >&2; return 1; fi
-		if curl -fsS "$2" >/dev/null 2>&1; then echo "$1 is ready ($2)"; return 0; fi
+		if http_get "$2" >/dev/null; then echo "$1 is ready ($2)"; return 0; fi
 		sleep 0.1
 	done
 	echo "$1 did not become ready at $2" >&2
-	curl -sS "$2?verbose" >&2 || true
+	http_get "$2?verbose" >&2 || true
 	return 1
 }
 
 rm -rf "$DEMO" && mkdir -p "$DEMO/logs"
+DEMO=$(cd "$DEMO" && pwd) # absolute, for the socket path; DEMO_DIR may be either
 step "konnect init: PKI, kubeconfig, egress selector, kube-apiserver flags and manifests into $DEMO"
-"$KONNECT" init --dir "$DEMO" --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 \
-	--key-algorithm ecdsa-p256 --uds-name "$PWD/$DEMO/konnectivity-server.socket"
 # There is no kube-apiserver here to review agent tokens, so the demo's agent authenticates with a client
-# certificate instead (the server's --cluster-ca-cert).
-"$KONNECT" init phase certs konnectivity-agent --dir "$DEMO" --agent-auth mtls --key-algorithm ecdsa-p256
+# certificate (--agent-auth mtls: the server's --cluster-ca-cert, the agent's --agent-cert/--agent-key).
+"$KONNECT" init --dir "$DEMO" --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 \
+	--agent-auth mtls --key-algorithm ecdsa-p256 --uds-name "$DEMO/konnectivity-server.socket"
 echo; echo "kube-apiserver would be started with:"; sed 's/^/    /' "$DEMO/kube-apiserver.flags"
 "$KONNECT" certs check-expiration --dir "$DEMO"
 
@@ -70,9 +83,16 @@ pids+=($!); agent_pid=$!
 wait_ready "konnect agent" "http://127.0.0.1:$AGENT_HEALTH/readyz" "$agent_pid"
 
 step "a small backend behind the agent"
-go run ./hack/demo-backend --port-file "$DEMO/backend.addr" >"$DEMO/logs/backend.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$DEMO/backend.addr" ] && break; sleep 0.1; done
+# Built, not `go run`: go run does not pass SIGTERM on, and its child would outlive the demo.
+go build -o "$DEMO/demo-backend" ./hack/demo-backend
+"$DEMO/demo-backend" --port-file "$DEMO/backend.addr" >"$DEMO/logs/backend.log" 2>&1 &
+pids+=($!); backend_pid=$!
+for _ in $(seq 1 100); do
+	[ -s "$DEMO/backend.addr" ] && break
+	kill -0 "$backend_pid" 2>/dev/null || { echo "the backend exited before it was listening" >&2; exit 1; }
+	sleep 0.1
+done
+[ -s "$DEMO/backend.addr" ] || { echo "the backend did not write $DEMO/backend.addr within 10s" >&2; exit 1; }
 backend=$(cat "$DEMO/backend.addr"); echo "backend listening on $backend"
 
 step "konnect doctor status: the agents the server holds"

@@ -10,6 +10,8 @@ command -v hey >/dev/null           || need+=(hey)
 command -v curl >/dev/null          || need+=(curl)
 command -v openssl >/dev/null       || need+=(openssl)
 command -v ip >/dev/null            || need+=(iproute2)
+# go test -race needs cgo, and cgo a C compiler with the C library headers.
+command -v gcc >/dev/null           || need+=(gcc libc6-dev)
 # kubectl comes with the base image (/usr/bin/kubectl); Debian's own kubernetes-client is far too old to stand in.
 command -v kubectl >/dev/null || { echo "install-deps: kubectl not found at /usr/bin/kubectl" >&2; exit 1; }
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi

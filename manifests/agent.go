@@ -17,7 +17,8 @@ import (
 )
 
 // Agent is the input of the cluster-side manifests: the konnectivity-agent DaemonSet running
-// `konnect agent`, its ServiceAccount, and the RBAC the server needs.
+// `konnect agent`, its ServiceAccount, and either the RBAC the server needs to review the agents' tokens
+// or, with client-certificate authentication, the Secret holding the agents' certificate.
 type Agent struct {
 	// Image is the container image; Image(version) gives konnect's own.
 	Image string

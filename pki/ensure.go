@@ -110,11 +110,13 @@ func selectSpecs(specs []*Spec, cfg *Config, names []string) (map[string]bool, e
 
 // authority is a CA as found on disk or about to be created.
 type authority struct {
-	spec    *Spec
-	cert    *x509.Certificate // nil while pending
-	key     crypto.Signer     // nil for an external CA
-	pending bool
+	spec *Spec
+	cert *x509.Certificate // nil while the CA is still to be created
+	key  crypto.Signer     // nil for an external CA
 }
+
+// pending reports whether the CA is still to be created: it has signed nothing yet.
+func (a *authority) pending() bool { return a.cert == nil }
 
 func (a *authority) certFile(dir string) string { return a.spec.CertFile(dir) }
 
@@ -202,7 +204,6 @@ func (e *engine) planCA(s *Spec) {
 	a := &authority{spec: s}
 	switch {
 	case !hasCert && !hasKey:
-		a.pending = true
 		e.authorities[s.Name] = a
 		r.Action = Created
 		e.steps = append(e.steps, step{spec: s, result: r})
@@ -310,7 +311,7 @@ func (e *engine) planLeaf(s *Spec) {
 	}
 	want := s.altNames(e.cfg)
 	hasCert, hasKey := exists(certFile), exists(keyFile)
-	external := !ca.pending && ca.key == nil
+	external := !ca.pending() && ca.key == nil
 	r.External = external
 
 	if !hasCert {
@@ -328,7 +329,7 @@ func (e *engine) planLeaf(s *Spec) {
 		return
 	}
 
-	cert, certErr := func() (*x509.Certificate, error) { c, _, err := readCert(certFile); return c, err }()
+	cert, _, certErr := readCert(certFile)
 	var key crypto.Signer
 	var keyErr error
 	if hasKey {
@@ -376,7 +377,7 @@ func checkLeaf(s *Spec, cert *x509.Certificate, key crypto.Signer, ca *authority
 		p = append(p, "the key does not match the certificate")
 	}
 	switch {
-	case ca.pending:
+	case ca.pending():
 		p = append(p, fmt.Sprintf("not signed by %s, which is being created", ca.spec.BaseName+".crt"))
 	case cert.CheckSignatureFrom(ca.cert) != nil || !slices.Equal(cert.RawIssuer, ca.cert.RawSubject):
 		p = append(p, fmt.Sprintf("not signed by %s (issuer %q)", ca.spec.BaseName+".crt", cert.Issuer.String()))
@@ -511,7 +512,7 @@ func (e *engine) apply(st step) error {
 	}
 	if s.IsCA {
 		a := e.authorities[s.Name]
-		a.cert, a.key, a.pending = cert, key, false
+		a.cert, a.key = cert, key
 	}
 	st.result.NotAfter = cert.NotAfter
 	if !s.IsCA && cert.NotAfter.Before(e.now.Add(e.cfg.CertValidity-clockSkew)) {

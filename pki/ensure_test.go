@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -220,6 +221,10 @@ func TestEnsureKeyAlgorithms(t *testing.T) {
 			}
 		})
 	}
+	// The flag value is case-insensitive; keys are still generated.
+	cfg := testConfig(t)
+	cfg.KeyAlgorithm = "ECDSA-P256"
+	mustEnsure(t, cfg, CA)
 	if _, err := ParseKeyAlgorithm("dsa-1024"); err == nil || !strings.Contains(err.Error(), "rsa-2048") {
 		t.Fatalf("ParseKeyAlgorithm(dsa-1024) = %v", err)
 	}
@@ -582,10 +587,7 @@ func TestExplicitNameNeedsItsCA(t *testing.T) {
 
 // TestOpenSSLVerify runs the real openssl on every leaf, with the purpose each one is for.
 func TestOpenSSLVerify(t *testing.T) {
-	openssl, err := exec.LookPath("openssl")
-	if err != nil {
-		t.Skip("openssl not installed")
-	}
+	openssl := opensslOrSkip(t)
 	cfg := testConfig(t)
 	cfg.KeyAlgorithm = RSA2048
 	mustEnsure(t, cfg)
@@ -631,8 +633,11 @@ func TestWriteFile(t *testing.T) {
 	if st.Mode().Perm() != 0o600 || dst.Mode().Perm() != 0o700 {
 		t.Fatalf("modes %v %v", st.Mode(), dst.Mode())
 	}
-	mtime := st.ModTime()
-	time.Sleep(10 * time.Millisecond)
+	// Backdate the file so that any rewrite would show as a new mtime, without waiting for the clock.
+	mtime := st.ModTime().Add(-time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(path, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
 	if changed, err := WriteFile(path, []byte("one"), 0o600, 0o700); err != nil || changed {
 		t.Fatalf("same content rewritten: %v %v", changed, err)
 	}
@@ -649,7 +654,7 @@ func TestWriteFile(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("temporary files left: %v", entries)
 	}
-	if _, err := WriteFile(filepath.Join(path, "x"), nil, 0o600, 0o700); err == nil || !errors.Is(err, err) || !strings.Contains(err.Error(), path) {
+	if _, err := WriteFile(filepath.Join(path, "x"), nil, 0o600, 0o700); err == nil || !errors.Is(err, syscall.ENOTDIR) || !strings.Contains(err.Error(), path) {
 		t.Fatalf("write under a file: %v", err)
 	}
 }

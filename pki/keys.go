@@ -33,14 +33,13 @@ func KeyAlgorithms() []KeyAlgorithm {
 
 // ParseKeyAlgorithm checks that s names a supported key algorithm.
 func ParseKeyAlgorithm(s string) (KeyAlgorithm, error) {
-	for _, a := range KeyAlgorithms() {
+	algs := KeyAlgorithms()
+	names := make([]string, len(algs))
+	for i, a := range algs {
 		if string(a) == strings.ToLower(s) {
 			return a, nil
 		}
-	}
-	names := make([]string, 0, 5)
-	for _, a := range KeyAlgorithms() {
-		names = append(names, string(a))
+		names[i] = string(a)
 	}
 	return "", fmt.Errorf("unknown key algorithm %q (want one of %s)", s, strings.Join(names, ", "))
 }

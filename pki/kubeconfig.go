@@ -128,15 +128,24 @@ func renderKubeconfig(caFile, certFile, keyFile, server string) ([]byte, time.Ti
 	return data, cert.NotAfter, err
 }
 
-// kubeconfigServer returns the server of a kubeconfig's current context.
-func kubeconfigServer(data []byte) (string, error) {
+// currentContext parses a kubeconfig and returns it with its current context.
+func currentContext(data []byte) (*clientcmdapi.Config, *clientcmdapi.Context, error) {
 	kc, err := clientcmd.Load(data)
 	if err != nil {
-		return "", fmt.Errorf("parse kubeconfig: %w", err)
+		return nil, nil, fmt.Errorf("parse kubeconfig: %w", err)
 	}
 	ctx, ok := kc.Contexts[kc.CurrentContext]
 	if !ok {
-		return "", fmt.Errorf("current context %q not found", kc.CurrentContext)
+		return nil, nil, fmt.Errorf("current context %q not found", kc.CurrentContext)
+	}
+	return kc, ctx, nil
+}
+
+// kubeconfigServer returns the server of a kubeconfig's current context.
+func kubeconfigServer(data []byte) (string, error) {
+	kc, ctx, err := currentContext(data)
+	if err != nil {
+		return "", err
 	}
 	cl, ok := kc.Clusters[ctx.Cluster]
 	if !ok {
@@ -147,13 +156,9 @@ func kubeconfigServer(data []byte) (string, error) {
 
 // kubeconfigClientCert returns the client certificate embedded in a kubeconfig's current context.
 func kubeconfigClientCert(data []byte) ([]byte, error) {
-	kc, err := clientcmd.Load(data)
+	kc, ctx, err := currentContext(data)
 	if err != nil {
-		return nil, fmt.Errorf("parse kubeconfig: %w", err)
-	}
-	ctx, ok := kc.Contexts[kc.CurrentContext]
-	if !ok {
-		return nil, fmt.Errorf("current context %q not found", kc.CurrentContext)
+		return nil, err
 	}
 	ai, ok := kc.AuthInfos[ctx.AuthInfo]
 	if !ok || len(ai.ClientCertificateData) == 0 {

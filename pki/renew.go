@@ -119,7 +119,6 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 		r := Result{Name: s.Name, CertFile: s.CertFile(dir), KeyFile: s.KeyFile(dir), Action: Renewed, DryRun: cfg.DryRun}
 		var cert *x509.Certificate
 		var err error
-		an := AltNames{DNSNames: l.cert.DNSNames, IPs: l.cert.IPAddresses}
 		if s.IsCA {
 			old := l.cert
 			// Same subject and key identifier as before, so that certificates it signed still chain to it.
@@ -129,6 +128,7 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 			})
 		} else {
 			ca := cas[s.CA]
+			an := AltNames{DNSNames: l.cert.DNSNames, IPs: l.cert.IPAddresses}
 			cert, err = signCert(s, l.key.Public(), an, ca.cert, ca.key, now, cfg.CertValidity)
 		}
 		if err != nil {

@@ -81,6 +81,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.KeyAlgorithm == "" {
 		c.KeyAlgorithm = RSA2048
+	} else if a, err := ParseKeyAlgorithm(string(c.KeyAlgorithm)); err == nil {
+		// ParseKeyAlgorithm ignores case, so Validate accepts "RSA-2048"; key generation matches exactly.
+		c.KeyAlgorithm = a
 	}
 	if c.CAValidity == 0 {
 		c.CAValidity = DefaultCAValidity

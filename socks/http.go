@@ -82,7 +82,7 @@ func forwardTarget(req *http.Request) (string, error) {
 	if err != nil || n < 1 || n > 65535 {
 		return "", fmt.Errorf("invalid port in %q", req.URL.Host)
 	}
-	return net.JoinHostPort(host, port), nil
+	return net.JoinHostPort(host, strconv.Itoa(n)), nil
 }
 
 // proxyAuthorized checks Proxy-Authorization: Basic against the server's credentials.

@@ -149,6 +149,23 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 	)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	// Connections to origins kept alive for http:// forwarding must not outlive the listeners they served.
+	defer s.transport.CloseIdleConnections()
+	// track and untrack keep every connection this Serve started a goroutine for, admitted or being
+	// refused, so that shutdown closes them all and waits for their goroutines.
+	track := func(c net.Conn) {
+		mu.Lock()
+		active[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+	}
+	untrack := func(c net.Conn) {
+		c.Close()
+		mu.Lock()
+		delete(active, c)
+		mu.Unlock()
+		wg.Done()
+	}
 	var tempDelay time.Duration
 	for {
 		c, err := ln.Accept()
@@ -178,21 +195,27 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		select {
 		case s.slots <- struct{}{}:
 		default:
-			s.refuse(c, proto)
+			// Over the cap: answer briefly in the client's protocol, unless too many refusals are
+			// already in flight, then just close.
+			select {
+			case s.refusing <- struct{}{}:
+			default:
+				c.Close()
+				continue
+			}
+			track(c)
+			go func() {
+				defer func() { <-s.refusing }()
+				defer untrack(c)
+				s.refuse(c, proto)
+			}()
 			continue
 		}
-		mu.Lock()
-		active[c] = struct{}{}
-		mu.Unlock()
-		wg.Add(1)
+		track(c)
 		go func() {
-			defer wg.Done()
+			defer func() { <-s.slots }()
+			defer untrack(c)
 			s.serveConn(ctx, c, proto)
-			c.Close()
-			mu.Lock()
-			delete(active, c)
-			mu.Unlock()
-			<-s.slots
 		}()
 	}
 }
@@ -219,31 +242,21 @@ func (s *Server) ActiveConns() int {
 	return len(s.slots)
 }
 
-// refuse answers a connection over the cap in its own protocol, briefly, so the client shows a clear error
-// rather than a reset; beyond a small number of refusals in flight it just closes.
+// refuse answers a connection over the cap in its own protocol, briefly (2s at most), so the client shows a
+// clear error rather than a reset. The caller closes c.
 func (s *Server) refuse(c net.Conn, proto Protocol) {
-	select {
-	case s.refusing <- struct{}{}:
-	default:
-		c.Close()
+	klog.V(1).InfoS("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	br := bufio.NewReaderSize(c, 512)
+	isSOCKS, err := sniff(br, proto)
+	if err != nil {
 		return
 	}
-	klog.V(1).InfoS("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
-	go func() {
-		defer func() { <-s.refusing }()
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		br := bufio.NewReaderSize(c, 512)
-		isSOCKS, err := sniff(br, proto)
-		if err != nil {
-			return
-		}
-		if isSOCKS {
-			refuseSOCKS(br, c)
-			return
-		}
-		writeHTTPError(c, http.StatusServiceUnavailable, "too many connections")
-	}()
+	if isSOCKS {
+		refuseSOCKS(br, c)
+		return
+	}
+	writeHTTPError(c, http.StatusServiceUnavailable, "too many connections")
 }
 
 // sniff decides the protocol from the first byte without consuming it.

@@ -25,12 +25,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// http.Transport keeps idle-connection goroutines until CloseIdleConnections; tests close them, but
-		// the persistConn readers exit asynchronously.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-	)
+	// No exceptions for http.Transport's connection goroutines: Serve closes the idle origin connections
+	// of http:// forwarding when it returns, and the tests close their clients' transports.
+	goleak.VerifyTestMain(m)
 }
 
 // serve runs s on a loopback listener until the test ends, and checks that Serve returns nil on cancel.
@@ -689,4 +686,50 @@ func TestServeAcceptErrors(t *testing.T) {
 			t.Fatalf("Serve = %v, want the accept error", err)
 		}
 	})
+}
+
+// TestServeClosesIdleOriginConnections checks that the keep-alive connections opened for http:// forwarding
+// end when Serve returns, instead of idling on until the transport's timeout.
+func TestServeClosesIdleOriginConnections(t *testing.T) {
+	var once sync.Once
+	originClosed := make(chan struct{})
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	origin.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			once.Do(func() { close(originClosed) })
+		}
+	}
+	origin.Start()
+	defer origin.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- (&Server{}).Serve(ctx, ln, Auto) }()
+	tr := &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()})}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(origin.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp.Body); body != "ok" {
+		t.Fatalf("body %q", body)
+	}
+	resp.Body.Close()
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve = %v after cancel", err)
+	}
+	select {
+	case <-originClosed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection to the origin is still open 5s after Serve returned")
+	}
 }

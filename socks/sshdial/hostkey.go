@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -89,7 +90,7 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 	var algos []string
 	add := func(a ...string) {
 		for _, s := range a {
-			if !contains(algos, s) {
+			if !slices.Contains(algos, s) {
 				algos = append(algos, s)
 			}
 		}
@@ -103,15 +104,6 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 		}
 	}
 	return algos, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 var (

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -238,11 +239,30 @@ func TestHostKeys(t *testing.T) {
 	})
 
 	t.Run("other key types for the host do not count as changed", func(t *testing.T) {
-		// The file knows only the ed25519 key; the server also offers others. The client must ask for
-		// ed25519 and succeed.
+		// The file knows only the ed25519 key; the server also has an ECDSA key, which the SSH library
+		// prefers by default and would then call "changed". The client must ask for ed25519 and succeed.
+		f := newFixture(t)
+		ecdsaKey := filepath.Join(f.sshd.Dir, "host_ecdsa")
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", ecdsaKey).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen ecdsa: %v: %s", err, out)
+		}
+		conf := filepath.Join(f.sshd.Dir, "sshd_config")
+		cf, err := os.OpenFile(conf, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Fprintf(cf, "HostKey %s\n", ecdsaKey); err != nil {
+			t.Fatal(err)
+		}
+		cf.Close()
+		f.sshd.Restart()
 		cfg := f.config()
 		d, done := start(t, cfg)
 		waitReady(t, d, done)
+		get(t, d, be, "/")
+		if !strings.Contains(f.sshd.Log(), "ecdsa") {
+			t.Errorf("sshd did not load the ECDSA host key; log:\n%s", f.sshd.Log())
+		}
 	})
 }
 
@@ -346,8 +366,15 @@ Host inner
 	if !strings.Contains(jump.Log(), fmt.Sprintf("target 127.0.0.1 port %d", target.Port)) {
 		t.Errorf("the jump host did not forward to the target")
 	}
-	// Keepalives every second keep flowing and the connection stays up.
-	time.Sleep(2500 * time.Millisecond)
+	// Keepalives every second reach the target (sshd logs each global request at DEBUG1), are answered,
+	// and the connection stays up.
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(target.Log(), "keepalive@openssh.com") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no two keepalives reached the target within 10s; log:\n%s", target.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err := d.Ready(); err != nil {
 		t.Fatalf("connection dropped with keepalives on: %v", err)
 	}
@@ -481,7 +508,11 @@ func TestDialWaitIsBounded(t *testing.T) {
 	d, done := start(t, cfg)
 	waitReady(t, d, done)
 	f.sshd.Stop()
+	deadline := time.Now().Add(10 * time.Second)
 	for d.Ready() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Ready() still nil 10s after sshd was killed")
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t0 := time.Now()

@@ -97,19 +97,13 @@ current-context: bench
 		return "", err
 	}
 	// /readyz needs credentials; kubectl with the admin kubeconfig is the simplest probe from inside cp.
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		if apiserver.exited() {
-			return "", fmt.Errorf("kube-apiserver exited:\n%s", apiserver.tail(20))
-		}
-		if _, err := b.execFor(10*time.Second, "cp", "kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"); err == nil {
-			return kubeconfig, nil
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("kube-apiserver not ready within 3m:\n%s", apiserver.tail(20))
-		}
-		time.Sleep(500 * time.Millisecond)
+	if err := poll("kube-apiserver /readyz", 3*time.Minute, 500*time.Millisecond, apiserver, func() error {
+		_, err := b.execFor(10*time.Second, "cp", "kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz")
+		return err
+	}); err != nil {
+		return "", err
 	}
+	return kubeconfig, nil
 }
 
 func b64(data []byte) string { return base64.StdEncoding.EncodeToString(data) }

@@ -67,8 +67,10 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
+	isolateEnv(dir)
 	topo, err := newTopology(dir)
 	if err != nil {
+		os.RemoveAll(dir)
 		fatal(err)
 	}
 	topo.keep = o.keep
@@ -94,6 +96,16 @@ func main() {
 		fatal(err)
 	}
 	fmt.Printf("benchmarks took %s\n", time.Since(start).Round(time.Second))
+}
+
+// isolateEnv keeps the programs the benchmarks start (they inherit this environment) to the run's own
+// addresses and files: a proxy from the environment (kubectl, client-go, curl and hey honour one) would
+// send requests outside the namespaces, and kubectl's discovery cache would outlive the run.
+func isolateEnv(dir string) {
+	for _, v := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy"} {
+		_ = os.Unsetenv(v)
+	}
+	_ = os.Setenv("KUBECACHEDIR", filepath.Join(dir, "kube-cache"))
 }
 
 func fatal(err error) {
@@ -194,15 +206,10 @@ func (b *bench) setup() error {
 }
 
 func (b *bench) waitTunnel(uds string, p *proc) error {
-	deadline := time.Now().Add(30 * time.Second)
-	var last error
-	for time.Now().Before(deadline) {
-		if _, last = b.loadgen("cp", "--mode=dial", "--count=1", "--uds="+uds, "--target="+podAddr+":"+podPort); last == nil {
-			return nil
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
-	return fmt.Errorf("no tunnel through %s: %v\n%s", uds, last, p.tail(20))
+	return poll("a tunnel through "+uds, 30*time.Second, 300*time.Millisecond, p, func() error {
+		_, err := b.loadgen("cp", "--mode=dial", "--count=1", "--uds="+uds, "--target="+podAddr+":"+podPort)
+		return err
+	})
 }
 
 type loadResult struct {
@@ -456,7 +463,7 @@ func (b *bench) startSSH() error {
 		argv []string
 		port string
 	}{
-		{"konnect-socks", []string{b.o.konnect, "socks", "-D", "127.0.0.1:" + socksPort, "-i", b.path("client_key"),
+		{"konnect-socks", []string{b.o.konnect, "socks", "-F", "none", "-D", "127.0.0.1:" + socksPort, "-i", b.path("client_key"),
 			"--known-hosts", b.path("known_hosts"), "-p", sshPort, "root@" + cpLapAddr}, socksPort},
 		{"ssh-D", sshArgs(sshDPort), sshDPort},
 		{"ssh-D-cipher", sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher},
@@ -471,16 +478,11 @@ func (b *bench) startSSH() error {
 	}
 	// The listeners come up before the SSH session; one request through each proves the whole path.
 	for _, port := range []string{socksPort, sshDPort, sshDCipher} {
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		if err := poll("SOCKS5 on port "+port, 20*time.Second, 300*time.Millisecond, nil, func() error {
 			_, err := b.loadgen("lap", "--mode=dial", "--via=socks", "--socks=127.0.0.1:"+port, "--target="+cpBackend, "--count=1")
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("SOCKS5 on port %s: %w", port, err)
-			}
-			time.Sleep(300 * time.Millisecond)
+			return err
+		}); err != nil {
+			return err
 		}
 	}
 	return nil

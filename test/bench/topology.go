@@ -81,6 +81,16 @@ func newTopology(dir string) (*topology, error) {
 			return nil, err
 		}
 	}
+	// The guarantee that nothing leaves the machine rests on this: no namespace may have a default route.
+	for _, n := range []string{"cp", "w1", "lap"} {
+		for _, fam := range []string{"-4", "-6"} {
+			out, err := exec.Command("ip", fam, "-n", t.ns(n), "route", "show", "default").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "" {
+				t.close()
+				return nil, fmt.Errorf("namespace %s: default route check (%v): %q; refusing to run", t.ns(n), err, strings.TrimSpace(string(out)))
+			}
+		}
+	}
 	return t, nil
 }
 
@@ -186,43 +196,46 @@ func (t *topology) exec(ctx context.Context, ns string, argv ...string) (string,
 	return string(out), nil
 }
 
-// waitHTTP polls url from inside ns until it answers 200 or the deadline passes.
-func (t *topology) waitHTTP(ns, url string, within time.Duration, p *proc) error {
+// poll calls fn every interval until it returns nil or within passes, and fails at once when p (if not
+// nil) exits meanwhile. The error names what was awaited and carries fn's last error and p's log tail.
+func poll(what string, within, interval time.Duration, p *proc, fn func() error) error {
 	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
+	for {
 		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited:\n%s", p.name, p.tail(20))
+			return fmt.Errorf("%s: %s exited:\n%s", what, p.name, p.tail(20))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := t.exec(ctx, ns, "curl", "-fsS", "-o", "/dev/null", url)
-		cancel()
+		err := fn()
 		if err == nil {
 			return nil
 		}
-		time.Sleep(200 * time.Millisecond)
+		if time.Now().After(deadline) {
+			msg := ""
+			if p != nil {
+				msg = ":\n" + p.tail(20)
+			}
+			return fmt.Errorf("%s: not within %v: %w%s", what, within, err, msg)
+		}
+		time.Sleep(interval)
 	}
-	msg := ""
-	if p != nil {
-		msg = ":\n" + p.tail(20)
-	}
-	return fmt.Errorf("%s not ready within %v%s", url, within, msg)
+}
+
+// waitHTTP polls url from inside ns until it answers 200 or the deadline passes.
+func (t *topology) waitHTTP(ns, url string, within time.Duration, p *proc) error {
+	return poll(url, within, 200*time.Millisecond, p, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := t.exec(ctx, ns, "curl", "-fsS", "-o", "/dev/null", url)
+		return err
+	})
 }
 
 // waitTCP polls until addr accepts a TCP connection from inside ns.
 func (t *topology) waitTCP(ns, addr string, within time.Duration, p *proc) error {
-	deadline := time.Now().Add(within)
 	host, port, _ := strings.Cut(addr, ":")
-	for time.Now().Before(deadline) {
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited:\n%s", p.name, p.tail(20))
-		}
+	return poll(addr+" accepting connections", within, 200*time.Millisecond, p, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		_, err := t.exec(ctx, ns, "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/%s", host, port))
-		cancel()
-		if err == nil {
-			return nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not accepting connections within %v", addr, within)
+		return err
+	})
 }

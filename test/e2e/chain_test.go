@@ -94,9 +94,7 @@ func (c *cluster) flundersWork(ctx context.Context) error {
 
 // expectAPIServiceDown makes sure the APIService is not Available before a
 // scenario starts its tunnel, so that Available=True afterwards is the
-// tunnel's doing and not a status left over from an earlier scenario. An
-// annotation change makes the availability controller check at once instead
-// of at its 30 s resync.
+// tunnel's doing and not a status left over from an earlier scenario.
 func (c *cluster) expectAPIServiceDown(t *testing.T) {
 	t.Helper()
 	if !c.tunnelStarted {
@@ -109,7 +107,7 @@ func (c *cluster) expectAPIServiceDown(t *testing.T) {
 		t.Logf("APIService reported the tunnel down after %v", time.Since(start).Round(100*time.Millisecond))
 	}()
 	err := poll("APIService "+apiServiceName+" to report the tunnel down", 45*time.Second, 3*time.Second, func() error {
-		if _, err := c.kubectl(ctx, nsCP, "annotate", "--overwrite", "apiservice", apiServiceName, "e2e.konnect.dev/poke="+randHex(4)); err != nil {
+		if err := c.poke(ctx); err != nil {
 			return err
 		}
 		return c.waitAPIService(ctx, "False", 3*time.Second)
@@ -192,11 +190,18 @@ func (c *cluster) doctorAgents(t *testing.T, adminPorts ...int) map[string][]str
 // controller so that the time measured is the tunnel's, not its resync's.
 func (c *cluster) pokeUntilAvailable(ctx context.Context, timeout time.Duration) error {
 	return poll("APIService "+apiServiceName+" Available=True", timeout, time.Second, func() error {
-		if _, err := c.kubectl(ctx, nsCP, "annotate", "--overwrite", "apiservice", apiServiceName, "e2e.konnect.dev/poke="+randHex(4)); err != nil {
+		if err := c.poke(ctx); err != nil {
 			return err
 		}
 		return c.waitAPIService(ctx, "True", 2*time.Second)
 	})
+}
+
+// poke changes an annotation of the APIService, which makes the availability controller check it at
+// once instead of at its 30 s resync.
+func (c *cluster) poke(ctx context.Context) error {
+	_, err := c.kubectl(ctx, nsCP, "annotate", "--overwrite", "apiservice", apiServiceName, "e2e.konnect.dev/poke="+randHex(4))
+	return err
 }
 
 // waitDoctor waits until konnect doctor status shows exactly want.

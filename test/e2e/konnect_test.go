@@ -13,13 +13,6 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// konnectHas reports whether `konnect SUBCOMMAND...` is a real command that
-// has flag (a placeholder has no flags).
-func konnectHas(flag string, sub ...string) bool {
-	out, err := run(context.Background(), "", append(append([]string{bins.konnect}, sub...), "--help")...)
-	return err == nil && strings.Contains(out, flag) && !strings.Contains(out, "not yet implemented")
-}
-
 // manifestDoc is one YAML document that konnect init wrote under
 // DIR/manifests.
 type manifestDoc struct {

@@ -92,7 +92,19 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: FAIL: %v\n", err)
 		return 1
 	}
+	isolateEnv()
 	return m.Run()
+}
+
+// isolateEnv keeps the programs the tests start (they inherit this environment) to the run's own
+// addresses and files. A proxy from the environment (HTTPS_PROXY for kubectl and client-go, http_proxy
+// for curl) would send requests to an address outside the namespaces, and kubectl's discovery cache would
+// outlive the run in ~/.kube/cache. It runs after findTools, whose builds may need the proxy.
+func isolateEnv() {
+	for _, v := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy"} {
+		_ = os.Unsetenv(v)
+	}
+	_ = os.Setenv("KUBECACHEDIR", filepath.Join(workRoot, "kube-cache"))
 }
 
 // checkHost fails, never skips, when the machine cannot run the tests.

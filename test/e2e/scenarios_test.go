@@ -390,6 +390,16 @@ func TestAgentMTLS(t *testing.T) {
 				t.Fatalf("the refused agent should keep retrying: %v", err)
 			}
 			w2 := nsHTTPClient(c.tp.ns(nsW2), nil, 3*time.Second)
+			// Its health server must answer first: a refused connection would make the /readyz check pass
+			// without saying anything.
+			if err := poll("the token-only agent's /livez", 30*time.Second, 250*time.Millisecond, func() error {
+				if err := tokenOnly.p.errExited(); err != nil {
+					return err
+				}
+				return httpGetOK(ctx, w2, "http://127.0.0.1:8093/livez", nil)
+			}); err != nil {
+				t.Fatal(err)
+			}
 			if err := httpGetOK(ctx, w2, "http://127.0.0.1:8093/readyz", nil); err == nil {
 				t.Fatal("the token-only agent reports ready against a client-certificate server")
 			}

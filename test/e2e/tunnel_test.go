@@ -137,20 +137,27 @@ func (c *cluster) startServer(t *testing.T, o serverOpts) *tunnelServer {
 	return s
 }
 
-func (c *cluster) waitHealthz(t *testing.T, p *proc, role string, port int) {
+// waitHTTP polls http://127.0.0.1:PORT/PATH from inside namespace role until it answers 200, and fails
+// at once if p exits meanwhile.
+func (c *cluster) waitHTTP(t *testing.T, p *proc, role string, port int, path string) {
 	t.Helper()
 	client := nsHTTPClient(c.tp.ns(role), nil, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := poll(p.name+" /healthz", 45*time.Second, 200*time.Millisecond, func() error {
+	err := poll(p.name+" "+path, 45*time.Second, 200*time.Millisecond, func() error {
 		if err := p.errExited(); err != nil {
 			return err
 		}
-		return httpGetOK(ctx, client, fmt.Sprintf("http://127.0.0.1:%d/healthz", port), nil)
+		return httpGetOK(ctx, client, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func (c *cluster) waitHealthz(t *testing.T, p *proc, role string, port int) {
+	t.Helper()
+	c.waitHTTP(t, p, role, port, "/healthz")
 }
 
 type agentOpts struct {
@@ -230,18 +237,7 @@ func (c *cluster) startAgent(t *testing.T, o agentOpts) *tunnelAgent {
 
 func (c *cluster) waitAgentReady(t *testing.T, a *tunnelAgent) {
 	t.Helper()
-	client := nsHTTPClient(c.tp.ns(a.opts.role), nil, 2*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := poll(a.p.name+" /readyz", 45*time.Second, 250*time.Millisecond, func() error {
-		if err := a.p.errExited(); err != nil {
-			return err
-		}
-		return httpGetOK(ctx, client, "http://127.0.0.1:8093/readyz", nil)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c.waitHTTP(t, a.p, a.opts.role, 8093, "/readyz")
 }
 
 // restart starts the agent again with the same arguments after it was

@@ -94,8 +94,8 @@ func initMTLS(t testing.TB, dir string) {
 	}
 }
 
-// caKeyWithoutCert is the start of the error konnect init gives when a kill left a CA key without its
-// certificate.
+// caKeyWithoutCert is the refusal konnect init once gave when a kill left a CA key without its certificate;
+// the test names that regression precisely if it ever comes back.
 const caKeyWithoutCert = "refusing to replace a CA key"
 
 // checkAfterKill checks the invariants that must hold after any interruption, and that a rerun

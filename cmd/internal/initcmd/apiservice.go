@@ -1,11 +1,9 @@
 package initcmd
 
 import (
-	"bytes"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -93,9 +91,9 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if out == "" {
 		out = o.service + "-apiservice"
 	}
-	out, err := absDir(out)
+	out, err := absDir("--out", out)
 	if err != nil {
-		return fmt.Errorf("--out: %w", err)
+		return err
 	}
 	spec := manifests.APIService{
 		Service: o.service, Namespace: o.namespace, Group: o.group, Version: o.version,
@@ -122,9 +120,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	if bundle.Cert == nil { // dry run on a fresh directory: the manifests depend on certificates not yet issued
-		for _, name := range []string{"(Secret, APIService, RBAC, kustomization.yaml)"} {
-			r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: filepath.Join(out, name)})
-		}
+		r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: filepath.Join(out, "(Secret, APIService, RBAC, kustomization.yaml)")})
 		return nil
 	}
 	spec.CACert, spec.Cert, spec.Key = bundle.CA, bundle.Cert, bundle.Key
@@ -138,16 +134,9 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 // writeFiles writes rendered manifests atomically, each only when its content changes.
 func (r *runner) writeFiles(dir string, files []manifests.File) error {
 	for _, f := range files {
-		path := filepath.Join(dir, f.Name)
-		old, err := os.ReadFile(path)
-		existed := err == nil
-		changed := !existed || !bytes.Equal(old, f.Data)
-		if !r.o.DryRun {
-			if _, err := pki.WriteFile(path, f.Data, f.Mode, 0o755); err != nil {
-				return err
-			}
+		if err := r.write(filepath.Join(dir, f.Name), f.Data, f.Mode); err != nil {
+			return err
 		}
-		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: r.o.DryRun && changed, file: path})
 	}
 	return nil
 }

@@ -24,13 +24,14 @@ func NewCertsCommand() *cobra.Command {
 	return cmd
 }
 
-func absDir(dir string) (string, error) {
+// absDir makes the directory given to flag absolute; errors name the flag.
+func absDir(flag, dir string) (string, error) {
 	if dir == "" {
-		return "", fmt.Errorf("--dir must not be empty")
+		return "", fmt.Errorf("%s must not be empty", flag)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return "", fmt.Errorf("--dir %q: %w", dir, err)
+		return "", fmt.Errorf("%s %q: %w", flag, dir, err)
 	}
 	return abs, nil
 }
@@ -49,7 +50,7 @@ printed.`,
 			if output != "text" && output != "json" {
 				return fmt.Errorf("--output %q: must be text or json", output)
 			}
-			d, err := absDir(dir)
+			d, err := absDir("--dir", dir)
 			if err != nil {
 				return err
 			}
@@ -116,7 +117,7 @@ Certificates:
 		Args:      cobra.MinimumNArgs(1),
 		ValidArgs: append([]string{pki.All}, valid...),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			d, err := absDir(dir)
+			d, err := absDir("--dir", dir)
 			if err != nil {
 				return err
 			}

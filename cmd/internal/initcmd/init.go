@@ -316,16 +316,18 @@ func actionFor(changed, existed bool) pki.Action {
 	return pki.Created
 }
 
-// write writes a derived, non-secret file atomically, only when its content changes.
+// write writes a derived file atomically, only when its content or mode changes. The mode is the
+// caller's: a manifest that names or holds key material is 0600.
 func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 	old, err := os.ReadFile(path)
 	existed := err == nil
-	changed := !existed || !bytes.Equal(old, data)
 	if r.o.DryRun {
+		changed := !existed || !bytes.Equal(old, data)
 		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path})
 		return nil
 	}
-	if _, err := pki.WriteFile(path, data, mode, 0o755); err != nil {
+	changed, err := pki.WriteFile(path, data, mode, 0o755)
+	if err != nil {
 		return err
 	}
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), file: path})

@@ -297,7 +297,6 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "http://198.18.0.1:6443"}, "--apiserver-url"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1"}, "--apiserver-url is required"},
 		{[]string{"init", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address is required"},
-		{initArgs("")[3:], ""}, // placeholder, replaced below
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--key-algorithm", "rsa-1024"}, "--key-algorithm"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "tcp"}, "--mode"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "ssh"}, "--mode"},
@@ -307,9 +306,6 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:99999"}, "--apiserver-url"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", notAPod(t)}, "not a v1 Pod"},
 	} {
-		if tc.want == "" {
-			continue
-		}
 		dir := t.TempDir()
 		out, err := run(t, append(tc.args, "--dir", dir)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -630,17 +626,18 @@ func TestInitAgentMTLS(t *testing.T) {
 		t.Errorf("TokenReview RBAC rendered for client-certificate agents: %v", err)
 	}
 
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("kubectl not installed")
-	}
-	kust, err := exec.Command(kubectl, "kustomize", agentDir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl kustomize: %v\n%s", err, kust)
-	}
-	for _, kind := range []string{"kind: Secret", "kind: ConfigMap", "kind: ServiceAccount", "kind: DaemonSet"} {
-		if !bytes.Contains(kust, []byte("\n"+kind+"\n")) {
-			t.Errorf("kubectl kustomize output lacks %s", kind)
+	// Not t.Skip: the idempotence and key-hiding checks below must run without kubectl too.
+	if kubectl, err := exec.LookPath("kubectl"); err != nil {
+		t.Log("kubectl not installed: kubectl kustomize not checked")
+	} else {
+		kust, err := exec.Command(kubectl, "kustomize", agentDir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl kustomize: %v\n%s", err, kust)
+		}
+		for _, kind := range []string{"kind: Secret", "kind: ConfigMap", "kind: ServiceAccount", "kind: DaemonSet"} {
+			if !bytes.Contains(kust, []byte("\n"+kind+"\n")) {
+				t.Errorf("kubectl kustomize output lacks %s", kind)
+			}
 		}
 	}
 

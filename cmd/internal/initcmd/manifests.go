@@ -28,7 +28,7 @@ func defaultImage() string {
 
 func (r *runner) manifests([]string) error {
 	o := r.o
-	pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+	pkiDir := o.pkiDir()
 	specs := pki.Specs()
 	path := func(name string, key bool) string {
 		s, _ := pki.Lookup(specs, name)

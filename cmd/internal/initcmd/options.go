@@ -65,8 +65,6 @@ type Options struct {
 	// Behaviour.
 	Force  bool
 	DryRun bool
-
-	udsNameSet bool
 }
 
 // NewOptions spells out every default.
@@ -130,9 +128,10 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		}
 		o.Dir = abs
 	}
-	o.udsNameSet = fs != nil && fs.Changed("uds-name")
-	if !o.udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
-		o.UDSName = filepath.Join(o.Dir, "konnectivity-server", "konnectivity-server.socket")
+	udsNameSet := fs != nil && fs.Changed("uds-name")
+	if !udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
+		// The socket sits where it would under the default directory, so that one --dir moves everything.
+		o.UDSName = filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))
 	}
 	return nil
 }
@@ -154,13 +153,8 @@ func (o *Options) Validate(n needs) error {
 	if _, err := pki.ParseKeyAlgorithm(o.KeyAlgorithm); err != nil {
 		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
 	}
-	if o.CAValidity <= 0 {
-		errs = append(errs, fmt.Errorf("--ca-validity-period %s: must be positive", o.CAValidity))
-	}
-	if o.CertValidity <= 0 {
-		errs = append(errs, fmt.Errorf("--cert-validity-period %s: must be positive", o.CertValidity))
-	} else if o.CertValidity > o.CAValidity {
-		errs = append(errs, fmt.Errorf("--cert-validity-period %s: exceeds --ca-validity-period %s", o.CertValidity, o.CAValidity))
+	if err := validities(o.CAValidity, o.CertValidity); err != nil {
+		errs = append(errs, err)
 	}
 	if n.apiserverURL && o.APIServerURL == "" {
 		errs = append(errs, errors.New("--apiserver-url is required: it is the server of "+pki.KubeconfigFile))
@@ -212,11 +206,14 @@ func (o *Options) PKI() pki.Config {
 	}
 }
 
+// pkiDir is DIR/pki, where the certs phase writes.
+func (o *Options) pkiDir() string { return (&pki.Config{Dir: o.Dir}).PKIDir() }
+
 // selector is kube-apiserver's egress configuration.
 func (o *Options) selector() egress.SelectorConfig {
 	c := egress.SelectorConfig{Mode: o.Mode, Transport: o.Transport}
 	if o.Transport == egress.TransportTCP {
-		pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+		pkiDir := o.pkiDir()
 		specs := pki.Specs()
 		ca, _ := pki.Lookup(specs, pki.CA)
 		client, _ := pki.Lookup(specs, pki.APIServerEgressClient)
@@ -233,7 +230,7 @@ func (o *Options) selector() egress.SelectorConfig {
 
 // apiserverFlags are the kube-apiserver flags.
 func (o *Options) apiserverFlags() egress.APIServerFlags {
-	pkiDir := filepath.Join(o.Dir, pki.PKISubdir)
+	pkiDir := o.pkiDir()
 	specs := pki.Specs()
 	fpca, _ := pki.Lookup(specs, pki.FrontProxyCA)
 	fpc, _ := pki.Lookup(specs, pki.FrontProxyClient)

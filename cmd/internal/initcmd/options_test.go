@@ -1,9 +1,13 @@
 package initcmd
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
 )
 
@@ -71,6 +75,25 @@ func TestUDSDefaultFollowsDir(t *testing.T) {
 		}
 		if o.UDSName != tc.want {
 			t.Errorf("%v: --uds-name %q, want %q", tc.args, o.UDSName, tc.want)
+		}
+	}
+}
+
+// TestSharedNamesAgree: the library packages may not import one another, so each spells the names the
+// others rely on itself. This package wires them together and checks that they still agree: a drift
+// would make kube-apiserver reject the agents' tokens, or RBAC grant the wrong user.
+func TestSharedNamesAgree(t *testing.T) {
+	client, ok := pki.Lookup(pki.Specs(), pki.KonnectivityServerClient)
+	if !ok {
+		t.Fatalf("no %s spec", pki.KonnectivityServerClient)
+	}
+	for _, c := range []struct{ what, got, want string }{
+		{"token audience (egress, manifests)", egress.KonnectivityAudience, manifests.Audience},
+		{"server user (pki certificate CN, manifests RBAC)", client.CommonName, manifests.ServerUser},
+		{"frontend port (egress, manifests)", strconv.Itoa(egress.DefaultFrontendPort), strconv.Itoa(manifests.DefaultFrontendPort)},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %q and %q differ", c.what, c.got, c.want)
 		}
 	}
 }

@@ -40,12 +40,20 @@ func checkProxyURL(s string) error {
 		return fmt.Errorf("--proxy-url: scheme %q is not supported by client-go; use http, https or socks5", u.Scheme)
 	}
 	if u.Host == "" || u.Port() == "" {
-		return fmt.Errorf("--proxy-url: %q needs a host and a port, e.g. socks5://127.0.0.1:1080", s)
+		return fmt.Errorf("--proxy-url: %q needs a host and a port, e.g. socks5://127.0.0.1:1080", u.Redacted())
 	}
 	if u.Path != "" && u.Path != "/" {
-		return fmt.Errorf("--proxy-url: %q must not have a path", s)
+		return fmt.Errorf("--proxy-url: %q must not have a path", u.Redacted())
 	}
 	return nil
+}
+
+// redactedURL is a proxy URL fit to print: a password in it is replaced by "xxxxx".
+func redactedURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	return s
 }
 
 // kubeconfigPath is --kubeconfig, else the first file of $KUBECONFIG, else ~/.kube/config.
@@ -102,7 +110,7 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 		return fmt.Errorf("--context: context %q refers to cluster %q, which is not in %s", o.Context, kctx.Cluster, path)
 	}
 	if cluster.ProxyURL == o.ProxyURL {
-		fmt.Fprintf(out, "cluster %q (context %q) already has proxy-url %q; %s unchanged\n", kctx.Cluster, o.Context, o.ProxyURL, path)
+		fmt.Fprintf(out, "cluster %q (context %q) already has proxy-url %q; %s unchanged\n", kctx.Cluster, o.Context, redactedURL(o.ProxyURL), path)
 		return nil
 	}
 	cluster.ProxyURL = o.ProxyURL
@@ -125,7 +133,7 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	if o.ProxyURL == "" {
 		fmt.Fprintf(out, "removed proxy-url from cluster %q (context %q) in %s; backup in %s\n", kctx.Cluster, o.Context, path, backup)
 	} else {
-		fmt.Fprintf(out, "set proxy-url %s on cluster %q (context %q) in %s; backup in %s\n", o.ProxyURL, kctx.Cluster, o.Context, path, backup)
+		fmt.Fprintf(out, "set proxy-url %s on cluster %q (context %q) in %s; backup in %s\n", redactedURL(o.ProxyURL), kctx.Cluster, o.Context, path, backup)
 	}
 	return nil
 }

@@ -340,7 +340,8 @@ func TestSocksReconnect(t *testing.T) {
 		}
 		res <- out
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// Restart sshd only once that client is connected to the proxy and waiting.
+	waitFor(t, "the client to reach the proxy", func() bool { return e.proxy.server.ActiveConns() == 1 })
 	e.sshd.Restart()
 	select {
 	case out := <-res:
