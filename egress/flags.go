@@ -47,23 +47,6 @@ type APIServerFlags struct {
 // Flags returns the flags in a fixed order. Every file path must be absolute: kube-apiserver resolves
 // relative paths from its own working directory, which is not the caller's.
 func (c APIServerFlags) Flags() ([]Flag, error) {
-	files := []struct{ flag, path string }{
-		{"requestheader-client-ca-file", c.RequestHeaderClientCAFile},
-		{"proxy-client-cert-file", c.ProxyClientCertFile},
-		{"proxy-client-key-file", c.ProxyClientKeyFile},
-		{"egress-selector-config-file", c.EgressSelectorConfigFile},
-	}
-	for _, f := range files {
-		if f.path == "" {
-			return nil, fmt.Errorf("kube-apiserver flags: --%s needs a file path", f.flag)
-		}
-		if !filepath.IsAbs(f.path) {
-			return nil, fmt.Errorf("kube-apiserver flags: --%s=%s: path must be absolute", f.flag, f.path)
-		}
-		if strings.ContainsAny(f.path, "\n\r") {
-			return nil, fmt.Errorf("kube-apiserver flags: --%s: path contains a line break", f.flag)
-		}
-	}
 	audiences, err := mergeAudiences(c.APIAudiences, []string{KonnectivityAudience})
 	if err != nil {
 		return nil, err
@@ -83,6 +66,21 @@ func (c APIServerFlags) Flags() ([]Flag, error) {
 	}
 	if c.EnableAggregatorRouting {
 		flags = append(flags, Flag{"enable-aggregator-routing", "true"})
+	}
+	// The *-file flags are also what PatchPod mounts into the kube-apiserver pod.
+	for _, f := range flags {
+		if !strings.HasSuffix(f.Name, "-file") {
+			continue
+		}
+		if f.Value == "" {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s needs a file path", f.Name)
+		}
+		if !filepath.IsAbs(f.Value) {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s=%s: path must be absolute", f.Name, f.Value)
+		}
+		if strings.ContainsAny(f.Value, "\n\r") {
+			return nil, fmt.Errorf("kube-apiserver flags: --%s: path contains a line break", f.Name)
+		}
 	}
 	return flags, nil
 }

@@ -151,10 +151,14 @@ func TestRenew(t *testing.T) {
 		}
 	}
 
-	// Renewing the CA keeps it valid for everything it signed.
+	// Renewing the CA keeps it valid for everything it signed, and the kubeconfig, which embeds it, follows.
 	res, err = Renew(cfg, CA)
-	if err != nil || len(res) != 1 {
+	if err != nil || len(res) != 2 || res[0].Name != CA || res[1].Name != "kubeconfig" || res[1].Action != Updated {
 		t.Fatalf("%v %v", res, err)
+	}
+	caPEM, _ := os.ReadFile(specByName(t, CA).CertFile(dir))
+	if rc, err := clientcmd.BuildConfigFromFlags("", cfg.KubeconfigPath()); err != nil || string(rc.CAData) != string(caPEM) {
+		t.Fatalf("kubeconfig does not embed the renewed ca.crt (%v)", err)
 	}
 	ca := loadCert(t, specByName(t, CA).CertFile(dir))
 	if !ca.NotAfter.After(old[CA].NotAfter) || ca.Subject.String() != old[CA].Subject.String() {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 )
 
 // All is the name that renews every leaf.
@@ -16,9 +17,9 @@ const All = "all"
 // Renew re-signs existing certificates with their CA, keeping each key (and so its algorithm), the SANs
 // of the existing certificate and the subject. A CA is renewed only when named explicitly: it is
 // re-signed with its own key and subject, so that every certificate it issued stays valid. "all" means
-// every leaf present on disk. The Konnectivity server's kubeconfig follows a renewed
-// konnectivity-server-client certificate. Either every problem is reported and nothing is written, or
-// every certificate is renewed.
+// every leaf present on disk. The Konnectivity server's kubeconfig, which embeds both, follows a renewed
+// konnectivity-server-client certificate or cluster CA. Either every problem is reported and nothing is
+// written, or every certificate is renewed.
 func Renew(cfg Config, names ...string) ([]Result, error) {
 	cfg = cfg.withDefaults()
 	dir := cfg.PKIDir()
@@ -114,6 +115,8 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 
 	now := cfg.now()
 	var results []Result
+	var kubeconfigStale bool
+	var clientNotAfter time.Time
 	for _, l := range todo {
 		s := l.spec
 		r := Result{Name: s.Name, CertFile: s.CertFile(dir), KeyFile: s.KeyFile(dir), Action: Renewed, DryRun: cfg.DryRun}
@@ -145,18 +148,31 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 		}
 		results = append(results, r)
 		if s.Name == KonnectivityServerClient {
-			if cfg.DryRun {
-				if exists(cfg.KubeconfigPath()) {
-					results = append(results, Result{Name: "kubeconfig", CertFile: cfg.KubeconfigPath(), Action: Updated, DryRun: true, NotAfter: cert.NotAfter})
-				}
-				continue
-			}
-			if kr, ok, err := refreshKubeconfig(cfg); err != nil {
-				return results, err
-			} else if ok {
-				results = append(results, kr)
-			}
+			clientNotAfter = cert.NotAfter
 		}
+		// The kubeconfig embeds ca.crt as well as the client pair: a renewed CA left out of it would stop
+		// the Konnectivity server from trusting kube-apiserver once the old CA certificate expires.
+		kubeconfigStale = kubeconfigStale || s.Name == KonnectivityServerClient || s.Name == CA
+	}
+	if !kubeconfigStale {
+		return results, nil
+	}
+	if cfg.DryRun {
+		if exists(cfg.KubeconfigPath()) {
+			if clientNotAfter.IsZero() {
+				client, _ := Lookup(specs, KonnectivityServerClient)
+				if c, _, err := readCert(client.CertFile(dir)); err == nil {
+					clientNotAfter = c.NotAfter
+				}
+			}
+			results = append(results, Result{Name: "kubeconfig", CertFile: cfg.KubeconfigPath(), Action: Updated, DryRun: true, NotAfter: clientNotAfter})
+		}
+		return results, nil
+	}
+	if kr, ok, err := refreshKubeconfig(cfg); err != nil {
+		return results, err
+	} else if ok {
+		results = append(results, kr)
 	}
 	return results, nil
 }

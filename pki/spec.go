@@ -105,7 +105,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.CAValidity < 0 || c.CertValidity < 0 {
-		return fmt.Errorf("validity must be positive")
+		return fmt.Errorf("validity must not be negative (CA %s, certificate %s)", c.CAValidity, c.CertValidity)
 	}
 	if c.CAValidity != 0 && c.CertValidity != 0 && c.CertValidity > c.CAValidity {
 		return fmt.Errorf("certificate validity %s exceeds CA validity %s", c.CertValidity, c.CAValidity)

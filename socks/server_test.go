@@ -516,15 +516,8 @@ func TestHalfClose(t *testing.T) {
 			}()
 		}
 	}()
-	// Wrap the upstream so that it is not a TCP connection, like an SSH channel.
-	s := &Server{Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, n, a)
-		if err != nil {
-			return nil, err
-		}
-		return wrapped{c.(*net.TCPConn)}, nil
-	}}
+	// The upstream is not a *net.TCPConn, like an SSH channel.
+	s := &Server{Dial: dialWrapped}
 	addr := serve(t, s, Auto)
 	for _, via := range []string{"socks5", "connect"} {
 		t.Run(via, func(t *testing.T) {
@@ -560,6 +553,16 @@ func TestHalfClose(t *testing.T) {
 
 // wrapped hides *net.TCPConn, so the upstream looks like an SSH channel: a net.Conn with CloseWrite.
 type wrapped struct{ *net.TCPConn }
+
+// dialWrapped dials TCP and returns the connection as wrapped.
+func dialWrapped(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return wrapped{c.(*net.TCPConn)}, nil
+}
 
 func TestProxyAuthorizationParsing(t *testing.T) {
 	s := &Server{Credentials: &Credentials{User: "a", Password: "b:c"}}
@@ -605,14 +608,7 @@ func BenchmarkRelay(b *testing.B) {
 			}()
 		}
 	}()
-	s := &Server{Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, n, a)
-		if err != nil {
-			return nil, err
-		}
-		return wrapped{c.(*net.TCPConn)}, nil
-	}}
+	s := &Server{Dial: dialWrapped}
 	addr := serve(b, s, Auto)
 	d, _ := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
 	c, err := d.Dial("tcp", sink.Addr().String())

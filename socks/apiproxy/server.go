@@ -187,7 +187,7 @@ func longRunning(r *http.Request) bool {
 }
 
 // listen binds the local listener. A unix socket is created private to the user (as kubectl does) after
-// removing a stale socket, but never another kind of file.
+// removing a stale socket, but never another kind of file, nor a socket that a running server answers on.
 func listen(network, address string, allowRemote bool) (net.Listener, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -205,6 +205,10 @@ func listen(network, address string, allowRemote bool) (net.Listener, error) {
 		return ln, nil
 	case "unix":
 		if fi, err := os.Lstat(address); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			if c, err := net.DialTimeout("unix", address, time.Second); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("--unix-socket: %s is in use by a running server", address)
+			}
 			_ = os.Remove(address)
 		}
 		ln, err := listenUnixPrivate(address)

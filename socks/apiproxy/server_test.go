@@ -98,6 +98,12 @@ func TestNewRefuses(t *testing.T) {
 	if err := os.WriteFile(notASocket, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	liveSocket := filepath.Join(t.TempDir(), "live.sock")
+	live, err := net.Listen("unix", liveSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
 	for _, c := range []struct {
 		name             string
 		network, address string
@@ -109,6 +115,7 @@ func TestNewRefuses(t *testing.T) {
 		{"address in use", "tcp", busy.Addr().String(), false, "address already in use"},
 		{"not host:port", "tcp", "127.0.0.1", false, "--address"},
 		{"existing file that is not a socket", "unix", notASocket, false, "--unix-socket"},
+		{"socket of a running server", "unix", liveSocket, false, "in use"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv, err := New(Config{HandlerConfig: HandlerConfig{REST: rc, APIPrefix: "/"}, Network: c.network, Address: c.address, AllowRemote: c.allowRemote})
@@ -123,6 +130,11 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(notASocket); string(b) != "keep me" {
 		t.Fatal("New replaced a file that was not a socket")
+	}
+	if c, err := net.Dial("unix", liveSocket); err != nil {
+		t.Fatalf("the running server's socket was taken away: %v", err)
+	} else {
+		c.Close()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -94,12 +95,20 @@ func newTopology(dir string) (*topology, error) {
 	return t, nil
 }
 
-// close stops every process and deletes the namespaces (the veth pairs go with them).
+// close stops every process and deletes the namespaces (the veth pairs go with them). What still runs in
+// a namespace after that (sshd's per-connection children leave its process group) is killed, so that no
+// namespace outlives the run.
 func (t *topology) close() {
 	for i := len(t.procs) - 1; i >= 0; i-- {
 		t.procs[i].stop()
 	}
 	for _, n := range []string{"cp", "w1", "lap"} {
+		out, _ := exec.Command("ip", "netns", "pids", t.ns(n)).Output()
+		for _, f := range strings.Fields(string(out)) {
+			if pid, err := strconv.Atoi(f); err == nil && pid > 1 && pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
 		_ = run("ip", "netns", "del", t.ns(n))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -319,6 +320,13 @@ func (c *cluster) expectFrontendRequiresClientCert(t *testing.T) {
 			resp.Body.Close()
 			t.Fatalf("frontend %s answered %q to a client without a certificate", hostPort, resp.Status)
 		}
+	}
+	// A failure on the client's side (the frontend's certificate not trusted, no TLS at all) would pass
+	// the check above without the frontend having refused anything.
+	var verifyErr *tls.CertificateVerificationError
+	var recordErr tls.RecordHeaderError
+	if errors.As(err, &verifyErr) || errors.As(err, &recordErr) {
+		t.Fatalf("frontend %s: the client failed before the server could refuse it: %v", hostPort, err)
 	}
 	t.Logf("frontend %s refuses a client without a certificate: %v", hostPort, err)
 }

@@ -108,8 +108,10 @@ func newRenewCommand() *cobra.Command {
 		Long: `Re-sign certificates in DIR/pki with their CA. Each keeps its key (and so its key algorithm), its
 SANs and its subject; only the validity changes. "all" renews every leaf present; a CA is renewed only when
 named, and is re-signed with its own key so that everything it issued stays valid. Renewing
-konnectivity-server-client also updates DIR/` + pki.KubeconfigFile + `. To replace a key, delete the
-certificate's files and run konnect init.
+konnectivity-server-client or ca also updates DIR/` + pki.KubeconfigFile + `, which embeds both; after
+renewing ca, run konnect init again and re-apply DIR/manifests/` + AgentManifestsSubdir + `, whose
+ConfigMap carries ca.crt to the agents. To replace a key, delete the certificate's files and run
+konnect init.
 
 Certificates:
   all                          every leaf certificate present in DIR/pki

@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress"
@@ -282,6 +283,11 @@ func (r *runner) flags([]string) error {
 	sel := r.o.selector()
 	patch := egress.ManifestPatch{Flags: flags, UDSDir: sel.UDSDir(), Files: sel.Files()}
 	path := r.o.APIServerManifest
+	if !r.o.DryRun {
+		if err := requireFiles(patch); err != nil {
+			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
+		}
+	}
 	if r.o.DryRun {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -303,6 +309,24 @@ func (r *runner) flags([]string) error {
 		note = "backup " + res.Backup
 	}
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
+	return nil
+}
+
+// requireFiles refuses a patch that points kube-apiserver at a file that does not exist yet, as when the
+// flags phase runs alone before the certs or egress phase: kube-apiserver would not start (and kubelet
+// refuses a hostPath volume of type File that is missing), taking the control plane down with it.
+func requireFiles(p egress.ManifestPatch) error {
+	files := slices.Clone(p.Files)
+	for _, f := range p.Flags {
+		if strings.HasSuffix(f.Name, "-file") {
+			files = append(files, f.Value)
+		}
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("kube-apiserver would not start: %w (run the certs and egress phases first)", err)
+		}
+	}
 	return nil
 }
 

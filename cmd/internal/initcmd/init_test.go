@@ -419,6 +419,17 @@ spec:
 	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
 		t.Fatalf("second run changed %v", c)
 	}
+
+	// The flags phase alone on a fresh directory would point kube-apiserver at files that do not exist:
+	// refused, and the manifest is left alone.
+	fresh := t.TempDir()
+	if _, err := run(t, "init", "phase", "flags", "--dir", fresh, "--apiserver-manifest", manifest); err == nil ||
+		!strings.Contains(err.Error(), "--apiserver-manifest") || !strings.Contains(err.Error(), fresh) {
+		t.Fatalf("flags phase before the certs and egress phases: %v", err)
+	}
+	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
+		t.Fatalf("refused patch changed %v", c)
+	}
 }
 
 func TestCertsCommands(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
 )
 
 // The comparison with kubectl proxy runs only when asked: it is a benchmark, not a test, and takes about a
@@ -91,20 +93,6 @@ func startProxyProcess(t *testing.T, name string, cmd *exec.Cmd) string {
 type heyResult struct {
 	rps, p99  float64 // requests per second, seconds
 	cpuPerReq float64 // microseconds of the proxy process's CPU time per request
-}
-
-// cpuTime is the user and system CPU time a process has used, from /proc/PID/stat (clock ticks of 10ms).
-func cpuTime(t *testing.T, pid int) time.Duration {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The command name (field 2) may contain spaces; the fields after it start after the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.Atoi(f[11])
-	stime, _ := strconv.Atoi(f[12])
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 var (
@@ -199,9 +187,9 @@ func TestCompareWithKubectlProxy(t *testing.T) {
 	results := make([][]heyResult, len(proxies))
 	for r := range rounds {
 		for i, p := range proxies {
-			before := cpuTime(t, p.cmd.Process.Pid)
+			before := sshdtest.CPUTime(p.cmd.Process.Pid)
 			res := runHey(t, hey, p.url, n, c)
-			res.cpuPerReq = float64((cpuTime(t, p.cmd.Process.Pid) - before).Microseconds()) / float64(n)
+			res.cpuPerReq = float64((sshdtest.CPUTime(p.cmd.Process.Pid) - before).Microseconds()) / float64(n)
 			results[i] = append(results[i], res)
 			t.Logf("round %d %-14s %8.0f req/s  p99 %6.1f ms  %5.1f µs CPU/request", r+1, p.name, res.rps, res.p99*1000, res.cpuPerReq)
 		}

@@ -7,8 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"runtime/debug"
 	"sync"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
@@ -59,6 +57,9 @@ curl, client-go) are not affected.`,
 			if err != nil {
 				return err
 			}
+			// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request;
+			// the soft limit brings collection back when many connections hold buffers.
+			daemon.TuneGC(400, 256<<20)
 			ctx, cancel := daemon.SignalContext(cmd.Context())
 			defer cancel()
 			return Run(ctx, cfg, cmd.OutOrStdout())
@@ -73,15 +74,6 @@ curl, client-go) are not affected.`,
 // With cfg.SSH it also keeps the SSH connection up, and returns its error if SSH refuses for good (an
 // untrusted host key, failed authentication).
 func Run(ctx context.Context, cfg *Config, out io.Writer) error {
-	// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request; the
-	// soft memory limit brings collection back when many connections hold buffers. GOGC and GOMEMLIMIT
-	// still win when set.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400)
-	}
-	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(256 << 20)
-	}
 	var dialer *sshdial.Dialer
 	if cfg.SSH != nil {
 		d, err := sshdial.New(*cfg.SSH)

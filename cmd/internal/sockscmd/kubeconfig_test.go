@@ -125,3 +125,26 @@ func TestKubeconfigSetProxyErrors(t *testing.T) {
 		})
 	}
 }
+
+// A password in the proxy URL is written to the kubeconfig but not printed.
+func TestKubeconfigSetProxyHidesPassword(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "config")
+	os.WriteFile(kc, []byte(testKubeconfig), 0o600)
+	const proxyURL = "http://dev:s3cret-pw@127.0.0.1:3128"
+	for range 2 { // set, then "already has"
+		out, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", proxyURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, "s3cret-pw") || !strings.Contains(out, "dev:xxxxx@127.0.0.1:3128") {
+			t.Fatalf("output does not hide the password: %q", out)
+		}
+	}
+	cfg, err := clientcmd.LoadFromFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Clusters["prod"].ProxyURL; got != proxyURL {
+		t.Fatalf("prod proxy-url = %q, want %q", got, proxyURL)
+	}
+}
