@@ -20,8 +20,10 @@ const closeFlushTimeout = 5 * time.Second
 // DATA that follows DIAL_RSP closely is dropped as "Connection not recognized" and the tunnel is closed.
 // That happens with backends that speak first (SSH, SMTP, MySQL banners). The agent therefore holds a
 // connection's first DATA until the client has sent something (it can only write once it has registered the
-// connection) or this much time has passed. Client-first protocols such as HTTP and TLS never wait.
-const firstDataHold = 20 * time.Millisecond
+// connection) or this much time has passed. Client-first protocols such as HTTP and TLS never wait; a
+// server-first banner waits at most this long, which is long enough for the client's goroutine to be
+// scheduled on a loaded node (20 ms was not, 1 run in 6 under a saturated 2-core machine).
+const firstDataHold = 100 * time.Millisecond
 
 // writeBatch is the most written to a backend in one writev.
 const writeBatch = 256 << 10

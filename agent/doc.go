@@ -15,6 +15,8 @@
 //     without touching open tunnels;
 //   - reads backends in large pooled buffers, writes to them with per-connection bounded queues so that one
 //     stalled backend cannot stall the shared stream (ANP issue 180), and accepts large DATA messages;
+//   - batches TLS records under the server link, so a large gRPC write is a few system calls instead of
+//     one per 16 KiB record;
 //   - can restrict the destinations it dials (--allow-destination);
 //   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound.
 //

@@ -13,7 +13,8 @@
 //   - every frontend connection has its own send queue, so one slow reader does not stall the other
 //     connections on the same agent stream (ANP issue 180);
 //   - larger HTTP/2 windows and buffers on both links, a codec that moves DATA payloads without copying
-//     them, and small packets from upstream's agent merged into larger frontend messages;
+//     them, small packets from upstream's agent merged into larger frontend messages, and TLS records on
+//     the agent link batched into fewer system calls;
 //   - the agent-facing and frontend certificates are reloaded from disk when they change;
 //   - a per-agent status (identifiers, connection age, last error) for `konnect doctor`.
 //

@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
@@ -123,14 +122,9 @@ func run(parent context.Context, o *agent.Options) error {
 			cancel() // a dead health endpoint would get the pod killed anyway: stop cleanly instead
 		}
 	}
-	wg.Add(3)
+	wg.Add(2)
 	go serve(healthLn, healthMux)
 	go serve(adminLn, adminMux)
-	// An agent mostly sits idle once connected: hand what start-up allocated back to the kernel.
-	go func() {
-		defer wg.Done()
-		daemon.ReleaseMemoryWhen(bgCtx, func() bool { c, k := a.Connected(); return c > 0 && c >= k }, time.Second, 2*time.Second)
-	}()
 
 	runErr := a.Run(ctx)
 	bgCancel()

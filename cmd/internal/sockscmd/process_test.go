@@ -85,14 +85,22 @@ func TestProcessNoSecretsInLogsAndCleanExit(t *testing.T) {
 	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(t)))
 	cmd, out := konnectProcess(t, "-v", "10", "-D", addr, "--health-listen", health, "-i", key, "--known-hosts", kh,
 		"-F", "none", "--proxy-user", "dev", "--proxy-password-file", pw, srv.Addr())
-	waitFor(t, "readiness", func() bool {
+	// The child is this test binary (with -race when the suite runs under it), so allow for a slow start,
+	// and show its output if it never becomes ready.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
 		resp, err := http.Get("http://" + health + "/readyz")
-		if err != nil {
-			return false
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
 		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+		if time.Now().After(deadline) {
+			t.Fatalf("konnect socks not ready within 60s; its output:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	port := backend(t)
 	url := "http://localhost:" + port + "/s"
 	if got, err := curl(t, "--socks5-hostname", addr, "--proxy-user", "dev:"+password, url); err != nil || got != "backend /s" {
