@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/agent/batchtls"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -82,7 +83,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		md.Set(header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+tok)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+ep.addr,
-		grpc.WithTransportCredentials(batchTLS{grpccreds.NewTLS(tlsCfg)}),
+		grpc.WithTransportCredentials(batchtls.Credentials(grpccreds.NewTLS(tlsCfg))),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.KeepaliveTime, PermitWithoutStream: true}),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),

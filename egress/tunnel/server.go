@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/agent/batchtls"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -106,7 +107,7 @@ func New(c *Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("--agent-port/--agent-bind-address: listen on %s: %w", cfg.AgentAddr, err)
 	}
 	s.agentGRPC = grpc.NewServer(
-		grpc.Creds(batchTLS{credentials.NewTLS(agentTLS)}),
+		grpc.Creds(batchtls.Credentials(credentials.NewTLS(agentTLS))),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(streamWindow),

@@ -1,4 +1,9 @@
-package tunnel
+// Package batchtls is the transport of the tunnel's agent link, used by both ends (konnect server and konnect
+// agent): gRPC's TLS credentials with a buffer under TLS, so that the records of one write leave together.
+// The bytes on the wire are exactly TLS's, so peers that do not batch (upstream proxy-server and
+// proxy-agent) are unaffected. It is not a general TLS wrapper: it assumes gRPC's pattern of whole-message
+// writes.
+package batchtls
 
 import (
 	"bufio"
@@ -6,7 +11,7 @@ import (
 	"net"
 	"sync"
 
-	"google.golang.org/grpc/credentials"
+	grpccreds "google.golang.org/grpc/credentials"
 )
 
 // crypto/tls writes every record (at most 16 KiB of payload) with its own write system call, and reads
@@ -20,13 +25,17 @@ const (
 	batchMaxWrite   = 64 << 10
 )
 
-// batchTLS wraps TLS transport credentials so that the connection under TLS is a batchConn and the
-// connection above it flushes the batch once each write is done.
-type batchTLS struct {
-	credentials.TransportCredentials
+// Credentials wraps TLS transport credentials (credentials.NewTLS) so that the connection under TLS batches
+// records and the connection above it flushes the batch once each write is done.
+func Credentials(tlsCreds grpccreds.TransportCredentials) grpccreds.TransportCredentials {
+	return batchTLS{tlsCreds}
 }
 
-func (b batchTLS) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+type batchTLS struct {
+	grpccreds.TransportCredentials
+}
+
+func (b batchTLS) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, grpccreds.AuthInfo, error) {
 	bc := newBatchConn(raw)
 	c, info, err := b.TransportCredentials.ClientHandshake(ctx, authority, bc)
 	if err != nil {
@@ -35,7 +44,7 @@ func (b batchTLS) ClientHandshake(ctx context.Context, authority string, raw net
 	return &flushConn{Conn: c, bc: bc}, info, nil
 }
 
-func (b batchTLS) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (b batchTLS) ServerHandshake(raw net.Conn) (net.Conn, grpccreds.AuthInfo, error) {
 	bc := newBatchConn(raw)
 	c, info, err := b.TransportCredentials.ServerHandshake(bc)
 	if err != nil {
@@ -44,7 +53,7 @@ func (b batchTLS) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo,
 	return &flushConn{Conn: c, bc: bc}, info, nil
 }
 
-func (b batchTLS) Clone() credentials.TransportCredentials {
+func (b batchTLS) Clone() grpccreds.TransportCredentials {
 	return batchTLS{b.TransportCredentials.Clone()}
 }
 
