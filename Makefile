@@ -12,7 +12,7 @@ UNIT_PKGS := ./...
 E2E_TIMEOUT ?= 60m
 FUZZTIME  ?= 10s
 
-.PHONY: all build test test-unit test-race fuzz e2e e2e-tools deps bench demo lint clean
+.PHONY: all build test test-unit fuzz e2e e2e-tools deps bench demo lint clean
 
 all: build
 
