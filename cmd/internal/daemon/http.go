@@ -69,12 +69,7 @@ func NewHTTPServer(h http.Handler) *http.Server {
 // Serve serves h on ln until ctx ends, then shuts down within ShutdownGrace and closes what is left. It
 // returns nil after a shutdown that ctx asked for.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	return ServeHTTP(ctx, ln, NewHTTPServer(h))
-}
-
-// ServeHTTP is Serve for a caller that configured its own http.Server (for example one that streams and so
-// must not have a write timeout).
-func ServeHTTP(ctx context.Context, ln net.Listener, srv *http.Server) error {
+	srv := NewHTTPServer(h)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -54,10 +53,4 @@ func IsLoopbackHost(host string) bool {
 	}
 	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
 	return err == nil && ip.IsLoopback()
-}
-
-// IsClosedConn reports whether err only says that a listener or connection was closed, which is how a
-// server loop learns that shutdown has begun.
-func IsClosedConn(err error) bool {
-	return errors.Is(err, net.ErrClosed)
 }
