@@ -111,7 +111,7 @@ func (l AllowList) Allows(ip netip.Addr, port uint16) bool {
 	return false
 }
 
-// errNotAllowed is the text a refused dial carries back to the server (and so to kube-apiserver).
+// notAllowedError is the text a refused dial carries back to the server (and so to kube-apiserver).
 type notAllowedError struct{ addr string }
 
 func (e *notAllowedError) Error() string {

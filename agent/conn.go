@@ -125,8 +125,13 @@ func (c *conn) enqueue(b []byte) {
 				c.s.a.m.overflows.Inc()
 				klog.InfoS("Backend stopped reading; closing the connection", "serverID", c.s.serverID,
 					"connectionID", c.id, "limitBytes", limit, "stallTimeout", c.s.a.cfg.StallTimeout)
-				// finish sends on the stream, and the receive loop that called us must not wait on it.
-				go c.finish("konnect agent: backend stopped reading")
+				// finish sends on the stream, and the receive loop that called us must not wait on it. The
+				// session's teardown, which runs after that loop, waits for it.
+				c.s.wg.Add(1)
+				go func() {
+					defer c.s.wg.Done()
+					c.finish("konnect agent: backend stopped reading")
+				}()
 				return
 			case <-c.done:
 				return

@@ -68,7 +68,10 @@ func TestOneNameSeveralServers(t *testing.T) {
 	cfg := pki.config(net.JoinHostPort(name, port))
 	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent on both addresses of the name", func() bool { return s1.backends() == 1 && s2.backends() == 1 })
+	eventually(t, 10*time.Second, "agent on both addresses of the name", func() bool {
+		n, _ := ra.Connected()
+		return s1.backends() == 1 && s2.backends() == 1 && n == 2
+	})
 	st := ra.Status()
 	if len(st) != 2 || st[0].Address != "127.0.0.1:"+port || st[1].Address != "127.0.0.2:"+port ||
 		st[0].ServerName != name || !st[0].Connected || !st[1].Connected {

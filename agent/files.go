@@ -42,11 +42,10 @@ type reloader[T any] struct {
 	paths []string
 	parse func(data [][]byte) (T, error)
 
-	mu      sync.Mutex
-	stamps  []fileStamp
-	value   T
-	loaded  bool
-	reloads int
+	mu     sync.Mutex
+	stamps []fileStamp
+	value  T
+	loaded bool
 }
 
 func newReloader[T any](what string, parse func([][]byte) (T, error), paths ...string) *reloader[T] {
@@ -89,7 +88,6 @@ func (r *reloader[T]) get() (T, error) {
 		return r.keep(fmt.Errorf("%s (%v): %w", r.what, r.paths, err))
 	}
 	if r.loaded {
-		r.reloads++
 		klog.InfoS("Reloaded from disk", "what", r.what, "files", r.paths)
 	}
 	r.value, r.stamps, r.loaded = v, stamps, true

@@ -64,7 +64,10 @@ func TestServerRestart(t *testing.T) {
 	srv.stop()
 	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
 	// Down for a while: the agent keeps retrying with backoff and records why it fails.
-	time.Sleep(300 * time.Millisecond)
+	eventually(t, 10*time.Second, "a recorded connect error", func() bool {
+		st := ra.Status()
+		return len(st) == 1 && st[0].LastError != ""
+	})
 	st := ra.Status()
 	if len(st) != 1 || st[0].Connected || st[0].LastError == "" {
 		t.Fatalf("status while the server is down: %+v", st)
@@ -123,7 +126,11 @@ func TestTwoServersOneAgent(t *testing.T) {
 	}
 
 	s2b := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca, addr: addr2})
-	eventually(t, 10*time.Second, "agent back on s2", func() bool { return s2b.backends() == 1 })
+	// The server counts the stream before the agent has read its headers: wait for both ends.
+	eventually(t, 10*time.Second, "agent back on s2", func() bool {
+		n, _ := ra.Connected()
+		return s2b.backends() == 1 && n == 2
+	})
 	if n, known := ra.Connected(); n != 2 || known != 2 {
 		t.Fatalf("Connected() = %d, %d after s2 came back", n, known)
 	}

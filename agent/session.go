@@ -63,7 +63,7 @@ type session struct {
 	closed     bool
 	conns      map[int64]*conn
 	dials      map[int64]context.CancelFunc // pending dials by dial ID, for DIAL_CLS
-	wg         sync.WaitGroup               // dials, readers, writers
+	wg         sync.WaitGroup               // dials, readers, writers, the probe
 
 	drainOnce sync.Once
 }
@@ -195,7 +195,12 @@ func (s *session) drain() {
 // serve runs the receive loop until the stream ends, then closes everything the session opened.
 func (s *session) serve() {
 	defer s.teardown()
-	go s.probe()
+	// teardown waits for the probe: it only runs once this loop has returned.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.probe()
+	}()
 	for {
 		pkt, err := s.stream.Recv()
 		if err != nil {

@@ -165,7 +165,6 @@ func New(c *Config) (_ *Server, err error) {
 			// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
 			ReadHeaderTimeout: 10 * time.Second,
 			MaxHeaderBytes:    64 << 10,
-			ErrorLog:          nil,
 		}
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)

@@ -90,12 +90,12 @@ func run(parent context.Context, o *agent.Options) error {
 	}
 	// The kubelet probes the pod IP, so the health port binds all interfaces by default as upstream's does;
 	// it carries no secrets. The admin port serves pprof and must stay on loopback.
-	healthLn, err := daemon.Listen("tcp", net.JoinHostPort(u.HealthServerHost, strconv.Itoa(u.HealthServerPort)), true, "--health-server-port")
+	healthLn, err := daemon.Listen("tcp", net.JoinHostPort(u.HealthServerHost, strconv.Itoa(u.HealthServerPort)), true, "--health-server-host/--health-server-port")
 	if err != nil {
 		return err
 	}
 	defer healthLn.Close()
-	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)), o.AllowRemoteAdmin, "--admin-bind-address", "--allow-remote-admin")
+	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)), o.AllowRemoteAdmin, "--admin-bind-address/--admin-server-port", "--allow-remote-admin")
 	if err != nil {
 		return err
 	}

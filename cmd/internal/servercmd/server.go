@@ -69,7 +69,7 @@ func run(ctx context.Context, o *tunnel.Options, cmd *cobra.Command) error {
 		return err
 	}
 	defer healthLn.Close()
-	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminPort)), o.AllowRemoteAdmin, "--admin-bind-address", "--allow-remote-admin")
+	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminPort)), o.AllowRemoteAdmin, "--admin-bind-address/--admin-port", "--allow-remote-admin")
 	if err != nil {
 		return err
 	}
