@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 )
 
 // Destination is one --allow-destination entry: an address prefix and the ports allowed in it.
@@ -115,8 +117,10 @@ func (l AllowList) Allows(ip netip.Addr, port uint16) bool {
 type notAllowedError struct{ addr string }
 
 func (e *notAllowedError) Error() string {
-	return fmt.Sprintf("konnect agent refused to dial %s: destination not in --allow-destination", e.addr)
+	return fmt.Sprintf("konnect agent refused to dial %s: %v", e.addr, konnectivity.ErrNotAllowed)
 }
+
+func (e *notAllowedError) Unwrap() error { return konnectivity.ErrNotAllowed }
 
 // check refuses a literal address outside the list before anything is dialled. Host names pass here and
 // are checked, address by address, by control when the socket is about to connect.

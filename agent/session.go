@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -268,7 +269,7 @@ func (s *session) handleDial(req *client.DialRequest) {
 		s.sendAsync(dialRsp(random, 0, err.Error()))
 	}
 	if s.a.draining.Load() {
-		refuse(dialFailureDraining, errors.New("konnect agent is shutting down and accepts no new connections"))
+		refuse(dialFailureDraining, konnectivity.ErrDraining)
 		return
 	}
 	switch req.GetProtocol() {

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 )
 
 // KonnectivityAudience is the service-account token audience that Konnectivity agents present and the
 // server checks (--authentication-audience); kube-apiserver must list it in --api-audiences or it rejects
 // the agents' tokens.
-const KonnectivityAudience = "system:konnectivity-server"
+const KonnectivityAudience = konnectivity.Audience
 
 // Flag is one kube-apiserver command-line flag. Name has no leading dashes.
 type Flag struct {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/apis/apiserver/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -101,7 +102,7 @@ const (
 
 	// DefaultFrontendPort is the TCP port of the Konnectivity server's kube-apiserver-facing frontend with
 	// --transport tcp; it is upstream proxy-server's --server-port default.
-	DefaultFrontendPort = 8090
+	DefaultFrontendPort = konnectivity.FrontendPort
 
 	// maxUDSName is the longest path a unix socket can have on Linux: sun_path is 108 bytes including the
 	// terminating NUL. A longer path fails only when kube-apiserver dials, so it is refused here.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -187,7 +188,7 @@ func (a APIService) Render() ([]File, error) {
 		}},
 		{name: "authentication-reader.yaml", obj: &rbacv1.RoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
-			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":extension-apiserver-authentication-reader", Namespace: "kube-system", Labels: labels},
+			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":extension-apiserver-authentication-reader", Namespace: konnectivity.Namespace, Labels: labels},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "extension-apiserver-authentication-reader"},
 			Subjects:   subject,
 		}},

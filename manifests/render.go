@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 )
@@ -36,26 +37,26 @@ func Image(version string) string { return ImageRepository + ":" + version }
 // DefaultBinary is the path of the konnect binary inside the image.
 const DefaultBinary = "/usr/local/bin/konnect"
 
-// Names shared by the server, the agents and kube-apiserver.
+// Names shared by the server, the agents and kube-apiserver (held in package konnectivity).
 const (
 	// Namespace holds the agents, their ServiceAccount and the server's static pod.
-	Namespace = "kube-system"
+	Namespace = konnectivity.Namespace
 	// AgentServiceAccount is the ServiceAccount whose tokens the server accepts from agents.
-	AgentServiceAccount = "konnectivity-agent"
+	AgentServiceAccount = konnectivity.AgentServiceAccount
 	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
-	Audience = "system:konnectivity-server"
+	Audience = konnectivity.Audience
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
-	ServerUser = "system:konnectivity-server"
+	ServerUser = konnectivity.ServerUser
 )
 
 // Default ports: the server's are those the Kubernetes documentation uses, the agent's are upstream
 // proxy-agent's defaults.
 const (
-	DefaultAgentPort        = 8132
-	DefaultAdminPort        = 8133
-	DefaultHealthPort       = 8134
-	DefaultAgentHealthPort  = 8093
-	DefaultFrontendPort     = 8090
+	DefaultAgentPort        = konnectivity.AgentPort
+	DefaultAdminPort        = konnectivity.AdminPort
+	DefaultHealthPort       = konnectivity.HealthPort
+	DefaultAgentHealthPort  = konnectivity.AgentHealthPort
+	DefaultFrontendPort     = konnectivity.FrontendPort
 	defaultKustomizationAPI = "kustomize.config.k8s.io/v1beta1"
 )
 

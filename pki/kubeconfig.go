@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -15,7 +16,7 @@ import (
 // Names inside the Konnectivity server's kubeconfig.
 const (
 	kubeconfigCluster = "kubernetes"
-	kubeconfigUser    = "system:konnectivity-server"
+	kubeconfigUser    = konnectivity.ServerUser
 	kubeconfigContext = kubeconfigUser + "@" + kubeconfigCluster
 )
 

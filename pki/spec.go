@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -184,7 +185,7 @@ func Specs() []*Spec {
 		},
 		{
 			// No O=system:masters: the Konnectivity server only needs to review agent tokens, which RBAC grants.
-			Name: KonnectivityServerClient, BaseName: "konnectivity-server-client", CA: CA, CommonName: "system:konnectivity-server",
+			Name: KonnectivityServerClient, BaseName: "konnectivity-server-client", CA: CA, CommonName: konnectivity.ServerUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Description: "client certificate the Konnectivity server uses towards kube-apiserver (embedded in " + KubeconfigFile + ")",
 		},
@@ -197,7 +198,7 @@ func Specs() []*Spec {
 			},
 		},
 		{
-			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: CA, CommonName: "konnectivity-agent",
+			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: CA, CommonName: konnectivity.AgentUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.AgentMTLS },
 			Description: "client certificate of the Konnectivity agents (only with mTLS agent authentication)",

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -145,7 +146,7 @@ func (f Frontend) dialConnect(ctx context.Context, addr string) (net.Conn, error
 	if err != nil {
 		conn.Close()
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("dial timeout: %w", ctx.Err())
+			return nil, fmt.Errorf("%w: %w", konnectivity.ErrDialTimeout, ctx.Err())
 		}
 		return nil, &FrontendError{Where: f.where(), Err: fmt.Errorf("read CONNECT response: %w", err)}
 	}
@@ -156,7 +157,7 @@ func (f Frontend) dialConnect(ctx context.Context, addr string) (net.Conn, error
 	}
 	if !stop() {
 		conn.Close()
-		return nil, fmt.Errorf("dial timeout: %w", ctx.Err())
+		return nil, fmt.Errorf("%w: %w", konnectivity.ErrDialTimeout, ctx.Err())
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if br.Buffered() == 0 {
@@ -178,37 +179,39 @@ func Reason(err error) string {
 	if err == nil {
 		return ""
 	}
+	err = konnectivity.Classify(err)
+	is := func(reason error) bool { return errors.Is(err, reason) }
 	var fe *FrontendError
-	msg := err.Error()
-	low := strings.ToLower(msg)
 	switch {
 	case errors.As(err, &fe):
 		switch {
-		case strings.Contains(low, "no such file"):
+		case is(konnectivity.ErrNoSuchFile):
 			return "the server's socket does not exist: is konnect server running with this --uds-name?"
-		case strings.Contains(low, "connection refused"):
+		case is(konnectivity.ErrConnectionRefused):
 			return "nothing listens on the server's socket or port: the server is down or still starting"
-		case strings.Contains(low, "permission denied"):
+		case is(konnectivity.ErrPermissionDenied):
 			return "no permission on the server's socket: run as its owner or group"
 		}
 		return "cannot reach the konnectivity server"
-	case strings.Contains(low, "no agent available"):
+	case is(konnectivity.ErrNoAgent):
 		return "no agent is connected to this server (or none matches the destination): check `konnect doctor status` and the agents' logs"
-	case strings.Contains(low, "dial timeout"), strings.Contains(low, "timed out waiting for backend dial"):
+	case is(konnectivity.ErrTooManyDials):
+		return "the server already holds --max-pending-dials dials that agents have not answered: an agent is stuck or overloaded (konnect_tunnel_server_pending_dials on the server's /metrics)"
+	case is(konnectivity.ErrDialTimeout):
 		return "the agent did not answer in time: the agent is overloaded or stuck, or the destination drops packets"
-	case strings.Contains(low, "connection refused"):
+	case is(konnectivity.ErrConnectionRefused):
 		return "the agent reached the destination host, but nothing listens on that port"
-	case strings.Contains(low, "i/o timeout"):
+	case is(konnectivity.ErrIOTimeout):
 		return "the agent's dial to the destination timed out: the destination drops packets or is down"
-	case strings.Contains(low, "network is unreachable"), strings.Contains(low, "no route to host"), strings.Contains(low, "host is unreachable"):
+	case is(konnectivity.ErrUnreachable):
 		return "the agent has no route to the destination"
-	case strings.Contains(low, "no such host"):
+	case is(konnectivity.ErrNoSuchHost):
 		return "the agent cannot resolve the destination's name"
-	case strings.Contains(low, "shutting down and accepts no new connections"):
+	case is(konnectivity.ErrDraining):
 		return "the agent is draining (shutting down); the next dial goes to another agent"
-	case strings.Contains(low, "not in --allow-destination"):
+	case is(konnectivity.ErrNotAllowed):
 		return "the agent's --allow-destination list does not include this address and port"
-	case strings.Contains(low, "tunnel closed"):
+	case is(konnectivity.ErrTunnelClosed):
 		return "the server closed the tunnel during the dial (server or agent went away)"
 	}
 	return ""

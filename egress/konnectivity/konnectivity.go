@@ -1,0 +1,31 @@
+// Package konnectivity holds, once, the names and numbers that the Konnectivity server, its agents,
+// kube-apiserver and konnect's manifests and certificates must agree on, as kubeadm's constants package does.
+//
+// It is a leaf: it imports nothing of konnect's, so that pki, egress, agent, manifests and cmd can all use it.
+// It holds no logic beyond reading the refusal reasons that a tunnel carries as text. Its subpackage wire
+// holds the one gRPC codec that the server and the agent speak.
+package konnectivity
+
+// Identities.
+const (
+	// Namespace holds the agents, their ServiceAccount and the server's static pod.
+	Namespace = "kube-system"
+	// AgentServiceAccount is the ServiceAccount whose tokens the server accepts from agents.
+	AgentServiceAccount = "konnectivity-agent"
+	// AgentUser is the common name of the agents' client certificate (--agent-auth mtls).
+	AgentUser = "konnectivity-agent"
+	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
+	Audience = "system:konnectivity-server"
+	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
+	ServerUser = "system:konnectivity-server"
+)
+
+// Default ports: the server's are those the Kubernetes documentation uses, the agent's are upstream
+// proxy-agent's defaults.
+const (
+	AgentPort       = 8132 // server: where agents connect (--agent-port)
+	AdminPort       = 8133 // server: admin and pprof (--admin-port)
+	HealthPort      = 8134 // server: health and metrics (--health-port)
+	AgentHealthPort = 8093 // agent: health and metrics (--health-server-port)
+	FrontendPort    = 8090 // server: kube-apiserver's TCP frontend (--server-port) when not on a socket
+)
