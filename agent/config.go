@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -145,10 +146,17 @@ func SplitServers(hosts string, port int) ([]string, error) {
 			if err != nil || n <= 0 || n > 65535 || host == "" {
 				return nil, fmt.Errorf("%q: bad host:port", h)
 			}
+			if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+				return nil, err
+			}
 			out = append(out, h)
 			continue
 		}
-		out = append(out, net.JoinHostPort(strings.Trim(h, "[]"), strconv.Itoa(port)))
+		host := strings.Trim(h, "[]")
+		if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+			return nil, err
+		}
+		out = append(out, net.JoinHostPort(host, strconv.Itoa(port)))
 	}
 	if len(out) == 0 {
 		return nil, errors.New("no host given")

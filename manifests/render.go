@@ -4,13 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
-	"net"
 	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
-	"k8s.io/apimachinery/pkg/util/validation"
+	"github.com/konnect-dev/konnect/pki"
 	"sigs.k8s.io/yaml"
 )
 
@@ -145,16 +144,13 @@ func checkAbs(what, path string) error {
 	return nil
 }
 
-// checkHost accepts an IP address or a DNS name.
+// checkHost accepts an IP address or a DNS name, in any case, by pki's one validator of address flags.
 func checkHost(what, host string) error {
 	if host == "" {
 		return fmt.Errorf("%s: a host is required", what)
 	}
-	if net.ParseIP(host) != nil {
-		return nil
-	}
-	if errs := validation.IsDNS1123Subdomain(strings.ToLower(host)); len(errs) > 0 {
-		return fmt.Errorf("%s %q: not an IP address or DNS name: %s", what, host, strings.Join(errs, "; "))
+	if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -114,15 +114,30 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// ValidateAddress accepts an IP address or a DNS name (RFC 1123 subdomain).
+// ValidateAddress is konnect's one check of an address flag: it accepts an IP address or a DNS name (RFC 1123
+// subdomain). A value that looks like an IP address but is not one is refused, although it would pass as a
+// DNS name and so land in a certificate's SANs, where it never matches: every dot-separated label is a
+// number (999.1.1.1, 10.0.0) or it holds a colon (a mistyped IPv6 address).
 func ValidateAddress(a string) error {
 	if net.ParseIP(a) != nil {
 		return nil
+	}
+	if strings.Contains(a, ":") || allNumeric(strings.Split(a, ".")) {
+		return fmt.Errorf("address %q looks like an IP address but is not a valid one", a)
 	}
 	if errs := validation.IsDNS1123Subdomain(a); len(errs) > 0 {
 		return fmt.Errorf("address %q is neither an IP address nor a DNS name: %s", a, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+func allNumeric(labels []string) bool {
+	for _, l := range labels {
+		if l == "" || strings.Trim(l, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // Spec describes one certificate and its key.
@@ -276,7 +291,7 @@ func buildAltNames(addrs []string) AltNames {
 			continue
 		}
 		a = strings.ToLower(a)
-		if a == "" || seen[a] || len(validation.IsDNS1123Subdomain(a)) > 0 {
+		if a == "" || seen[a] || ValidateAddress(a) != nil {
 			continue
 		}
 		seen[a] = true

@@ -294,6 +294,10 @@ func TestInitBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"init", "--control-plane-address", "bad address", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
+		// Shaped like IP addresses but not valid ones: as DNS names they would land in the SANs (issue 11).
+		{[]string{"init", "--control-plane-address", "999.1.1.1", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
+		{[]string{"init", "--control-plane-address", "10.0.0", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
+		{[]string{"init", "--control-plane-address", "fd00::1::2", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "http://198.18.0.1:6443"}, "--apiserver-url"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1"}, "--apiserver-url is required"},
 		{[]string{"init", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address is required"},
