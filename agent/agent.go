@@ -97,16 +97,17 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
+	creds, err := newCredentials(&c)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	a := &Agent{
-		cfg: c, m: m, creds: newCredentials(&c), tiers: readTiers(c.ReadBuffer),
+		cfg: c, m: m, creds: creds, tiers: readTiers(c.ReadBuffer),
 		connsGone: make(chan struct{}, 1),
 		wake:      make(chan struct{}, 1),
 		sessions:  make(map[string]*session),
 		endpoints: make(map[string]*epState),
 		resolved:  make(map[string][]endpoint),
-	}
-	if err := a.creds.check(); err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
 	}
 	return a, nil
 }

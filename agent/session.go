@@ -71,16 +71,9 @@ type session struct {
 
 // dialServer opens a stream to ep and reads the server's ID and count from the response headers.
 func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
-	tlsCfg, err := a.creds.tlsConfig(ep.serverName)
-	if err != nil {
-		return nil, err
-	}
+	tlsCfg := a.creds.tlsConfig(ep.serverName)
 	md := metadata.Pairs(header.AgentID, a.cfg.AgentID, header.AgentIdentifiers, a.cfg.Identifiers)
-	tok, err := a.creds.bearer()
-	if err != nil {
-		return nil, err
-	}
-	if tok != "" {
+	if tok := a.creds.bearer(); tok != "" {
 		md.Set(header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+tok)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+ep.addr,

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/pki/reload"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -127,8 +129,8 @@ func New(c *Config) (_ *Server, err error) {
 			return nil, err
 		}
 		s.frontendLn = ln
-		if st, err := stampOf(cfg.UDSName); err == nil {
-			s.socketIno = st.ino
+		if fi, err := os.Stat(cfg.UDSName); err == nil {
+			s.socketIno = reload.Inode(fi)
 		}
 	} else {
 		if s.frontendLn, err = net.Listen("tcp", cfg.ServerAddr); err != nil {

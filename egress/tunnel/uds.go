@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/reload"
 	"k8s.io/klog/v2"
 )
 
@@ -98,7 +99,7 @@ func socketPresent(path string, ino uint64) error {
 	if err != nil {
 		return fmt.Errorf("frontend socket: %w", err)
 	}
-	if fi.Mode()&fs.ModeSocket == 0 || inode(fi) != ino {
+	if fi.Mode()&fs.ModeSocket == 0 || reload.Inode(fi) != ino {
 		return fmt.Errorf("frontend socket %s was replaced by something else", path)
 	}
 	return nil

@@ -1,0 +1,138 @@
+// Package reload keeps the parsed content of files that other programs renew in place (certificates, CA
+// bundles, ServiceAccount tokens) and parses them again when they change on disk, so that a renewal needs no
+// restart.
+//
+// It does not watch the files (no inotify): Get stats them at most once per CheckInterval, which bounds the
+// cost of a handshake storm. It is not for configuration whose meaning changes while a daemon runs, and it
+// never writes files (see pki.WriteFile for that).
+package reload
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// CheckInterval bounds how often the files are stat'ed. A renewed file is in use within it.
+const CheckInterval = time.Second
+
+// stamp identifies one version of a file on disk. Kubernetes projected volumes and cert-manager swap files
+// through symlinks, and renewal tools rewrite in place or rename a new file over the old one: each changes
+// at least one of these.
+type stamp struct {
+	mod  time.Time
+	size int64
+	ino  uint64
+}
+
+func (s stamp) equal(o stamp) bool { return s.mod.Equal(o.mod) && s.size == o.size && s.ino == o.ino }
+
+func stampOf(path string) (stamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return stamp{}, err
+	}
+	return stamp{mod: fi.ModTime(), size: fi.Size(), ino: Inode(fi)}, nil
+}
+
+// Inode returns the inode number of fi, or 0 where the platform has none.
+func Inode(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Ino)
+	}
+	return 0
+}
+
+// Files holds the value parsed from a set of files. A change that does not parse (a certificate written
+// before its key, a half-written bundle) keeps the last good value, is logged, and is retried at the next
+// check, so that a rotation in progress never takes a daemon down.
+type Files[T any] struct {
+	what  string
+	paths []string
+	parse func(data [][]byte) (T, error)
+
+	mu        sync.Mutex
+	value     T
+	stamps    []stamp
+	lastCheck time.Time
+}
+
+// New reads and parses the files once; an error here (a missing or broken file) names what and is the
+// caller's to report at start-up. parse gets the files' contents in the order of paths.
+func New[T any](what string, parse func(data [][]byte) (T, error), paths ...string) (*Files[T], error) {
+	f := &Files[T]{what: what, paths: paths, parse: parse}
+	v, stamps, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	f.value, f.stamps, f.lastCheck = v, stamps, time.Now()
+	return f, nil
+}
+
+// load stats the files before reading them, so that a change during the read shows at the next check.
+func (f *Files[T]) load() (T, []stamp, error) {
+	var zero T
+	stamps := make([]stamp, len(f.paths))
+	for i, p := range f.paths {
+		s, err := stampOf(p)
+		if err != nil {
+			return zero, nil, fmt.Errorf("%s: %w", f.what, err)
+		}
+		stamps[i] = s
+	}
+	data := make([][]byte, len(f.paths))
+	for i, p := range f.paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return zero, nil, fmt.Errorf("%s: %w", f.what, err)
+		}
+		data[i] = b
+	}
+	v, err := f.parse(data)
+	if err != nil {
+		return zero, nil, fmt.Errorf("%s (%v): %w", f.what, f.paths, err)
+	}
+	return v, stamps, nil
+}
+
+// Get returns the current value, parsed again first if a file changed since the last check.
+func (f *Files[T]) Get() T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if now.Sub(f.lastCheck) < CheckInterval {
+		return f.value
+	}
+	f.lastCheck = now
+	if f.unchanged() {
+		return f.value
+	}
+	v, stamps, err := f.load()
+	if err != nil {
+		klog.ErrorS(err, "Changed file is not usable yet; keeping the loaded version", "what", f.what)
+		return f.value
+	}
+	f.value, f.stamps = v, stamps
+	klog.InfoS("Reloaded from disk", "what", f.what, "files", f.paths)
+	return v
+}
+
+// unchanged reports whether every file still has its loaded stamp. A file that cannot be stat'ed counts as
+// unchanged: the loaded version stays in use, and the error is logged.
+func (f *Files[T]) unchanged() bool {
+	for i, p := range f.paths {
+		s, err := stampOf(p)
+		if err != nil {
+			klog.ErrorS(err, "Cannot check file for changes; keeping the loaded version", "file", p, "what", f.what)
+			return true
+		}
+		if !s.equal(f.stamps[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,66 @@
+package reload
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func parseText(data [][]byte) (string, error) {
+	s := strings.TrimSpace(string(data[0]))
+	if s == "" || strings.HasPrefix(s, "bad") {
+		return "", errors.New("not usable")
+	}
+	return s, nil
+}
+
+func TestFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if _, err := New("thing", parseText, path); err == nil || !strings.Contains(err.Error(), "thing") {
+		t.Fatalf("missing file: err %v, want one naming what", err)
+	}
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("bad")
+	if _, err := New("thing", parseText, path); err == nil {
+		t.Fatal("unparsable file accepted")
+	}
+	write("one")
+	f, err := New("thing", parseText, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * CheckInterval)
+		for f.Get() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("Get() = %q, want %q", f.Get(), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	write("two, longer")
+	waitFor("two, longer")
+	write("bad, keeps the last good value")
+	time.Sleep(2 * CheckInterval)
+	if got := f.Get(); got != "two, longer" {
+		t.Fatalf("after a broken change: %q", got)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * CheckInterval)
+	if got := f.Get(); got != "two, longer" {
+		t.Fatalf("after removal: %q", got)
+	}
+	write("three")
+	waitFor("three")
+}
