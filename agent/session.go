@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -83,8 +84,8 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithWriteBufferSize(transportBuffer),
 		grpc.WithReadBufferSize(transportBuffer),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(a.cfg.MaxRecvMessage), grpc.ForceCodecV2(wireCodec{})),
-		experimental.WithBufferPool(dirtyPool),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(a.cfg.MaxRecvMessage), grpc.ForceCodecV2(wire.Codec{})),
+		experimental.WithBufferPool(wire.Pool),
 		grpc.WithUserAgent("konnect-agent"),
 	)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"github.com/konnect-dev/konnect/pki/reload"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -119,7 +120,7 @@ func New(c *Config) (_ *Server, err error) {
 		grpc.MaxRecvMsgSize(maxAgentMessage),
 		grpc.StreamInterceptor(s.agentInterceptor),
 		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
-		grpc.ForceServerCodecV2(packetCodec{zeroCopySend: cfg.Mode == server.ModeGRPC}),
+		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
 	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
 
@@ -150,7 +151,7 @@ func New(c *Config) (_ *Server, err error) {
 			grpc.SharedWriteBuffer(true),
 			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
 			grpc.StreamInterceptor(s.frontendInterceptor),
-			grpc.ForceServerCodecV2(packetCodec{zeroCopySend: true}),
+			grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
 		}
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)

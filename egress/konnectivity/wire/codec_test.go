@@ -1,4 +1,4 @@
-package tunnel
+package wire
 
 import (
 	"bytes"
@@ -9,7 +9,13 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
-func TestPacketCodecWireIdentical(t *testing.T) {
+func dataPacket(id int64, b []byte) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: b}}}
+}
+
+// TestCodecWireIdentical: with every fast path on or off, the codec encodes as proto does and decodes
+// what proto encodes.
+func TestCodecWireIdentical(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 8<<10) // 128 KiB
 	packets := []*client.Packet{
 		dataPacket(42, big),
@@ -19,8 +25,8 @@ func TestPacketCodecWireIdentical(t *testing.T) {
 		{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{DialRequest: &client.DialRequest{Protocol: "tcp", Address: "10.0.0.1:443", Random: 7}}},
 		{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{CloseResponse: &client.CloseResponse{ConnectID: 3}}},
 	}
-	for _, zc := range []bool{false, true} {
-		c := packetCodec{zeroCopySend: zc}
+	for _, c := range []Codec{{}, {AliasReceived: true}, {ZeroCopySend: true}, {AliasReceived: true, ZeroCopySend: true}} {
+		zc := c
 		for i, p := range packets {
 			got, err := c.Marshal(p)
 			if err != nil {
@@ -28,7 +34,7 @@ func TestPacketCodecWireIdentical(t *testing.T) {
 			}
 			want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(p)
 			if !bytes.Equal(got.Materialize(), want) {
-				t.Errorf("zeroCopy=%v packet %d: encoding differs from proto's", zc, i)
+				t.Errorf("%+v packet %d: encoding differs from proto's", zc, i)
 			}
 			// Decode proto's bytes, in one buffer and split in two.
 			for _, in := range []mem.BufferSlice{
@@ -49,7 +55,7 @@ func TestPacketCodecWireIdentical(t *testing.T) {
 	b, _ := proto.Marshal(dataPacket(1, big))
 	twice := append(bytes.Clone(b), b...)
 	var viaCodec, viaProto client.Packet
-	if err := (packetCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(twice)}, &viaCodec); err != nil {
+	if err := (Codec{AliasReceived: true}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(twice)}, &viaCodec); err != nil {
 		t.Fatal(err)
 	}
 	proto.Unmarshal(twice, &viaProto)
