@@ -11,6 +11,9 @@ import (
 // SignalContext returns a context that is cancelled on the first SIGINT or SIGTERM. A second signal exits the
 // process at once with status 1, for an operator who does not want to wait for a graceful drain.
 func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	if parent == nil {
+		parent = context.Background() // a command run with Execute rather than ExecuteContext
+	}
 	ctx, cancel := context.WithCancel(parent)
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)

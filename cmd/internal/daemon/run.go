@@ -1,0 +1,24 @@
+package daemon
+
+import "context"
+
+// RunCommand is every daemon command's run, the contract in four steps: config validates the flags
+// (Options.Config), newDaemon binds every listener (New), started prints the start-up line or tunes the
+// process, and the daemon runs until ctx ends or SIGINT/SIGTERM arrives.
+func RunCommand[C any, D interface{ Run(context.Context) error }](ctx context.Context, config func() (C, error),
+	newDaemon func(C) (D, error), started func(D)) error {
+	cfg, err := config()
+	if err != nil {
+		return err
+	}
+	d, err := newDaemon(cfg)
+	if err != nil {
+		return err
+	}
+	if started != nil {
+		started(d)
+	}
+	ctx, cancel := SignalContext(ctx)
+	defer cancel()
+	return d.Run(ctx)
+}
