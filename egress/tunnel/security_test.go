@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/uds"
 	authv1 "k8s.io/api/authentication/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -274,8 +276,8 @@ func TestUDS(t *testing.T) {
 		cfg := e.config("grpc")
 		cfg.UDSName = path
 		cfg.DeleteExistingUDS = false
-		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "--delete-existing-uds-file") {
-			t.Fatalf("stale socket without --delete-existing-uds-file: %v", err)
+		if _, err := New(cfg); !errors.Is(err, uds.ErrStale) {
+			t.Fatalf("stale socket without DeleteExistingUDS: %v", err)
 		}
 		cfg.DeleteExistingUDS = true
 		s := start(t, cfg)

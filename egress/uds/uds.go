@@ -1,0 +1,104 @@
+// Package uds binds Unix-domain sockets the one way konnect does, for the tunnel server's frontend
+// (kube-apiserver's egress) and for konnect proxy's --unix-socket.
+//
+// The policy: the socket's directory is created with a restrictive mode, or refused when anyone could swap
+// the socket in it; a file that is not a socket is never replaced; a socket that answers belongs to a running
+// server and is refused; a stale one (nobody answers) is replaced only when asked. The mode is set with chmod
+// right after bind, never by changing the umask: the umask is process-wide and would race with other
+// goroutines creating files. Until the chmod the socket has the umask's mode, which without group or other
+// write bits lets nobody else connect.
+//
+// Errors name the path, not a flag: the caller knows which flag the path came from.
+package uds
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// ErrStale is returned, wrapped, for a stale socket in the way when Options.ReplaceStale is not set.
+var ErrStale = errors.New("a stale socket is in the way")
+
+// Options say how to bind.
+type Options struct {
+	// Mode is the socket's mode, e.g. 0o600 for its owner only.
+	Mode fs.FileMode
+	// DirMode is the mode of the socket's directory when Listen creates it.
+	DirMode fs.FileMode
+	// ReplaceStale removes a socket file that nobody answers on.
+	ReplaceStale bool
+}
+
+// Listen binds path by the package's policy.
+func Listen(path string, o Options) (*net.UnixListener, error) {
+	if err := ensureDir(filepath.Dir(path), o.DirMode); err != nil {
+		return nil, err
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, err
+	case fi.Mode()&fs.ModeSocket == 0:
+		return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
+	default:
+		c, derr := net.DialTimeout("unix", path, time.Second)
+		if derr == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s is in use by a running server (another server is listening on this socket); stop it first", path)
+		}
+		if !errors.Is(derr, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%s: cannot tell whether the existing socket is in use: %w", path, derr)
+		}
+		if !o.ReplaceStale {
+			return nil, fmt.Errorf("%s: %w", path, ErrStale)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+		}
+		klog.InfoS("Replaced a stale socket", "path", path)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, o.Mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ensureDir creates dir with mode, or checks that an existing one cannot be used to swap the socket
+// (writable by others without the sticky bit).
+func ensureDir(dir string, mode fs.FileMode) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, mode); err != nil {
+			return fmt.Errorf("create directory %s: %w", dir, err)
+		}
+		// MkdirAll applies the umask; set the mode we meant.
+		if err := os.Chmod(dir, mode); err != nil {
+			return fmt.Errorf("chmod directory %s: %w", dir, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("directory %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+		return fmt.Errorf("directory %s is writable by everyone; anyone could replace the socket", dir)
+	}
+	return nil
+}
