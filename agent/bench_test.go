@@ -7,13 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"k8s.io/klog/v2"
 	"net"
 	"os"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
+	"k8s.io/klog/v2"
 
 	"google.golang.org/grpc"
 	grpccreds "google.golang.org/grpc/credentials"
@@ -24,7 +25,7 @@ import (
 // configures it, as the baseline.
 func startUpstreamAgent(tb testing.TB, pki *testPKI, addr string) {
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pki.ca.pem)
+	pool.AppendCertsFromPEM(pki.ca.CertPEM)
 	kp, err := tls.LoadX509KeyPair(pki.certFile, pki.keyFile)
 	if err != nil {
 		tb.Fatal(err)
@@ -132,7 +133,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 		for _, streams := range []int{1, 8} {
 			b.Run(fmt.Sprintf("agent=%s/dir=download/streams=%d", impl, streams), func(b *testing.B) {
 				b.SetBytes(int64(size * streams))
-				defer reportCPU(b, int64(size*streams))()
+				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
 					var g group
 					for range streams {
@@ -163,7 +164,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("agent=%s/dir=upload/streams=1", impl), func(b *testing.B) {
 			b.SetBytes(size)
-			defer reportCPU(b, size)()
+			defer harness.ReportCPU(b, size)()
 			chunk := make([]byte, 256<<10)
 			for b.Loop() {
 				c, err := srv.dial(context.Background(), sink)
@@ -185,29 +186,11 @@ func BenchmarkTunnelBulk(b *testing.B) {
 	}
 }
 
-// reportCPU adds the process's CPU time per MB moved (client, server and agent together): on a shared,
-// noisy machine it varies much less than wall-clock throughput.
-func reportCPU(b *testing.B, bytesPerOp int64) func() {
-	start := cpuTime()
-	return func() {
-		mb := float64(bytesPerOp) * float64(b.N) / 1e6
-		b.ReportMetric(float64((cpuTime()-start).Microseconds())/mb, "cpu-µs/MB")
-	}
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 func TestMain(m *testing.M) {
 	// -args -v=4 shows the agent's logs.
 	klog.InitFlags(nil)
 	flag.Parse()
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir) // the upstream binary built by upstreamProxyServer
-	}
+	harness.RemoveUpstreamBinaries()
 	os.Exit(code)
 }

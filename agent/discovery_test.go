@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/dns/dnsmessage"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
 )
@@ -77,7 +78,7 @@ func TestOneNameSeveralServers(t *testing.T) {
 		st[0].ServerName != name || !st[0].Connected || !st[1].Connected {
 		t.Fatalf("status %+v", st)
 	}
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	for _, s := range []*upstreamServer{s1, s2} {
 		if err := echoOnce(t, s, echo); err != nil {
 			t.Fatal(err)
@@ -129,11 +130,11 @@ func TestAgentIdentifiers(t *testing.T) {
 		nb, _ := b.Connected()
 		return na == 1 && nb == 1
 	})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for range 10 {
-		c, err := srv.dial(ctx, echo.addr())
+		c, err := srv.dial(ctx, echo.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}

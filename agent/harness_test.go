@@ -2,28 +2,21 @@ package agent
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"k8s.io/klog/v2"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
@@ -37,87 +30,6 @@ import (
 	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
-
-// testCA is a throw-away certificate authority for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial atomic.Int64
-
-func newTestCA(t testing.TB, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial.Add(1)),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns PEM cert and key for a leaf. hosts become SANs (IPs or DNS names).
-func (ca *testCA) issue(t testing.TB, cn string, client bool, hosts ...string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial.Add(1)),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	if client {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-// writeFile replaces path atomically, as the kubelet and cert-manager do.
-func writeFile(t testing.TB, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // upstreamServer is upstream apiserver-network-proxy's server library (pkg/server), wired the way its
 // proxy-server binary wires it: a TLS gRPC agent listener and a gRPC frontend on a unix socket.
@@ -137,11 +49,11 @@ type serverOpts struct {
 	id         string
 	count      int
 	addr       string // agent listener; "" means 127.0.0.1:0
-	ca         *testCA
-	clientCA   *testCA // non-nil: require a client certificate from it
-	serverHost string  // SAN of the server certificate; default 127.0.0.1
-	bigFrames  bool    // frontend accepts messages larger than gRPC's 4 MiB default
-	wantToken  string  // non-empty: refuse agents without this bearer token
+	ca         *pkitest.Cert
+	clientCA   *pkitest.Cert // non-nil: require a client certificate from it
+	serverHost string        // SAN of the server certificate; default 127.0.0.1
+	bigFrames  bool          // frontend accepts messages larger than gRPC's 4 MiB default
+	wantToken  string        // non-empty: refuse agents without this bearer token
 	strategies []proxystrategies.ProxyStrategy
 }
 
@@ -156,16 +68,9 @@ func startUpstreamServer(t testing.TB, o serverOpts) *upstreamServer {
 	if o.serverHost == "" {
 		o.serverHost = "127.0.0.1"
 	}
-	certPEM, keyPEM := o.ca.issue(t, "konnectivity-server", false, o.serverHost)
-	kp, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsCfg := &tls.Config{Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12}
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{o.ca.Server(t, "konnectivity-server", o.serverHost).TLS()}, MinVersion: tls.VersionTLS12}
 	if o.clientCA != nil {
-		pool := x509.NewCertPool()
-		pool.AddCert(o.clientCA.cert)
-		tlsCfg.ClientCAs = pool
+		tlsCfg.ClientCAs = o.clientCA.Pool()
 		tlsCfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	s := &upstreamServer{t: t, id: o.id, tokens: make(chan string, 100)}
@@ -191,6 +96,7 @@ func startUpstreamServer(t testing.TB, o serverOpts) *upstreamServer {
 	s.agentSrv = grpc.NewServer(grpc.Creds(grpccreds.NewTLS(tlsCfg)), grpc.StreamInterceptor(intercept))
 	agentpb.RegisterAgentServiceServer(s.agentSrv, s.ps)
 	var ln net.Listener
+	var err error
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		// A restarted server takes its old port back; the old socket may linger for a moment.
@@ -254,21 +160,16 @@ func (s *upstreamServer) dial(ctx context.Context, addr string) (net.Conn, error
 // testPKI is the CA, client certificate and token files an agent reads.
 type testPKI struct {
 	dir                                string
-	ca                                 *testCA
+	ca                                 *pkitest.Cert
 	caFile, certFile, keyFile, tokFile string
 }
 
 func newTestPKI(t testing.TB) *testPKI {
-	p := &testPKI{dir: t.TempDir(), ca: newTestCA(t, "cluster-ca")}
-	p.caFile = filepath.Join(p.dir, "ca.crt")
-	p.certFile = filepath.Join(p.dir, "agent.crt")
-	p.keyFile = filepath.Join(p.dir, "agent.key")
+	p := &testPKI{dir: t.TempDir(), ca: pkitest.NewCA(t, "cluster-ca")}
+	p.caFile = p.ca.WriteCert(t, filepath.Join(p.dir, "ca.crt"))
+	p.certFile, p.keyFile = p.ca.Client(t, "konnectivity-agent").Write(t, p.dir, "agent")
 	p.tokFile = filepath.Join(p.dir, "token")
-	writeFile(t, p.caFile, p.ca.pem)
-	c, k := p.ca.issue(t, "konnectivity-agent", true)
-	writeFile(t, p.certFile, c)
-	writeFile(t, p.keyFile, k)
-	writeFile(t, p.tokFile, []byte("token-1\n"))
+	pkitest.WriteFile(t, p.tokFile, []byte("token-1\n"))
 	return p
 }
 
@@ -290,8 +191,7 @@ func (p *testPKI) config(servers ...string) Config {
 // runningAgent is an agent started by a test, stopped at cleanup.
 type runningAgent struct {
 	*Agent
-	cancel context.CancelFunc
-	done   chan error
+	*harness.Daemon
 }
 
 func startAgent(t testing.TB, cfg Config) *runningAgent {
@@ -300,26 +200,7 @@ func startAgent(t testing.TB, cfg Config) *runningAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ra := &runningAgent{Agent: a, cancel: cancel, done: make(chan error, 1)}
-	go func() { ra.done <- a.Run(ctx) }()
-	t.Cleanup(func() { _ = ra.stop(t) })
-	return ra
-}
-
-// stop cancels Run and waits for it, failing if it does not return within the graceful timeout plus a margin.
-func (ra *runningAgent) stop(t testing.TB) error {
-	ra.cancel()
-	select {
-	case err, ok := <-ra.done:
-		if ok {
-			close(ra.done)
-		}
-		return err
-	case <-time.After(ra.cfg.GracefulTimeout + 10*time.Second):
-		t.Errorf("agent Run did not return within the graceful timeout")
-		return errors.New("timeout")
-	}
+	return &runningAgent{Agent: a, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, a.Run)}
 }
 
 // eventually polls cond until it holds or the deadline passes.
@@ -333,37 +214,6 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-// echoServer is a loopback backend that echoes everything back, counting accepted connections.
-type echoServer struct {
-	ln       net.Listener
-	accepted atomic.Int64
-}
-
-func startEcho(t testing.TB) *echoServer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &echoServer{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			e.accepted.Add(1)
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return e
-}
-
-func (e *echoServer) addr() string { return e.ln.Addr().String() }
 
 // group runs functions concurrently and returns the first error, like errgroup.Group.
 type group struct {

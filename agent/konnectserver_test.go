@@ -12,14 +12,13 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // konnectServer is konnect's own server (egress/tunnel), the agent's usual peer.
 type konnectServer struct {
-	srv    *tunnel.Server
-	fe     tunnel.Frontend
-	cancel context.CancelFunc
-	done   chan error
+	srv *tunnel.Server
+	fe  tunnel.Frontend
 }
 
 func startKonnectServer(tb testing.TB, pki *testPKI, id string, count int, mode string) *konnectServer {
@@ -29,10 +28,7 @@ func startKonnectServer(tb testing.TB, pki *testPKI, id string, count int, mode 
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(dir) })
-	certPEM, keyPEM := pki.ca.issue(tb, "konnectivity-server", false, "127.0.0.1")
-	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
-	writeFile(tb, certFile, certPEM)
-	writeFile(tb, keyFile, keyPEM)
+	certFile, keyFile := pki.ca.Server(tb, "konnectivity-server", "127.0.0.1").Write(tb, dir, "server")
 	cfg := &tunnel.Config{
 		ServerID:        id,
 		ServerCount:     count,
@@ -48,18 +44,8 @@ func startKonnectServer(tb testing.TB, pki *testPKI, id string, count int, mode 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ks := &konnectServer{srv: s, fe: tunnel.Frontend{UDSName: cfg.UDSName, Mode: mode}, cancel: cancel, done: make(chan error, 1)}
-	go func() { ks.done <- s.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		select {
-		case <-ks.done:
-		case <-time.After(15 * time.Second):
-			tb.Error("konnect server did not stop")
-		}
-	})
-	return ks
+	harness.RunDaemon(tb, cfg.GracefulTimeout, s.Run)
+	return &konnectServer{srv: s, fe: tunnel.Frontend{UDSName: cfg.UDSName, Mode: mode}}
 }
 
 func (k *konnectServer) agents() int { return len(k.srv.Status().Agents) }
@@ -81,7 +67,7 @@ func TestWithKonnectServer(t *testing.T) {
 			ks := startKonnectServer(t, pki, "k1", 1, mode)
 			startAgent(t, pki.config(ks.srv.AgentAddr()))
 			eventually(t, 10*time.Second, "agent connected", func() bool { return ks.connectedAgents() == 1 })
-			echo := startEcho(t)
+			echo := harness.StartEcho(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			for _, tc := range []struct {
@@ -93,7 +79,7 @@ func TestWithKonnectServer(t *testing.T) {
 				{"16MiB single write", 16 << 20, 16 << 20},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
-					c, err := ks.fe.Dial(ctx, echo.addr())
+					c, err := ks.fe.Dial(ctx, echo.Addr)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -118,10 +104,10 @@ func TestTwoKonnectServers(t *testing.T) {
 	k2 := startKonnectServer(t, pki, "k2", 2, "grpc")
 	ra := startAgent(t, pki.config(k1.srv.AgentAddr(), k2.srv.AgentAddr()))
 	eventually(t, 10*time.Second, "agent on both", func() bool { return k1.connectedAgents() == 1 && k2.connectedAgents() == 1 })
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	for _, k := range []*konnectServer{k1, k2} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := k.fe.Dial(ctx, echo.addr())
+		c, err := k.fe.Dial(ctx, echo.Addr)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -162,7 +148,7 @@ func BenchmarkTunnelEndToEnd(b *testing.B) {
 		for _, tn := range tuns {
 			b.Run(fmt.Sprintf("tunnel=%s/streams=%d", tn.name, streams), func(b *testing.B) {
 				b.SetBytes(int64(size * streams))
-				defer reportCPU(b, int64(size*streams))()
+				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
 					var g group
 					for range streams {

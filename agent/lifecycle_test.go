@@ -11,15 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"go.uber.org/goleak"
 )
 
 // echoOnce checks that a fresh tunnel through srv reaches echo.
-func echoOnce(t testing.TB, srv *upstreamServer, echo *echoServer) error {
+func echoOnce(t testing.TB, srv *upstreamServer, echo *harness.Echo) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := srv.dial(ctx, echo.addr())
+	c, err := srv.dial(ctx, echo.Addr)
 	if err != nil {
 		return err
 	}
@@ -38,14 +40,14 @@ func echoOnce(t testing.TB, srv *upstreamServer, echo *echoServer) error {
 func TestAgentRestart(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	for i := range 2 {
 		ra := startAgent(t, pki.config(srv.agentAddr))
 		eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 		if err := echoOnce(t, srv, echo); err != nil {
 			t.Fatalf("run %d: %v", i, err)
 		}
-		if err := ra.stop(t); err != nil {
+		if err := ra.Stop(t); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
@@ -55,7 +57,7 @@ func TestAgentRestart(t *testing.T) {
 func TestServerRestart(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(srv.agentAddr))
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	if err := echoOnce(t, srv, echo); err != nil {
@@ -95,7 +97,7 @@ func TestTwoServersOneAgent(t *testing.T) {
 	pki := newTestPKI(t)
 	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})
 	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(s1.agentAddr, s2.agentAddr))
 	eventually(t, 10*time.Second, "agent on both servers", func() bool { return s1.backends() == 1 && s2.backends() == 1 })
 	for _, s := range []*upstreamServer{s1, s2} {
@@ -213,7 +215,7 @@ func TestLoadBalancedAddress(t *testing.T) {
 func TestDrain(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 5 * time.Second
 	ra := startAgent(t, cfg)
@@ -226,7 +228,7 @@ func TestDrain(t *testing.T) {
 	// Open a connection through the agent that is about to drain.
 	var open net.Conn
 	eventually(t, 5*time.Second, "a connection through agent-1", func() bool {
-		c, err := srv.dial(ctx, echo.addr())
+		c, err := srv.dial(ctx, echo.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,12 +242,12 @@ func TestDrain(t *testing.T) {
 
 	stopped := make(chan error, 1)
 	start := time.Now()
-	go func() { stopped <- ra.stop(t) }()
+	go func() { stopped <- ra.Stop(t) }()
 	eventually(t, 5*time.Second, "agent-1 draining", func() bool { return ra.draining.Load() })
 	// The server heard DRAIN: every new tunnel goes to agent-2.
 	before := rb.OpenConnections()
 	for range 20 {
-		c, err := srv.dial(ctx, echo.addr())
+		c, err := srv.dial(ctx, echo.Addr)
 		if err != nil {
 			t.Fatalf("dial while agent-1 drains: %v", err)
 		}
@@ -278,23 +280,23 @@ func TestDrain(t *testing.T) {
 func TestDrainingAgentRefusesDials(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 5 * time.Second
 	ra := startAgent(t, cfg)
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
-	held, err := srv.dial(context.Background(), echo.addr())
+	held, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go ra.stop(t)
+	go ra.Stop(t)
 	eventually(t, 5*time.Second, "agent draining", func() bool { return ra.draining.Load() })
 	// Upstream's server still picks a draining agent when it has no other; the agent says no.
-	_, err = srv.dial(context.Background(), echo.addr())
+	_, err = srv.dial(context.Background(), echo.Addr)
 	if err == nil || !strings.Contains(err.Error(), "shutting down and accepts no new connections") {
 		t.Fatalf("dial to a draining agent: %v", err)
 	}
-	if n := echo.accepted.Load(); n != 1 {
+	if n := echo.Accepted.Load(); n != 1 {
 		t.Fatalf("backend saw %d connections, want 1", n)
 	}
 	held.Close()
@@ -303,18 +305,18 @@ func TestDrainingAgentRefusesDials(t *testing.T) {
 func TestGracefulTimeoutBoundsRun(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 300 * time.Millisecond
 	ra := startAgent(t, cfg)
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
-	c, err := srv.dial(context.Background(), echo.addr())
+	c, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	start := time.Now()
-	if err := ra.stop(t); err != nil {
+	if err := ra.Stop(t); err != nil {
 		t.Fatal(err)
 	}
 	if el := time.Since(start); el > 3*time.Second {
@@ -330,7 +332,7 @@ func TestGracefulTimeoutBoundsRun(t *testing.T) {
 func TestRunLeavesNothingBehind(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	// Everything running now (the server, klog, gRPC internals) is not the agent's.
 	ignore := goleak.IgnoreCurrent()
 	cfg := pki.config(srv.agentAddr)
@@ -346,7 +348,7 @@ func TestRunLeavesNothingBehind(t *testing.T) {
 	if err := echoOnce(t, srv, echo); err != nil {
 		t.Fatal(err)
 	}
-	held, err := srv.dial(context.Background(), echo.addr()) // left open on purpose
+	held, err := srv.dial(context.Background(), echo.Addr) // left open on purpose
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +392,7 @@ func TestWrongServerSAN(t *testing.T) {
 
 func TestWrongServerCA(t *testing.T) {
 	pki := newTestPKI(t)
-	other := newTestCA(t, "other-ca")
+	other := pkitest.NewCA(t, "other-ca")
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: other})
 	ra := startAgent(t, pki.config(srv.agentAddr))
 	eventually(t, 10*time.Second, "a recorded TLS failure", func() bool {
@@ -415,7 +417,7 @@ func TestTokenRejectedIsReported(t *testing.T) {
 	// The status is recorded just before the error is logged; wait for the line before stopping, since a
 	// stopping agent does not log its own cancelled dials.
 	eventually(t, 10*time.Second, "the refusal logged", func() bool { return strings.Contains(logs(), "Cannot connect to server") })
-	_ = ra.stop(t)
+	_ = ra.Stop(t)
 	// Not at any verbosity: captureLogs turned everything on.
 	if out := logs(); strings.Contains(out, "token-1") || !strings.Contains(out, "Cannot connect to server") {
 		t.Fatalf("the token appears in the logs, or the failure does not:\n%s", out)
@@ -434,12 +436,12 @@ func TestHotReloadWithTunnelOpen(t *testing.T) {
 	}
 	addr2 := l.Addr().String()
 	l.Close()
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(s1.agentAddr, addr2))
 	eventually(t, 10*time.Second, "agent on s1", func() bool { return s1.backends() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	open, err := s1.dial(ctx, echo.addr())
+	open, err := s1.dial(ctx, echo.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,12 +449,12 @@ func TestHotReloadWithTunnelOpen(t *testing.T) {
 	roundTrip(t, open, 64<<10, 64<<10)
 
 	// Rotate everything on disk.
-	ca2 := newTestCA(t, "cluster-ca-2")
-	writeFile(t, pki.caFile, ca2.pem)
-	c, k := ca2.issue(t, "konnectivity-agent", true)
-	writeFile(t, pki.certFile, c)
-	writeFile(t, pki.keyFile, k)
-	writeFile(t, pki.tokFile, []byte("token-2"))
+	ca2 := pkitest.NewCA(t, "cluster-ca-2")
+	pkitest.WriteFile(t, pki.caFile, ca2.CertPEM)
+	agentCert := ca2.Client(t, "konnectivity-agent")
+	pkitest.WriteFile(t, pki.certFile, agentCert.CertPEM)
+	pkitest.WriteFile(t, pki.keyFile, agentCert.KeyPEM)
+	pkitest.WriteFile(t, pki.tokFile, []byte("token-2"))
 
 	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, addr: addr2, ca: ca2, clientCA: ca2, wantToken: "token-2"})
 	eventually(t, 10*time.Second, "agent on s2 with the new CA, certificate and token", func() bool { return s2.backends() == 1 })
@@ -471,7 +473,7 @@ func TestHotReloadKeepsGoodCopyOfBrokenFile(t *testing.T) {
 	ra := startAgent(t, pki.config(srv.agentAddr))
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	// A half-written CA bundle must not stop reconnects.
-	writeFile(t, pki.caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"))
+	pkitest.WriteFile(t, pki.caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"))
 	srv.stop()
 	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
 	srv2 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, addr: srv.agentAddr})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -44,12 +45,12 @@ func TestStalledBackendDoesNotStallOthers(t *testing.T) {
 	cfg.StallTimeout = time.Second
 	ra := startAgent(t, cfg)
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	stalled := sinkServer(t, func(net.Conn) {}) // never reads
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	live, err := srv.dial(ctx, echo.addr())
+	live, err := srv.dial(ctx, echo.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 func TestTunnelHTTPGet(t *testing.T) {
@@ -94,7 +96,7 @@ func TestTunnelBulkBothWays(t *testing.T) {
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, bigFrames: true})
 	startAgent(t, pki.config(srv.agentAddr))
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -106,7 +108,7 @@ func TestTunnelBulkBothWays(t *testing.T) {
 		{"16MiB single write", 16 << 20, 16 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := srv.dial(ctx, echo.addr())
+			c, err := srv.dial(ctx, echo.Addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,13 +123,13 @@ func TestTunnel100Concurrent(t *testing.T) {
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr))
 	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
-	echo := startEcho(t)
+	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var g group
 	for i := range 100 {
 		g.Go(func() error {
-			c, err := srv.dial(ctx, echo.addr())
+			c, err := srv.dial(ctx, echo.Addr)
 			if err != nil {
 				return fmt.Errorf("conn %d: %w", i, err)
 			}
@@ -150,7 +152,7 @@ func TestTunnel100Concurrent(t *testing.T) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if got := echo.accepted.Load(); got != 100 {
+	if got := echo.Accepted.Load(); got != 100 {
 		t.Fatalf("backend accepted %d connections, want 100", got)
 	}
 	eventually(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
@@ -237,8 +239,8 @@ func TestNoAgent(t *testing.T) {
 func TestAllowDestination(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	allowed, denied := startEcho(t), startEcho(t)
-	_, port, _ := net.SplitHostPort(allowed.addr())
+	allowed, denied := harness.StartEcho(t), harness.StartEcho(t)
+	_, port, _ := net.SplitHostPort(allowed.Addr)
 	d, err := ParseDestination("127.0.0.0/8:" + port)
 	if err != nil {
 		t.Fatal(err)
@@ -250,20 +252,20 @@ func TestAllowDestination(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	c, err := srv.dial(ctx, allowed.addr())
+	c, err := srv.dial(ctx, allowed.Addr)
 	if err != nil {
 		t.Fatalf("allowed destination: %v", err)
 	}
 	roundTrip(t, c, 1000, 1000)
 	c.Close()
 
-	for _, addr := range []string{denied.addr(), "localhost:" + strings.Split(denied.addr(), ":")[1]} {
+	for _, addr := range []string{denied.Addr, "localhost:" + strings.Split(denied.Addr, ":")[1]} {
 		_, err = srv.dial(ctx, addr)
 		if err == nil || !strings.Contains(err.Error(), "not in --allow-destination") {
 			t.Fatalf("dial %s: %v; want a refusal naming --allow-destination", addr, err)
 		}
 	}
-	if n := denied.accepted.Load(); n != 0 {
+	if n := denied.Accepted.Load(); n != 0 {
 		t.Fatalf("refused destination saw %d connections", n)
 	}
 }

@@ -3,19 +3,14 @@ package batchtls
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	"net"
-	"syscall"
 	"testing"
-	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	grpccreds "google.golang.org/grpc/credentials"
 )
 
@@ -23,21 +18,10 @@ import (
 // batched or not.
 func tlsPair(tb testing.TB, batched bool) (client, server net.Conn) {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"},
-		DNSNames: []string{"localhost"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	leaf, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	var cc, sc grpccreds.TransportCredentials = grpccreds.NewTLS(&tls.Config{RootCAs: pool, ServerName: "localhost"}),
-		grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	ca := pkitest.NewCA(tb, "test-ca")
+	serving := ca.Server(tb, "localhost", "localhost")
+	var cc, sc grpccreds.TransportCredentials = grpccreds.NewTLS(&tls.Config{RootCAs: ca.Pool(), ServerName: "localhost"}),
+		grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{serving.TLS()}})
 	if batched {
 		cc, sc = batchTLS{cc}, batchTLS{sc}
 	}
@@ -142,7 +126,7 @@ func BenchmarkBatchTLS(b *testing.B) {
 				done <- err
 			}()
 			b.SetBytes(chunk)
-			defer reportCPU(b, chunk)()
+			defer harness.ReportCPU(b, chunk)()
 			for b.Loop() {
 				if _, err := c.Write(buf); err != nil {
 					b.Fatal(err)
@@ -152,20 +136,4 @@ func BenchmarkBatchTLS(b *testing.B) {
 			<-done
 		})
 	}
-}
-
-// reportCPU reports the process's CPU time per MB moved, which varies less than wall-clock time on a shared
-// machine.
-func reportCPU(b *testing.B, bytesPerOp int64) func() {
-	start := cpuTime()
-	return func() {
-		mb := float64(bytesPerOp) * float64(b.N) / 1e6
-		b.ReportMetric(float64((cpuTime()-start).Microseconds())/mb, "cpu-µs/MB")
-	}
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -11,9 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // stack is one complete tunnel: a server with an agent connected, and the frontend to dial through.
@@ -29,7 +30,7 @@ var stacks = []stack{
 		s := start(tb, cfg)
 		stopAgent := startKonnectAgent(tb, e, "bench-konnect", s.agentPort())
 		s.waitAgents(tb, 1)
-		return s.frontend("grpc"), func() { stopAgent(); s.stop(tb) }
+		return s.frontend("grpc"), func() { stopAgent(); s.Stop(tb) }
 	}},
 	{"konnect-server+upstream-agent", func(tb testing.TB, e *env) (Frontend, func()) {
 		cfg := e.config("grpc")
@@ -37,21 +38,21 @@ var stacks = []stack{
 		s := start(tb, cfg)
 		a := startUpstreamAgent(tb, e, "bench-mixed", s.agentPort())
 		s.waitAgents(tb, 1)
-		return s.frontend("grpc"), func() { a.kill(); s.stop(tb) }
+		return s.frontend("grpc"), func() { a.Kill(); s.Stop(tb) }
 	}},
 	{"upstream", func(tb testing.TB, e *env) (Frontend, func()) {
 		sock := filepath.Join(e.dir, "u.sock")
-		agentPort := freePort(tb)
-		p := startProc(tb, e.dir, "proxy-server", upstreamBinary(tb, "proxy-server"),
+		agentPort := harness.FreePort(tb)
+		p := harness.Start(tb, e.dir, "proxy-server", nil, harness.UpstreamBinary(tb, "proxy-server"),
 			"--uds-name="+sock, "--cluster-cert="+e.serverCert, "--cluster-key="+e.serverKey,
 			"--mode=grpc", "--server-port=0", "--agent-port="+strconv.Itoa(agentPort),
 			"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-			"--admin-port="+strconv.Itoa(freePort(tb)), "--health-port="+strconv.Itoa(freePort(tb)),
+			"--admin-port="+strconv.Itoa(harness.FreePort(tb)), "--health-port="+strconv.Itoa(harness.FreePort(tb)),
 			"--server-id=upstream", "--v=0")
 		a := startUpstreamAgent(tb, e, "bench-upstream", agentPort)
 		f := Frontend{UDSName: sock, Mode: "grpc"}
 		waitDial(tb, f, startHTTPBackend(tb))
-		return f, func() { a.kill(); p.kill() }
+		return f, func() { a.Kill(); p.Kill() }
 	}},
 }
 
@@ -73,7 +74,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 			for _, streams := range []int{1, 8} {
 				b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
 					b.SetBytes(int64(perStream * streams))
-					defer reportCPU(b, int64(perStream*streams))()
+					defer harness.ReportCPU(b, int64(perStream*streams))()
 					for range b.N {
 						if err := fetchParallel(f, web, perStream, streams); err != nil {
 							b.Fatal(err)
@@ -196,20 +197,4 @@ func fetch(f Frontend, web string, n int) error {
 		return fmt.Errorf("got %d of %d bytes", got, n)
 	}
 	return nil
-}
-
-// reportCPU adds the process's CPU time per MB moved (client, server and agent together): on a shared,
-// noisy machine it varies much less than wall-clock throughput.
-func reportCPU(b *testing.B, bytesPerOp int64) func() {
-	start := cpuTime()
-	return func() {
-		mb := float64(bytesPerOp) * float64(b.N) / 1e6
-		b.ReportMetric(float64((cpuTime()-start).Microseconds())/mb, "cpu-µs/MB")
-	}
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,47 +1,25 @@
 package tunnel
 
 import (
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"go.uber.org/goleak"
 )
 
-// upstreamBin holds proxy-agent and proxy-server built from the module cache (the peers konnect must
-// interoperate with). KONNECT_UPSTREAM_BIN may point at a directory that already has them.
-var (
-	upstreamBin  string
-	upstreamOnce sync.Once
-	upstreamErr  error
-)
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "konnect-tunnel-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	upstreamBin = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	harness.RemoveUpstreamBinaries()
 	if code == 0 {
 		if err := goleak.Find(leakOptions()...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
@@ -60,121 +38,26 @@ func leakOptions() []goleak.Option {
 	}
 }
 
-func upstreamBinary(t testing.TB, name string) string {
-	t.Helper()
-	if d := os.Getenv("KONNECT_UPSTREAM_BIN"); d != "" {
-		return filepath.Join(d, name)
-	}
-	upstreamOnce.Do(func() {
-		for _, b := range []struct{ name, pkg string }{
-			{"proxy-agent", "sigs.k8s.io/apiserver-network-proxy/cmd/agent"},
-			{"proxy-server", "sigs.k8s.io/apiserver-network-proxy/cmd/server"},
-		} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(upstreamBin, b.name), b.pkg).CombinedOutput()
-			if err != nil {
-				upstreamErr = fmt.Errorf("build upstream %s: %v\n%s", b.name, err, out)
-				return
-			}
-		}
-	})
-	if upstreamErr != nil {
-		t.Fatal(upstreamErr)
-	}
-	return filepath.Join(upstreamBin, name)
-}
-
 // --- PKI -------------------------------------------------------------------------------------------------
 
+// testCA is a throwaway CA whose certificate is also on disk, for the --cluster-ca-cert and --ca-cert flags.
 type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+	*pkitest.Cert
 	file string
-}
-
-var serial atomic64
-
-type atomic64 struct {
-	mu sync.Mutex
-	n  int64
-}
-
-func (a *atomic64) next() *big.Int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.n++
-	return big.NewInt(time.Now().UnixNano() + a.n)
 }
 
 func newCA(t testing.TB, dir, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial.next(),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	file := filepath.Join(dir, name+"-ca.crt")
-	writePEM(t, file, "CERTIFICATE", der)
-	return &testCA{cert: cert, key: key, file: file}
+	ca := pkitest.NewCA(t, name)
+	return &testCA{Cert: ca, file: ca.WriteCert(t, filepath.Join(dir, name+"-ca.crt"))}
 }
 
-// issue writes name.crt/name.key signed by ca and returns their paths.
+// issue writes dir/name.crt and dir/name.key for localhost, signed by ca, and returns their paths.
 func (ca *testCA) issue(t testing.TB, dir, name string, client bool) (certFile, keyFile string, serialNo *big.Int) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	usage := x509.ExtKeyUsageServerAuth
-	if client {
-		usage = x509.ExtKeyUsageClientAuth
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial.next(),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	// Key first, then certificate, each renamed into place, as a renewal tool would.
-	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
-	writePEM(t, certFile, "CERTIFICATE", der)
-	return certFile, keyFile, tmpl.SerialNumber
-}
-
-func writePEM(t testing.TB, file, typ string, der []byte) {
-	t.Helper()
-	tmp := file + ".tmp"
-	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, file); err != nil {
-		t.Fatal(err)
-	}
+	c := ca.Issue(t, pkitest.Spec{CN: name, Hosts: []string{"localhost", "127.0.0.1"}, Server: !client, Client: client})
+	certFile, keyFile = c.Write(t, dir, name)
+	return certFile, keyFile, c.Cert.SerialNumber
 }
 
 // --- environment ----------------------------------------------------------------------------------------
@@ -218,39 +101,17 @@ func (e *env) config(mode string) *Config {
 
 type running struct {
 	*Server
-	cancel context.CancelFunc
-	done   chan error
+	*harness.Daemon
 }
 
-// start runs a server until the test ends (or stop is called).
+// start runs a server until the test ends (or Stop is called).
 func start(t testing.TB, cfg *Config) *running {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{Server: s, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- s.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-func (r *running) stop(t testing.TB) error {
-	t.Helper()
-	r.cancel()
-	began := time.Now()
-	select {
-	case err, ok := <-r.done:
-		if ok {
-			close(r.done)
-			t.Logf("Run returned %v after %v", err, time.Since(began))
-		}
-		return err
-	case <-time.After(r.cfg.GracefulTimeout + 10*time.Second):
-		t.Fatalf("Run did not return within graceful timeout %v", r.cfg.GracefulTimeout)
-		return nil
-	}
+	return &running{Server: s, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, s.Run)}
 }
 
 func (r *running) frontend(mode string) Frontend {
@@ -282,30 +143,14 @@ func (r *running) waitAgents(t testing.TB, n int) {
 	t.Fatalf("want %d connected agents, have %+v", n, r.Status().Agents)
 }
 
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startUpstreamAgent runs the upstream proxy-agent binary against port with the given auth args.
-func startUpstreamAgent(t testing.TB, e *env, id string, port int, auth ...string) *proc {
+func startUpstreamAgent(t testing.TB, e *env, id string, port int, auth ...string) *harness.Proc {
 	t.Helper()
 	args := []string{
 		"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + strconv.Itoa(port),
 		"--ca-cert=" + e.ca.file, "--agent-id=" + id,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(freePort(t)),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(freePort(t)),
+		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(harness.FreePort(t)),
+		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(harness.FreePort(t)),
 		"--sync-interval=100ms", "--probe-interval=100ms", "--sync-interval-cap=500ms",
 		"--v=1",
 	}
@@ -313,46 +158,7 @@ func startUpstreamAgent(t testing.TB, e *env, id string, port int, auth ...strin
 		auth = []string{"--agent-cert=" + e.agentCert, "--agent-key=" + e.agentKey}
 	}
 	args = append(args, auth...)
-	return startProc(t, e.dir, id, upstreamBinary(t, "proxy-agent"), args...)
-}
-
-func startProc(t testing.TB, dir, name, bin string, args ...string) *proc {
-	t.Helper()
-	logf, err := os.CreateTemp(dir, name+"-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// If the test binary dies (a timeout panic skips cleanups), the child goes with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, log: logf.Name(), done: make(chan struct{})}
-	go func() { cmd.Wait(); logf.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			t.Logf("%s log tail:\n%s", name, b)
-		}
-	})
-	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	// SIGKILL: these tests are about the server, and upstream's agent waits on SIGTERM.
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
+	return harness.Start(t, e.dir, id, nil, harness.UpstreamBinary(t, "proxy-agent"), args...)
 }
 
 // --- backends -------------------------------------------------------------------------------------------
@@ -406,52 +212,4 @@ func startHTTPBackend(t testing.TB) string {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
-}
-
-// startEchoBackend echoes every byte back on each connection.
-func startEchoBackend(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	conns := map[net.Conn]struct{}{}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[c] = struct{}{}
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				io.Copy(c, c)
-				c.Close()
-				mu.Lock()
-				delete(conns, c)
-				mu.Unlock()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
-// closedPort returns a loopback address where nothing listens.
-func closedPort(t testing.TB) string {
-	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(freePort(t))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // startKonnectAgent runs konnect's own agent in-process against the server's agent port.
@@ -25,12 +26,8 @@ func startKonnectAgent(t testing.TB, e *env, id string, port int) func() {
 	if err != nil {
 		t.Fatalf("konnect agent: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	stop := func() { cancel(); <-done }
-	t.Cleanup(stop)
-	return stop
+	d := harness.RunDaemon(t, time.Second, a.Run)
+	return func() { _ = d.Stop(t) }
 }
 
 // TestTunnelKonnectAgent runs the server with konnect's own agent in both frontend modes.
@@ -43,7 +40,7 @@ func TestTunnelKonnectAgent(t *testing.T) {
 			s := start(t, cfg)
 			startKonnectAgent(t, e, "konnect-agent", s.agentPort())
 			s.waitAgents(t, 1)
-			web, echo := startHTTPBackend(t), startEchoBackend(t)
+			web, echo := startHTTPBackend(t), harness.StartEcho(t).Addr
 			f := s.frontend(mode)
 
 			c := dial(t, f, web)
@@ -105,7 +102,7 @@ func TestTwoServersOneAgent(t *testing.T) {
 
 	// Server 1 goes away: server 0 keeps working; server 1 comes back on the same port and is rejoined.
 	addr := servers[1].AgentAddr()
-	servers[1].stop(t)
+	servers[1].Stop(t)
 	check(servers[0])
 	cfgs[1].AgentAddr = addr
 	servers[1] = start(t, cfgs[1])

@@ -29,7 +29,7 @@ func TestMTLSFrontend(t *testing.T) {
 			web := startHTTPBackend(t)
 
 			pool := x509.NewCertPool()
-			pool.AddCert(e.ca.cert)
+			pool.AddCert(e.ca.Cert.Cert)
 			pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey) // any client cert from the CA
 			if err != nil {
 				t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/uds"
+	"github.com/konnect-dev/konnect/test/harness"
 	authv1 "k8s.io/api/authentication/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -137,7 +138,7 @@ func TestTokenAuthentication(t *testing.T) {
 
 func TestTokenReviewReadiness(t *testing.T) {
 	// A kube-apiserver that cannot be reached makes the server not ready.
-	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "https://" + closedPort(t), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "https://" + harness.ClosedAddr(t), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func TestWrongCARejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(e.ca.cert)
+	pool.AddCert(e.ca.Cert.Cert)
 	c, err := tls.Dial("tcp", s.AgentAddr(), &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, NextProtos: []string{"h2"}})
 	if err == nil {
 		// TLS 1.3 reports the client-certificate failure on the first read.
@@ -215,7 +216,7 @@ func TestClusterCertReload(t *testing.T) {
 	s := start(t, e.config("grpc"))
 	startUpstreamAgent(t, e, "agent-1", s.agentPort())
 	s.waitAgents(t, 1)
-	echo := startEchoBackend(t)
+	echo := harness.StartEcho(t).Addr
 	c := dial(t, s.frontend("grpc"), echo)
 	defer c.Close()
 	echoRoundTrip(t, c, 1<<20, 64<<10)
@@ -263,7 +264,7 @@ func TestUDS(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "another server is listening") {
 			t.Fatalf("second server on a live socket: %v", err)
 		}
-		s.stop(t)
+		s.Stop(t)
 	})
 	t.Run("stale", func(t *testing.T) {
 		path := filepath.Join(base, "stale.sock")

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // httpGet sends one HTTP/1.1 request over c and returns the response body.
@@ -103,7 +105,7 @@ func TestTunnelUpstreamAgent(t *testing.T) {
 			s := start(t, cfg)
 			startUpstreamAgent(t, e, "agent-1", s.agentPort())
 			s.waitAgents(t, 1)
-			web, echo := startHTTPBackend(t), startEchoBackend(t)
+			web, echo := startHTTPBackend(t), harness.StartEcho(t).Addr
 			f := s.frontend(mode)
 
 			t.Run("get", func(t *testing.T) {
@@ -170,7 +172,7 @@ func TestTunnelUpstreamAgent(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				start := time.Now()
-				_, err := f.Dial(ctx, closedPort(t))
+				_, err := f.Dial(ctx, harness.ClosedAddr(t))
 				if err == nil {
 					t.Fatal("dial to a closed port succeeded")
 				}
@@ -235,14 +237,14 @@ func TestAgentAndServerRestart(t *testing.T) {
 	get(s)
 
 	// Agent restart.
-	a.kill()
+	a.Kill()
 	s.waitAgents(t, 0)
 	startUpstreamAgent(t, e, "agent-r", port)
 	s.waitAgents(t, 1)
 	get(s)
 
 	// Server restart on the same socket and agent port; the agent reconnects by itself.
-	if err := s.stop(t); err != nil {
+	if err := s.Stop(t); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	cfg2 := e.config("grpc")
@@ -263,13 +265,13 @@ func TestDrain(t *testing.T) {
 			s := start(t, cfg)
 			startUpstreamAgent(t, e, "agent-d", s.agentPort())
 			s.waitAgents(t, 1)
-			echo := startEchoBackend(t)
+			echo := harness.StartEcho(t).Addr
 			c := dial(t, s.frontend(mode), echo)
 			defer c.Close()
 			echoRoundTrip(t, c, 1024, 0)
 
 			began := time.Now()
-			s.cancel()
+			s.Cancel()
 			// Readiness turns false at once.
 			deadline := time.Now().Add(time.Second)
 			for !s.draining.Load() && time.Now().Before(deadline) {
@@ -280,7 +282,7 @@ func TestDrain(t *testing.T) {
 					t.Error("shutdown check passes while draining")
 				}
 			}
-			if err := s.stop(t); err != nil {
+			if err := s.Stop(t); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
 			took := time.Since(began)
@@ -302,7 +304,7 @@ func TestSingleWriteSplitForUpstreamAgent(t *testing.T) {
 	s := start(t, e.config("grpc"))
 	startUpstreamAgent(t, e, "agent-s", s.agentPort())
 	s.waitAgents(t, 1)
-	echo := startEchoBackend(t)
+	echo := harness.StartEcho(t).Addr
 	c := dial(t, s.frontend("grpc"), echo)
 	defer c.Close()
 	echoRoundTrip(t, c, 16<<20+12345, 0)

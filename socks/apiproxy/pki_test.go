@@ -1,23 +1,16 @@
 package apiproxy
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -38,67 +31,12 @@ type testPKI struct {
 func newTestPKI(tb testing.TB) *testPKI {
 	tb.Helper()
 	dir := tb.TempDir()
-	caKey := mustKey(tb)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "apiproxy-test-ca"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	p := &testPKI{dir: dir, pool: x509.NewCertPool(), clientCN: "jane"}
-	p.pool.AddCert(ca)
-	p.caFile = writePEM(tb, dir, "ca.crt", "CERTIFICATE", caDER)
-
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
-		k := mustKey(tb)
-		t := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: cn},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(time.Hour),
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, t, ca, &k.PublicKey, caKey)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return der, k
-	}
-	sDER, sKey := leaf(2, "apiserver", x509.ExtKeyUsageServerAuth)
-	p.serverTLS = tls.Certificate{Certificate: [][]byte{sDER}, PrivateKey: sKey}
-	cDER, cKey := leaf(3, p.clientCN, x509.ExtKeyUsageClientAuth)
-	p.clientCert = writePEM(tb, dir, "client.crt", "CERTIFICATE", cDER)
-	kDER, err := x509.MarshalECPrivateKey(cKey)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p.clientKey = writePEM(tb, dir, "client.key", "EC PRIVATE KEY", kDER)
+	ca := pkitest.NewCA(tb, "apiproxy-test-ca")
+	p := &testPKI{dir: dir, pool: ca.Pool(), clientCN: "jane", caFile: ca.WriteCert(tb, filepath.Join(dir, "ca.crt"))}
+	loopback := []string{"127.0.0.1", "::1"}
+	p.serverTLS = ca.Issue(tb, pkitest.Spec{CN: "apiserver", Hosts: loopback, Server: true}).TLS()
+	p.clientCert, p.clientKey = ca.Issue(tb, pkitest.Spec{CN: p.clientCN, Hosts: loopback, Client: true}).Write(tb, dir, "client")
 	return p
-}
-
-func mustKey(tb testing.TB) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return k
-}
-
-func writePEM(tb testing.TB, dir, name, typ string, der []byte) string {
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		tb.Fatal(err)
-	}
-	return path
 }
 
 // newTLSBackend starts an HTTPS server that, like kube-apiserver, accepts HTTP/2 and requires a client

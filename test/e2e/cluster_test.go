@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -285,32 +286,32 @@ func (c *cluster) readEgressConfig(path string) error {
 // the service-account keys. It returns the matching kube-apiserver flags.
 func (c *cluster) harnessPKI() ([]string, error) {
 	dir := filepath.Join(c.dir, "harness")
-	ca, err := loadKeyPair(filepath.Join(c.pki, "ca.crt"), filepath.Join(c.pki, "ca.key"))
+	ca, err := pkitest.Load(filepath.Join(c.pki, "ca.crt"), filepath.Join(c.pki, "ca.key"))
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA from konnect init: %w", err)
 	}
-	serving, err := issue(&ca, certSpec{
-		cn:     "kube-apiserver",
-		ips:    []string{cpAddr, "127.0.0.1", "198.18.128.1"},
-		dns:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		server: true,
+	serving, err := pkitest.Issue(ca, pkitest.Spec{
+		CN: "kube-apiserver",
+		Hosts: []string{cpAddr, "127.0.0.1", "198.18.128.1",
+			"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		Server: true,
 	})
 	if err != nil {
 		return nil, err
 	}
-	servingCrt, servingKey, err := serving.write(dir, "apiserver")
+	servingCrt, servingKey, err := serving.WriteFiles(dir, "apiserver")
 	if err != nil {
 		return nil, err
 	}
-	admin, err := issue(&ca, certSpec{cn: "e2e-admin", orgs: []string{"system:masters"}, client: true})
+	admin, err := pkitest.Issue(ca, pkitest.Spec{CN: "e2e-admin", Orgs: []string{"system:masters"}, Client: true})
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := admin.write(dir, "admin"); err != nil {
+	if _, _, err := admin.WriteFiles(dir, "admin"); err != nil {
 		return nil, err
 	}
 	c.kubeconfig = filepath.Join(dir, "admin.conf")
-	if err := writeKubeconfig(c.kubeconfig, fmt.Sprintf("https://%s:%d", cpAddr, apiPort), ca.certPEM, admin, ""); err != nil {
+	if err := writeKubeconfig(c.kubeconfig, fmt.Sprintf("https://%s:%d", cpAddr, apiPort), ca.CertPEM, admin, ""); err != nil {
 		return nil, err
 	}
 	saPub, saKey, err := writeServiceAccountKeys(dir)
@@ -328,7 +329,7 @@ func (c *cluster) harnessPKI() ([]string, error) {
 }
 
 // writeKubeconfig writes a kubeconfig with embedded credentials.
-func writeKubeconfig(path, server string, caPEM []byte, client keyPair, proxyURL string) error {
+func writeKubeconfig(path, server string, caPEM []byte, client *pkitest.Cert, proxyURL string) error {
 	b64 := base64.StdEncoding.EncodeToString
 	var proxy string
 	if proxyURL != "" {
@@ -352,7 +353,7 @@ contexts:
     cluster: e2e
     user: admin
 current-context: e2e
-`, server, b64(caPEM), proxy, b64(client.certPEM), b64(client.keyPEM))
+`, server, b64(caPEM), proxy, b64(client.CertPEM), b64(client.KeyPEM))
 	return os.WriteFile(path, []byte(cfg), 0o600)
 }
 

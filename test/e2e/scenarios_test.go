@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -260,16 +261,16 @@ func TestFaults(t *testing.T) {
 		if out, err := run(ctx, "", bins.konnect, "certs", "renew", "konnectivity-server", "--dir", c.konnectDir); err != nil {
 			t.Fatalf("konnect certs renew: %v\n%s", err, out)
 		}
-		onDisk, err := loadKeyPair(filepath.Join(c.pki, "konnectivity-server.crt"), filepath.Join(c.pki, "konnectivity-server.key"))
+		onDisk, err := pkitest.Load(filepath.Join(c.pki, "konnectivity-server.crt"), filepath.Join(c.pki, "konnectivity-server.key"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if onDisk.cert.SerialNumber.Cmp(before) == 0 {
+		if onDisk.Cert.SerialNumber.Cmp(before) == 0 {
 			t.Fatal("konnect certs renew did not change the certificate")
 		}
 		if err := poll("server to serve the renewed certificate", 30*time.Second, 500*time.Millisecond, func() error {
-			if got := c.agentPortSerial(t, s); got.Cmp(onDisk.cert.SerialNumber) != 0 {
-				return fmt.Errorf("serving serial %x, on disk %x", got, onDisk.cert.SerialNumber)
+			if got := c.agentPortSerial(t, s); got.Cmp(onDisk.Cert.SerialNumber) != 0 {
+				return fmt.Errorf("serving serial %x, on disk %x", got, onDisk.Cert.SerialNumber)
 			}
 			return nil
 		}); err != nil {

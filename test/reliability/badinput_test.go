@@ -2,11 +2,8 @@ package reliability
 
 import (
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -18,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 var (
@@ -99,29 +99,6 @@ func signLeaf(t *testing.T, certPath string, tmpl *x509.Certificate, pub crypto.
 	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// otherCA makes a CA that konnect has never seen.
-func otherCA(t *testing.T) (*x509.Certificate, crypto.Signer) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "someone-elses-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
 }
 
 func writeFile(t *testing.T, path, content string) {
@@ -238,8 +215,8 @@ func badInputCases() []badInputCase {
 			setup: func(t *testing.T) ([]string, string) {
 				d := copyBase(t)
 				leaf := mustParseCert(t, pki(d, "konnectivity-server.crt"))
-				ca, key := otherCA(t)
-				signLeaf(t, pki(d, "konnectivity-server.crt"), leaf, leaf.PublicKey, ca, key, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+				ca := pkitest.NewCA(t, "someone-elses-ca")
+				signLeaf(t, pki(d, "konnectivity-server.crt"), leaf, leaf.PublicKey, ca.Cert, ca.Key, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 				return initIn(d), d
 			},
 			want: []string{"konnectivity-server.crt", "not signed by"},
@@ -294,7 +271,7 @@ func badInputCases() []badInputCase {
 			name: "server/agent-port-out-of-range",
 			setup: func(t *testing.T) ([]string, string) {
 				d := copyBase(t)
-				return serverArgs(d, filepath.Join(d, "s.sock"), serverPorts{agent: 70000, admin: freePort(t), health: freePort(t)}), d
+				return serverArgs(d, filepath.Join(d, "s.sock"), serverPorts{agent: 70000, admin: harness.FreePort(t), health: harness.FreePort(t)}), d
 			},
 			want: []string{"--agent-port", "70000"},
 		},
@@ -302,7 +279,7 @@ func badInputCases() []badInputCase {
 			name: "agent/proxy-server-port-out-of-range",
 			setup: func(t *testing.T) ([]string, string) {
 				d := copyBase(t)
-				return agentArgs(d, []int{70000}, freePort(t), freePort(t)), d
+				return agentArgs(d, []int{70000}, harness.FreePort(t), harness.FreePort(t)), d
 			},
 			want: []string{"--proxy-server-port", "70000"},
 		},

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // serverPorts are the TCP ports of one konnect server.
@@ -46,7 +48,7 @@ func agentArgs(dir string, serverAgentPorts []int, admin, health int, extra ...s
 type tunnel struct {
 	dir                  string
 	uds                  string
-	server, agent        *proc
+	server, agent        *harness.Proc
 	sp                   serverPorts
 	agentAdmin, agentHlt int
 }
@@ -54,7 +56,7 @@ type tunnel struct {
 // startTunnel starts one server and one agent on loopback and waits until both are ready.
 func startTunnel(t *testing.T, dir string, serverExtra, agentExtra []string) *tunnel {
 	t.Helper()
-	ports := freePorts(t, 5)
+	ports := harness.FreePorts(t, 5)
 	tn := &tunnel{dir: dir, uds: filepath.Join(shortDir(t), "s.sock"),
 		sp: serverPorts{ports[0], ports[1], ports[2]}, agentAdmin: ports[3], agentHlt: ports[4]}
 	tn.server = startKonnect(t, "server", serverArgs(dir, tn.uds, tn.sp, serverExtra...)...)
@@ -65,11 +67,11 @@ func startTunnel(t *testing.T, dir string, serverExtra, agentExtra []string) *tu
 }
 
 // waitReady waits for /readyz on the health port, failing early if the process exits.
-func waitReady(t testing.TB, p *proc, healthPort int) {
+func waitReady(t testing.TB, p *harness.Proc, healthPort int) {
 	t.Helper()
-	eventually(t, 30*time.Second, p.name+" ready", func() error {
-		if !p.running() {
-			t.Fatalf("%s exited before it was ready:\n%s", p.name, tail(p.logs(), 3000))
+	eventually(t, 30*time.Second, p.Name+" ready", func() error {
+		if !p.Running() {
+			t.Fatalf("%s exited before it was ready:\n%s", p.Name, harness.Tail(p.Log(), 3000))
 		}
 		return httpOK(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
 	})

@@ -10,17 +10,16 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"k8s.io/klog/v2"
 )
 
@@ -30,6 +29,9 @@ const envKonnect = "KONNECT_BIN"
 // konnectBin is the binary under test, built once by TestMain; runDir holds what the whole run shares
 // and is removed at its end.
 var konnectBin, runDir string
+
+// konnectEnv keeps the host's kubeconfig and ssh-agent away from konnect under test.
+var konnectEnv = []string{"KUBECONFIG=/nonexistent/kubeconfig", "SSH_AUTH_SOCK="}
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -103,7 +105,7 @@ func konnect(t testing.TB, timeout time.Duration, args ...string) result {
 	cmd := exec.CommandContext(ctx, konnectBin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent/kubeconfig", "SSH_AUTH_SOCK=")
+	cmd.Env = append(os.Environ(), konnectEnv...)
 	err := cmd.Run()
 	r := result{args: args, stdout: stdout.String(), stderr: stderr.String()}
 	var exitErr *exec.ExitError
@@ -120,143 +122,11 @@ func konnect(t testing.TB, timeout time.Duration, args ...string) result {
 	return r
 }
 
-// proc is one long-running konnect process; its stdout and stderr go to a log file.
-type proc struct {
-	t       testing.TB
-	name    string
-	args    []string
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	err     error
-}
-
-// startKonnect starts a konnect daemon. It is killed when the test ends if it still runs.
-func startKonnect(t testing.TB, name string, args ...string) *proc {
+// startKonnect starts a konnect daemon, logging to the test's temporary directory. It is killed when the
+// test ends if it still runs.
+func startKonnect(t testing.TB, name string, args ...string) *harness.Proc {
 	t.Helper()
-	p := &proc{t: t, name: name, args: args, logPath: filepath.Join(t.TempDir(), name+".log")}
-	p.start()
-	t.Cleanup(func() {
-		p.kill(syscall.SIGKILL)
-		if t.Failed() {
-			t.Logf("log of %s (%s):\n%s", p.name, strings.Join(p.args, " "), tail(p.logs(), 4000))
-		}
-	})
-	return p
-}
-
-func (p *proc) start() {
-	p.t.Helper()
-	lf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		p.t.Fatalf("start %s: %v", p.name, err)
-	}
-	defer lf.Close()
-	cmd := exec.Command(konnectBin, p.args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent/kubeconfig", "SSH_AUTH_SOCK=")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		p.t.Fatalf("start %s: %v", p.name, err)
-	}
-	p.cmd, p.done, p.err = cmd, make(chan struct{}), nil
-	go func(done chan struct{}) {
-		p.err = cmd.Wait()
-		close(done)
-	}(p.done)
-}
-
-// restart starts the same command again after it exited.
-func (p *proc) restart() {
-	p.t.Helper()
-	select {
-	case <-p.done:
-	default:
-		p.t.Fatalf("restart %s: still running", p.name)
-	}
-	p.start()
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill sends sig and waits (bounded) for the process to exit; SIGKILL follows if it does not.
-func (p *proc) kill(sig syscall.Signal) {
-	if p.cmd == nil || !p.running() {
-		return
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-		return
-	case <-time.After(30 * time.Second):
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-// wait waits for the process to exit by itself and returns its exit code.
-func (p *proc) wait(timeout time.Duration) (int, bool) {
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		return 0, false
-	}
-	var exitErr *exec.ExitError
-	if errors.As(p.err, &exitErr) {
-		return exitErr.ExitCode(), true
-	}
-	return 0, true
-}
-
-func (p *proc) logs() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "...\n" + s[len(s)-n:]
-	}
-	return s
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
+	return harness.Start(t, t.TempDir(), name, konnectEnv, konnectBin, args...)
 }
 
 // eventually polls cond until it returns nil or the deadline passes.

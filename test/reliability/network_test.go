@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/proxy"
 )
 
@@ -134,7 +135,7 @@ func httpStatus(lo, hi int) refusal {
 		}
 		var code int
 		if _, err := fmt.Sscanf(string(resp), "HTTP/1.1 %d", &code); err != nil {
-			return fmt.Errorf("want an HTTP status %d-%d, got %q", lo, hi, tail(string(resp), 200))
+			return fmt.Errorf("want an HTTP status %d-%d, got %q", lo, hi, harness.Tail(string(resp), 200))
 		}
 		if code < lo || code > hi {
 			return fmt.Errorf("want an HTTP status %d-%d, got %d", lo, hi, code)
@@ -185,14 +186,14 @@ func hostileCases(backendPort int) []hostileCase {
 
 // socksProxy is a running konnect socks on top of a real sshd.
 type socksProxy struct {
-	p      *proc
+	p      *harness.Proc
 	addr   string
 	health int
 }
 
 func startSocks(t *testing.T, s *sshd, extra ...string) *socksProxy {
 	t.Helper()
-	ports := freePorts(t, 2)
+	ports := harness.FreePorts(t, 2)
 	sp := &socksProxy{addr: "127.0.0.1:" + strconv.Itoa(ports[0]), health: ports[1]}
 	sp.p = startKonnect(t, "socks", s.socksArgs(sp.addr, sp.health, extra...)...)
 	waitReady(t, sp.p, sp.health)
@@ -363,7 +364,7 @@ func TestSlowloris(t *testing.T) {
 
 // proxyRun is a running konnect proxy in front of the fake API server.
 type proxyRun struct {
-	p    *proc
+	p    *harness.Proc
 	addr string
 }
 
@@ -376,12 +377,12 @@ func startProxy(t *testing.T, tr *tokenReviewer, extra ...string) *proxyRun {
 	kc := tr.kubeconfig(t, dir)
 	b, _ := os.ReadFile(kc)
 	writeFile(t, kc, strings.Replace(string(b), "konnectivity-server-token-0123456789", proxyToken, 1))
-	port := freePort(t)
+	port := harness.FreePort(t)
 	pr := &proxyRun{addr: "127.0.0.1:" + strconv.Itoa(port)}
 	pr.p = startKonnect(t, "proxy", append([]string{"proxy", "--kubeconfig", kc, "--port", strconv.Itoa(port)}, extra...)...)
 	eventually(t, 20*time.Second, "proxy serving", func() error {
-		if !pr.p.running() {
-			t.Fatalf("proxy exited:\n%s", pr.p.logs())
+		if !pr.p.Running() {
+			t.Fatalf("proxy exited:\n%s", pr.p.Log())
 		}
 		return httpOK("http://" + pr.addr + "/version")
 	})

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // keyChunks returns, for every PEM private key file given, a few distinctive lines of its body: any of
@@ -80,9 +82,9 @@ func TestSecretsNotLogged(t *testing.T) {
 	secrets["agent token"] = agentToken
 	secrets["server kubeconfig token"] = "konnectivity-server-token-0123456789"
 	secrets["proxy kubeconfig token"] = proxyToken
-	for _, p := range []*proc{tn.server, tn.agent, sp.p, px.p} {
-		if len(p.logs()) < 200 {
-			t.Errorf("%s logged almost nothing at -v=%s; the check would prove nothing:\n%s", p.name, v, p.logs())
+	for _, p := range []*harness.Proc{tn.server, tn.agent, sp.p, px.p} {
+		if len(p.Log()) < 200 {
+			t.Errorf("%s logged almost nothing at -v=%s; the check would prove nothing:\n%s", p.Name, v, p.Log())
 		}
 	}
 	noSecretsIn(t, secrets, tn.server, tn.agent, sp.p, px.p)
@@ -127,7 +129,7 @@ func TestFileModes(t *testing.T) {
 	// The server creates the socket's directory when it is missing.
 	udsDir := filepath.Join(shortDir(t), "run", "konnectivity-server")
 	uds := filepath.Join(udsDir, "konnectivity-server.socket")
-	ports := freePorts(t, 3)
+	ports := harness.FreePorts(t, 3)
 	sp := serverPorts{ports[0], ports[1], ports[2]}
 	server := startKonnect(t, "server", serverArgs(dir, uds, sp, mtlsServer(dir)...)...)
 	waitReady(t, server, sp.health)

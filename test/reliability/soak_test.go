@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	kclient "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
@@ -146,7 +147,7 @@ func rssKiB(pid int) (int, error) {
 // soakMember is one server or agent of the soak.
 type soakMember struct {
 	name   string
-	p      *proc
+	p      *harness.Proc
 	admin  int
 	health int
 }
@@ -183,7 +184,7 @@ func TestChurnSoak(t *testing.T) {
 	t.Cleanup(func() { backend.Close() })
 	backendAddr := bln.Addr().String()
 
-	ports := freePorts(t, 10)
+	ports := harness.FreePorts(t, 10)
 	var servers, agents []*soakMember
 	var udss []string
 	sockDir := shortDir(t)
@@ -268,8 +269,8 @@ func TestChurnSoak(t *testing.T) {
 			sig = syscall.SIGTERM
 		}
 		w := window{victim: victim.name, sig: sig, start: time.Now()}
-		victim.p.kill(sig)
-		victim.p.restart()
+		victim.p.Stop(sig)
+		victim.p.Restart()
 		eventually(t, 60*time.Second, "all ready after restarting "+victim.name, allReady)
 		time.Sleep(soakGrace)
 		w.end = time.Now()
@@ -357,7 +358,7 @@ func TestChurnSoak(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s goroutines: %v", m.name, err)
 			}
-			r, err := rssKiB(m.p.pid())
+			r, err := rssKiB(m.p.Pid())
 			if err != nil {
 				t.Fatalf("%s RSS: %v", m.name, err)
 			}

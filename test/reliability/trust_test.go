@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // connectedAgents asks the server's admin port which agents are connected.
@@ -44,12 +47,12 @@ const rejectWindow = 6 * time.Second
 
 // expectRejected watches an agent until deadline: it keeps running (retrying), never becomes ready,
 // and the server never lists it as connected.
-func expectRejected(t *testing.T, server *proc, adminPort int, agent *proc, agentHealth int, agentID string, deadline time.Time) {
+func expectRejected(t *testing.T, server *harness.Proc, adminPort int, agent *harness.Proc, agentHealth int, agentID string, deadline time.Time) {
 	t.Helper()
 	for first := true; first || time.Now().Before(deadline); first = false {
-		if !agent.running() {
-			code, _ := agent.wait(time.Second)
-			t.Fatalf("the agent exited (code %d) instead of being rejected by the server; its log:\n%s", code, tail(agent.logs(), 3000))
+		if !agent.Running() {
+			code, _ := agent.Wait(time.Second)
+			t.Fatalf("the agent exited (code %d) instead of being rejected by the server; its log:\n%s", code, harness.Tail(agent.Log(), 3000))
 		}
 		if ids, err := connectedAgents(adminPort); err != nil {
 			t.Fatalf("server status: %v", err)
@@ -65,7 +68,7 @@ func expectRejected(t *testing.T, server *proc, adminPort int, agent *proc, agen
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("agent's last log lines:\n%s", lastLines(agent.logs(), 2))
+	t.Logf("agent's last log lines:\n%s", lastLines(agent.Log(), 2))
 }
 
 // lastLines returns the last n lines of s.
@@ -78,11 +81,11 @@ func lastLines(s string, n int) string {
 }
 
 // expectConnected waits until the server lists the agent as connected.
-func expectConnected(t *testing.T, adminPort int, agent *proc, agentID string) {
+func expectConnected(t *testing.T, adminPort int, agent *harness.Proc, agentID string) {
 	t.Helper()
 	eventually(t, 20*time.Second, "agent "+agentID+" connected", func() error {
-		if !agent.running() {
-			t.Fatalf("the agent exited; its log:\n%s", tail(agent.logs(), 3000))
+		if !agent.Running() {
+			t.Fatalf("the agent exited; its log:\n%s", harness.Tail(agent.Log(), 3000))
 		}
 		ids, err := connectedAgents(adminPort)
 		if err != nil {
@@ -98,10 +101,10 @@ func expectConnected(t *testing.T, adminPort int, agent *proc, agentID string) {
 }
 
 // noSecretsIn fails if any secret appears in any of the logs.
-func noSecretsIn(t *testing.T, secrets map[string]string, procs ...*proc) {
+func noSecretsIn(t *testing.T, secrets map[string]string, procs ...*harness.Proc) {
 	t.Helper()
 	for _, p := range procs {
-		logs := p.logs()
+		logs := p.Log()
 		for what, s := range secrets {
 			if s != "" && strings.Contains(logs, s) {
 				i := strings.Index(logs, s)
@@ -109,7 +112,7 @@ func noSecretsIn(t *testing.T, secrets map[string]string, procs ...*proc) {
 				if j := strings.IndexByte(line, '\n'); j >= 0 {
 					line = line[:j]
 				}
-				t.Errorf("%s appears in the log of %s: %s", what, p.name, tail(line, 300))
+				t.Errorf("%s appears in the log of %s: %s", what, p.Name, harness.Tail(line, 300))
 			}
 		}
 	}
@@ -125,7 +128,7 @@ func TestAgentAuthentication(t *testing.T) {
 	dir := copyBase(t)
 	tr := newTokenReviewer(t)
 	kubeconfig := tr.kubeconfig(t, dir)
-	ports := freePorts(t, 6)
+	ports := harness.FreePorts(t, 6)
 	tokSrv := serverPorts{ports[0], ports[1], ports[2]}
 	certSrv := serverPorts{ports[3], ports[4], ports[5]}
 	sockDir := shortDir(t)
@@ -153,15 +156,15 @@ func TestAgentAuthentication(t *testing.T) {
 
 	// A client certificate for the agent from a CA the server does not trust.
 	otherDir := shortDir(t)
-	ca, caKey := otherCA(t)
+	ca := pkitest.NewCA(t, "someone-elses-ca")
 	agentCert := mustParseCert(t, filepath.Join(dir, "pki", "konnectivity-agent.crt"))
-	signLeaf(t, filepath.Join(otherDir, "agent.crt"), agentCert, agentCert.PublicKey, ca, caKey, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	signLeaf(t, filepath.Join(otherDir, "agent.crt"), agentCert, agentCert.PublicKey, ca.Cert, ca.Key, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	copyFile(t, filepath.Join(dir, "pki", "konnectivity-agent.key"), filepath.Join(otherDir, "agent.key"))
 
-	var all []*proc
-	startAgent := func(t *testing.T, id string, sp serverPorts, creds ...string) (*proc, int) {
+	var all []*harness.Proc
+	startAgent := func(t *testing.T, id string, sp serverPorts, creds ...string) (*harness.Proc, int) {
 		t.Helper()
-		ap := freePorts(t, 2)
+		ap := harness.FreePorts(t, 2)
 		args := agentArgs(dir, []int{sp.agent}, ap[0], ap[1], append(creds, "--agent-id", id, "-v", "10")...)
 		p := startKonnect(t, id, args...)
 		all = append(all, p)
@@ -175,7 +178,7 @@ func TestAgentAuthentication(t *testing.T) {
 	cases := []struct {
 		name   string
 		server serverPorts
-		srv    *proc
+		srv    *harness.Proc
 		creds  func(t *testing.T) []string
 		accept bool
 	}{
@@ -202,7 +205,7 @@ func TestAgentAuthentication(t *testing.T) {
 	}
 	// Every agent starts at once, and each is watched until the same deadline.
 	type started struct {
-		p      *proc
+		p      *harness.Proc
 		health int
 	}
 	agents := make([]started, len(cases))
@@ -221,8 +224,8 @@ func TestAgentAuthentication(t *testing.T) {
 		})
 	}
 	noSecretsIn(t, secrets, append(all, tokenServer, certServer)...)
-	if !strings.Contains(strings.ToLower(tokenServer.logs()), "authenticat") {
-		t.Errorf("the token server's log says nothing about failed authentication:\n%s", tail(tokenServer.logs(), 2000))
+	if !strings.Contains(strings.ToLower(tokenServer.Log()), "authenticat") {
+		t.Errorf("the token server's log says nothing about failed authentication:\n%s", harness.Tail(tokenServer.Log(), 2000))
 	}
 }
 
@@ -237,7 +240,7 @@ func TestServerCertificateSAN(t *testing.T) {
 	signLeaf(t, filepath.Join(pki, "konnectivity-server.crt"), leaf, leaf.PublicKey,
 		mustParseCert(t, filepath.Join(pki, "ca.crt")), mustParseKey(t, filepath.Join(pki, "ca.key")), time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	tr := newTokenReviewer(t)
-	ports := freePorts(t, 5)
+	ports := harness.FreePorts(t, 5)
 	sp := serverPorts{ports[0], ports[1], ports[2]}
 	server := startKonnect(t, "server", serverArgs(dir, filepath.Join(shortDir(t), "s.sock"), sp, tokenServerArgs(tr.kubeconfig(t, dir))...)...)
 	waitReady(t, server, sp.health)
@@ -246,8 +249,8 @@ func TestServerCertificateSAN(t *testing.T) {
 	agent := startKonnect(t, "agent", agentArgs(dir, []int{sp.agent}, ports[3], ports[4],
 		"--service-account-token-path", filepath.Join(dir, "agent-token"), "--agent-id", "san-agent", "-v", "10")...)
 	expectRejected(t, server, sp.admin, agent, ports[4], "san-agent", time.Now().Add(rejectWindow))
-	if l := agent.logs(); !strings.Contains(l, "certificate") {
-		t.Errorf("the agent's log does not say why (certificate):\n%s", tail(l, 2000))
+	if l := agent.Log(); !strings.Contains(l, "certificate") {
+		t.Errorf("the agent's log does not say why (certificate):\n%s", harness.Tail(l, 2000))
 	}
 	noSecretsIn(t, map[string]string{"agent token": tok}, agent, server)
 }
@@ -259,7 +262,7 @@ func TestRemoteBindRefused(t *testing.T) {
 	kc := filepath.Join(shortDir(t), "kubeconfig")
 	writeFile(t, kc, testKubeconfig)
 	uds := filepath.Join(shortDir(t), "s.sock")
-	ports := freePorts(t, 4)
+	ports := harness.FreePorts(t, 4)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -329,25 +332,21 @@ func TestSSHHostKey(t *testing.T) {
 	t.Parallel() // waits on timeouts; runs alongside the other waiting tests, after the soak
 	s := startSSHD(t)
 	b := startBackend(t)
-	other := filepath.Join(shortDir(t), "other_key")
-	sshKeygen(t, other)
-	otherPub, err := os.ReadFile(other + ".pub")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, otherPub := sshdtest.KeyPair(t, shortDir(t), "other_key", "")
+	otherPub = strings.Join(strings.Fields(otherPub)[:2], " ") // without the comment
 	for _, tc := range []struct {
 		name       string
 		knownHosts string
 		want       []string
 	}{
 		{"unknown", "", []string{"SHA256:"}},
-		{"changed", fmt.Sprintf("[127.0.0.1]:%d %s", s.port, strings.TrimSpace(string(otherPub))), []string{"changed"}},
+		{"changed", fmt.Sprintf("[127.0.0.1]:%d %s", s.port, otherPub), []string{"changed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kh := filepath.Join(shortDir(t), "known_hosts")
 			writeFile(t, kh, tc.knownHosts)
 			before := snapshot(t, filepath.Dir(kh))
-			ports := freePorts(t, 2)
+			ports := harness.FreePorts(t, 2)
 			addr := "127.0.0.1:" + strconv.Itoa(ports[0])
 			args := []string{"socks", "-F", "none", "--known-hosts", kh, "-i", s.clientKey, "-p", strconv.Itoa(s.port), "-l", "root",
 				"-D", addr, "--health-listen", "127.0.0.1:" + strconv.Itoa(ports[1]), "--connect-timeout", "3s", "127.0.0.1"}
@@ -359,7 +358,7 @@ func TestSSHHostKey(t *testing.T) {
 				}
 				time.Sleep(250 * time.Millisecond)
 			}
-			if p.running() {
+			if p.Running() {
 				if err := socksGet(addr, b.addr); err == nil {
 					t.Errorf("a request went through with an %s host key", tc.name)
 				}
@@ -368,14 +367,14 @@ func TestSSHHostKey(t *testing.T) {
 				t.Errorf("the backend was reached %d times", n)
 			}
 			for _, w := range tc.want {
-				if !strings.Contains(p.logs(), w) {
-					t.Errorf("the log does not say %q:\n%s", w, tail(p.logs(), 2000))
+				if !strings.Contains(p.Log(), w) {
+					t.Errorf("the log does not say %q:\n%s", w, harness.Tail(p.Log(), 2000))
 				}
 			}
 			if d := diffSnapshots(before, snapshot(t, filepath.Dir(kh))); len(d) > 0 {
 				t.Errorf("known_hosts changed without --accept-new: %v", d)
 			}
-			t.Logf("log:\n%s", lastLines(p.logs(), 3))
+			t.Logf("log:\n%s", lastLines(p.Log(), 3))
 		})
 	}
 }

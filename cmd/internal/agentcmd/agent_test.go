@@ -2,15 +2,8 @@ package agentcmd
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
@@ -28,41 +22,15 @@ import (
 	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
 )
 
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // testServer runs upstream's server library with a TLS agent listener and returns its address and the CA
 // file that verifies it.
 func testServer(t *testing.T) (addr, caFile, certFile, keyFile string) {
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "server"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	caFile = filepath.Join(dir, "ca.crt")
-	writePEM(t, caFile, "CERTIFICATE", caDER)
-	kp := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	ca := pkitest.NewCA(t, "ca")
+	caFile = ca.WriteCert(t, filepath.Join(dir, "ca.crt"))
+	kp := ca.Server(t, "server", "127.0.0.1").TLS()
 	// The agent's client certificate (the server does not ask for one; this is for the expiry metric).
-	ckey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ctmpl := &x509.Certificate{SerialNumber: big.NewInt(3), Subject: pkix.Name{CommonName: "agent"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	cder, _ := x509.CreateCertificate(rand.Reader, ctmpl, caCert, &ckey.PublicKey, caKey)
-	ckeyDER, _ := x509.MarshalECPrivateKey(ckey)
-	certFile, keyFile = filepath.Join(dir, "agent.crt"), filepath.Join(dir, "agent.key")
-	writePEM(t, certFile, "CERTIFICATE", cder)
-	writePEM(t, keyFile, "EC PRIVATE KEY", ckeyDER)
+	certFile, keyFile = ca.Client(t, "agent").Write(t, dir, "agent")
 	ps := server.NewProxyServer("s1", []proxystrategies.ProxyStrategy{proxystrategies.ProxyStrategyDefault}, 1, &server.AgentTokenAuthenticationOptions{}, 10)
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
 	agentpb.RegisterAgentServiceServer(gs, ps)

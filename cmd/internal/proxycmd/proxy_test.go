@@ -3,18 +3,11 @@ package proxycmd
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -182,40 +176,10 @@ type backend struct {
 func newBackend(t *testing.T) *backend {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(n int64, cn string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(n),
-			Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, k
-	}
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	b := &backend{caFile: write("ca.crt", "CERTIFICATE", caDER), token: "t0ken-for-tests"}
-	cDER, cKey := leaf(2, "jane", x509.ExtKeyUsageClientAuth)
-	b.certFile = write("client.crt", "CERTIFICATE", cDER)
-	kDER, _ := x509.MarshalECPrivateKey(cKey)
-	b.keyFile = write("client.key", "EC PRIVATE KEY", kDER)
-	sDER, sKey := leaf(3, "apiserver", x509.ExtKeyUsageServerAuth)
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
+	ca := pkitest.NewCA(t, "test-ca")
+	b := &backend{caFile: ca.WriteCert(t, filepath.Join(dir, "ca.crt")), token: "t0ken-for-tests"}
+	b.certFile, b.keyFile = ca.Issue(t, pkitest.Spec{CN: "jane", Hosts: []string{"127.0.0.1"}, Client: true}).Write(t, dir, "client")
+	serving := ca.Server(t, "apiserver", "127.0.0.1")
 
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		certOK := r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "jane"
@@ -227,8 +191,7 @@ func newBackend(t *testing.T) *backend {
 		fmt.Fprintf(w, `{"kind":"APIVersions","versions":["v1"],"path":%q}`, r.URL.Path)
 	}))
 	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{sDER}, PrivateKey: sKey}},
-		ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{serving.TLS()}, ClientCAs: ca.Pool(), ClientAuth: tls.VerifyClientCertIfGiven}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	b.url = srv.URL

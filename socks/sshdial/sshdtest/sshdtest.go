@@ -5,7 +5,6 @@ package sshdtest
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // SSHD is where Debian's openssh-server installs the daemon.
@@ -72,15 +73,7 @@ func KeyPair(t testing.TB, dir, name, passphrase string) (string, string) {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func FreePort(t testing.TB) int { return harness.FreePort(t) }
 
 // Start runs sshd on a free loopback port, accepting the given public key lines for the current user (root
 // included). It is stopped when the test ends.
@@ -146,6 +139,8 @@ func (s *Server) Restart() {
 	}
 	defer stderr.Close()
 	cmd.Stderr = stderr
+	// If the test binary dies (a timeout panic skips cleanups), sshd goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start sshd: %v", err)
 	}
@@ -190,7 +185,7 @@ func (s *Server) Stop() {
 	// Freeze the listener first so that it forks no new child while its children are collected.
 	s.cmd.Process.Signal(syscall.SIGSTOP)
 	// sshd forks a child per connection; those keep serving after the listener dies unless killed too.
-	for _, child := range children(pid) {
+	for _, child := range harness.Descendants(pid) {
 		if p, err := os.FindProcess(child); err == nil {
 			p.Kill()
 		}
@@ -204,46 +199,6 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
-// children returns the descendants of pid, from /proc.
-func children(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	parent := map[int]int{}
-	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		if pp, err := strconv.Atoi(f[1]); err == nil {
-			parent[n] = pp
-		}
-	}
-	var out []int
-	var walk func(int)
-	walk = func(p int) {
-		for c, pp := range parent {
-			if pp == p {
-				out = append(out, c)
-				walk(c)
-			}
-		}
-	}
-	walk(pid)
-	return out
-}
-
 // Pids returns the pids of the sshd listener and of all its per-connection children.
 func (s *Server) Pids() []int {
 	s.mu.Lock()
@@ -251,27 +206,13 @@ func (s *Server) Pids() []int {
 	if s.cmd == nil {
 		return nil
 	}
-	return append([]int{s.cmd.Process.Pid}, children(s.cmd.Process.Pid)...)
+	return append([]int{s.cmd.Process.Pid}, harness.Descendants(s.cmd.Process.Pid)...)
 }
 
 // CPUTime returns the user plus system CPU time a process has used so far, from /proc.
 func CPUTime(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// After the command: state(0) ppid(1) ... utime(11) stime(12), in clock ticks (100 per second on Linux).
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.Atoi(f[11])
-	st, _ := strconv.Atoi(f[12])
-	return time.Duration(u+st) * 10 * time.Millisecond
+	p, _ := harness.Process(pid)
+	return p.CPU
 }
 
 // Log returns sshd's log so far.
