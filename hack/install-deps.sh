@@ -10,6 +10,10 @@ command -v hey >/dev/null           || need+=(hey)
 command -v curl >/dev/null          || need+=(curl)
 command -v openssl >/dev/null       || need+=(openssl)
 command -v ip >/dev/null            || need+=(iproute2)
+command -v flock >/dev/null         || need+=(util-linux)
+# The image test imports konnect's image into a real containerd (with ctr) and runs it with runc.
+command -v containerd >/dev/null    || need+=(containerd)
+command -v runc >/dev/null          || need+=(runc)
 # go test -race needs cgo, and cgo a C compiler with the C library headers.
 command -v gcc >/dev/null           || need+=(gcc libc6-dev)
 # kubectl comes with the base image (/usr/bin/kubectl); Debian's own kubernetes-client is far too old to stand in.
@@ -24,4 +28,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian starts the services it installs; the tests run their own instances on their own ports.
-for svc in etcd ssh; do systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true; done
+for svc in etcd ssh containerd; do systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true; done

@@ -6,11 +6,9 @@ import (
 	"runtime"
 	"runtime/debug"
 
+	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/spf13/cobra"
 )
-
-// version is set at build time: -ldflags "-X main.version=v0.1.0".
-var version = "devel"
 
 type versionInfo struct {
 	Version   string `json:"version"`
@@ -21,7 +19,7 @@ type versionInfo struct {
 }
 
 func currentVersion() versionInfo {
-	v := versionInfo{Version: version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	v := versionInfo{Version: buildinfo.Version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			if d.Path == "sigs.k8s.io/apiserver-network-proxy" {

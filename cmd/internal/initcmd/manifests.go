@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"strings"
 
+	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
@@ -17,14 +16,10 @@ import (
 // the DaemonSet, ServiceAccount and RBAC wait for `kubectl apply -k`.
 const AgentManifestsSubdir = "konnectivity-agent"
 
-// defaultImage is konnect's image for the version this binary was built as.
-func defaultImage() string {
-	v := "latest"
-	if bi, ok := debug.ReadBuildInfo(); ok && strings.HasPrefix(bi.Main.Version, "v") {
-		v = bi.Main.Version
-	}
-	return manifests.Image(v)
-}
+// defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
+// the konnect that wrote them, never a moving ":latest". A plain `go build` is version "devel", and so is
+// its image.
+func defaultImage() string { return manifests.Image(buildinfo.Version) }
 
 func (r *runner) manifests([]string) error {
 	o := r.o

@@ -97,7 +97,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
 	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
 	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
-	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet")
+	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet; the default is the image that make image builds (bin/konnect-image.tar) for this binary's version")
 	fs.StringSliceVar(&o.APIAudiences, "api-audiences", o.APIAudiences, "token audiences kube-apiserver accepts besides system:konnectivity-server; include the service-account issuer, or ordinary service-account tokens stop working")
 	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
 	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+egress.DefaultAPIServerManifest+"), keeping a backup")

@@ -2,9 +2,9 @@ package initcmd
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 
+	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
@@ -50,8 +50,21 @@ func TestFlagDefaults(t *testing.T) {
 	for name := range want {
 		t.Errorf("flag --%s is gone", name)
 	}
-	if !strings.HasPrefix(defaultImage(), "ghcr.io/konnect-dev/konnect:") {
-		t.Errorf("default image %q", defaultImage())
+}
+
+// The default image is the one `make image` tags for this binary's version, never ":latest".
+func TestDefaultImageFollowsVersion(t *testing.T) {
+	old := buildinfo.Version
+	t.Cleanup(func() { buildinfo.Version = old })
+	for _, v := range []string{"v1.2.3", "850191f-dirty", "devel"} {
+		buildinfo.Version = v
+		want := "ghcr.io/konnect-dev/konnect:" + v
+		if got := defaultImage(); got != want {
+			t.Errorf("version %s: default image %q, want %q", v, got, want)
+		}
+		if got := NewOptions().Image; got != want {
+			t.Errorf("version %s: NewOptions().Image %q, want %q", v, got, want)
+		}
 	}
 }
 
