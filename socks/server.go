@@ -83,7 +83,7 @@ type Server struct {
 	IdleTimeout time.Duration
 
 	initOnce  sync.Once
-	slots     chan struct{} // one token per admitted connection
+	limit     *ConnLimit
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
 }
@@ -94,7 +94,7 @@ func (s *Server) init() {
 		if n <= 0 {
 			n = DefaultMaxConns
 		}
-		s.slots = make(chan struct{}, n)
+		s.limit = NewConnLimit(n)
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
 			Proxy:                 nil,
@@ -192,9 +192,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 			return err
 		}
 		tempDelay = 0
-		select {
-		case s.slots <- struct{}{}:
-		default:
+		if !s.limit.TryAcquire() {
 			// Over the cap: answer briefly in the client's protocol, unless too many refusals are
 			// already in flight, then just close.
 			select {
@@ -213,7 +211,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		}
 		track(c)
 		go func() {
-			defer func() { <-s.slots }()
+			defer s.limit.Release()
 			defer untrack(c)
 			s.serveConn(ctx, c, proto)
 		}()
@@ -239,7 +237,7 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn, proto Protocol) {
 // ActiveConns returns the number of client connections being served.
 func (s *Server) ActiveConns() int {
 	s.init()
-	return len(s.slots)
+	return s.limit.Active()
 }
 
 // refuse answers a connection over the cap in its own protocol, briefly (2s at most), so the client shows a

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks"
 	"k8s.io/klog/v2"
 )
 
@@ -233,11 +234,11 @@ func isLoopback(host string) bool {
 // connections without end gets a clear answer and the proxy keeps its file descriptors.
 type cappedListener struct {
 	net.Listener
-	slots chan struct{}
+	limit *socks.ConnLimit
 }
 
 func newCappedListener(ln net.Listener, max int) net.Listener {
-	return &cappedListener{Listener: ln, slots: make(chan struct{}, max)}
+	return &cappedListener{Listener: ln, limit: socks.NewConnLimit(max)}
 }
 
 const tooManyConnections = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n" +
@@ -249,15 +250,13 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
-			return &slotConn{Conn: c, release: func() { <-l.slots }}, nil
-		default:
-			klog.V(2).InfoS("Connection refused: too many connections", "remote", c.RemoteAddr(), "max", cap(l.slots))
-			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write([]byte(tooManyConnections))
-			_ = c.Close()
+		if l.limit.TryAcquire() {
+			return &slotConn{Conn: c, release: l.limit.Release}, nil
 		}
+		klog.V(2).InfoS("Connection refused: too many connections", "remote", c.RemoteAddr(), "max", l.limit.Max())
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write([]byte(tooManyConnections))
+		_ = c.Close()
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -124,49 +125,17 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	}
 	mode := st.Mode().Perm()
 	backup := path + ".konnect-backup"
-	if err := writeFileAtomic(backup, orig, mode); err != nil {
-		return fmt.Errorf("write backup %s: %w", backup, err)
+	// The directory exists (path was just read), so the directory mode is never used.
+	if _, err := pki.WriteFile(backup, orig, mode, pki.DirMode); err != nil {
+		return fmt.Errorf("backup: %w", err)
 	}
-	if err := writeFileAtomic(path, data, mode); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	if _, err := pki.WriteFile(path, data, mode, pki.DirMode); err != nil {
+		return err
 	}
 	if o.ProxyURL == "" {
 		fmt.Fprintf(out, "removed proxy-url from cluster %q (context %q) in %s; backup in %s\n", kctx.Cluster, o.Context, path, backup)
 	} else {
 		fmt.Fprintf(out, "set proxy-url %s on cluster %q (context %q) in %s; backup in %s\n", redactedURL(o.ProxyURL), kctx.Cluster, o.Context, path, backup)
-	}
-	return nil
-}
-
-// writeFileAtomic writes data to a temporary file in the same directory, syncs it and renames it over path.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }
