@@ -148,7 +148,7 @@ func (a *Agent) drain() {
 	}
 	a.mu.Unlock()
 	open := a.openConns.Load()
-	if open == 0 || a.cfg.GracefulTimeout < 0 {
+	if open == 0 || a.cfg.GracefulTimeout <= 0 {
 		return
 	}
 	klog.InfoS("Draining: waiting for open connections", "connections", open, "timeout", a.cfg.GracefulTimeout)

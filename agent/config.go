@@ -40,7 +40,7 @@ type Config struct {
 
 	Allow           AllowList     // empty: every destination may be dialled
 	DialTimeout     time.Duration // per backend dial
-	GracefulTimeout time.Duration // how long Run waits for open connections after a stop; 0: default, <0: no wait
+	GracefulTimeout time.Duration // how long Run lets open connections finish after a stop; 0 (or less): close them at once
 	// ConnectionBuffer is how many bytes may be queued for one backend before the stream waits for it.
 	ConnectionBuffer int
 	// StallTimeout is how long the stream waits for a backend with a full queue to make progress before
@@ -60,14 +60,14 @@ type Config struct {
 
 // Defaults for the settings that upstream's proxy-agent does not have.
 const (
-	DefaultDialTimeout      = 5 * time.Second // upstream's fixed backend dial timeout
-	DefaultGracefulTimeout  = 20 * time.Second
+	DefaultDialTimeout      = 5 * time.Second  // upstream's fixed backend dial timeout
+	DefaultGracefulTimeout  = 20 * time.Second // --graceful-timeout's default
 	DefaultConnectionBuffer = 8 << 20
 	DefaultStallTimeout     = 5 * time.Second
 	DefaultReadBuffer       = 1<<20 - dataOverhead // see readTiers
 	DefaultMaxRecvMessage   = 256 << 20
-	minReadBuffer           = 4 << 10
-	maxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
+	MinReadBuffer           = 4 << 10 // smallest and largest ReadBuffer
+	MaxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
 )
 
 func (c *Config) withDefaults() Config {
@@ -87,19 +87,16 @@ func (c *Config) withDefaults() Config {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
-	if cfg.GracefulTimeout == 0 {
-		cfg.GracefulTimeout = DefaultGracefulTimeout
-	}
 	if cfg.ConnectionBuffer <= 0 {
 		cfg.ConnectionBuffer = DefaultConnectionBuffer
 	}
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = DefaultStallTimeout
 	}
-	if cfg.ReadBuffer < minReadBuffer {
+	if cfg.ReadBuffer < MinReadBuffer {
 		cfg.ReadBuffer = DefaultReadBuffer
 	}
-	cfg.ReadBuffer = min(cfg.ReadBuffer, maxReadBuffer)
+	cfg.ReadBuffer = min(cfg.ReadBuffer, MaxReadBuffer)
 	if cfg.MaxRecvMessage <= 0 {
 		cfg.MaxRecvMessage = DefaultMaxRecvMessage
 	}

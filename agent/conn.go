@@ -50,11 +50,11 @@ func readPool(size int) *sync.Pool {
 
 // readTiers are the buffer sizes a connection moves through, up to max.
 func readTiers(max int) []int {
-	tiers := []int{minReadBuffer}
+	tiers := []int{MinReadBuffer}
 	if max > midReadBuffer {
 		tiers = append(tiers, midReadBuffer)
 	}
-	if max > minReadBuffer {
+	if max > MinReadBuffer {
 		tiers = append(tiers, max)
 	}
 	return tiers

@@ -20,6 +20,7 @@
 //   - can restrict the destinations it dials (--allow-destination);
 //   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound.
 //
-// It is not the server side of the tunnel, and it holds no process plumbing (signals, HTTP listeners): the
-// konnect command wires its health checks and metrics registry into those.
+// It is not the server side of the tunnel, and it holds no process plumbing (flags, signals, HTTP
+// listeners): `konnect agent` (cmd/internal/agentcmd) turns proxy-agent's flags into a Config and wires the
+// agent's health checks and metrics registry into its endpoints.
 package agent

@@ -15,9 +15,9 @@ import (
 	upstreamagent "sigs.k8s.io/apiserver-network-proxy/pkg/agent"
 )
 
-// StartLeaseCounter implements --count-server-leases: it watches the servers' Lease objects and returns a
-// function that counts the valid ones, for Config.ServerCount. It uses upstream's lease counter, so the
-// count means exactly what it means for proxy-agent. The watch stops when ctx ends.
+// StartLeaseCounter implements proxy-agent's --count-server-leases: it watches the servers' Lease objects
+// and returns a function that counts the valid ones, for Config.ServerCount. It uses upstream's lease
+// counter, so the count means exactly what it means for proxy-agent. The watch stops when ctx ends.
 func StartLeaseCounter(ctx context.Context, kubeconfig, namespace, selector, contentType string) (func() int, error) {
 	var cfg *rest.Config
 	var err error
@@ -27,7 +27,7 @@ func StartLeaseCounter(ctx context.Context, kubeconfig, namespace, selector, con
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lease counting: kubernetes client config (--kubeconfig): %w", err)
+		return nil, fmt.Errorf("lease counting: kubernetes client config: %w", err)
 	}
 	cfg.ContentType = contentType
 	client, err := kubernetes.NewForConfig(cfg)
@@ -36,7 +36,7 @@ func StartLeaseCounter(ctx context.Context, kubeconfig, namespace, selector, con
 	}
 	sel, err := labels.Parse(selector)
 	if err != nil {
-		return nil, fmt.Errorf("--lease-label: %w", err)
+		return nil, fmt.Errorf("lease counting: label selector %q: %w", selector, err)
 	}
 	informer := upstreamagent.NewLeaseInformerWithMetrics(client, namespace, 10*time.Second)
 	go informer.Run(ctx.Done())

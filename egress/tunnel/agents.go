@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -21,6 +22,7 @@ import (
 // on the stream, so the pieces of one packet are never interleaved with another packet.
 type agentStream struct {
 	grpc.ServerStream
+	split prometheus.Counter // counts the packets cut
 }
 
 func (a agentStream) SendMsg(m any) error {
@@ -28,7 +30,7 @@ func (a agentStream) SendMsg(m any) error {
 	if !ok {
 		return a.ServerStream.SendMsg(m)
 	}
-	return sendChunked(a.ServerStream.SendMsg, p)
+	return sendChunked(a.ServerStream.SendMsg, p, a.split)
 }
 
 // AgentStatus is what the server knows about one agent, for `konnect doctor status`.
@@ -64,14 +66,20 @@ type agentTracker struct {
 	agents map[string]*AgentStatus
 }
 
-func (t *agentTracker) connected(id, idents, remote string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// get returns id's status, remembering it if it is new; the caller holds t.mu.
+func (t *agentTracker) get(id string) *AgentStatus {
 	a := t.agents[id]
 	if a == nil {
 		a = &AgentStatus{ID: id}
 		t.agents[id] = a
 	}
+	return a
+}
+
+func (t *agentTracker) connected(id, idents, remote string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a := t.get(id)
 	now := time.Now()
 	if a.Connections == 0 {
 		a.Since = now
@@ -104,11 +112,7 @@ func (t *agentTracker) disconnected(id string, err error) {
 func (t *agentTracker) failed(id, idents, remote string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	a := t.agents[id]
-	if a == nil {
-		a = &AgentStatus{ID: id}
-		t.agents[id] = a
-	}
+	a := t.get(id)
 	now := time.Now()
 	a.Identifiers, a.Remote, a.LastSeen = idents, remote, now
 	a.LastError, a.LastErrorAt = err.Error(), now
@@ -164,7 +168,7 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	}
 	// Upstream authenticates inside its handler and returns before SendHeader when that fails; a stream
 	// that has sent headers was accepted.
-	hs := &headerWatch{ServerStream: agentStream{ss}, accepted: func() { s.agents.connected(id, idents, remote) }}
+	hs := &headerWatch{ServerStream: agentStream{ss, s.metrics.chunkedPackets}, accepted: func() { s.agents.connected(id, idents, remote) }}
 	err := handler(srv, hs)
 	if !hs.sent {
 		if err == nil {

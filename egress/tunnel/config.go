@@ -3,11 +3,13 @@ package tunnel
 import (
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
 )
 
-// Config is everything New needs, without flags. Options.Config builds one; tests build their own.
+// Config is everything New needs, without flags: `konnect server` builds one from proxy-server's flags
+// (cmd/internal/servercmd), tests build their own.
 type Config struct {
 	// ServerID identifies this server to agents; ServerCount tells agents how many servers to hold.
 	ServerID    string
@@ -50,13 +52,32 @@ type Config struct {
 	// Leases, when set, runs upstream's lease controller so that agents can count servers by lease.
 	Leases *Leases
 
-	// GracefulTimeout bounds how long Run lets open tunnels finish once its context ends.
+	// Registerer receives konnect's own tunnel metrics (konnect_tunnel_server_*); nil means none are
+	// exported. Upstream's are read with UpstreamMetrics.
+	Registerer prometheus.Registerer
+
+	// GracefulTimeout bounds how long Run lets open tunnels finish once its context ends; 0 closes them at
+	// once.
 	GracefulTimeout time.Duration
-	// FrontendBuffer, StalledReaderTimeout and MaxFrontendMessage: see Options.
-	FrontendBuffer       int
+	// FrontendBuffer is how many bytes may wait for one slow frontend reader before the agent stream that
+	// feeds it has to wait too.
+	FrontendBuffer int
+	// StalledReaderTimeout is how long a full frontend buffer may block the agent stream before that one
+	// frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It stays
+	// below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
 	StalledReaderTimeout time.Duration
-	MaxFrontendMessage   int
+	// MaxFrontendMessage is the largest gRPC message accepted from kube-apiserver. Its client sends each
+	// write as one message, so this bounds the largest single write through the tunnel.
+	MaxFrontendMessage int
 }
+
+// Defaults for the settings upstream's proxy-server does not have.
+const (
+	DefaultGracefulTimeout      = 15 * time.Second
+	DefaultFrontendBuffer       = 8 << 20
+	DefaultStalledReaderTimeout = 5 * time.Second
+	DefaultMaxFrontendMessage   = 256 << 20
+)
 
 // TokenAuth configures agent authentication by ServiceAccount token.
 type TokenAuth struct {

@@ -12,12 +12,12 @@
 //     frontend, so a single large write does not kill the tunnel;
 //   - every frontend connection has its own send queue, so one slow reader does not stall the other
 //     connections on the same agent stream (ANP issue 180);
-//   - larger HTTP/2 windows and buffers on both links, a codec that moves DATA payloads without copying
-//     them, small packets from upstream's agent merged into larger frontend messages, and TLS records on
-//     the agent link batched into fewer system calls;
+//   - larger HTTP/2 windows and buffers on both links, a codec (egress/konnectivity/wire, shared with the
+//     agent) that moves DATA payloads without copying them, small packets from upstream's agent merged into
+//     larger frontend messages, and TLS records on the agent link batched into fewer system calls;
 //   - the agent-facing and frontend certificates are reloaded from disk when they change;
 //   - a per-agent status (identifiers, connection age, last error) for `konnect doctor`.
 //
-// It does not parse flags into anything but Options, and it does not serve health, metrics or pprof
+// It parses no flags (cmd/internal/servercmd builds its Config), and it does not serve health, metrics or pprof
 // endpoints itself: it exposes checks and handlers that the command wires up.
 package tunnel

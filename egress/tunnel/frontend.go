@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,12 +31,12 @@ func packetSize(p *client.Packet) int {
 }
 
 // sendChunked sends p with send, split into DATA packets of at most maxChunk bytes.
-func sendChunked(send func(any) error, p *client.Packet) error {
+func sendChunked(send func(any) error, p *client.Packet, split prometheus.Counter) error {
 	d := p.GetData()
 	if d == nil || len(d.Data) <= maxChunk {
 		return send(p)
 	}
-	chunkedPackets.Inc()
+	split.Inc()
 	for off := 0; off < len(d.Data); off += maxChunk {
 		end := min(off+maxChunk, len(d.Data))
 		if err := send(&client.Packet{
@@ -72,11 +73,18 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	stalled := make(chan struct{})
 	var once sync.Once
 	q := newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, packetSize, func() { once.Do(func() { close(stalled) }) })
-	q.merge = mergeData
+	q.metrics = s.metrics
+	q.merge = func(batch []*client.Packet) (*client.Packet, int) {
+		p, k := mergeData(batch)
+		if k > 1 {
+			s.metrics.mergedPackets.Add(float64(k))
+		}
+		return p, k
+	}
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		_ = q.run(ctx.Done(), func(p *client.Packet) error { return sendChunked(ss.SendMsg, p) })
+		_ = q.run(ctx.Done(), func(p *client.Packet) error { return sendChunked(ss.SendMsg, p, s.metrics.chunkedPackets) })
 	}()
 	handlerDone := make(chan error, 1)
 	go func() { handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q}) }()
@@ -141,6 +149,7 @@ func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 	qc := &queuedConn{Conn: c, done: make(chan struct{})}
 	qc.q = newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, func(b []byte) int { return len(b) }, func() { c.Close() })
 	qc.q.merge = mergeBytes
+	qc.q.metrics = s.metrics
 	s.trackConn(qc, true)
 	s.frontends.Add(1)
 	go func() {
@@ -212,7 +221,6 @@ func mergeData(batch []*client.Packet) (*client.Packet, int) {
 	for _, p := range batch[:k] {
 		buf = append(buf, p.GetData().Data...)
 	}
-	mergedPackets.Add(float64(k))
 	return &client.Packet{
 		Type:    client.PacketType_DATA,
 		Payload: &client.Packet_Data{Data: &client.Data{ConnectID: first.ConnectID, Data: buf}},

@@ -1,42 +1,78 @@
 package tunnel
 
 import (
-	"sync"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	servermetrics "sigs.k8s.io/apiserver-network-proxy/pkg/server/metrics"
 )
 
-// konnect's own tunnel metrics, next to upstream's konnectivity_network_proxy_server_* (which upstream
-// registers on the default registry when its server package loads).
-var (
-	queuedBytes = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_queued_bytes",
-		Help: "Bytes from agents waiting in per-connection frontend queues.",
-	})
-	stalledWaits = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_full_waits_total",
-		Help: "Times an agent stream waited for a full frontend queue.",
-	})
-	stalledClosed = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_stalled_closed_total",
-		Help: "Frontend connections closed because their reader stalled (ANP issue 180).",
-	})
-	chunkedPackets = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "konnect", Subsystem: "tunnel_server", Name: "data_packets_split_total",
-		Help: "DATA packets split because they exceeded the chunk size.",
-	})
-	mergedPackets = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "konnect", Subsystem: "tunnel_server", Name: "data_packets_merged_total",
-		Help: "Small DATA packets combined into larger frontend messages.",
-	})
-	registerOnce sync.Once
-)
+// metrics are konnect's own tunnel metrics, next to upstream's konnectivity_network_proxy_server_*. Each
+// Server has its own set, registered on Config.Registerer.
+type metrics struct {
+	queuedBytes    prometheus.Gauge
+	stalledWaits   prometheus.Counter
+	stalledClosed  prometheus.Counter
+	chunkedPackets prometheus.Counter
+	mergedPackets  prometheus.Counter
+}
 
-func registerMetrics() {
-	registerOnce.Do(func() {
-		for _, c := range []prometheus.Collector{queuedBytes, stalledWaits, stalledClosed, chunkedPackets, mergedPackets} {
-			// Another instance in the same process may have registered already; that is fine.
-			_ = prometheus.DefaultRegisterer.Register(c)
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_queued_bytes",
+			Help: "Bytes from agents waiting in per-connection frontend queues.",
+		}),
+		stalledWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_full_waits_total",
+			Help: "Times an agent stream waited for a full frontend queue.",
+		}),
+		stalledClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "frontend_stalled_closed_total",
+			Help: "Frontend connections closed because their reader stalled (ANP issue 180).",
+		}),
+		chunkedPackets: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "data_packets_split_total",
+			Help: "DATA packets split because they exceeded the chunk size.",
+		}),
+		mergedPackets: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "data_packets_merged_total",
+			Help: "Small DATA packets combined into larger frontend messages.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
 		}
-	})
+	}
+	return m, nil
+}
+
+// UpstreamMetrics gathers upstream's konnectivity_network_proxy_server_* metrics, which the ProxyServer at
+// the heart of every Server updates. Upstream's pkg/server/metrics registers them on
+// prometheus.DefaultRegisterer when the package loads and exports neither the collectors nor a way to
+// register them elsewhere, so the default registry is the only place to read them from. This gatherer reads
+// it and keeps only upstream's server families, so that the rest of the default registry (Go and process
+// collectors, upstream's agent metrics) neither shows up nor collides with a daemon's own registry. They
+// are process-wide: servers in one process share them, as they share upstream's package state.
+func UpstreamMetrics() prometheus.Gatherer {
+	return upstreamGatherer{}
+}
+
+type upstreamGatherer struct{}
+
+func (upstreamGatherer) Gather() ([]*dto.MetricFamily, error) {
+	prefix := servermetrics.Namespace + "_" + servermetrics.Subsystem + "_"
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	out := mfs[:0]
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), prefix) {
+			out = append(out, mf)
+		}
+	}
+	return out, err
 }

@@ -22,6 +22,8 @@ type sendQueue[T any] struct {
 	size  func(T) int
 	// onStall runs once, on the pushing goroutine, when a push waited longer than stall.
 	onStall func()
+	// metrics, when set, count queued bytes and stalls.
+	metrics *metrics
 	// merge, when set, may combine the first items of a batch into one (fewer, larger writes when a peer
 	// sent many small packets); it returns the combined item and how many items it covers (at least 1).
 	merge func([]T) (T, int)
@@ -39,6 +41,12 @@ func newSendQueue[T any](limit int, stall time.Duration, size func(T) int, onSta
 	return &sendQueue[T]{
 		limit: limit, stall: stall, size: size, onStall: onStall,
 		wake: make(chan struct{}, 1), space: make(chan struct{}, 1),
+	}
+}
+
+func (q *sendQueue[T]) count(f func(*metrics)) {
+	if q.metrics != nil {
+		f(q.metrics)
 	}
 }
 
@@ -72,19 +80,19 @@ func (q *sendQueue[T]) push(v T) error {
 			if timer != nil {
 				timer.Stop()
 			}
-			queuedBytes.Add(float64(n))
+			q.count(func(m *metrics) { m.queuedBytes.Add(float64(n)) })
 			return nil
 		}
 		q.mu.Unlock()
 		if timer == nil {
 			timer = time.NewTimer(q.stall)
-			stalledWaits.Inc()
+			q.count(func(m *metrics) { m.stalledWaits.Inc() })
 		}
 		select {
 		case <-q.space:
 		case <-timer.C:
 			q.fail(errStalled)
-			stalledClosed.Inc()
+			q.count(func(m *metrics) { m.stalledClosed.Inc() })
 			if q.onStall != nil {
 				q.onStall()
 			}
@@ -107,7 +115,7 @@ func (q *sendQueue[T]) fail(err error) {
 	q.items = nil
 	q.bytes -= dropped
 	q.mu.Unlock()
-	queuedBytes.Sub(float64(dropped))
+	q.count(func(m *metrics) { m.queuedBytes.Sub(float64(dropped)) })
 	signal(q.wake)
 	signal(q.space)
 }
@@ -163,7 +171,7 @@ func (q *sendQueue[T]) run(done <-chan struct{}, send func(T) error) error {
 			q.bytes -= n
 			failed := q.err != nil && !q.closed
 			q.mu.Unlock()
-			queuedBytes.Sub(float64(n))
+			q.count(func(m *metrics) { m.queuedBytes.Sub(float64(n)) })
 			signal(q.space)
 			if err != nil || failed {
 				// Account for what will never be sent.
@@ -174,7 +182,7 @@ func (q *sendQueue[T]) run(done <-chan struct{}, send func(T) error) error {
 				q.mu.Lock()
 				q.bytes -= rest
 				q.mu.Unlock()
-				queuedBytes.Sub(float64(rest))
+				q.count(func(m *metrics) { m.queuedBytes.Sub(float64(rest)) })
 				clear(batch)
 				if err != nil {
 					q.fail(err)

@@ -320,7 +320,8 @@ func TestUDS(t *testing.T) {
 		cfg.UDSName = filepath.Join(base, "inuse.sock")
 		cfg.AgentAddr = ln.Addr().String()
 		_, err = New(cfg)
-		if err == nil || !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "--agent-port") {
+		var fe *FieldError
+		if err == nil || !strings.Contains(err.Error(), "address already in use") || !errors.As(err, &fe) || fe.Field != "AgentAddr" {
 			t.Fatalf("agent port in use: %v", err)
 		}
 		// Nothing stays bound after the failure.

@@ -58,6 +58,7 @@ type Server struct {
 	leases       *leases.Controller
 
 	agents    agentTracker
+	metrics   *metrics
 	frontends atomic.Int64
 	draining  atomic.Bool
 
@@ -71,14 +72,17 @@ type Server struct {
 	runOnce atomic.Bool
 }
 
-// New builds the server and binds its frontend (socket or mTLS TCP) and agent listeners. Every error names
-// the flag or file at fault, and nothing stays bound when New fails.
+// New builds the server and binds its frontend (socket or mTLS TCP) and agent listeners. An error with one
+// Config field is a *FieldError naming it, and nothing stays bound when New fails.
 func New(c *Config) (_ *Server, err error) {
 	cfg := c.withDefaults()
 	if cfg.Mode != server.ModeGRPC && cfg.Mode != server.ModeHTTPConnect {
-		return nil, fmt.Errorf("--mode must be grpc or http-connect, not %q", cfg.Mode)
+		return nil, &FieldError{"Mode", fmt.Errorf("must be grpc or http-connect, not %q", cfg.Mode)}
 	}
-	registerMetrics()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: register metrics: %w", err)
+	}
 	auth := &server.AgentTokenAuthenticationOptions{}
 	if ta := cfg.TokenAuth; ta != nil {
 		auth = &server.AgentTokenAuthenticationOptions{
@@ -90,10 +94,11 @@ func New(c *Config) (_ *Server, err error) {
 		}
 	}
 	s := &Server{
-		cfg:    cfg,
-		ps:     server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
-		agents: agentTracker{agents: map[string]*AgentStatus{}},
-		conns:  map[*queuedConn]struct{}{},
+		cfg:     cfg,
+		ps:      server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
+		agents:  agentTracker{agents: map[string]*AgentStatus{}},
+		conns:   map[*queuedConn]struct{}{},
+		metrics: m,
 	}
 	s.ps.SetBackendDialTimeout(cfg.BackendDialTimeout)
 	defer func() {
@@ -104,10 +109,10 @@ func New(c *Config) (_ *Server, err error) {
 
 	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 	if err != nil {
-		return nil, fmt.Errorf("--cluster-cert/--cluster-key/--cluster-ca-cert: %w", err)
+		return nil, &FieldError{"ClusterCert", err}
 	}
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
-		return nil, fmt.Errorf("--agent-port/--agent-bind-address: listen on %s: %w", cfg.AgentAddr, err)
+		return nil, &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
 	}
 	s.agentGRPC = grpc.NewServer(
 		grpc.Creds(batchtls.Credentials(credentials.NewTLS(agentTLS))),
@@ -135,7 +140,7 @@ func New(c *Config) (_ *Server, err error) {
 		}
 	} else {
 		if s.frontendLn, err = net.Listen("tcp", cfg.ServerAddr); err != nil {
-			return nil, fmt.Errorf("--server-port/--server-bind-address: listen on %s: %w", cfg.ServerAddr, err)
+			return nil, &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
 		}
 	}
 
@@ -156,7 +161,7 @@ func New(c *Config) (_ *Server, err error) {
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 			if err != nil {
-				return nil, fmt.Errorf("--server-cert/--server-key/--server-ca-cert: %w", err)
+				return nil, &FieldError{"ServerCert", err}
 			}
 			opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 		}
@@ -172,7 +177,7 @@ func New(c *Config) (_ *Server, err error) {
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
 			if err != nil {
-				return nil, fmt.Errorf("--server-cert/--server-key/--server-ca-cert: %w", err)
+				return nil, &FieldError{"ServerCert", err}
 			}
 			s.frontendHTTP.TLSConfig = tc
 			// CONNECT tunnels are HTTP/1.1 only.
@@ -188,6 +193,16 @@ func New(c *Config) (_ *Server, err error) {
 		"frontend", s.FrontendAddr(), "agent", s.AgentAddr())
 	return s, nil
 }
+
+// A FieldError is an error New met with one Config field, such as a certificate that does not load or an
+// address that cannot be bound, so that a command can name the flag behind the field.
+type FieldError struct {
+	Field string // "Mode", "AgentAddr", "ServerAddr", "UDSName", "ClusterCert" (with its key and CA) or "ServerCert" (likewise)
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
 
 func (s *Server) closeListeners() {
 	if s.agentLn != nil {

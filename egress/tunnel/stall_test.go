@@ -88,7 +88,7 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 	s.waitAgents(t, 1)
 	web := startHTTPBackend(t)
 	f := s.frontend("grpc")
-	before := counterValue(stalledClosed)
+	before := counterValue(s.metrics.stalledClosed)
 
 	a := dial(t, f, web)
 	defer a.Close()
@@ -103,7 +103,7 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 		t.Errorf("B took %v", took)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for counterValue(stalledClosed) == before {
+	for counterValue(s.metrics.stalledClosed) == before {
 		if time.Now().After(deadline) {
 			t.Fatal("stalled reader was not cut off")
 		}

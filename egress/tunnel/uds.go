@@ -1,7 +1,6 @@
 package tunnel
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -23,10 +22,7 @@ const (
 func listenUDS(path string, replaceStale bool) (*net.UnixListener, error) {
 	ln, err := uds.Listen(path, uds.Options{Mode: socketMode, DirMode: socketDirMode, ReplaceStale: replaceStale})
 	if err != nil {
-		if errors.Is(err, uds.ErrStale) {
-			return nil, fmt.Errorf("--uds-name: %w; remove it or pass --delete-existing-uds-file", err)
-		}
-		return nil, fmt.Errorf("--uds-name: %w", err)
+		return nil, &FieldError{"UDSName", err}
 	}
 	return ln, nil
 }

@@ -15,6 +15,6 @@
 // HTTP/1.1 one (about a quarter more, measured against a Go HTTPS backend), and the proxy no less.
 //
 // It is not a general reverse proxy and not an authenticating front end: anyone who can reach its listener
-// acts with the kubeconfig's identity, which is why it listens on loopback unless told otherwise. Flag
-// parsing and process plumbing live in the command that uses it.
+// acts with the kubeconfig's identity, which is why `konnect proxy` binds its listener on loopback unless
+// told otherwise. Flag parsing, binding and process plumbing live in that command (cmd/internal/proxycmd).
 package apiproxy

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -30,12 +28,9 @@ const (
 type Config struct {
 	HandlerConfig
 
-	// Network is "tcp" or "unix"; Address is host:port or a socket path.
-	Network string
-	Address string
-	// AllowRemote permits a TCP address that is not loopback. Anyone who reaches the listener acts with
-	// the kubeconfig's credentials.
-	AllowRemote bool
+	// Listener is where the proxy serves, bound by the caller (the command decides which addresses are
+	// allowed). New takes it over: Run closes it.
+	Listener net.Listener
 
 	// MaxConnections caps open client connections (0 means DefaultMaxConnections); a connection over the cap
 	// gets a 503 and is closed.
@@ -44,8 +39,8 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes idle keep-alive connections (0 means the default).
 	IdleTimeout time.Duration
-	// ShutdownGrace bounds how long Run waits for requests in flight once its context ends (0 means the
-	// default). Watches, log follows and upgraded connections are closed at once.
+	// ShutdownGrace bounds how long Run lets requests in flight finish once its context ends; 0 closes them
+	// at once. Watches, log follows and upgraded connections are closed at once in any case.
 	ShutdownGrace time.Duration
 }
 
@@ -65,8 +60,8 @@ type Server struct {
 	ran      bool
 }
 
-// New builds the handler and binds the listener, so that a bad kubeconfig or an address in use is an
-// error here and not a log line later.
+// New builds the handler, so that a bad kubeconfig is an error here and not a log line later. On an error
+// the listener stays the caller's to close.
 func New(cfg Config) (*Server, error) {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = DefaultMaxConnections
@@ -77,18 +72,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
-	if cfg.ShutdownGrace == 0 {
-		cfg.ShutdownGrace = DefaultShutdownGrace
+	if cfg.Listener == nil {
+		return nil, errors.New("apiproxy: no listener")
 	}
 	h, err := NewHandler(cfg.HandlerConfig)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := listen(cfg.Network, cfg.Address, cfg.AllowRemote)
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{cfg: cfg, ln: newCappedListener(ln, cfg.MaxConnections), handler: h}
+	s := &Server{cfg: cfg, ln: newCappedListener(cfg.Listener, cfg.MaxConnections), handler: h}
 	s.streams, s.cancelStreams = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -185,49 +176,6 @@ func longRunning(r *http.Request) bool {
 	}
 	q := r.URL.RawQuery
 	return strings.Contains(q, "watch=") || strings.Contains(q, "follow=")
-}
-
-// listen binds the local listener. A unix socket is created private to the user (as kubectl does) after
-// removing a stale socket, but never another kind of file, nor a socket that a running server answers on.
-func listen(network, address string, allowRemote bool) (net.Listener, error) {
-	switch network {
-	case "tcp", "tcp4", "tcp6":
-		host, _, err := net.SplitHostPort(address)
-		if err != nil {
-			return nil, fmt.Errorf("--address/--port: %q is not host:port: %w", address, err)
-		}
-		if !allowRemote && !isLoopback(host) {
-			return nil, fmt.Errorf("--address: refusing to serve on %s, which is not loopback: anyone who reaches it acts with your kubeconfig's credentials; pass --allow-remote if you really mean it", host)
-		}
-		ln, err := net.Listen(network, address)
-		if err != nil {
-			return nil, fmt.Errorf("--address/--port: listen on %s: %w", address, err)
-		}
-		return ln, nil
-	case "unix":
-		if fi, err := os.Lstat(address); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			if c, err := net.DialTimeout("unix", address, time.Second); err == nil {
-				c.Close()
-				return nil, fmt.Errorf("--unix-socket: %s is in use by a running server", address)
-			}
-			_ = os.Remove(address)
-		}
-		ln, err := listenUnixPrivate(address)
-		if err != nil {
-			return nil, fmt.Errorf("--unix-socket: listen on %s: %w", address, err)
-		}
-		return ln, nil
-	default:
-		return nil, fmt.Errorf("apiproxy: unknown network %q", network)
-	}
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
-	return err == nil && ip.IsLoopback()
 }
 
 // cappedListener refuses connections beyond a limit with a short 503, so that a client opening

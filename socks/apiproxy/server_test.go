@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,8 +23,12 @@ func TestMain(m *testing.M) {
 // returns its error and how long it took.
 func runServer(t *testing.T, cfg Config) (*Server, func() (error, time.Duration)) {
 	t.Helper()
-	if cfg.Network == "" {
-		cfg.Network, cfg.Address = "tcp", "127.0.0.1:0"
+	if cfg.Listener == nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Listener = ln
 	}
 	if cfg.APIPrefix == "" {
 		cfg.APIPrefix = "/"
@@ -83,100 +85,6 @@ func TestServerServesAndStops(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
 		t.Fatal("the listener is still open after Run returned")
-	}
-}
-
-func TestNewRefuses(t *testing.T) {
-	p := newTestPKI(t)
-	_, rc := p.kubeconfig(t, "https://127.0.0.1:1", "")
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	notASocket := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(notASocket, []byte("keep me"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	liveSocket := filepath.Join(t.TempDir(), "live.sock")
-	live, err := net.Listen("unix", liveSocket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Close()
-	for _, c := range []struct {
-		name             string
-		network, address string
-		allowRemote      bool
-		want             string
-	}{
-		{"non-loopback address", "tcp", "0.0.0.0:0", false, "--allow-remote"},
-		{"non-loopback IPv6", "tcp", "[::]:0", false, "--allow-remote"},
-		{"address in use", "tcp", busy.Addr().String(), false, "address already in use"},
-		{"not host:port", "tcp", "127.0.0.1", false, "--address"},
-		{"existing file that is not a socket", "unix", notASocket, false, "--unix-socket"},
-		{"socket of a running server", "unix", liveSocket, false, "in use"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			srv, err := New(Config{HandlerConfig: HandlerConfig{REST: rc, APIPrefix: "/"}, Network: c.network, Address: c.address, AllowRemote: c.allowRemote})
-			if err == nil {
-				srv.ln.Close()
-				t.Fatalf("New succeeded, want an error containing %q", c.want)
-			}
-			if !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("New = %v, want an error containing %q", err, c.want)
-			}
-		})
-	}
-	if b, _ := os.ReadFile(notASocket); string(b) != "keep me" {
-		t.Fatal("New replaced a file that was not a socket")
-	}
-	if c, err := net.Dial("unix", liveSocket); err != nil {
-		t.Fatalf("the running server's socket was taken away: %v", err)
-	} else {
-		c.Close()
-	}
-}
-
-func TestServerUnixSocketIsPrivate(t *testing.T) {
-	p := newTestPKI(t)
-	var s seen
-	backend := p.newTLSBackend(t, "", echoBackend(&s))
-	_, rc := p.kubeconfig(t, backend.URL, "")
-	sock := filepath.Join(t.TempDir(), "proxy.sock")
-	// A stale socket from an earlier run is replaced.
-	stale, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale.(*net.UnixListener).SetUnlinkOnClose(false)
-	stale.Close()
-
-	_, stop := runServer(t, Config{HandlerConfig: HandlerConfig{REST: rc, Filter: mustFilter(t, DefaultFilterSpec())}, Network: "unix", Address: sock})
-	fi, err := os.Stat(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		t.Fatalf("socket mode %v, want no access for group and others", perm)
-	}
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://localhost/api")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %s", resp.Status)
-	}
-	if err, _ := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(sock); !os.IsNotExist(err) {
-		t.Fatalf("socket left behind after Run: %v", err)
 	}
 }
 

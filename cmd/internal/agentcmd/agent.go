@@ -1,22 +1,14 @@
-// Package agentcmd is the `konnect agent` command: flags → agent.Options → agent.Config → agent.Run, with
-// the health, metrics and admin endpoints and the signal handling around it. The tunnel itself lives in
-// package agent.
+// Package agentcmd is the `konnect agent` command: Options (proxy-agent's flags and konnect's) → Config →
+// New → Run, with the health, metrics and admin endpoints and the signal handling around the agent. The
+// tunnel itself lives in package agent.
 package agentcmd
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"runtime"
-	"strconv"
-	"sync"
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
@@ -24,7 +16,7 @@ import (
 
 // NewAgentCommand returns `konnect agent`, a drop-in for upstream proxy-agent v0.36.0.
 func NewAgentCommand() *cobra.Command {
-	o := agent.NewOptions()
+	o := NewOptions()
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the Konnectivity tunnel agent (drop-in for proxy-agent)",
@@ -52,90 +44,70 @@ Health: /livez, /readyz (checks server-connected and all-servers-connected), /he
 	return cmd
 }
 
-func run(parent context.Context, o *agent.Options) error {
-	if parent == nil {
-		parent = context.Background()
-	}
-	cfg, err := o.Config()
-	if err != nil {
-		return err
-	}
-	u := o.Upstream
-	ctx, cancel := daemon.SignalContext(parent)
-	defer cancel()
+func run(ctx context.Context, o *Options) error {
+	return daemon.RunCommand(ctx, o.Config, New, nil)
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Registerer = reg
-	for name, file := range map[string]string{"agent-client": u.AgentCert, "agent-ca": u.CaCert} {
-		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
-			return fmt.Errorf("metrics: %w", err)
-		}
-	}
+// Agent is a `konnect agent` ready to run: the tunnel agent, its bound health and admin endpoints and, with
+// --count-server-leases, the lease watch.
+type Agent struct {
+	cfg        *Config
+	agent      *agent.Agent
+	endpoints  daemon.Endpoints
+	stopLeases context.CancelFunc
+}
 
-	// Background work that must outlive the agent's drain (lease watch, health endpoints) stops on bgCtx.
-	bgCtx, bgCancel := context.WithCancel(context.Background())
-	defer bgCancel()
-	if u.CountServerLeases {
-		count, err := agent.StartLeaseCounter(bgCtx, u.KubeconfigPath, u.LeaseNamespace, u.LeaseLabel, u.APIContentType)
+// New binds the health and admin endpoints, starts the lease watch and builds the agent, so that a port in
+// use, an unreadable certificate or leases that do not sync fail the start. Nothing stays bound or running
+// when New fails.
+func New(cfg *Config) (_ *Agent, err error) {
+	a := &Agent{cfg: cfg, stopLeases: func() {}}
+	defer func() {
 		if err != nil {
-			return fmt.Errorf("--count-server-leases: %w", err)
+			a.endpoints.Close()
+			a.stopLeases()
 		}
-		cfg.ServerCount = count
+	}()
+	// The kubelet probes the pod IP, so the health port binds all interfaces by default as upstream's does.
+	if err := a.endpoints.ListenHealthAdmin(cfg.HealthAddr, "--health-server-host/--health-server-port",
+		cfg.AdminAddr, "--admin-bind-address/--admin-server-port", cfg.AllowRemoteAdmin); err != nil {
+		return nil, err
 	}
-
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
+	reg := daemon.NewRegistry()
+	ac := cfg.Agent
+	ac.Registerer = reg
+	for name, file := range map[string]string{"agent-client": ac.CertFile, "agent-ca": ac.CAFile} {
+		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 	}
-	// The kubelet probes the pod IP, so the health port binds all interfaces by default as upstream's does;
-	// it carries no secrets. The admin port serves pprof and must stay on loopback.
-	healthLn, err := daemon.Listen("tcp", net.JoinHostPort(u.HealthServerHost, strconv.Itoa(u.HealthServerPort)), true, "--health-server-host/--health-server-port")
-	if err != nil {
-		return err
+	if l := cfg.Leases; l != nil {
+		// The lease watch must outlive the agent's drain: Run stops it when it returns.
+		var leaseCtx context.Context
+		leaseCtx, a.stopLeases = context.WithCancel(context.Background())
+		if ac.ServerCount, err = agent.StartLeaseCounter(leaseCtx, l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
+			return nil, fmt.Errorf("--count-server-leases: %w", err)
+		}
 	}
-	defer healthLn.Close()
-	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)), o.AllowRemoteAdmin, "--admin-bind-address/--admin-server-port", "--allow-remote-admin")
-	if err != nil {
-		return err
+	if a.agent, err = agent.New(ac); err != nil {
+		return nil, err
 	}
-	defer adminLn.Close()
-	klog.InfoS("Health endpoints listening", "addr", healthLn.Addr().String())
-
-	healthMux := daemon.NewHealthMux(a.LiveChecks(), a.ReadyChecks(), reg)
+	health := daemon.NewHealthMux(a.agent.LiveChecks(), a.agent.ReadyChecks(), reg)
 	// /ready is upstream's deprecated readiness path, kept for probes that still use it.
-	healthz.InstallPathHandler(healthMux, "/ready", append([]healthz.HealthChecker{healthz.PingHealthz}, a.ReadyChecks()...)...)
-	adminMux := http.NewServeMux()
-	if u.EnableProfiling {
-		adminMux = daemon.NewAdminMux()
-		if u.EnableContentionProfiling {
-			runtime.SetBlockProfileRate(1)
-		}
-	}
+	healthz.InstallPathHandler(health, "/ready", append([]healthz.HealthChecker{healthz.PingHealthz}, a.agent.ReadyChecks()...)...)
+	a.endpoints.HealthMux = health
+	a.endpoints.AdminMux = daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
+	klog.InfoS("Health endpoints listening", "addr", a.endpoints.Health.Addr().String())
+	return a, nil
+}
 
-	var wg sync.WaitGroup
-	errc := make(chan error, 2)
-	serve := func(ln net.Listener, h http.Handler) {
-		defer wg.Done()
-		if err := daemon.Serve(bgCtx, ln, h); err != nil {
-			errc <- err
-			cancel() // a dead health endpoint would get the pod killed anyway: stop cleanly instead
-		}
-	}
-	wg.Add(2)
-	go serve(healthLn, healthMux)
-	go serve(adminLn, adminMux)
-
-	runErr := a.Run(ctx)
-	bgCancel()
-	wg.Wait()
-	close(errc)
-	var errs []error
-	if runErr != nil {
-		errs = append(errs, runErr)
-	}
-	for err := range errc {
-		errs = append(errs, fmt.Errorf("health/admin endpoint: %w", err))
-	}
-	return errors.Join(errs...)
+// Run connects to the servers and serves until ctx ends. Then the agent drains within its graceful timeout
+// while its endpoints still answer; a dead health endpoint would get the pod killed anyway, so it stops the
+// agent cleanly instead.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.stopLeases()
+	g := daemon.Group{StopTimeout: a.cfg.Agent.GracefulTimeout + daemon.ShutdownGrace}
+	a.endpoints.AddTo(&g)
+	g.Add("", a.agent.Run)
+	return g.Run(ctx)
 }

@@ -1,7 +1,33 @@
 // Package daemon is the process plumbing shared by konnect's long-running commands (server, agent, socks,
-// proxy): the signal context, listeners bound before Run, HTTP servers with timeouts, and the health,
-// metrics and pprof endpoints.
+// proxy): the signal context, listeners bound before Run, HTTP servers with timeouts, the health, metrics
+// and pprof endpoints, and Group, which runs a daemon's parts and stops them.
 //
-// It is not a framework: each daemon keeps its own Options → Config → New → Run(ctx) shape and only calls
-// into this package from cmd/. Library packages (agent, egress, socks, ...) never import it.
+// It is not a framework, and library packages (agent, egress, socks, ...) never import it. What it asks of
+// the four daemons is one contract, each in its command package (cmd/internal/<name>cmd):
+//
+//   - Options are the flags: NewOptions holds the defaults and AddFlags registers them. Only Options and
+//     the command know flag names; a library's errors name its Config fields or files, and the command
+//     adds the flag.
+//   - Options.Config() validates every flag and returns a *Config, each error naming its flag. It may read
+//     the files it is given, but binds, starts and dials nothing.
+//   - New(cfg *Config) builds the daemon and binds every listener it will serve, its own and its health
+//     and admin endpoints (Endpoints), TCP through Listen (loopback unless a flag allows more) and Unix
+//     sockets through egress/uds, so that an address in use fails the start. Nothing stays bound when New
+//     fails.
+//   - Run(ctx) serves until ctx ends, then stops within the graceful timeout. It adds the endpoints and
+//     then the daemon's parts to a Group, which stops them in reverse order on SIGINT/SIGTERM or the first
+//     failure, and returns nil after a stop that ctx asked for.
+//
+// A command's run function is RunCommand: those four steps, the start-up line and SignalContext.
+//
+// A daemon that serves /metrics (server, agent, socks with --health-listen; the proxy has no endpoints, as
+// kubectl proxy has none) makes a fresh registry in New (NewRegistry), so that two daemons in one process
+// (as in tests) never collide. The server adds, read-only, upstream ANP's server metrics, which
+// upstream can only register on the default registry (tunnel.UpstreamMetrics).
+//
+// The graceful timeout has one meaning in every daemon: after the stop signal, how long open tunnels or
+// connections may continue before they are closed; 0 closes them at once. It is --graceful-timeout for the
+// server and the agent (their upstream-compatible defaults stay), apiproxy.DefaultShutdownGrace for the
+// proxy's requests in flight (kubectl proxy has no flag for it), and 0 for socks, which has no drain. The
+// process exits at most ShutdownGrace after that (Group.StopTimeout).
 package daemon

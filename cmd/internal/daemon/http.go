@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +26,8 @@ const (
 )
 
 // NewHealthMux serves /healthz, /livez and /readyz (with ?verbose, ?exclude=NAME and /livez/NAME,
-// /readyz/NAME for each check, in the format kube-apiserver uses) and /metrics from gatherer. A nil gatherer
-// means the default Prometheus registry, where the upstream konnectivity metrics register themselves.
+// /readyz/NAME for each check, in the format kube-apiserver uses) and /metrics from gatherer, the daemon's
+// own registry (NewRegistry).
 func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
 	// ping keeps /livez meaningful for a daemon that has no liveness check of its own.
@@ -36,16 +37,22 @@ func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gathe
 	healthz.InstallReadyzHandler(mux, ready...)
 	// /healthz is kept for tools that predate /livez and /readyz; like kube-apiserver, it reports readiness.
 	healthz.InstallHandler(mux, ready...)
-	if gatherer == nil {
-		gatherer = prometheus.DefaultGatherer
-	}
 	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	return mux
 }
 
-// NewAdminMux serves pprof. Bind it only on loopback: profiles reveal memory contents.
-func NewAdminMux() *http.ServeMux {
+// NewAdminMux returns the admin port's mux: pprof with profiling (upstream's --enable-profiling), and with
+// contention also block and mutex profiles (--enable-contention-profiling). Bind it only on loopback:
+// profiles reveal memory contents.
+func NewAdminMux(profiling, contention bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if !profiling {
+		return mux
+	}
+	if contention {
+		runtime.SetBlockProfileRate(1)
+		runtime.SetMutexProfileFraction(1)
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

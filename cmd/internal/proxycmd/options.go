@@ -166,21 +166,32 @@ func (o *Options) restConfig() (*rest.Config, error) {
 	return rc, nil
 }
 
-// Config is what the command runs: the proxy, and the SSH connection under it when --via is set.
+// Config is the validated configuration of `konnect proxy`: the proxy, where it listens, and the SSH
+// connection under it when --via is set.
 type Config struct {
 	Proxy apiproxy.Config
+	// Network is "tcp" or "unix"; Address is host:port or the socket path.
+	Network     string
+	Address     string
+	AllowRemote bool
 	// SSH is set with --via.
 	SSH *sshdial.Config
 }
 
-// Config turns the flags into the proxy's configuration, loading the kubeconfig, and prints kubectl's
-// warnings.
+// Config validates the flags and builds the Config, loading the kubeconfig; each error names its flag. It
+// logs kubectl's warnings, and binds, starts and dials nothing.
 func (o *Options) Config() (*Config, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
 	pc, err := o.proxyConfig()
 	if err != nil {
 		return nil, err
 	}
-	cfg := &Config{Proxy: pc}
+	cfg := &Config{Proxy: pc, Network: "tcp", Address: net.JoinHostPort(o.Address, strconv.Itoa(o.Port)), AllowRemote: o.AllowRemote}
+	if o.UnixSocket != "" {
+		cfg.Network, cfg.Address = "unix", o.UnixSocket
+	}
 	if o.Via != "" {
 		sc, err := o.SSH.Config(o.Via)
 		if err != nil {
@@ -209,13 +220,9 @@ func (o *Options) proxyConfig() (apiproxy.Config, error) {
 			Keepalive:        o.Keepalive,
 			HTTP2:            o.BackendHTTP2,
 		},
-		AllowRemote:    o.AllowRemote,
 		MaxConnections: o.MaxConnections,
-	}
-	if o.UnixSocket != "" {
-		cfg.Network, cfg.Address = "unix", o.UnixSocket
-	} else {
-		cfg.Network, cfg.Address = "tcp", net.JoinHostPort(o.Address, strconv.Itoa(o.Port))
+		// kubectl proxy has no flag for it; requests in flight get this long on SIGTERM.
+		ShutdownGrace: apiproxy.DefaultShutdownGrace,
 	}
 
 	if !o.AppendServerPath {

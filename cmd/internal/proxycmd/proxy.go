@@ -7,9 +7,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
+	"net"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/cobra"
@@ -50,19 +51,7 @@ curl, client-go) are not affected.`,
 		DisableFlagsInUseLine: true,
 		Args:                  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			cfg, err := o.Config()
-			if err != nil {
-				return err
-			}
-			// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request;
-			// the soft limit brings collection back when many connections hold buffers.
-			daemon.TuneGC(400, 256<<20)
-			ctx, cancel := daemon.SignalContext(cmd.Context())
-			defer cancel()
-			return Run(ctx, cfg, cmd.OutOrStdout())
+			return run(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	o.AddFlags(cmd.Flags())
@@ -70,47 +59,68 @@ curl, client-go) are not affected.`,
 	return cmd
 }
 
-// Run binds the proxy, prints kubectl's "Starting to serve on ADDR" line to out, and serves until ctx ends.
-// With cfg.SSH it also keeps the SSH connection up, and returns its error if SSH refuses for good (an
-// untrusted host key, failed authentication).
-func Run(ctx context.Context, cfg *Config, out io.Writer) error {
-	var dialer *sshdial.Dialer
-	if cfg.SSH != nil {
-		d, err := sshdial.New(*cfg.SSH)
-		if err != nil {
-			return fmt.Errorf("--via: %w", err)
-		}
-		dialer = d
-		cfg.Proxy.Dial = d.DialContext
-	}
-	srv, err := apiproxy.New(cfg.Proxy)
-	if err != nil {
-		return err
-	}
-	// The exact line kubectl prints: scripts read the port from it when --port=0.
-	fmt.Fprintf(out, "Starting to serve on %s\n", srv.Addr())
-	if dialer == nil {
-		return srv.Run(ctx)
-	}
+func run(ctx context.Context, o *Options, out io.Writer) error {
+	return daemon.RunCommand(ctx, o.Config, New, func(p *Proxy) {
+		// The exact line kubectl prints: scripts read the port from it when --port=0.
+		fmt.Fprintf(out, "Starting to serve on %s\n", p.server.Addr())
+		// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request;
+		// the soft limit brings collection back when many connections hold buffers.
+		daemon.TuneGC(400, 256<<20)
+	})
+}
 
-	klog.InfoS("Carrying API traffic over SSH", "via", dialer.Target())
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	var sshErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := dialer.Run(ctx); err != nil {
-			sshErr = fmt.Errorf("--via %s: %w", dialer.Target(), err)
-			cancel()
+// Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener and, with --via, the SSH
+// connection under it.
+type Proxy struct {
+	cfg    *Config
+	dialer *sshdial.Dialer
+	server *apiproxy.Server
+}
+
+// New prepares the SSH dialer and the proxy and binds the listener, so that a bad kubeconfig or an address
+// in use fails the start. Nothing stays bound when New fails.
+func New(cfg *Config) (_ *Proxy, err error) {
+	p := &Proxy{cfg: cfg}
+	pc := cfg.Proxy
+	if cfg.SSH != nil {
+		if p.dialer, err = sshdial.New(*cfg.SSH); err != nil {
+			return nil, fmt.Errorf("--via: %w", err)
 		}
-	}()
-	proxyErr := srv.Run(ctx)
-	cancel()
-	wg.Wait()
-	if sshErr != nil {
-		return sshErr
+		pc.Dial = p.dialer.DialContext
 	}
-	return proxyErr
+	if pc.Listener, err = listen(cfg); err != nil {
+		return nil, err
+	}
+	if p.server, err = apiproxy.New(pc); err != nil {
+		pc.Listener.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// listen binds the proxy's address: TCP on loopback unless --allow-remote, or a Unix socket private to the
+// user, as kubectl proxy's is, replacing a stale socket but never another kind of file or a live socket.
+func listen(cfg *Config) (net.Listener, error) {
+	if cfg.Network != "unix" {
+		return daemon.Listen("tcp", cfg.Address, cfg.AllowRemote, "--address/--port")
+	}
+	ln, err := uds.Listen(cfg.Address, uds.Options{Mode: 0o600, DirMode: 0o700, ReplaceStale: true})
+	if err != nil {
+		return nil, fmt.Errorf("--unix-socket: %w", err)
+	}
+	return ln, nil
+}
+
+// Run serves until ctx ends and then stops within the proxy's shutdown grace. With --via it also keeps the
+// SSH connection up, and returns its error if SSH refuses for good (an untrusted host key, failed
+// authentication).
+func (p *Proxy) Run(ctx context.Context) error {
+	// The proxy finishes requests in flight within its own grace; the bound sits above it.
+	g := daemon.Group{StopTimeout: p.cfg.Proxy.ShutdownGrace + daemon.ShutdownGrace}
+	if p.dialer != nil {
+		klog.InfoS("Carrying API traffic over SSH", "via", p.dialer.Target())
+		g.Add("--via "+p.dialer.Target(), p.dialer.Run)
+	}
+	g.Add("", p.server.Run)
+	return g.Run(ctx)
 }

@@ -6,21 +6,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/http"
-	"runtime"
-	"strconv"
-	"sync"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
 
 // NewServerCommand returns `konnect server`.
 func NewServerCommand() *cobra.Command {
-	o := tunnel.NewOptions()
+	o := NewOptions()
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the Konnectivity server (drop-in for proxy-server)",
@@ -44,12 +42,7 @@ Endpoints: health port /livez /readyz /healthz /metrics; admin port (loopback) /
     --kubeconfig=/etc/kubernetes/konnectivity-server.conf --authentication-audience=system:konnectivity-server`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			ctx, cancel := daemon.SignalContext(cmd.Context())
-			defer cancel()
-			return run(ctx, o, cmd)
+			return run(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	o.AddFlags(cmd.Flags())
@@ -57,102 +50,90 @@ Endpoints: health port /livez /readyz /healthz /metrics; admin port (loopback) /
 	return cmd
 }
 
-func run(ctx context.Context, o *tunnel.Options, cmd *cobra.Command) error {
-	u := o.Upstream
-	healthHost := u.HealthBindAddress
-	if healthHost == "" {
-		healthHost = "127.0.0.1"
-	}
-	// An explicit --health-bind-address is the user saying otherwise; the empty default stays on loopback.
-	healthLn, err := daemon.Listen("tcp", net.JoinHostPort(healthHost, strconv.Itoa(u.HealthPort)), true, "--health-bind-address/--health-port")
-	if err != nil {
-		return err
-	}
-	defer healthLn.Close()
-	adminLn, err := daemon.Listen("tcp", net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminPort)), o.AllowRemoteAdmin, "--admin-bind-address/--admin-port", "--allow-remote-admin")
-	if err != nil {
-		return err
-	}
-	defer adminLn.Close()
+func run(ctx context.Context, o *Options, out io.Writer) error {
+	return daemon.RunCommand(ctx, o.Config, New, func(s *Server) {
+		fmt.Fprintf(out, "konnect server: frontend %s (%s), agents %s, health %s, admin %s\n", s.tunnel.FrontendAddr(),
+			s.cfg.Tunnel.Mode, s.tunnel.AgentAddr(), s.endpoints.Health.Addr(), s.endpoints.Admin.Addr())
+	})
+}
 
-	cfg, err := o.Config()
-	if err != nil {
-		return err
+// Server is a `konnect server` ready to run: the tunnel server and its endpoints, all bound.
+type Server struct {
+	cfg       *Config
+	tunnel    *tunnel.Server
+	endpoints daemon.Endpoints
+}
+
+// New binds the health and admin endpoints and the tunnel's frontend and agent listeners, so that a port in
+// use or an unreadable certificate fails the start, naming the flag. Nothing stays bound when New fails.
+func New(cfg *Config) (_ *Server, err error) {
+	s := &Server{cfg: cfg}
+	defer func() {
+		if err != nil {
+			s.endpoints.Close()
+		}
+	}()
+	// An explicit --health-bind-address is the user saying otherwise; the empty default is loopback.
+	if err := s.endpoints.ListenHealthAdmin(cfg.HealthAddr, "--health-bind-address/--health-port",
+		cfg.AdminAddr, "--admin-bind-address/--admin-port", cfg.AllowRemoteAdmin); err != nil {
+		return nil, err
 	}
-	srv, err := tunnel.New(cfg)
-	if err != nil {
-		return err
-	}
-	for _, c := range []struct{ name, file string }{{"cluster-cert", u.ClusterCert}, {"server-cert", u.ServerCert}} {
-		if err := daemon.RegisterCertExpiry(prometheus.DefaultRegisterer, c.name, c.file); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return fmt.Errorf("register certificate expiry metric for %s: %w", c.file, err)
-			}
+	reg := daemon.NewRegistry()
+	tc := cfg.Tunnel
+	tc.Registerer = reg
+	// Before tunnel.New, which binds listeners that an error here would leave open.
+	for name, file := range map[string]string{"cluster-cert": tc.ClusterCert, "server-cert": tc.ServerCert} {
+		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
-
-	health := daemon.NewHealthMux(nil, srv.ReadyChecks(), nil)
+	if s.tunnel, err = tunnel.New(&tc); err != nil {
+		return nil, flagError(err)
+	}
+	// konnect's metrics come from the server's own registry, upstream's from the default registry, where
+	// upstream's package puts them (see tunnel.UpstreamMetrics).
+	health := daemon.NewHealthMux(nil, s.tunnel.ReadyChecks(), prometheus.Gatherers{reg, tunnel.UpstreamMetrics()})
 	// Upstream's deprecated /ready, kept for probes that still use it.
 	health.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = "/readyz"
 		health.ServeHTTP(w, r2)
 	})
-	admin := http.NewServeMux()
-	if u.EnableProfiling {
-		admin = daemon.NewAdminMux()
-		if u.EnableContentionProfiling {
-			runtime.SetBlockProfileRate(1)
-			runtime.SetMutexProfileFraction(1)
-		}
-	}
+	admin := daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
 	admin.Handle("/metrics", health) // upstream serves /metrics on the admin port too
-	admin.Handle("/debug/agents", srv.StatusHandler())
+	admin.Handle("/debug/agents", s.tunnel.StatusHandler())
+	s.endpoints.HealthMux, s.endpoints.AdminMux = health, admin
+	return s, nil
+}
 
-	fmt.Fprintf(cmd.OutOrStdout(), "konnect server: frontend %s (%s), agents %s, health %s, admin %s\n",
-		srv.FrontendAddr(), cfg.Mode, srv.AgentAddr(), healthLn.Addr(), adminLn.Addr())
+// Run serves until ctx ends. Then the tunnel drains within its graceful timeout while the endpoints still
+// answer, so that probes see /readyz fail during it.
+func (s *Server) Run(ctx context.Context) error {
+	g := daemon.Group{StopTimeout: s.cfg.Tunnel.GracefulTimeout + daemon.ShutdownGrace}
+	s.endpoints.AddTo(&g)
+	g.Add("", s.tunnel.Run)
+	return g.Run(ctx)
+}
 
-	// Health and admin keep serving while the tunnel drains, so probes see /readyz fail during it.
-	httpCtx, stopHTTP := context.WithCancel(context.Background())
-	defer stopHTTP()
-	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for _, s := range []struct {
-		ln net.Listener
-		h  http.Handler
-	}{{healthLn, health}, {adminLn, admin}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := daemon.Serve(httpCtx, s.ln, s.h); err != nil {
-				errs <- err
-			}
-		}()
+// flagError names the flags behind the tunnel.Config field that tunnel.New could not use.
+func flagError(err error) error {
+	var fe *tunnel.FieldError
+	if !errors.As(err, &fe) {
+		return err
 	}
-	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	go func() {
-		// An endpoint that dies takes the server down with it rather than leaving it unobservable.
-		select {
-		case err := <-errs:
-			errs <- err
-			stopRun()
-		case <-runCtx.Done():
-		}
-	}()
-	runErr := srv.Run(runCtx)
-	stopHTTP()
-	wg.Wait()
-	if runErr != nil {
-		return runErr
+	flags := map[string]string{
+		"Mode":        "--mode",
+		"AgentAddr":   "--agent-bind-address/--agent-port",
+		"ServerAddr":  "--server-bind-address/--server-port",
+		"UDSName":     "--uds-name",
+		"ClusterCert": "--cluster-cert/--cluster-key/--cluster-ca-cert",
+		"ServerCert":  "--server-cert/--server-key/--server-ca-cert",
+	}[fe.Field]
+	if flags == "" {
+		return err
 	}
-	select {
-	case err := <-errs:
-		if ctx.Err() == nil {
-			return fmt.Errorf("health/admin endpoint: %w", err)
-		}
-	default:
+	if errors.Is(err, uds.ErrStale) {
+		return fmt.Errorf("%s: %w; remove it or pass --delete-existing-uds-file", flags, fe.Err)
 	}
-	return nil
+	return fmt.Errorf("%s: %w", flags, fe.Err)
 }

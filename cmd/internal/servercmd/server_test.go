@@ -3,17 +3,12 @@ package servercmd
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
+	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,6 +19,8 @@ import (
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 )
 
@@ -54,42 +51,10 @@ func (s *syncBuffer) String() string {
 // pki writes a CA and a server and agent certificate (SAN 127.0.0.1) into dir.
 func pki(t *testing.T, dir string) (ca, serverCert, serverKey, agentCert, agentKey string) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	ca = write("ca.crt", "CERTIFICATE", caDER)
-	leaf := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, _ := x509.MarshalECPrivateKey(k)
-		return write(name+".crt", "CERTIFICATE", der), write(name+".key", "EC PRIVATE KEY", kder)
-	}
-	serverCert, serverKey = leaf("server", 2, x509.ExtKeyUsageServerAuth)
-	agentCert, agentKey = leaf("agent", 3, x509.ExtKeyUsageClientAuth)
+	c := pkitest.NewCA(t, "test-ca")
+	ca = c.WriteCert(t, filepath.Join(dir, "ca.crt"))
+	serverCert, serverKey = c.Server(t, "server", "127.0.0.1").Write(t, dir, "server")
+	agentCert, agentKey = c.Issue(t, pkitest.Spec{CN: "agent", Hosts: []string{"127.0.0.1"}, Client: true}).Write(t, dir, "agent")
 	return
 }
 
@@ -258,6 +223,13 @@ func TestServerFlagErrors(t *testing.T) {
 	}
 	defer busy.Close()
 	_, busyPort, _ := net.SplitHostPort(busy.Addr().String())
+	stale := filepath.Join(dir, "stale.sock")
+	staleLn, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleLn.SetUnlinkOnClose(false)
+	staleLn.Close()
 	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk,
 		"--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}
 	for _, tc := range []struct {
@@ -268,6 +240,8 @@ func TestServerFlagErrors(t *testing.T) {
 		{"mode", []string{"--mode=tcp"}, "--mode"},
 		{"remote admin", []string{"--admin-bind-address=0.0.0.0"}, "--allow-remote-admin"},
 		{"health port in use", []string{"--health-port=" + busyPort, "--health-bind-address=127.0.0.1"}, "address already in use"},
+		{"agent port in use", []string{"--agent-port=" + busyPort, "--agent-bind-address=127.0.0.1"}, "--agent-bind-address/--agent-port"},
+		{"stale socket", []string{"--uds-name=" + stale, "--delete-existing-uds-file=false"}, "--delete-existing-uds-file"},
 		{"unknown flag", []string{"--no-such-flag"}, "unknown flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -281,5 +255,41 @@ func TestServerFlagErrors(t *testing.T) {
 				t.Fatalf("want error with %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestTwoServersInOneProcess: each server has its own metrics registry, so a second one in the same process
+// neither fails to register nor shows the first one's metrics twice.
+func TestTwoServersInOneProcess(t *testing.T) {
+	dir := t.TempDir()
+	_, sc, sk, _, _ := pki(t, dir)
+	for i := range 2 {
+		o := NewOptions()
+		fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse([]string{"--uds-name=" + filepath.Join(dir, fmt.Sprintf("s%d.sock", i)), "--cluster-cert=" + sc,
+			"--cluster-key=" + sk, "--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := o.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatalf("server %d: %v", i, err)
+		}
+		rec := httptest.NewRecorder()
+		s.endpoints.HealthMux.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		body := rec.Body.String()
+		if rec.Code != 200 || strings.Count(body, "\nkonnect_tunnel_server_frontend_queued_bytes ") != 1 ||
+			strings.Count(body, "# TYPE go_goroutines ") != 1 || !strings.Contains(body, "konnectivity_network_proxy_server_") {
+			t.Fatalf("server %d: /metrics %d:\n%s", i, rec.Code, body)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

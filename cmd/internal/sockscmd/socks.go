@@ -11,13 +11,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/socks"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/apiserver/pkg/server/healthz"
@@ -162,45 +160,48 @@ func readPassword(file string) (string, error) {
 	return pw, nil
 }
 
-// Proxy is a running `konnect socks`: one SSH dialer and its local listeners.
+// Proxy is a `konnect socks` ready to run: one SSH dialer and its local listeners, all bound.
 type Proxy struct {
-	cfg      *Config
-	dialer   *sshdial.Dialer
-	server   *socks.Server
-	socksLn  net.Listener
-	httpLn   net.Listener
-	healthLn net.Listener
+	cfg       *Config
+	dialer    *sshdial.Dialer
+	server    *socks.Server
+	socksLn   net.Listener
+	httpLn    net.Listener
+	endpoints daemon.Endpoints // health only
 }
 
 // New prepares the SSH dialer and binds every listener, so that a bad address or a port in use fails here.
-func New(cfg *Config) (*Proxy, error) {
+// Nothing stays bound when New fails.
+func New(cfg *Config) (_ *Proxy, err error) {
 	d, err := sshdial.New(cfg.SSH)
 	if err != nil {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, dialer: d}
 	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns}
-	closeAll := func() {
-		for _, ln := range []net.Listener{p.socksLn, p.httpLn, p.healthLn} {
-			if ln != nil {
-				ln.Close()
+	defer func() {
+		if err != nil {
+			p.endpoints.Close()
+			for _, ln := range []net.Listener{p.socksLn, p.httpLn} {
+				if ln != nil {
+					ln.Close()
+				}
 			}
 		}
-	}
+	}()
 	if p.socksLn, err = daemon.Listen("tcp", cfg.SOCKSAddr, cfg.AllowRemote, "-D"); err != nil {
 		return nil, err
 	}
 	if cfg.HTTPAddr != "" {
 		if p.httpLn, err = daemon.Listen("tcp", cfg.HTTPAddr, cfg.AllowRemote, "--http-listen"); err != nil {
-			closeAll()
 			return nil, err
 		}
 	}
 	if cfg.HealthAddr != "" {
-		if p.healthLn, err = daemon.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
-			closeAll()
+		if p.endpoints.Health, err = daemon.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
 			return nil, err
 		}
+		p.endpoints.HealthMux = daemon.NewHealthMux(nil, p.ReadyChecks(), p.metrics())
 	}
 	return p, nil
 }
@@ -218,10 +219,10 @@ func (p *Proxy) HTTPAddr() net.Addr {
 
 // HealthAddr is the bound address of --health-listen, or nil.
 func (p *Proxy) HealthAddr() net.Addr {
-	if p.healthLn == nil {
+	if p.endpoints.Health == nil {
 		return nil
 	}
-	return p.healthLn.Addr()
+	return p.endpoints.Health.Addr()
 }
 
 // Ready reports nil while the SSH connection is up.
@@ -236,49 +237,26 @@ func (p *Proxy) ReadyChecks() []healthz.HealthChecker {
 // an error, after stopping everything, when the SSH connection is refused for good (untrusted host key,
 // failed authentication) or a listener fails.
 func (p *Proxy) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	run := func(name string, f func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(); err != nil {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", name, err)
-				}
-				mu.Unlock()
-				cancel()
-			}
-		}()
+	// The graceful timeout is 0: proxied connections close at once on stop, so ShutdownGrace bounds every part.
+	g := daemon.Group{StopTimeout: daemon.ShutdownGrace}
+	if p.endpoints.Health != nil {
+		klog.InfoS("Serving health endpoints", "addr", p.endpoints.Health.Addr().String())
 	}
+	p.endpoints.AddTo(&g)
 	klog.InfoS("Serving SOCKS5 and HTTP proxy", "addr", p.socksLn.Addr().String(), "via", p.dialer.Target())
-	run("ssh", func() error { return p.dialer.Run(ctx) })
-	run("proxy", func() error { return p.server.Serve(ctx, p.socksLn, socks.Auto) })
+	g.Add("ssh", p.dialer.Run)
+	g.Add("proxy", func(ctx context.Context) error { return p.server.Serve(ctx, p.socksLn, socks.Auto) })
 	if p.httpLn != nil {
 		klog.InfoS("Serving HTTP proxy", "addr", p.httpLn.Addr().String())
-		run("http proxy", func() error { return p.server.Serve(ctx, p.httpLn, socks.HTTPOnly) })
+		g.Add("http proxy", func(ctx context.Context) error { return p.server.Serve(ctx, p.httpLn, socks.HTTPOnly) })
 	}
-	if p.healthLn != nil {
-		klog.InfoS("Serving health endpoints", "addr", p.healthLn.Addr().String())
-		mux := daemon.NewHealthMux(nil, p.ReadyChecks(), p.metrics())
-		run("health", func() error { return daemon.Serve(ctx, p.healthLn, mux) })
-	}
-	wg.Wait()
-	return firstErr
+	return g.Run(ctx)
 }
 
-// metrics returns a registry with the proxy's gauges, plus Go and process metrics.
+// metrics returns a fresh registry with the proxy's gauges.
 func (p *Proxy) metrics() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
+	reg := daemon.NewRegistry()
 	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "konnect_socks_ssh_up",
 			Help: "1 while the SSH connection is established, 0 otherwise.",
@@ -314,23 +292,18 @@ new connections wait up to --connect-timeout, and konnect reconnects with backof
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Destination = args[0]
-			cfg, err := o.Config()
-			if err != nil {
-				return err
-			}
-			p, err := New(cfg)
-			if err != nil {
-				return err
-			}
-			// The SSH library allocates a fresh buffer for every 32 KiB packet; measured against sshd on
-			// loopback, GOGC=400 cut konnect's CPU per GiB by about 30%.
-			daemon.TuneGC(400, 0)
-			ctx, cancel := daemon.SignalContext(cmd.Context())
-			defer cancel()
-			return p.Run(ctx)
+			return run(cmd.Context(), o)
 		},
 	}
 	o.AddFlags(cmd.Flags())
 	daemon.AddKlogFlags(cmd.Flags(), "v", "vmodule")
 	return cmd
+}
+
+func run(ctx context.Context, o *Options) error {
+	return daemon.RunCommand(ctx, o.Config, New, func(p *Proxy) {
+		// The SSH library allocates a fresh buffer for every 32 KiB packet; measured against sshd on
+		// loopback, GOGC=400 cut konnect's CPU per GiB by about 30%.
+		daemon.TuneGC(400, 0)
+	})
 }

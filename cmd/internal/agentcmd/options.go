@@ -1,4 +1,4 @@
-package agent
+package agentcmd
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/konnect-dev/konnect/agent"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
@@ -35,11 +36,11 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Upstream:         upstream.NewGrpcProxyAgentOptions(),
-		GracefulTimeout:  DefaultGracefulTimeout,
-		DialTimeout:      DefaultDialTimeout,
-		ConnectionBuffer: DefaultConnectionBuffer,
-		StallTimeout:     DefaultStallTimeout,
-		ReadBuffer:       DefaultReadBuffer,
+		GracefulTimeout:  agent.DefaultGracefulTimeout,
+		DialTimeout:      agent.DefaultDialTimeout,
+		ConnectionBuffer: agent.DefaultConnectionBuffer,
+		StallTimeout:     agent.DefaultStallTimeout,
+		ReadBuffer:       agent.DefaultReadBuffer,
 	}
 }
 
@@ -79,7 +80,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
 		"Allow a non-loopback --admin-bind-address (the admin port serves pprof).")
 	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
-		"On SIGTERM, how long open connections may continue after DRAIN was sent to the servers.")
+		"On SIGTERM, how long open connections may continue after DRAIN was sent to the servers; 0 closes them at once.")
 	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "Timeout for dialling a backend.")
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
 		"Bytes queued for one backend before the agent waits for it to read. Connections have their own queues, so a slow backend does not hold up the others.")
@@ -96,12 +97,16 @@ func (o *Options) Validate() error {
 	add := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
 	}
+	// wrap keeps err, so that errors.Is and errors.As still see it (a missing file is fs.ErrNotExist).
+	wrap := func(flag string, err error) {
+		errs = append(errs, fmt.Errorf("--%s: %w", flag, err))
+	}
 	fileFlag := func(flag, path string) {
 		if path == "" {
 			return
 		}
 		if _, err := os.Stat(path); err != nil {
-			add(flag, "%v", err)
+			wrap(flag, err)
 		}
 	}
 	fileFlag("ca-cert", u.CaCert)
@@ -114,8 +119,8 @@ func (o *Options) Validate() error {
 	}
 	if u.ProxyServerPort <= 0 || u.ProxyServerPort > 65535 {
 		add("proxy-server-port", "port %d out of range 1-65535", u.ProxyServerPort)
-	} else if _, err := SplitServers(u.ProxyServerHost, u.ProxyServerPort); err != nil {
-		add("proxy-server-host", "%v", err)
+	} else if _, err := agent.SplitServers(u.ProxyServerHost, u.ProxyServerPort); err != nil {
+		wrap("proxy-server-host", err)
 	}
 	if u.HealthServerPort <= 0 || u.HealthServerPort > 65535 {
 		add("health-server-port", "port %d out of range 1-65535", u.HealthServerPort)
@@ -148,11 +153,11 @@ func (o *Options) Validate() error {
 		add("agent-id", "must not be empty")
 	}
 	if err := validateIdentifiers(u.AgentIdentifiers); err != nil {
-		add("agent-identifiers", "%v", err)
+		wrap("agent-identifiers", err)
 	}
 	if u.CountServerLeases {
 		if _, err := labels.Parse(u.LeaseLabel); err != nil {
-			add("lease-label", "%v", err)
+			wrap("lease-label", err)
 		}
 		if u.LeaseNamespace == "" {
 			add("lease-namespace", "must not be empty with --count-server-leases")
@@ -164,8 +169,8 @@ func (o *Options) Validate() error {
 		add("server-count-source", "must be 'default' or 'max', got %q", u.ServerCountSource)
 	}
 	for _, d := range o.AllowDestinations {
-		if _, err := ParseDestination(d); err != nil {
-			add("allow-destination", "%v", err)
+		if _, err := agent.ParseDestination(d); err != nil {
+			wrap("allow-destination", err)
 		}
 	}
 	if o.GracefulTimeout < 0 {
@@ -180,8 +185,8 @@ func (o *Options) Validate() error {
 	if o.StallTimeout <= 0 {
 		add("connection-stall-timeout", "must be positive, got %v", o.StallTimeout)
 	}
-	if o.ReadBuffer < minReadBuffer || o.ReadBuffer > maxReadBuffer {
-		add("read-buffer-bytes", "must be between %d and %d, got %d", minReadBuffer, maxReadBuffer, o.ReadBuffer)
+	if o.ReadBuffer < agent.MinReadBuffer || o.ReadBuffer > agent.MaxReadBuffer {
+		add("read-buffer-bytes", "must be between %d and %d, got %d", agent.MinReadBuffer, agent.MaxReadBuffer, o.ReadBuffer)
 	}
 	return errors.Join(errs...)
 }
@@ -207,47 +212,76 @@ func validateIdentifiers(s string) error {
 	return nil
 }
 
-// Config turns validated options into the agent's Config. Lease counting (--count-server-leases) needs a
-// Kubernetes client and is wired by the caller through Config.ServerCount.
-func (o *Options) Config() (Config, error) {
+// Config is the validated configuration of `konnect agent`: the agent's own and its endpoints'.
+type Config struct {
+	Agent agent.Config
+
+	HealthAddr          string // host:port; all interfaces by default, as upstream, for the kubelet's probes
+	AdminAddr           string // host:port; loopback unless AllowRemoteAdmin
+	AllowRemoteAdmin    bool
+	Profiling           bool // pprof on the admin port
+	ContentionProfiling bool
+
+	// Leases, when set, counts the servers by their Lease objects (--count-server-leases).
+	Leases *LeaseCount
+}
+
+// LeaseCount says where the servers' leases are.
+type LeaseCount struct {
+	Kubeconfig  string // empty: in-cluster
+	Namespace   string
+	Selector    string
+	ContentType string
+}
+
+// Config validates the options and builds the Config; each error names the flag to fix. It reads the files
+// named to check them, and binds, starts and dials nothing.
+func (o *Options) Config() (*Config, error) {
 	if err := o.Validate(); err != nil {
-		return Config{}, err
+		return nil, err
 	}
 	u := o.Upstream
-	servers, err := SplitServers(u.ProxyServerHost, u.ProxyServerPort)
+	servers, err := agent.SplitServers(u.ProxyServerHost, u.ProxyServerPort)
 	if err != nil {
-		return Config{}, fmt.Errorf("--proxy-server-host: %w", err)
+		return nil, fmt.Errorf("--proxy-server-host: %w", err)
 	}
-	cfg := Config{
-		Servers:          servers,
-		CAFile:           u.CaCert,
-		CertFile:         u.AgentCert,
-		KeyFile:          u.AgentKey,
-		ALPNProtos:       u.AlpnProtos,
-		TokenFile:        u.ServiceAccountTokenPath,
-		AgentID:          u.AgentID,
-		Identifiers:      u.AgentIdentifiers,
-		SyncInterval:     u.SyncInterval,
-		SyncIntervalCap:  u.SyncIntervalCap,
-		SyncForever:      u.SyncForever,
-		ProbeInterval:    u.ProbeInterval,
-		KeepaliveTime:    u.KeepaliveTime,
-		ServerCountMax:   u.ServerCountSource == "max",
-		DialTimeout:      o.DialTimeout,
-		GracefulTimeout:  o.GracefulTimeout,
-		ConnectionBuffer: o.ConnectionBuffer,
-		StallTimeout:     o.StallTimeout,
-		ReadBuffer:       o.ReadBuffer,
-	}
-	if o.GracefulTimeout == 0 {
-		cfg.GracefulTimeout = -1 // --graceful-timeout=0: close at once
+	cfg := &Config{
+		Agent: agent.Config{
+			Servers:          servers,
+			CAFile:           u.CaCert,
+			CertFile:         u.AgentCert,
+			KeyFile:          u.AgentKey,
+			ALPNProtos:       u.AlpnProtos,
+			TokenFile:        u.ServiceAccountTokenPath,
+			AgentID:          u.AgentID,
+			Identifiers:      u.AgentIdentifiers,
+			SyncInterval:     u.SyncInterval,
+			SyncIntervalCap:  u.SyncIntervalCap,
+			SyncForever:      u.SyncForever,
+			ProbeInterval:    u.ProbeInterval,
+			KeepaliveTime:    u.KeepaliveTime,
+			ServerCountMax:   u.ServerCountSource == "max",
+			DialTimeout:      o.DialTimeout,
+			GracefulTimeout:  o.GracefulTimeout,
+			ConnectionBuffer: o.ConnectionBuffer,
+			StallTimeout:     o.StallTimeout,
+			ReadBuffer:       o.ReadBuffer,
+		},
+		HealthAddr:          net.JoinHostPort(u.HealthServerHost, strconv.Itoa(u.HealthServerPort)),
+		AdminAddr:           net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)),
+		AllowRemoteAdmin:    o.AllowRemoteAdmin,
+		Profiling:           u.EnableProfiling,
+		ContentionProfiling: u.EnableContentionProfiling,
 	}
 	for _, d := range o.AllowDestinations {
-		dest, err := ParseDestination(d)
+		dest, err := agent.ParseDestination(d)
 		if err != nil {
-			return Config{}, fmt.Errorf("--allow-destination: %w", err)
+			return nil, fmt.Errorf("--allow-destination: %w", err)
 		}
-		cfg.Allow = append(cfg.Allow, dest)
+		cfg.Agent.Allow = append(cfg.Agent.Allow, dest)
+	}
+	if u.CountServerLeases {
+		cfg.Leases = &LeaseCount{Kubeconfig: u.KubeconfigPath, Namespace: u.LeaseNamespace, Selector: u.LeaseLabel, ContentType: u.APIContentType}
 	}
 	return cfg, nil
 }

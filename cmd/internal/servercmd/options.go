@@ -1,4 +1,4 @@
-package tunnel
+package servercmd
 
 import (
 	"crypto/tls"
@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -30,35 +31,22 @@ type Options struct {
 	GracefulTimeout time.Duration
 	// AllowRemoteAdmin permits a non-loopback --admin-bind-address (pprof and agent status live there).
 	AllowRemoteAdmin bool
-	// FrontendBuffer is how many bytes may wait for one slow frontend reader before the agent stream that
-	// feeds it has to wait too.
-	FrontendBuffer int
-	// StalledReaderTimeout is how long a full frontend buffer may block the agent stream before that one
-	// frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It stays
-	// below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
+	// FrontendBuffer, StalledReaderTimeout and MaxFrontendMessage: see tunnel.Config.
+	FrontendBuffer       int
 	StalledReaderTimeout time.Duration
-	// MaxFrontendMessage is the largest gRPC message accepted from kube-apiserver. Its client sends each
-	// write as one message, so this bounds the largest single write through the tunnel.
-	MaxFrontendMessage int
+	MaxFrontendMessage   int
 }
-
-// Defaults for konnect's own flags.
-const (
-	DefaultGracefulTimeout      = 15 * time.Second
-	DefaultFrontendBuffer       = 8 << 20
-	DefaultStalledReaderTimeout = 5 * time.Second
-	DefaultMaxFrontendMessage   = 256 << 20
-)
 
 // NewOptions returns the defaults: upstream's for upstream's flags, and konnect's own.
 func NewOptions() *Options {
+	u := upstream.NewProxyRunOptions()
 	return &Options{
-		Upstream:             upstream.NewProxyRunOptions(),
-		GracefulTimeout:      DefaultGracefulTimeout,
+		Upstream:             u,
+		GracefulTimeout:      tunnel.DefaultGracefulTimeout,
 		AllowRemoteAdmin:     false,
-		FrontendBuffer:       DefaultFrontendBuffer,
-		StalledReaderTimeout: DefaultStalledReaderTimeout,
-		MaxFrontendMessage:   DefaultMaxFrontendMessage,
+		FrontendBuffer:       tunnel.DefaultFrontendBuffer,
+		StalledReaderTimeout: tunnel.DefaultStalledReaderTimeout,
+		MaxFrontendMessage:   tunnel.DefaultMaxFrontendMessage,
 	}
 }
 
@@ -66,13 +54,19 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.AddFlagSet(o.Upstream.Flags())
 	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
-		"konnect: on SIGTERM, how long open tunnels may finish before they are closed; --graceful-shutdown-timeout, when set, wins.")
+		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when set, wins.")
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
 		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
-	fs.IntVar(&o.FrontendBuffer, "frontend-buffer-bytes", o.FrontendBuffer,
+	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
+	// on the other end of the tunnel; the server's first names stay as deprecated aliases.
+	fs.IntVar(&o.FrontendBuffer, "connection-buffer-bytes", o.FrontendBuffer,
 		"konnect: bytes buffered for each frontend connection before its agent stream waits.")
-	fs.DurationVar(&o.StalledReaderTimeout, "stalled-reader-timeout", o.StalledReaderTimeout,
+	fs.DurationVar(&o.StalledReaderTimeout, "connection-stall-timeout", o.StalledReaderTimeout,
 		"konnect: how long one full frontend buffer may hold up its agent stream before that connection is closed.")
+	fs.IntVar(&o.FrontendBuffer, "frontend-buffer-bytes", o.FrontendBuffer, "")
+	_ = fs.MarkDeprecated("frontend-buffer-bytes", "use --connection-buffer-bytes, the agent's name for the same queue")
+	fs.DurationVar(&o.StalledReaderTimeout, "stalled-reader-timeout", o.StalledReaderTimeout, "")
+	_ = fs.MarkDeprecated("stalled-reader-timeout", "use --connection-stall-timeout, the agent's name for the same bound")
 	fs.IntVar(&o.MaxFrontendMessage, "max-frontend-message-bytes", o.MaxFrontendMessage,
 		"konnect: largest gRPC message accepted from the frontend (kube-apiserver sends one write as one message).")
 }
@@ -202,10 +196,10 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--graceful-timeout must be >= 0, not %v", o.GracefulTimeout)
 	}
 	if o.FrontendBuffer < 64<<10 {
-		return fmt.Errorf("--frontend-buffer-bytes must be at least 65536, not %d", o.FrontendBuffer)
+		return fmt.Errorf("--connection-buffer-bytes (--frontend-buffer-bytes) must be at least 65536, not %d", o.FrontendBuffer)
 	}
 	if o.StalledReaderTimeout <= 0 {
-		return fmt.Errorf("--stalled-reader-timeout must be positive, not %v", o.StalledReaderTimeout)
+		return fmt.Errorf("--connection-stall-timeout (--stalled-reader-timeout) must be positive, not %v", o.StalledReaderTimeout)
 	}
 	if o.MaxFrontendMessage < 4<<20 {
 		return fmt.Errorf("--max-frontend-message-bytes must be at least 4194304 (gRPC's default), not %d", o.MaxFrontendMessage)
@@ -213,9 +207,24 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// Config resolves validated options into a Config. It builds the Kubernetes client when token
-// authentication or the lease controller needs one.
+// Config is the validated configuration of `konnect server`: the tunnel's and its endpoints'.
+type Config struct {
+	Tunnel tunnel.Config
+
+	HealthAddr          string // host:port; loopback unless --health-bind-address is set
+	AdminAddr           string // host:port; loopback unless AllowRemoteAdmin
+	AllowRemoteAdmin    bool
+	Profiling           bool // pprof on the admin port
+	ContentionProfiling bool
+}
+
+// Config validates the options and builds the Config; each error names the flag to fix. It reads the files
+// named and builds (without contacting) the Kubernetes client that token authentication or the lease
+// controller needs, and binds, starts and dials nothing.
 func (o *Options) Config() (*Config, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
 	u := o.Upstream
 	strategies, err := proxystrategies.ParseProxyStrategies(u.ProxyStrategies)
 	if err != nil {
@@ -236,7 +245,19 @@ func (o *Options) Config() (*Config, error) {
 	if u.GracefulShutdownTimeout > 0 {
 		graceful = u.GracefulShutdownTimeout
 	}
+	healthHost := u.HealthBindAddress
+	if healthHost == "" {
+		healthHost = "127.0.0.1" // konnect's one difference: the empty default stays on loopback
+	}
 	cfg := &Config{
+		HealthAddr:          net.JoinHostPort(healthHost, strconv.Itoa(u.HealthPort)),
+		AdminAddr:           net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminPort)),
+		AllowRemoteAdmin:    o.AllowRemoteAdmin,
+		Profiling:           u.EnableProfiling,
+		ContentionProfiling: u.EnableContentionProfiling,
+	}
+	t := &cfg.Tunnel
+	*t = tunnel.Config{
 		ServerID:              u.ServerID,
 		ServerCount:           u.ServerCount,
 		Mode:                  u.Mode,
@@ -261,9 +282,9 @@ func (o *Options) Config() (*Config, error) {
 		MaxFrontendMessage:    o.MaxFrontendMessage,
 	}
 	if u.UdsName == "" {
-		cfg.ServerAddr = net.JoinHostPort(u.ServerBindAddress, strconv.Itoa(u.ServerPort))
+		t.ServerAddr = net.JoinHostPort(u.ServerBindAddress, strconv.Itoa(u.ServerPort))
 	}
-	cfg.AgentAddr = net.JoinHostPort(u.AgentBindAddress, strconv.Itoa(u.AgentPort))
+	t.AgentAddr = net.JoinHostPort(u.AgentBindAddress, strconv.Itoa(u.AgentPort))
 
 	needClient := u.AgentNamespace != "" || u.EnableLeaseController
 	if needClient {
@@ -283,7 +304,7 @@ func (o *Options) Config() (*Config, error) {
 			return nil, fmt.Errorf("--kubeconfig %s: build client: %w", u.KubeconfigPath, err)
 		}
 		if u.AgentNamespace != "" {
-			cfg.TokenAuth = &TokenAuth{
+			t.TokenAuth = &tunnel.TokenAuth{
 				Namespace:      u.AgentNamespace,
 				ServiceAccount: u.AgentServiceAccount,
 				Audience:       u.AuthenticationAudience,
@@ -295,7 +316,7 @@ func (o *Options) Config() (*Config, error) {
 			if err != nil {
 				return nil, fmt.Errorf("--lease-label: %w", err)
 			}
-			cfg.Leases = &Leases{Namespace: u.LeaseNamespace, Labels: labels, Client: client}
+			t.Leases = &tunnel.Leases{Namespace: u.LeaseNamespace, Labels: labels, Client: client}
 		}
 	}
 	return cfg, nil

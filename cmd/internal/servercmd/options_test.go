@@ -1,29 +1,42 @@
-package tunnel
+package servercmd
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
 )
 
-// TestFlagsMatchUpstream: every proxy-server v0.36.0 flag exists with the same type and default, so a
-// manifest written for proxy-server keeps working.
+// TestFlagsMatchUpstream: every proxy-server v0.36.0 flag exists with the same type and default, except the
+// deliberate differences listed here, so a manifest written for proxy-server keeps working.
 func TestFlagsMatchUpstream(t *testing.T) {
 	// PROXY_SERVER_ID would make both sides take the same value; a random UUID would differ.
 	t.Setenv("PROXY_SERVER_ID", "fixed-id")
 	theirs := upstream.NewProxyRunOptions().Flags()
 	ours := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
 	NewOptions().AddFlags(ours)
+	// konnect's defaults that differ from upstream's, each said in the flag's help and README.md.
+	differs := map[string]string{}
 	n := 0
 	theirs.VisitAll(func(f *pflag.Flag) {
 		n++
 		o := ours.Lookup(f.Name)
 		if o == nil {
 			t.Errorf("--%s missing", f.Name)
+			return
+		}
+		if def, ok := differs[f.Name]; ok {
+			if o.Value.Type() != f.Value.Type() || o.DefValue != def || f.DefValue == def {
+				t.Errorf("--%s: ours %q, upstream %q; want ours %q, unlike upstream", f.Name, o.DefValue, f.DefValue, def)
+			}
+			if !strings.Contains(o.Usage, "upstream proxy-server's default is 0") {
+				t.Errorf("--%s: help does not say how it differs from upstream: %q", f.Name, o.Usage)
+			}
 			return
 		}
 		if o.Value.Type() != f.Value.Type() || o.DefValue != f.DefValue {
@@ -104,17 +117,39 @@ func TestValidate(t *testing.T) {
 }
 
 func TestConfigGracefulTimeout(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(file, []byte("x"), 0o600)
 	o := NewOptions()
 	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
+	o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
 	cfg, err := o.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.GracefulTimeout != DefaultGracefulTimeout || cfg.ServerAddr != "" || cfg.AgentAddr != ":8091" {
+	if cfg.Tunnel.GracefulTimeout != tunnel.DefaultGracefulTimeout || cfg.Tunnel.ServerAddr != "" || cfg.Tunnel.AgentAddr != ":8091" {
 		t.Fatalf("config %+v", cfg)
 	}
 	o.Upstream.GracefulShutdownTimeout = 3e9
-	if cfg, _ = o.Config(); cfg.GracefulTimeout != 3e9 {
-		t.Fatalf("--graceful-shutdown-timeout not honoured: %v", cfg.GracefulTimeout)
+	if cfg, _ = o.Config(); cfg.Tunnel.GracefulTimeout != 3e9 {
+		t.Fatalf("--graceful-shutdown-timeout not honoured: %v", cfg.Tunnel.GracefulTimeout)
+	}
+}
+
+// TestQueueFlagAliases: the server takes the agent's names for the per-connection queue and its stall bound,
+// and still takes its first names.
+func TestQueueFlagAliases(t *testing.T) {
+	for _, args := range [][]string{
+		{"--connection-buffer-bytes=1048576", "--connection-stall-timeout=3s"},
+		{"--frontend-buffer-bytes=1048576", "--stalled-reader-timeout=3s"},
+	} {
+		o := NewOptions()
+		fs := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if o.FrontendBuffer != 1<<20 || o.StalledReaderTimeout != 3*time.Second {
+			t.Errorf("%v: buffer %d, stall %v", args, o.FrontendBuffer, o.StalledReaderTimeout)
+		}
 	}
 }

@@ -1,7 +1,8 @@
-package agent
+package agentcmd
 
 import (
-	"net/netip"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,75 +149,26 @@ func TestOptionsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(cfg.Servers, " "); got != "10.0.0.1:8132 server.example:9000" {
+	if got := strings.Join(cfg.Agent.Servers, " "); got != "10.0.0.1:8132 server.example:9000" {
 		t.Errorf("servers %q", got)
 	}
-	if cfg.AgentID != "a1" || !cfg.SyncForever || !cfg.ServerCountMax || cfg.GracefulTimeout >= 0 {
+	if cfg.Agent.AgentID != "a1" || !cfg.Agent.SyncForever || !cfg.Agent.ServerCountMax || cfg.Agent.GracefulTimeout != 0 {
 		t.Errorf("config %+v", cfg)
 	}
-	if len(cfg.Allow) != 1 || cfg.Allow[0].String() != "10.0.0.0/8:443" {
-		t.Errorf("allow %v", cfg.Allow)
+	if len(cfg.Agent.Allow) != 1 || cfg.Agent.Allow[0].String() != "10.0.0.0/8:443" {
+		t.Errorf("allow %v", cfg.Agent.Allow)
 	}
-	if cfg.SyncInterval != time.Second || cfg.SyncIntervalCap != 10*time.Second {
-		t.Errorf("sync %v/%v", cfg.SyncInterval, cfg.SyncIntervalCap)
-	}
-}
-
-func TestAllowList(t *testing.T) {
-	var l AllowList
-	for _, s := range []string{"10.0.0.0/8:443,8443", "198.19.0.10:1-65535", "fd00::/8:6443"} {
-		d, err := ParseDestination(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l = append(l, d)
-	}
-	for _, tc := range []struct {
-		addr string
-		want bool
-	}{
-		{"10.1.2.3:443", true},
-		{"10.1.2.3:8443", true},
-		{"10.1.2.3:22", false},
-		{"11.0.0.1:443", false},
-		{"198.19.0.10:1", true},
-		{"198.19.0.11:1", false},
-		{"[fd00::5]:6443", true},
-		{"[fd00::5]:443", false},
-		{"[::ffff:10.0.0.1]:443", true}, // v4-mapped is the v4 address
-	} {
-		ap := netip.MustParseAddrPort(tc.addr)
-		if got := l.Allows(ap.Addr(), ap.Port()); got != tc.want {
-			t.Errorf("Allows(%s) = %v", tc.addr, got)
-		}
-		if got := l.check(tc.addr) == nil; got != tc.want {
-			t.Errorf("check(%s) allowed = %v", tc.addr, got)
-		}
-	}
-	if AllowList(nil).check("1.2.3.4:5") != nil {
-		t.Error("an empty list must allow everything")
-	}
-	if err := l.check("example.com:22"); err != nil {
-		t.Errorf("names are checked at connect time, not before: %v", err)
+	if cfg.Agent.SyncInterval != time.Second || cfg.Agent.SyncIntervalCap != 10*time.Second {
+		t.Errorf("sync %v/%v", cfg.Agent.SyncInterval, cfg.Agent.SyncIntervalCap)
 	}
 }
 
-func TestSplitServers(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want string
-		err  bool
-	}{
-		{"127.0.0.1", "127.0.0.1:8091", false},
-		{"a.example,b.example:9", "a.example:8091 b.example:9", false},
-		{"::1", "[::1]:8091", false},
-		{"[::1]:9", "[::1]:9", false},
-		{"a:0", "", true},
-		{" , ", "", true},
-	} {
-		got, err := SplitServers(tc.in, 8091)
-		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
-			t.Errorf("SplitServers(%q) = %q, %v", tc.in, got, err)
-		}
+// TestValidateKeepsCause: the flag is named and the cause is still there for errors.Is.
+func TestValidateKeepsCause(t *testing.T) {
+	o := NewOptions()
+	o.Upstream.CaCert = filepath.Join(t.TempDir(), "missing.crt")
+	err := o.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--ca-cert") || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Validate() = %v, want an error naming --ca-cert that is fs.ErrNotExist", err)
 	}
 }
