@@ -43,9 +43,14 @@ type Config struct {
 	KeepaliveTime         time.Duration
 	FrontendKeepaliveTime time.Duration
 
-	ProxyStrategies    []proxystrategies.ProxyStrategy
-	XfrChannelSize     int
+	ProxyStrategies []proxystrategies.ProxyStrategy
+	XfrChannelSize  int
+
+	// BackendDialTimeout fails a dial that no agent answered in time, and MaxPendingDials refuses dials
+	// beyond that many waiting at once (dials.go); 0 turns either off. `konnect server` defaults
+	// them to DefaultBackendDialTimeout and DefaultMaxPendingDials; a zero Config has neither.
 	BackendDialTimeout time.Duration
+	MaxPendingDials    int
 
 	// TokenAuth, when set, makes agents authenticate with a ServiceAccount token checked by TokenReview.
 	TokenAuth *TokenAuth

@@ -10,6 +10,9 @@
 //   - Run returns within a bounded graceful timeout even while tunnels are open (ANP issue 866);
 //   - DATA packets are cut below gRPC's 4 MiB default message size before they reach an agent or the
 //     frontend, so a single large write does not kill the tunnel;
+//   - dials waiting for an agent are bounded (--max-pending-dials) and time out by default
+//     (--backend-dial-timeout, 30 s; upstream's default is off), without a goroutine per pending dial, and
+//     fail at once when their agent disconnects (ANP issues 789 and 855; dials.go);
 //   - every frontend connection has its own send queue, so one slow reader does not stall the other
 //     connections on the same agent stream (ANP issue 180);
 //   - larger HTTP/2 windows and buffers on both links, a codec (egress/konnectivity/wire, shared with the

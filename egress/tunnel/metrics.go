@@ -16,6 +16,9 @@ type metrics struct {
 	stalledClosed  prometheus.Counter
 	chunkedPackets prometheus.Counter
 	mergedPackets  prometheus.Counter
+	pendingDials   prometheus.Gauge
+	dialTimeouts   prometheus.Counter
+	dialsRefused   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -40,11 +43,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "konnect", Subsystem: "tunnel_server", Name: "data_packets_merged_total",
 			Help: "Small DATA packets combined into larger frontend messages.",
 		}),
+		pendingDials: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "pending_dials",
+			Help: "Dials from the frontend waiting for an agent's DIAL_RSP (bounded by --max-pending-dials).",
+		}),
+		dialTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "dial_timeouts_total",
+			Help: "Dials failed because no agent answered within --backend-dial-timeout.",
+		}),
+		dialsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "pending_dials_refused_total",
+			Help: "Dials refused because --max-pending-dials dials were already pending.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets} {
+	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets,
+		m.pendingDials, m.dialTimeouts, m.dialsRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

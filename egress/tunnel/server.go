@@ -56,9 +56,10 @@ type Server struct {
 	agentGRPC    *grpc.Server
 	socketIno    uint64
 	leases       *leases.Controller
+	dials        *pendingDials
 
-	agents    agentTracker
 	metrics   *metrics
+	agents    agentTracker
 	frontends atomic.Int64
 	draining  atomic.Bool
 
@@ -100,7 +101,12 @@ func New(c *Config) (_ *Server, err error) {
 		conns:   map[*queuedConn]struct{}{},
 		metrics: m,
 	}
-	s.ps.SetBackendDialTimeout(cfg.BackendDialTimeout)
+	s.dials = newPendingDials(s.ps, cfg.MaxPendingDials, cfg.BackendDialTimeout, s.metrics)
+	if cfg.Mode == server.ModeHTTPConnect {
+		// Upstream times CONNECT dials out on each request's own goroutine; gRPC dials are timed out by
+		// s.dials, as upstream would hold a goroutine per dial for the whole timeout (dials.go).
+		s.ps.SetBackendDialTimeout(cfg.BackendDialTimeout)
+	}
 	defer func() {
 		if err != nil {
 			s.closeListeners()
@@ -123,7 +129,7 @@ func New(c *Config) (_ *Server, err error) {
 		grpc.ReadBufferSize(ioBufferSize),
 		grpc.WriteBufferSize(ioBufferSize),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
-		grpc.StreamInterceptor(s.agentInterceptor),
+		grpc.ChainStreamInterceptor(s.agentInterceptor, s.dials.agentInterceptor),
 		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
@@ -155,7 +161,7 @@ func New(c *Config) (_ *Server, err error) {
 			// between flushes instead of staying with the connection.
 			grpc.SharedWriteBuffer(true),
 			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
-			grpc.StreamInterceptor(s.frontendInterceptor),
+			grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
 			grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
 		}
 		if cfg.UDSName == "" {
@@ -169,7 +175,7 @@ func New(c *Config) (_ *Server, err error) {
 		client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
 	} else {
 		s.frontendHTTP = &http.Server{
-			Handler: connectHandler{s: s, next: &server.Tunnel{Server: s.ps}},
+			Handler: connectHandler{s: s, next: s.dials.connect(&server.Tunnel{Server: s.ps})},
 			// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
 			ReadHeaderTimeout: 10 * time.Second,
 			MaxHeaderBytes:    64 << 10,

@@ -21,9 +21,10 @@ import (
 // Options are the flags of `konnect server`: every flag of upstream proxy-server v0.36.0, registered from
 // upstream's own options so that names and defaults cannot drift, plus konnect's own.
 type Options struct {
-	// Upstream holds the proxy-server flags. Their meaning is upstream's, with two differences: a port of 0
-	// picks a free port (logged), and an empty --health-bind-address means loopback, as konnect binds every
-	// endpoint that is not a tunnel listener to loopback unless told otherwise.
+	// Upstream holds the proxy-server flags. Their meaning is upstream's, with three differences: a port of 0
+	// picks a free port (logged), an empty --health-bind-address means loopback, as konnect binds every
+	// endpoint that is not a tunnel listener to loopback unless told otherwise, and --backend-dial-timeout
+	// defaults to DefaultBackendDialTimeout instead of 0 (off).
 	Upstream *upstream.ProxyRunOptions
 
 	// GracefulTimeout bounds how long Run waits for open tunnels to finish after its context ends, unless
@@ -35,11 +36,15 @@ type Options struct {
 	FrontendBuffer       int
 	StalledReaderTimeout time.Duration
 	MaxFrontendMessage   int
+	// MaxPendingDials bounds the dials waiting for an agent's answer; 0 means no bound (upstream's behaviour).
+	MaxPendingDials int
 }
 
-// NewOptions returns the defaults: upstream's for upstream's flags, and konnect's own.
+// NewOptions returns the defaults: upstream's for upstream's flags (but --backend-dial-timeout), and
+// konnect's own.
 func NewOptions() *Options {
 	u := upstream.NewProxyRunOptions()
+	u.BackendDialTimeout = tunnel.DefaultBackendDialTimeout
 	return &Options{
 		Upstream:             u,
 		GracefulTimeout:      tunnel.DefaultGracefulTimeout,
@@ -47,12 +52,21 @@ func NewOptions() *Options {
 		FrontendBuffer:       tunnel.DefaultFrontendBuffer,
 		StalledReaderTimeout: tunnel.DefaultStalledReaderTimeout,
 		MaxFrontendMessage:   tunnel.DefaultMaxFrontendMessage,
+		MaxPendingDials:      tunnel.DefaultMaxPendingDials,
 	}
 }
 
 // AddFlags registers upstream's flags and konnect's on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.AddFlagSet(o.Upstream.Flags())
+	if f := fs.Lookup("backend-dial-timeout"); f != nil {
+		f.Usage = "How long a dial may wait for the agent's answer (DIAL_RSP) before it fails; 0 disables the timeout. " +
+			"konnect: on by default (30s, kube-apiserver's own dial timeout) where upstream proxy-server's default is 0 (off), " +
+			"and without a goroutine per pending dial. A DIAL_REQ send blocked behind an agent that stops reading is not cut, " +
+			"but keeps its --max-pending-dials slot until it returns."
+	}
+	fs.IntVar(&o.MaxPendingDials, "max-pending-dials", o.MaxPendingDials,
+		"konnect: how many dials may wait for an agent's answer at once; further dials are refused with an error naming this flag. 0 means no bound (upstream's behaviour).")
 	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
 		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when set, wins.")
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
@@ -192,6 +206,9 @@ func (o *Options) Validate() error {
 	if u.BackendDialTimeout < 0 {
 		return fmt.Errorf("--backend-dial-timeout must be >= 0, not %v", u.BackendDialTimeout)
 	}
+	if o.MaxPendingDials < 0 {
+		return fmt.Errorf("--max-pending-dials must be >= 0 (0: no bound), not %d", o.MaxPendingDials)
+	}
 	if o.GracefulTimeout < 0 {
 		return fmt.Errorf("--graceful-timeout must be >= 0, not %v", o.GracefulTimeout)
 	}
@@ -276,6 +293,7 @@ func (o *Options) Config() (*Config, error) {
 		ProxyStrategies:       strategies,
 		XfrChannelSize:        u.XfrChannelSize,
 		BackendDialTimeout:    u.BackendDialTimeout,
+		MaxPendingDials:       o.MaxPendingDials,
 		GracefulTimeout:       graceful,
 		FrontendBuffer:        o.FrontendBuffer,
 		StalledReaderTimeout:  o.StalledReaderTimeout,

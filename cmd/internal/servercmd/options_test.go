@@ -21,7 +21,7 @@ func TestFlagsMatchUpstream(t *testing.T) {
 	ours := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
 	NewOptions().AddFlags(ours)
 	// konnect's defaults that differ from upstream's, each said in the flag's help and README.md.
-	differs := map[string]string{}
+	differs := map[string]string{"backend-dial-timeout": "30s"}
 	n := 0
 	theirs.VisitAll(func(f *pflag.Flag) {
 		n++
@@ -55,6 +55,7 @@ func TestFlagsMatchUpstream(t *testing.T) {
 		"admin-bind-address": "127.0.0.1", "delete-existing-uds-file": "true", "proxy-strategies": "default",
 		"keepalive-time": "1h0m0s", "xfr-channel-size": "10", "server-count": "1", "graceful-shutdown-timeout": "0s",
 		"graceful-timeout": "15s", "allow-remote-admin": "false", "stalled-reader-timeout": "5s",
+		"backend-dial-timeout": "30s", "max-pending-dials": "2000",
 	} {
 		if f := ours.Lookup(name); f == nil || f.DefValue != def {
 			t.Errorf("--%s default: got %v, want %q", name, f, def)
@@ -151,5 +152,55 @@ func TestQueueFlagAliases(t *testing.T) {
 		if o.FrontendBuffer != 1<<20 || o.StalledReaderTimeout != 3*time.Second {
 			t.Errorf("%v: buffer %d, stall %v", args, o.FrontendBuffer, o.StalledReaderTimeout)
 		}
+	}
+}
+
+// TestDialLimitsReachConfig: the pending-dial timeout and bound are on by default, 0 turns either off as
+// upstream has it, and a negative bound is refused naming the flag.
+func TestDialLimitsReachConfig(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		timeout time.Duration
+		max     int
+		err     string
+	}{
+		{nil, tunnel.DefaultBackendDialTimeout, tunnel.DefaultMaxPendingDials, ""},
+		{[]string{"--backend-dial-timeout=0", "--max-pending-dials=0"}, 0, 0, ""},
+		{[]string{"--backend-dial-timeout=5s", "--max-pending-dials=10"}, 5 * time.Second, 10, ""},
+		{[]string{"--max-pending-dials=-1"}, 0, 0, "--max-pending-dials"},
+		{[]string{"--backend-dial-timeout=-1s"}, 0, 0, "--backend-dial-timeout"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "f")
+			if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			o := NewOptions()
+			fs := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			o.Upstream.UdsName, o.Upstream.ServerPort = filepath.Join(dir, "s.sock"), 0
+			o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
+			err := o.Validate()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Validate: %v, want an error naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := o.Config()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Tunnel.BackendDialTimeout != tc.timeout || cfg.Tunnel.MaxPendingDials != tc.max {
+				t.Fatalf("BackendDialTimeout %v, MaxPendingDials %d; want %v, %d", cfg.Tunnel.BackendDialTimeout, cfg.Tunnel.MaxPendingDials, tc.timeout, tc.max)
+			}
+		})
 	}
 }

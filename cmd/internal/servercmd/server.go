@@ -27,8 +27,9 @@ http-connect, over --uds-name or mTLS TCP), and agents connect to --agent-port o
 ServiceAccount token (--agent-namespace, --agent-service-account, --authentication-audience, --kubeconfig)
 or by client certificate (--cluster-ca-cert).
 
-It takes every flag of upstream proxy-server v0.36.0 with the same defaults, so a manifest keeps its args.
-Differences: every listener is bound before serving ("address in use" fails the start); a stale socket
+It takes every flag of upstream proxy-server v0.36.0, so a manifest keeps its args, with upstream's
+defaults but one: --backend-dial-timeout is 30s (upstream: 0, off), and --max-pending-dials (default 2000)
+bounds the dials waiting for agents. Other differences: every listener is bound before serving ("address in use" fails the start); a stale socket
 is replaced but a live one refused; SIGTERM drains within --graceful-timeout (or
 --graceful-shutdown-timeout when set) and then exits even with tunnels open; --health-bind-address ""
 means 127.0.0.1; port 0 picks a free port.

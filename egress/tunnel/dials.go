@@ -1,0 +1,390 @@
+package tunnel
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
+	servermetrics "sigs.k8s.io/apiserver-network-proxy/pkg/server/metrics"
+)
+
+// A pending dial is a DIAL_REQ that no agent has answered yet. Upstream proxy-server keeps them without a
+// bound and, by default, without a timeout, so a stuck agent lets them pile up (ANP issues 789 and 855).
+// Its --backend-dial-timeout, when set, starts one goroutine and timer per dial that live for the whole
+// timeout even after the agent answered. konnect bounds how many dials may be pending on a server
+// (--max-pending-dials) and times each one out (--backend-dial-timeout, on by default) with a
+// time.AfterFunc timer that is stopped as soon as the dial is answered: no goroutine waits with a pending
+// dial.
+const (
+	// DefaultBackendDialTimeout is konnect's default for upstream's --backend-dial-timeout, whose own
+	// default is 0 (off). 30 s is kube-apiserver's own dial timeout, so no dial it still waits for is cut
+	// short; agents give up on a backend after 5 s themselves, so only a DIAL_REQ that an agent lost or
+	// never read gets this far.
+	DefaultBackendDialTimeout = 30 * time.Second
+	// DefaultMaxPendingDials bounds the dials waiting for an agent's answer on one server. kube-apiserver's
+	// own in-flight limits default to 600 requests, and a healthy agent answers within its 5 s dial
+	// timeout, so a healthy server is far below it; beyond it, agents are not answering and each further
+	// frontend stream would only add memory.
+	DefaultMaxPendingDials = 2000
+
+	// pendingRecheck is how soon a timer looks again when it fired while upstream was not holding the dial:
+	// either upstream is handing the agent's answer to the frontend (the dial is released in a moment), or
+	// upstream has not registered the dial yet (a frontend that sent several DIAL_REQs on one stream).
+	pendingRecheck = time.Second
+	// upstreamTimeoutText is upstream's dial timeout error, kept in konnect's so that tools matching it
+	// still do.
+	upstreamTimeoutText = "timed out waiting for backend dial"
+)
+
+// pendingDials holds one server's pending dials. In gRPC mode it sees every DIAL_REQ on its way from the
+// frontend to upstream's handler and every DIAL_RSP or DIAL_CLS on its way back, and times dials out
+// itself. In http-connect mode upstream's handler already waits for the dial on the connection's own
+// goroutine with a timer, so there pendingDials only counts and bounds.
+type pendingDials struct {
+	ps      *server.ProxyServer
+	max     int           // 0: no bound
+	timeout time.Duration // 0: no timeout (gRPC mode; http-connect mode leaves it to upstream)
+
+	mu      sync.Mutex
+	n       int // slots in use, gRPC dials and CONNECT requests alike
+	metrics *metrics
+	held    map[int64]*pendingDial // failed dials whose DIAL_REQ upstream has yet to send; each holds a slot
+	dials   map[int64]*pendingDial // gRPC dials by dial ID (the DIAL_REQ's random)
+}
+
+type pendingDial struct {
+	random int64
+	s      *dialStream
+	timer  *time.Timer      // nil without a timeout
+	agent  *dialAgentStream // the agent stream the DIAL_REQ went to, once upstream sent it
+	// sent: upstream's send of the DIAL_REQ to the agent returned. That send blocks while the agent does not
+	// read, so a dial failed before it was sent keeps its slot (in pendingDials.held) until the send returns:
+	// --max-pending-dials then also bounds the goroutines stuck behind such an agent.
+	sent bool
+}
+
+func newPendingDials(ps *server.ProxyServer, max int, timeout time.Duration, m *metrics) *pendingDials {
+	return &pendingDials{ps: ps, max: max, timeout: timeout, metrics: m, dials: map[int64]*pendingDial{},
+		held: map[int64]*pendingDial{}}
+}
+
+// pending is how many dials wait for an agent.
+func (p *pendingDials) pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+func (p *pendingDials) fullError() error {
+	return fmt.Errorf("konnect server: %d dials already wait for an agent's answer (--max-pending-dials=%d); dial refused, try again later",
+		p.max, p.max)
+}
+
+func (p *pendingDials) timeoutError() string {
+	return fmt.Sprintf("konnect server: %s: no agent answered within %s (--backend-dial-timeout)", upstreamTimeoutText, p.timeout)
+}
+
+// take claims a slot; the caller holds p.mu.
+func (p *pendingDials) take() error {
+	if p.max > 0 && p.n >= p.max {
+		p.metrics.dialsRefused.Inc()
+		return p.fullError()
+	}
+	p.n++
+	p.metrics.pendingDials.Inc()
+	return nil
+}
+
+// give returns a slot; the caller holds p.mu.
+func (p *pendingDials) give() {
+	p.n--
+	p.metrics.pendingDials.Dec()
+}
+
+// admit registers a gRPC DIAL_REQ from s, or says why it is refused.
+func (p *pendingDials) admit(random int64, s *dialStream) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.dials[random]; dup {
+		return fmt.Errorf("konnect server: dial ID %d is already pending", random)
+	}
+	if err := p.take(); err != nil {
+		return err
+	}
+	d := &pendingDial{random: random, s: s}
+	p.dials[random] = d
+	s.dials = append(s.dials, d)
+	if p.timeout > 0 {
+		d.timer = time.AfterFunc(p.timeout, func() { p.expire(d) })
+	}
+	return nil
+}
+
+// drop forgets d and gives its slot back; the caller holds p.mu and knows that d is registered.
+func (p *pendingDials) drop(d *pendingDial) {
+	p.forget(d)
+	p.give()
+}
+
+// forget removes d from the table and its stream, and stops its timer, keeping its slot.
+func (p *pendingDials) forget(d *pendingDial) {
+	delete(p.dials, d.random)
+	for i, o := range d.s.dials {
+		if o == d {
+			d.s.dials = append(d.s.dials[:i], d.s.dials[i+1:]...)
+			break
+		}
+	}
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+}
+
+// release ends the dial random of stream s, if it is still pending: its answer reached the frontend, or the
+// frontend cancelled it.
+func (p *pendingDials) release(random int64, s *dialStream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d := p.dials[random]; d != nil && d.s == s {
+		p.drop(d)
+	}
+}
+
+// releaseStream ends every dial of a frontend stream that is over. Upstream cancels them on the agent.
+func (p *pendingDials) releaseStream(s *dialStream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(s.dials) > 0 {
+		p.drop(s.dials[0])
+	}
+}
+
+// expire runs on d's timer. If the dial is still pending in upstream, it fails; if upstream does not hold it
+// (it is handing the agent's answer to the frontend, or has not registered the dial yet), the timer looks
+// again shortly.
+func (p *pendingDials) expire(d *pendingDial) {
+	p.mu.Lock()
+	live := p.dials[d.random] == d
+	p.mu.Unlock()
+	if !live {
+		return
+	}
+	if p.fail(d, p.timeoutError(), servermetrics.DialFailureBackendDialTimeout) {
+		p.metrics.dialTimeouts.Inc()
+		return
+	}
+	p.mu.Lock()
+	if p.dials[d.random] == d {
+		d.timer.Reset(pendingRecheck)
+	}
+	p.mu.Unlock()
+}
+
+// fail ends a pending dial with a failed DIAL_RSP to the frontend, and reports whether it did. Removing the
+// dial from upstream's table decides the race with the agent's answer: whoever removes it owns the outcome.
+// If fail wins, the agent's late DIAL_RSP finds no pending dial, so upstream answers it with CLOSE_REQ and
+// the agent closes the connection it opened.
+func (p *pendingDials) fail(d *pendingDial, msg string, reason servermetrics.DialFailureReason) bool {
+	if p.ps.PendingDial.Remove(d.random) == nil {
+		return false
+	}
+	p.mu.Lock()
+	if p.dials[d.random] == d {
+		p.forget(d)
+		if d.sent {
+			p.give()
+		} else {
+			// Upstream registered the dial, so its goroutine sends the DIAL_REQ now or soon; the slot is
+			// given back when that send returns (dialAgentStream.SendMsg).
+			p.held[d.random] = d
+		}
+	}
+	p.mu.Unlock()
+	servermetrics.Metrics.ObserveDialFailure(reason)
+	klog.V(2).InfoS("Pending dial failed", "dialID", d.random, "reason", msg)
+	// The frontend's send path is safe for concurrent use (upstream sends from several goroutines).
+	if err := d.s.ServerStream.SendMsg(dialFailed(d.random, msg)); err != nil {
+		klog.V(5).InfoS("Failed to send DIAL_RSP for a failed pending dial", "dialID", d.random, "err", err)
+	}
+	return true
+}
+
+// agentInterceptor notes which agent stream each DIAL_REQ goes to, so that the dials still pending when that
+// stream ends fail at once instead of at the timeout (upstream leaves them pending, its TODO #126).
+func (p *pendingDials) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	as := &dialAgentStream{ServerStream: ss, p: p}
+	err := handler(srv, as)
+	p.mu.Lock()
+	var orphans []*pendingDial
+	for _, d := range p.dials {
+		if d.agent == as {
+			orphans = append(orphans, d)
+		}
+	}
+	p.mu.Unlock()
+	for _, d := range orphans {
+		p.fail(d, agentGoneText, servermetrics.DialFailureBackendClose)
+	}
+	return err
+}
+
+// agentGoneText is the error of a dial whose agent went away before it answered.
+const agentGoneText = "konnect server: the agent's connection ended before it answered the dial"
+
+// dialAgentStream is one agent stream as upstream's handler sees it.
+type dialAgentStream struct {
+	grpc.ServerStream
+	p *pendingDials
+}
+
+func (a *dialAgentStream) SendMsg(m any) error {
+	pkt, ok := m.(*client.Packet)
+	if !ok || pkt.Type != client.PacketType_DIAL_REQ {
+		return a.ServerStream.SendMsg(m)
+	}
+	random := pkt.GetDialRequest().GetRandom()
+	a.p.mu.Lock()
+	d := a.p.dials[random]
+	if d != nil {
+		d.agent = a
+	}
+	a.p.mu.Unlock()
+	err := a.ServerStream.SendMsg(m)
+	a.p.mu.Lock()
+	if d != nil {
+		d.sent = true
+	}
+	if a.p.held[random] != nil {
+		delete(a.p.held, random)
+		a.p.give()
+	}
+	a.p.mu.Unlock()
+	return err
+}
+
+func dialFailed(random int64, msg string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+		DialResponse: &client.DialResponse{Random: random, Error: msg}}}
+}
+
+// interceptor wraps each gRPC frontend stream so that its dials are counted, bounded and timed out.
+func (p *pendingDials) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ds := &dialStream{ServerStream: ss, p: p}
+	defer p.releaseStream(ds)
+	return handler(srv, ds)
+}
+
+// dialStream is one gRPC frontend stream as upstream's handler sees it.
+type dialStream struct {
+	grpc.ServerStream
+	p     *pendingDials
+	dials []*pendingDial // guarded by p.mu; kube-apiserver's single-use tunnels have at most one
+}
+
+// RecvMsg admits each DIAL_REQ before upstream sees it. A refused one is answered here and never reaches
+// upstream, so it costs no agent anything.
+func (s *dialStream) RecvMsg(m any) error {
+	for {
+		if err := s.ServerStream.RecvMsg(m); err != nil {
+			return err
+		}
+		pkt, ok := m.(*client.Packet)
+		if !ok {
+			return nil
+		}
+		switch pkt.Type {
+		case client.PacketType_DIAL_REQ:
+			random := pkt.GetDialRequest().GetRandom()
+			if err := s.p.admit(random, s); err != nil {
+				klog.V(2).InfoS("Dial refused", "dialID", random, "dialAddress", pkt.GetDialRequest().GetAddress(), "err", err)
+				if err := s.ServerStream.SendMsg(dialFailed(random, err.Error())); err != nil {
+					return err
+				}
+				continue
+			}
+		case client.PacketType_DIAL_CLS:
+			s.p.release(pkt.GetCloseDial().GetRandom(), s)
+		}
+		return nil
+	}
+}
+
+// SendMsg releases a dial when its answer (or the agent's DIAL_CLS) goes to the frontend.
+func (s *dialStream) SendMsg(m any) error {
+	if pkt, ok := m.(*client.Packet); ok {
+		switch pkt.Type {
+		case client.PacketType_DIAL_RSP:
+			s.p.release(pkt.GetDialResponse().GetRandom(), s)
+		case client.PacketType_DIAL_CLS:
+			s.p.release(pkt.GetCloseDial().GetRandom(), s)
+		}
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// connect bounds pending HTTP CONNECT dials. Upstream's handler answers a CONNECT with one write once the
+// dial is decided (200, or an error status); until then the request holds a slot.
+func (p *pendingDials) connect(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hj, ok := w.(http.Hijacker)
+		if r.Method != http.MethodConnect || !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		p.mu.Lock()
+		err := p.take()
+		p.mu.Unlock()
+		if err != nil {
+			klog.V(2).InfoS("Dial refused", "dialAddress", r.Host, "err", err)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		var once sync.Once
+		done := func(first []byte) {
+			once.Do(func() {
+				p.mu.Lock()
+				p.give()
+				p.mu.Unlock()
+				if bytes.HasPrefix(first, []byte("HTTP/1.1 504 ")) && bytes.Contains(first, []byte(upstreamTimeoutText)) {
+					p.metrics.dialTimeouts.Inc()
+				}
+			})
+		}
+		defer done(nil)
+		next.ServeHTTP(&connectWriter{ResponseWriter: w, hj: hj, done: done}, r)
+	})
+}
+
+type connectWriter struct {
+	http.ResponseWriter
+	hj   http.Hijacker
+	done func(first []byte)
+}
+
+func (w *connectWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := w.hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	fc := &firstWriteConn{Conn: c, done: w.done}
+	return fc, bufio.NewReadWriter(rw.Reader, bufio.NewWriter(fc)), nil
+}
+
+// firstWriteConn reports its first write: upstream's answer to the CONNECT.
+type firstWriteConn struct {
+	net.Conn
+	done func(first []byte)
+}
+
+func (c *firstWriteConn) Write(b []byte) (int, error) {
+	c.done(b)
+	return c.Conn.Write(b)
+}
