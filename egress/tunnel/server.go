@@ -126,8 +126,11 @@ func New(c *Config) (_ *Server, err error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
-		grpc.ReadBufferSize(ioBufferSize),
+		// An idle agent should cost little: batchtls already buffers reads under TLS, so gRPC's own read
+		// buffer is a second copy, and its write buffer is borrowed only while a write is in flight.
+		grpc.ReadBufferSize(0),
 		grpc.WriteBufferSize(ioBufferSize),
+		grpc.SharedWriteBuffer(true),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
 		grpc.ChainStreamInterceptor(s.agentInterceptor, s.dials.agentInterceptor),
 		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
