@@ -26,6 +26,7 @@ type metrics struct {
 	bytes           *prometheus.CounterVec
 	overflows       prometheus.Counter
 	connectFailures *prometheus.CounterVec
+	controlDropped  prometheus.Counter
 	dataToServer    prometheus.Counter
 	dataFromServer  prometheus.Counter
 	bytesToServer   prometheus.Counter
@@ -77,6 +78,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "konnect_agent_server_connect_failures_total",
 			Help: "Failed attempts to open a stream to a server, by server address.",
 		}, []string{"address"}),
+		controlDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "konnect_agent_control_replies_dropped_total",
+			Help: "Control replies (CLOSE_RSP, refused DIAL_RSP, DRAIN) dropped because a server did not read them and the queue was full.",
+		}),
 	}
 	m.dataToServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentFromAgent), client.PacketType_DATA.String())
 	m.dataFromServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentToAgent), client.PacketType_DATA.String())
@@ -86,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
-		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures} {
+		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures, m.controlDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -28,6 +28,10 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
+// controlQueue is how many control replies (DRAIN, CLOSE_RSP for unknown connections, refused dials) a
+// session holds for its one control writer.
+const controlQueue = 256
+
 // connectTimeout bounds the TLS handshake, authentication and the server's response headers. Upstream's
 // agent waits for the headers without a bound.
 const connectTimeout = 15 * time.Second
@@ -56,6 +60,7 @@ type session struct {
 	cancel context.CancelFunc
 
 	sendMu sync.Mutex
+	ctrl   chan *client.Packet // control replies, sent in order by controlWriter
 	dead   atomic.Bool
 	errMu  sync.Mutex
 	err    error // why the session ended
@@ -92,7 +97,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		return nil, fmt.Errorf("server %s: %w", ep.addr, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	s := &session{a: a, ep: ep, cc: cc, ctx: sctx, cancel: cancel,
+	s := &session{a: a, ep: ep, cc: cc, ctx: sctx, cancel: cancel, ctrl: make(chan *client.Packet, controlQueue),
 		conns: make(map[int64]*conn), dials: make(map[int64]context.CancelFunc)}
 	fail := func(err error) (*session, error) {
 		cancel()
@@ -148,19 +153,37 @@ func (s *session) send(pkt *client.Packet) error {
 	return nil
 }
 
-// sendAsync sends a control packet without holding up the receive loop behind a stream that is full.
+// sendAsync queues a control packet for controlWriter, so that the receive loop is not held up behind a
+// stream that is full. When the queue is full the packet is dropped: the server has stopped reading, and
+// each of these replies only closes the server's side of a connection it has already lost (or tells it of a
+// dial it will time out), so dropping costs nothing that blocking or one goroutine per reply would save.
 func (s *session) sendAsync(pkt *client.Packet) {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		_ = s.send(pkt)
-	}()
+	select {
+	case s.ctrl <- pkt:
+	default:
+		s.a.m.controlDropped.Inc()
+		klog.V(2).InfoS("Control queue full; dropping a reply", "type", pkt.Type, "serverID", s.serverID, "server", s.ep.addr)
+	}
+}
+
+// controlWriter sends queued control packets, in order, until the session ends.
+func (s *session) controlWriter() {
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case pkt := <-s.ctrl:
+			if s.send(pkt) != nil {
+				return
+			}
+		}
+	}
 }
 
 // fail ends the session; serve notices and tears it down.
@@ -190,11 +213,16 @@ func (s *session) drain() {
 // serve runs the receive loop until the stream ends, then closes everything the session opened.
 func (s *session) serve() {
 	defer s.teardown()
-	// teardown waits for the probe: it only runs once this loop has returned.
+	// teardown waits for the probe and the control writer: it only runs once this loop has returned.
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.probe()
+	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.controlWriter()
 	}()
 	for {
 		pkt, err := s.stream.Recv()
