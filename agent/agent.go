@@ -35,6 +35,7 @@ type Agent struct {
 	sessions  map[string]*session   // by server ID
 	endpoints map[string]*epState   // by dial address
 	resolved  map[string][]endpoint // configured server → its endpoints, as last resolved
+	resolveAt map[string]time.Time  // configured server → when to look its name up again; absent: now
 	hdrCount  int                   // serverCount from the most recent new connection
 	lb        backoff               // extra dials that look for more servers behind one address
 	lbBusy    bool
@@ -108,6 +109,7 @@ func New(cfg Config) (*Agent, error) {
 		sessions:  make(map[string]*session),
 		endpoints: make(map[string]*epState),
 		resolved:  make(map[string][]endpoint),
+		resolveAt: make(map[string]time.Time),
 	}
 	return a, nil
 }
@@ -126,7 +128,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	tick := time.NewTicker(min(a.cfg.SyncInterval, time.Second))
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		a.sync(runCtx)
+		a.sync(ctx, runCtx)
 		select {
 		case <-ctx.Done():
 		case <-tick.C:
@@ -180,9 +182,13 @@ func (a *Agent) connClosed() {
 
 // sync resolves the configured servers and starts a connect attempt for every endpoint without a session
 // whose retry time has come; then, if the servers report more servers than the agent has reached, it dials
-// one more time through an address that already works (the load-balancer case).
-func (a *Agent) sync(ctx context.Context) {
-	a.resolve(ctx)
+// one more time through an address that already works (the load-balancer case). Lookups end with stopCtx
+// (Run's, cancelled by the signal); connections live on runCtx, which outlives the drain.
+func (a *Agent) sync(stopCtx, ctx context.Context) {
+	a.resolve(stopCtx)
+	if stopCtx.Err() != nil {
+		return
+	}
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -227,8 +233,9 @@ func (a *Agent) sortedEndpoints() []*epState {
 	return out
 }
 
-// resolve refreshes the endpoint list. A name that cannot be resolved keeps its last result; one never
-// resolved is dialled by name, so that the dial error says what is wrong.
+// resolve refreshes the endpoint list. A name is looked up when Config.ResolveInterval has passed since
+// its last lookup, or at once after resolveSoonLocked. A name that cannot be resolved keeps its last result;
+// one never resolved is dialled by name, so that the dial error says what is wrong.
 func (a *Agent) resolve(ctx context.Context) {
 	next := make(map[string][]endpoint, len(a.cfg.Servers))
 	for _, srv := range a.cfg.Servers {
@@ -237,16 +244,33 @@ func (a *Agent) resolve(ctx context.Context) {
 			next[srv] = []endpoint{{addr: srv, serverName: host}}
 			continue
 		}
+		now := time.Now()
+		a.mu.Lock()
+		prev := a.resolved[srv]
+		at, scheduled := a.resolveAt[srv]
+		due := !scheduled || !now.Before(at)
+		if due {
+			// Set before the lookup, so that a stream lost meanwhile asks for another one.
+			a.resolveAt[srv] = now.Add(a.cfg.ResolveInterval)
+		}
+		a.mu.Unlock()
+		if len(prev) == 0 {
+			prev = []endpoint{{addr: srv, serverName: host}}
+		}
+		if !due {
+			next[srv] = prev
+			continue
+		}
+		// LookupNetIP, not LookupHost: it returns as soon as ctx ends, where the Go resolver's LookupHost
+		// waits for the DNS server's answer or its own timeout.
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		addrs, err := a.cfg.Resolver.LookupHost(rctx, host)
+		ips, err := a.cfg.Resolver.LookupNetIP(rctx, "ip", host)
 		cancel()
+		addrs := make([]string, 0, len(ips))
+		for _, ip := range ips {
+			addrs = append(addrs, ip.Unmap().String())
+		}
 		if err != nil || len(addrs) == 0 {
-			a.mu.Lock()
-			prev := a.resolved[srv]
-			a.mu.Unlock()
-			if len(prev) == 0 {
-				prev = []endpoint{{addr: srv, serverName: host}}
-			}
 			next[srv] = prev
 			klog.V(2).InfoS("Cannot resolve server name; using the last result", "server", srv, "err", err)
 			continue
@@ -275,6 +299,19 @@ func (a *Agent) resolve(ctx context.Context) {
 	}
 }
 
+// resolveSoonLocked makes the next sync look up again every name that gave addr: a stream to it that ended
+// or failed to open is the first sign that the servers behind the name changed.
+func (a *Agent) resolveSoonLocked(addr string) {
+	for srv, eps := range a.resolved {
+		for _, ep := range eps {
+			if ep.addr == addr {
+				delete(a.resolveAt, srv)
+				break
+			}
+		}
+	}
+}
+
 func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 	defer a.wg.Done()
 	s, err := a.dialServer(ctx, st.ep)
@@ -291,6 +328,7 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 			st.retry.failed(&a.cfg)
 			st.lastErr, st.errAt = err, time.Now()
 		}
+		a.resolveSoonLocked(st.ep.addr)
 		a.mu.Unlock()
 		a.m.connectFailures.WithLabelValues(st.ep.addr).Inc()
 		if ctx.Err() == nil {
@@ -349,6 +387,7 @@ func (a *Agent) sessionEnded(s *session, st *epState) {
 	st.sessions--
 	st.lastErr, st.errAt = err, time.Now()
 	st.retry.reset(&a.cfg)
+	a.resolveSoonLocked(st.ep.addr)
 	a.m.serverConns.Set(float64(len(a.sessions)))
 	a.mu.Unlock()
 	if !a.draining.Load() {

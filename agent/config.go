@@ -56,6 +56,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Resolver looks up server host names; nil means net.DefaultResolver.
 	Resolver *net.Resolver
+	// ResolveInterval is how often a server host name is looked up again; 0 means DefaultResolveInterval.
+	// A name is also looked up again at once when a stream to one of its addresses ends or fails to open.
+	ResolveInterval time.Duration
 }
 
 // Defaults for the settings that upstream's proxy-agent does not have.
@@ -69,6 +72,11 @@ const (
 	MinReadBuffer           = 4 << 10 // smallest and largest ReadBuffer
 	MaxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
 )
+
+// DefaultResolveInterval is how often server host names are looked up again: servers that come and go behind
+// a name are found without a restart (ANP issue 273), while a fleet of agents does not ask DNS every second.
+// A stream that ends or fails to open makes its name be looked up again at once anyway.
+const DefaultResolveInterval = 30 * time.Second
 
 func (c *Config) withDefaults() Config {
 	cfg := *c
@@ -102,6 +110,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.ResolveInterval <= 0 {
+		cfg.ResolveInterval = DefaultResolveInterval
 	}
 	return cfg
 }

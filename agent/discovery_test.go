@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,13 +15,28 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
 )
 
+// dnsResponder answers A queries for one name on a loopback UDP port, with addresses that a test may change.
+type dnsResponder struct {
+	pc       net.PacketConn
+	mu       sync.Mutex
+	addrs    []netip.Addr
+	queries  atomic.Int64 // queries for the name itself (not with a search domain), answered or not
+	received atomic.Int64 // all queries
+}
+
 // dnsServer answers A queries for name with addrs (and nothing else) on a loopback UDP port.
 func dnsServer(t *testing.T, name string, addrs ...netip.Addr) *net.Resolver {
+	return startDNS(t, name, true, addrs...).resolver()
+}
+
+// startDNS starts a responder; with answer false it reads queries and never answers them.
+func startDNS(t *testing.T, name string, answer bool, addrs ...netip.Addr) *dnsResponder {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
+	r := &dnsResponder{pc: pc, addrs: addrs}
 	go func() {
 		buf := make([]byte, 1500)
 		for {
@@ -27,6 +44,7 @@ func dnsServer(t *testing.T, name string, addrs ...netip.Addr) *net.Resolver {
 			if err != nil {
 				return
 			}
+			r.received.Add(1)
 			var p dnsmessage.Parser
 			h, err := p.Start(buf[:n])
 			if err != nil {
@@ -36,15 +54,23 @@ func dnsServer(t *testing.T, name string, addrs ...netip.Addr) *net.Resolver {
 			if err != nil {
 				continue
 			}
+			if strings.EqualFold(q.Name.String(), name+".") {
+				r.queries.Add(1)
+			}
+			if !answer {
+				continue
+			}
 			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
 			b.EnableCompression()
 			_ = b.StartQuestions()
 			_ = b.Question(q)
 			_ = b.StartAnswers()
 			if strings.EqualFold(q.Name.String(), name+".") && q.Type == dnsmessage.TypeA {
-				for _, a := range addrs {
+				r.mu.Lock()
+				for _, a := range r.addrs {
 					_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, dnsmessage.AResource{A: a.As4()})
 				}
+				r.mu.Unlock()
 			}
 			msg, err := b.Finish()
 			if err == nil {
@@ -52,9 +78,19 @@ func dnsServer(t *testing.T, name string, addrs ...netip.Addr) *net.Resolver {
 			}
 		}
 	}()
+	return r
+}
+
+func (r *dnsResponder) set(addrs ...netip.Addr) {
+	r.mu.Lock()
+	r.addrs = addrs
+	r.mu.Unlock()
+}
+
+func (r *dnsResponder) resolver() *net.Resolver {
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "udp", pc.LocalAddr().String())
+		return d.DialContext(ctx, "udp", r.pc.LocalAddr().String())
 	}}
 }
 
@@ -142,5 +178,82 @@ func TestAgentIdentifiers(t *testing.T) {
 	}
 	if a.OpenConnections() != 10 || b.OpenConnections() != 0 {
 		t.Fatalf("connections on node-a %d, node-b %d; want all 10 on node-a (ipv4=127.0.0.1)", a.OpenConnections(), b.OpenConnections())
+	}
+}
+
+// TestServersFollowDNS: when the name's answer changes, the agent connects to the new address within
+// Config.ResolveInterval, without losing a stream or restarting (ANP issue 273).
+func TestServersFollowDNS(t *testing.T) {
+	const name = "servers.konnect.test"
+	pki := newTestPKI(t)
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", ca: pki.ca, serverHost: name, addr: "127.0.0.2:0"})
+	_, port, _ := net.SplitHostPort(s2.agentAddr)
+	s3 := startUpstreamServer(t, serverOpts{id: "s3", ca: pki.ca, serverHost: name, addr: "127.0.0.3:" + port})
+	dns := startDNS(t, name, true, netip.MustParseAddr("127.0.0.2"))
+	cfg := pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dns.resolver()
+	cfg.ResolveInterval = 300 * time.Millisecond
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool { return s2.backends() == 1 })
+	dns.set(netip.MustParseAddr("127.0.0.3"))
+	// Nothing was lost, so only the periodic lookup can find the new address.
+	eventually(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
+	// The server counts the stream before the agent has read its ID from the handshake.
+	eventually(t, 10*time.Second, "status with s2 kept and s3 added", func() bool {
+		st := ra.Status()
+		return len(st) == 2 && st[0].ServerID == "s2" && st[0].Connected && st[1].ServerID == "s3" && st[1].Connected
+	})
+	if s2.backends() != 1 {
+		t.Fatalf("s2 has %d streams from the agent; want the first one kept", s2.backends())
+	}
+}
+
+// TestLostServerReresolves: the name is not looked up on every sync tick, but at once when a stream to one
+// of its addresses ends.
+func TestLostServerReresolves(t *testing.T) {
+	const name = "servers.konnect.test"
+	pki := newTestPKI(t)
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", ca: pki.ca, serverHost: name, addr: "127.0.0.2:0"})
+	_, port, _ := net.SplitHostPort(s2.agentAddr)
+	s3 := startUpstreamServer(t, serverOpts{id: "s3", ca: pki.ca, serverHost: name, addr: "127.0.0.3:" + port})
+	dns := startDNS(t, name, true, netip.MustParseAddr("127.0.0.2"))
+	cfg := pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dns.resolver()
+	cfg.ResolveInterval = time.Hour
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool {
+		st := ra.Status()
+		return s2.backends() == 1 && len(st) == 1 && st[0].Connected
+	})
+	// A window of many sync ticks (50 ms each): a lookup per tick would be seen here.
+	connected := ra.Status()[0].Since
+	eventually(t, 10*time.Second, "ten sync ticks", func() bool { return time.Since(connected) > 10*cfg.SyncInterval })
+	if q := dns.queries.Load(); q > 2 { // one lookup: A and AAAA for the name
+		t.Fatalf("%d DNS queries while connected; want one lookup", q)
+	}
+	dns.set(netip.MustParseAddr("127.0.0.3"))
+	s2.stop()
+	eventually(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
+	eventually(t, 10*time.Second, "127.0.0.2 dropped", func() bool {
+		st := ra.Status()
+		return len(st) == 1 && st[0].ServerID == "s3"
+	})
+}
+
+// TestStopDuringLookup: a server name whose DNS server never answers does not hold up Run once its context
+// is cancelled.
+func TestStopDuringLookup(t *testing.T) {
+	pki := newTestPKI(t)
+	dns := startDNS(t, "servers.konnect.test", false)
+	cfg := pki.config("servers.konnect.test:8091")
+	cfg.Resolver = dns.resolver()
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "a lookup in progress", func() bool { return dns.received.Load() > 0 })
+	start := time.Now()
+	if err := ra.Stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Run returned %v after cancel; want under 1s", d)
 	}
 }

@@ -11,6 +11,8 @@
 //   - connects to every server it is given (a comma-separated --proxy-server-host, or a DNS name that
 //     resolves to several addresses) without a load balancer (ANP issue 394), and still supports dialing one
 //     load-balanced address until it has reached serverCount distinct servers;
+//   - looks server names up again every 30 s and when a stream to one of their addresses ends, so that
+//     servers that come and go behind a name are followed without a restart (ANP issue 273);
 //   - reloads its CA bundle, client certificate and token from disk when they change, without a restart and
 //     without touching open tunnels;
 //   - reads backends in large pooled buffers, writes to them with per-connection bounded queues so that one
