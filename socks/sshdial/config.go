@@ -47,12 +47,20 @@ type Config struct {
 	// Ciphers is the cipher preference. nil keeps golang.org/x/crypto/ssh's default order, which puts
 	// aes128-gcm@openssh.com first: with AES-NI it is the fastest choice on both ends.
 	Ciphers []string
+	// Connections is how many SSH connections to the destination the Dialer keeps, each with its own
+	// transport (and its own sshd process on an OpenSSH server), so that concurrent streams are encrypted on
+	// more than one core at each end. A new stream goes to the live connection carrying the fewest. 0 means
+	// 1; at most MaxConnections.
+	Connections int
 	// AgentSocket is the ssh-agent socket. "" means $SSH_AUTH_SOCK; "none" disables the agent.
 	AgentSocket string
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
 	// otherwise fails with an error that says to load the key into ssh-agent.
 	Passphrase func(keyFile string) ([]byte, error)
 }
+
+// MaxConnections bounds Config.Connections.
+const MaxConnections = 16
 
 const (
 	defaultConnectTimeout = 15 * time.Second
@@ -85,6 +93,7 @@ type plan struct {
 	aliveCountMax  int
 	ciphers        []string
 	agentSocket    string
+	connections    int // at least 1
 }
 
 // sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
@@ -300,6 +309,10 @@ func resolve(cfg Config) (*plan, error) {
 		aliveCountMax:  cfg.ServerAliveCountMax,
 		ciphers:        cfg.Ciphers,
 		agentSocket:    cfg.AgentSocket,
+		connections:    max(cfg.Connections, 1),
+	}
+	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
+		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)
 	}
 	if p.connectTimeout <= 0 {
 		p.connectTimeout = defaultConnectTimeout

@@ -160,7 +160,7 @@ func TestFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Destination: "me@host", Port: 2222, JumpHosts: []string{"a", "b:23"}, IdentityFiles: []string{"k1", "k2"},
-		AcceptNew: true, ConnectTimeout: defaultConnectTimeout, Ciphers: []string{"aes128-gcm@openssh.com"}}
+		AcceptNew: true, ConnectTimeout: defaultConnectTimeout, Ciphers: []string{"aes128-gcm@openssh.com"}, Connections: 1}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("Config = %+v\nwant %+v", cfg, want)
 	}
@@ -180,5 +180,24 @@ func TestFlags(t *testing.T) {
 		if _, err := f.Config(tc.dest); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("err = %v, want it to name %q", err, tc.want)
 		}
+	}
+}
+
+func TestConnectionsFlag(t *testing.T) {
+	for _, n := range []int{0, -1, MaxConnections + 1} {
+		f := NewFlags()
+		f.Connections = n
+		if _, err := f.Config("host"); err == nil || !strings.Contains(err.Error(), "--ssh-connections") {
+			t.Errorf("--ssh-connections %d: got %v, want an error naming the flag", n, err)
+		}
+	}
+	f := NewFlags()
+	f.Connections = 4
+	cfg, err := f.Config("host")
+	if err != nil || cfg.Connections != 4 {
+		t.Fatalf("--ssh-connections 4: %+v, %v", cfg.Connections, err)
+	}
+	if _, err := New(Config{Destination: "host", ConfigFile: "none", Connections: MaxConnections + 1}); err == nil {
+		t.Error("New accepted more than MaxConnections")
 	}
 }

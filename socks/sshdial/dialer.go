@@ -1,5 +1,5 @@
-// Package sshdial keeps one SSH connection to a host (optionally through jump hosts) and dials TCP
-// connections through it, the way `ssh -D` does, with OpenSSH's trust model: host keys are verified against
+// Package sshdial keeps one SSH connection to a host (or several, when asked; optionally through jump hosts)
+// and dials TCP connections through it, the way `ssh -D` does, with OpenSSH's trust model: host keys are verified against
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
@@ -35,18 +35,28 @@ import (
 // ErrStopped is returned by DialContext after Run has returned.
 var ErrStopped = errors.New("ssh dialer stopped")
 
-// Dialer dials TCP connections through one SSH connection that Run maintains. It is safe for concurrent use.
+// Dialer dials TCP connections through the SSH connections that Run maintains: one by default, or
+// Config.Connections of them to the same destination, each new dial going to the live connection that
+// carries the fewest open dials. It is safe for concurrent use.
 type Dialer struct {
 	plan  *plan
 	keys  *keyring
 	known *knownHosts
 
 	mu      sync.Mutex
-	sess    *session      // nil while disconnected
-	up      chan struct{} // closed when sess is set; replaced when it is lost
+	slots   []*slot       // plan.connections of them
+	live    int           // slots with a session
+	up      chan struct{} // closed while at least one slot has a session; replaced when none has
 	lastErr error         // why the last attempt or session failed
 	stopped bool
 	running bool
+	next    int // where the search for the least loaded session starts, so that ties rotate
+}
+
+// slot is one of the SSH connections Run keeps, reconnected on its own.
+type slot struct {
+	n    int      // 1-based, for logs
+	sess *session // nil while disconnected
 }
 
 // session is one established SSH connection, with the jump-host connections under it.
@@ -54,6 +64,7 @@ type session struct {
 	client *ssh.Client
 	chain  []*ssh.Client // jump hosts, first hop first
 	once   sync.Once
+	open   atomic.Int64 // dialled connections not yet closed
 }
 
 func (s *session) close() {
@@ -71,12 +82,16 @@ func New(cfg Config) (*Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dialer{
+	d := &Dialer{
 		plan:  p,
 		keys:  newKeyring(cfg.Passphrase),
 		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew},
 		up:    make(chan struct{}),
-	}, nil
+	}
+	for i := range p.connections {
+		d.slots = append(d.slots, &slot{n: i + 1})
+	}
+	return d, nil
 }
 
 // Target describes the destination, "user@host:port", with the jump hosts before it.
@@ -88,12 +103,13 @@ func (d *Dialer) Target() string {
 	return strings.Join(parts, " -> ")
 }
 
-// Ready reports nil while the SSH connection is up, and otherwise why it is not.
+// Ready reports nil while an SSH connection is up (with several, while at least one is), and otherwise why
+// none is.
 func (d *Dialer) Ready() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch {
-	case d.sess != nil:
+	case d.live > 0:
 		return nil
 	case d.stopped:
 		return ErrStopped
@@ -104,9 +120,18 @@ func (d *Dialer) Ready() error {
 	}
 }
 
-// Run connects and keeps the SSH connection up until ctx ends, reconnecting with exponential backoff (0.5s
-// up to 30s) after failures. It returns nil when ctx ends, and an error for failures that retrying cannot
-// fix: an untrusted host key or failed authentication. Run may be called once.
+// Connections reports how many SSH connections are up, and how many the Dialer keeps.
+func (d *Dialer) Connections() (up, total int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.live, len(d.slots)
+}
+
+// Run connects and keeps the SSH connections up until ctx ends, each reconnecting on its own with
+// exponential backoff (0.5s up to 30s) after failures. The first connection is made alone, so that a host
+// key is accepted or a passphrase asked once; the others follow once it is up. Run returns nil when ctx
+// ends, and an error for failures that retrying cannot fix, on any connection: an untrusted host key or
+// failed authentication. Run may be called once.
 func (d *Dialer) Run(ctx context.Context) error {
 	d.mu.Lock()
 	if d.running || d.stopped {
@@ -118,10 +143,13 @@ func (d *Dialer) Run(ctx context.Context) error {
 	defer func() {
 		d.mu.Lock()
 		d.stopped = true
-		if d.sess != nil {
-			d.sess.close()
-			d.sess = nil
+		for _, sl := range d.slots {
+			if sl.sess != nil {
+				sl.sess.close()
+				sl.sess = nil
+			}
 		}
+		d.live = 0
 		// Wake waiting dials so they see ErrStopped.
 		select {
 		case <-d.up:
@@ -131,9 +159,48 @@ func (d *Dialer) Run(ctx context.Context) error {
 		d.mu.Unlock()
 	}()
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	first := make(chan struct{})
+	errs := make(chan error, len(d.slots))
+	for i, sl := range d.slots {
+		go func() {
+			if i > 0 {
+				select {
+				case <-first:
+				case <-ctx.Done():
+					errs <- nil
+					return
+				}
+			}
+			err := d.keep(ctx, sl, first)
+			if err != nil {
+				cancel() // a permanent failure stops every connection
+			}
+			errs <- err
+		}()
+	}
+	var err error
+	for range d.slots {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// keep connects one slot and keeps it connected until ctx ends or a permanent failure. It closes first
+// (once) when its first connection is up.
+func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error {
 	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
 	backoff := minBackoff
-	target := d.plan.hops[len(d.plan.hops)-1]
+	logArgs := func(kv ...any) []any {
+		kv = append([]any{"target", d.Target()}, kv...)
+		if len(d.slots) > 1 {
+			kv = append(kv, "connection", sl.n)
+		}
+		return kv
+	}
 	for attempt := 1; ; attempt++ {
 		s, err := d.connect(ctx)
 		if err != nil {
@@ -142,11 +209,11 @@ func (d *Dialer) Run(ctx context.Context) error {
 			}
 			d.setErr(err)
 			if permanent(err) {
-				klog.ErrorS(err, "SSH connection refused; not retrying", "target", d.Target())
+				klog.ErrorS(err, "SSH connection refused; not retrying", logArgs()...)
 				return err
 			}
 			wait := backoff/2 + rand.N(backoff/2+1)
-			klog.InfoS("SSH connection failed; retrying", "target", d.Target(), "attempt", attempt, "in", wait.Round(time.Millisecond), "err", err)
+			klog.InfoS("SSH connection failed; retrying", logArgs("attempt", attempt, "in", wait.Round(time.Millisecond), "err", err)...)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -156,8 +223,15 @@ func (d *Dialer) Run(ctx context.Context) error {
 			continue
 		}
 		attempt, backoff = 0, minBackoff
-		d.setSession(s)
-		klog.InfoS("SSH connection established", "target", d.Target(), "server", string(s.client.ServerVersion()))
+		d.setSession(sl, s)
+		if sl.n == 1 {
+			select {
+			case <-first:
+			default:
+				close(first)
+			}
+		}
+		klog.InfoS("SSH connection established", logArgs("server", string(s.client.ServerVersion()))...)
 
 		lost := make(chan error, 1)
 		go func() { lost <- s.client.Wait() }()
@@ -179,9 +253,9 @@ func (d *Dialer) Run(ctx context.Context) error {
 		if why == nil {
 			why = errors.New("connection closed")
 		}
-		d.clearSession(s, fmt.Errorf("connection lost: %w", why))
+		d.clearSession(sl, s, fmt.Errorf("connection lost: %w", why))
 		klog.InfoS("SSH connection lost; reconnecting, new proxied connections wait up to the connect timeout",
-			"target", target.String(), "err", why, "connectTimeout", d.plan.connectTimeout)
+			logArgs("err", why, "connectTimeout", d.plan.connectTimeout)...)
 	}
 }
 
@@ -191,29 +265,53 @@ func (d *Dialer) setErr(err error) {
 	d.mu.Unlock()
 }
 
-func (d *Dialer) setSession(s *session) {
+func (d *Dialer) setSession(sl *slot, s *session) {
 	d.mu.Lock()
-	d.sess = s
+	sl.sess = s
+	d.live++
 	d.lastErr = nil
-	close(d.up)
-	d.mu.Unlock()
-}
-
-func (d *Dialer) clearSession(s *session, why error) {
-	d.mu.Lock()
-	if d.sess == s {
-		d.sess = nil
-		d.lastErr = why
-		d.up = make(chan struct{})
+	if d.live == 1 {
+		close(d.up)
 	}
 	d.mu.Unlock()
 }
 
-// current returns the live session, or the channel that is closed when there is one.
-func (d *Dialer) current() (*session, <-chan struct{}, bool) {
+func (d *Dialer) clearSession(sl *slot, s *session, why error) {
+	d.mu.Lock()
+	if sl.sess == s {
+		sl.sess = nil
+		d.live--
+		d.lastErr = why
+		if d.live == 0 {
+			d.up = make(chan struct{})
+		}
+	}
+	d.mu.Unlock()
+}
+
+// pick returns the live session carrying the fewest open dials (ties rotate), or the channel that is
+// closed when there is one.
+func (d *Dialer) pick() (*slot, *session, <-chan struct{}, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.sess, d.up, d.stopped
+	var best *slot
+	var bestOpen int64
+	for i := range d.slots {
+		sl := d.slots[(d.next+i)%len(d.slots)]
+		if sl.sess == nil {
+			continue
+		}
+		if n := sl.sess.open.Load(); best == nil || n < bestOpen {
+			best, bestOpen = sl, n
+		}
+	}
+	if best == nil {
+		return nil, nil, d.up, d.stopped
+	}
+	d.next = (d.next + 1) % len(d.slots)
+	// Counted before the dial, so that concurrent dials spread; DialContext takes it back on failure.
+	best.sess.open.Add(1)
+	return best, best.sess, d.up, d.stopped
 }
 
 // permanent reports whether retrying err is pointless.
@@ -365,7 +463,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	wait := time.NewTimer(d.plan.connectTimeout)
 	defer wait.Stop()
 	for {
-		s, up, stopped := d.current()
+		sl, s, up, stopped := d.pick()
 		if stopped {
 			return nil, ErrStopped
 		}
@@ -381,17 +479,38 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 		}
 		conn, err := s.client.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			return conn, nil
+			return &countedConn{Conn: conn, s: s}, nil
 		}
+		s.open.Add(-1)
 		var oe *ssh.OpenChannelError
 		if errors.As(err, &oe) || ctx.Err() != nil {
 			return nil, fmt.Errorf("ssh dial %s via %s: %w", addr, d.plan.hops[len(d.plan.hops)-1].hostName, channelError(err))
 		}
-		// The session died under us: drop it and wait for Run to bring up another.
-		klog.V(1).InfoS("SSH dial failed on a dying connection; waiting for reconnect", "addr", addr, "err", err)
+		// The session died under us: drop it and try another, or wait for Run to bring one up.
+		klog.V(1).InfoS("SSH dial failed on a dying connection; trying again", "addr", addr, "err", err)
 		s.close()
-		d.clearSession(s, fmt.Errorf("connection lost: %w", err))
+		d.clearSession(sl, s, fmt.Errorf("connection lost: %w", err))
 	}
+}
+
+// countedConn is a dialled connection that its session counts until it is closed, for pick.
+type countedConn struct {
+	net.Conn
+	s    *session
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.s.open.Add(-1) })
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection (sends EOF on the SSH channel), like the connection underneath.
+func (c *countedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("ssh: connection cannot half-close")
 }
 
 // channelError wraps the server's refusal of a direct-tcpip channel in the matching errno. OpenSSH's sshd

@@ -22,12 +22,16 @@ type Flags struct {
 	ConnectTimeout      time.Duration
 	ServerAliveInterval time.Duration
 	Ciphers             []string
+	// Connections is --ssh-connections, registered by AddConnectionsFlag for the commands that carry many
+	// streams at once.
+	Connections int
 }
 
 // NewFlags returns the defaults: everything from the SSH config file or OpenSSH's defaults.
 func NewFlags() *Flags {
 	return &Flags{
 		ConnectTimeout: defaultConnectTimeout,
+		Connections:    1,
 	}
 }
 
@@ -53,6 +57,13 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
 }
 
+// AddConnectionsFlag registers --ssh-connections.
+func (f *Flags) AddConnectionsFlag(fs *pflag.FlagSet) {
+	fs.IntVar(&f.Connections, "ssh-connections", f.Connections, fmt.Sprintf("SSH connections to keep to the destination, 1 to %d. "+
+		"OpenSSH encrypts each connection on one core at each end; with more than one, concurrent proxied connections are spread over them "+
+		"(each new one to the connection carrying the fewest), each SSH connection reconnects on its own, and host keys are checked on every one.", MaxConnections))
+}
+
 // Config checks the flags and builds a Config for destination, naming the flag in every error.
 func (f *Flags) Config(destination string) (Config, error) {
 	if destination == "" {
@@ -76,6 +87,9 @@ func (f *Flags) Config(destination string) (Config, error) {
 			return Config{}, fmt.Errorf("--jump: %w", err)
 		}
 	}
+	if f.Connections < 1 || f.Connections > MaxConnections {
+		return Config{}, fmt.Errorf("--ssh-connections: %d is not from 1 to %d", f.Connections, MaxConnections)
+	}
 	supported := ssh.SupportedAlgorithms().Ciphers
 	for _, c := range f.Ciphers {
 		if !slices.Contains(supported, c) {
@@ -94,5 +108,6 @@ func (f *Flags) Config(destination string) (Config, error) {
 		ConnectTimeout:      f.ConnectTimeout,
 		ServerAliveInterval: f.ServerAliveInterval,
 		Ciphers:             slices.Clone(f.Ciphers),
+		Connections:         f.Connections,
 	}, nil
 }

@@ -68,6 +68,7 @@ func TestFlagDefaults(t *testing.T) {
 		"connect-timeout":       "15s",
 		"server-alive-interval": "0s",
 		"cipher":                "[]",
+		"ssh-connections":       "1",
 	}
 	got := map[string]string{}
 	fs.VisitAll(func(f *pflag.Flag) { got[f.Name] = f.DefValue })
