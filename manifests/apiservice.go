@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -63,7 +62,7 @@ type serviceReference struct {
 
 func (a APIService) withDefaults() APIService {
 	if a.SecretName == "" {
-		a.SecretName = a.Service + "-tls"
+		a.SecretName = ServingSecretName(a.Service)
 	}
 	if a.ServiceAccount == "" {
 		a.ServiceAccount = a.Service
@@ -155,19 +154,10 @@ func (a APIService) Render() ([]File, error) {
 		return nil, fmt.Errorf("apiservice: %w", err)
 	}
 	a = a.withDefaults()
-	labels := commonLabels(map[string]string{"app.kubernetes.io/name": a.Service})
+	labels := servingLabels(a.Service)
 	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: a.ServiceAccount, Namespace: a.Namespace}}
 	return renderAll([]namedObject{
-		{name: "secret.yaml", secret: true, obj: &corev1.Secret{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-			ObjectMeta: metav1.ObjectMeta{Name: a.SecretName, Namespace: a.Namespace, Labels: labels},
-			Type:       corev1.SecretTypeTLS,
-			Data: map[string][]byte{
-				corev1.TLSCertKey:       a.Cert,
-				corev1.TLSPrivateKeyKey: a.Key,
-				"ca.crt":                a.CACert,
-			},
-		}},
+		{name: ServingSecretFile, secret: true, obj: servingSecret(a.SecretName, a.Namespace, labels, ServingCerts{CA: a.CACert, Cert: a.Cert, Key: a.Key})},
 		{name: "apiservice.yaml", obj: &apiService{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "apiregistration.k8s.io/v1", Kind: "APIService"},
 			ObjectMeta: metav1.ObjectMeta{Name: a.Name(), Labels: labels},

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/x509"
 	"fmt"
 	"os"
@@ -9,31 +10,43 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Names of the extension API server specs.
+// Names of the extension server specs: the serving CA of an aggregated API server or webhook, the CA that
+// replaces it during a rotation, and the serving certificate.
 const (
 	APIServiceCA      = "apiservice-ca"
+	APIServiceNextCA  = "apiservice-ca-next"
 	APIServiceServing = "apiservice-serving"
 )
 
-// APIServiceSpecs is the table for an extension API server reached as Service name in namespace: a
-// serving CA (its certificate becomes the APIService's caBundle) and a serving certificate for the
-// Service's DNS names, in files ca.{crt,key} and tls.{crt,key}, the key names of a kubernetes.io/tls Secret.
-func APIServiceSpecs(name, namespace string) []*Spec {
+// ServingSpecs is the table for an extension server (aggregated API server, admission or conversion
+// webhook) reached as Service name in namespace: a serving CA (its certificate becomes the caBundle) and
+// a serving certificate for the Service's DNS names, in files ca.{crt,key} and tls.{crt,key}, the key
+// names of a kubernetes.io/tls Secret. During a CA rotation the table also holds ca-next.{crt,key}, and
+// from step 2 on the serving certificate is issued by it.
+func ServingSpecs(name, namespace string, phase RotationPhase) []*Spec {
 	svc := name + "." + namespace + ".svc"
-	return []*Spec{
-		{
-			Name: APIServiceCA, BaseName: "ca", IsCA: true, CommonName: svc + "-ca",
-			Description: "CA that signs the extension API server's serving certificate (the APIService caBundle)",
-		},
-		{
-			Name: APIServiceServing, BaseName: "tls", CA: APIServiceCA, CommonName: svc,
-			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			Description: "serving certificate of the extension API server (CN and SAN " + svc + ", SAN " + svc + ".cluster.local)",
-			AltNames: func(*Config) AltNames {
-				return AltNames{DNSNames: []string{svc, svc + ".cluster.local"}}
-			},
-		},
+	specs := []*Spec{{
+		Name: APIServiceCA, BaseName: "ca", IsCA: true, CommonName: svc + "-ca",
+		Description: "CA that signs the extension server's serving certificate (the caBundle)",
+	}}
+	issuer := APIServiceCA
+	if phase != NotRotating {
+		specs = append(specs, &Spec{
+			Name: APIServiceNextCA, BaseName: "ca-next", IsCA: true, CommonName: svc + "-ca",
+			Description: "CA that replaces " + APIServiceCA + " (konnect certs rotate-ca)",
+		})
 	}
+	if phase == ServingFromNext {
+		issuer = APIServiceNextCA
+	}
+	return append(specs, &Spec{
+		Name: APIServiceServing, BaseName: "tls", CA: issuer, CommonName: svc,
+		Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		Description: "serving certificate of the extension server (CN and SAN " + svc + ", SAN " + svc + ".cluster.local)",
+		AltNames: func(*Config) AltNames {
+			return AltNames{DNSNames: []string{svc, svc + ".cluster.local"}}
+		},
+	})
 }
 
 // ValidateService checks a Service name and namespace.
@@ -47,17 +60,18 @@ func ValidateService(name, namespace string) error {
 	return nil
 }
 
-// ServingBundle is what an extension API server's Secret and APIService carry.
+// ServingBundle is what an extension server's Secret and caBundles carry.
 type ServingBundle struct {
-	CA   []byte // PEM, the APIService caBundle
+	CA   []byte // PEM, the caBundle: one CA, or the old and the new one during a rotation
 	Cert []byte // PEM, tls.crt
 	Key  []byte // PEM, tls.key
 }
 
-// EnsureAPIService creates or checks, directly in cfg.Dir (no pki subdirectory), the serving CA and the
-// serving certificate of the extension API server name.namespace, with the same rules as Ensure. The
-// bundle is empty on a dry run that would create files.
-func EnsureAPIService(cfg Config, name, namespace string) ([]Result, ServingBundle, error) {
+// EnsureServing creates or checks, directly in cfg.Dir (no pki subdirectory), the serving CA and the
+// serving certificate of the extension server name.namespace, with the same rules as Ensure. In the middle
+// of a CA rotation it checks the files of the phase reached and never starts or advances the rotation.
+// The bundle is empty on a dry run that would create files.
+func EnsureServing(cfg Config, name, namespace string) ([]Result, ServingBundle, error) {
 	cfg = cfg.withDefaults()
 	if err := ValidateService(name, namespace); err != nil {
 		return nil, ServingBundle{}, fmt.Errorf("pki: %w", err)
@@ -65,24 +79,50 @@ func EnsureAPIService(cfg Config, name, namespace string) ([]Result, ServingBund
 	if err := cfg.Validate(); err != nil {
 		return nil, ServingBundle{}, fmt.Errorf("pki: %w", err)
 	}
-	specs := APIServiceSpecs(name, namespace)
-	sel := map[string]bool{APIServiceCA: true, APIServiceServing: true}
+	phase, err := ServingRotationPhase(cfg.Dir)
+	if err != nil {
+		return nil, ServingBundle{}, err
+	}
+	specs := ServingSpecs(name, namespace, phase)
 	e := &engine{dir: cfg.Dir, specs: specs, cfg: &cfg, now: cfg.now(), authorities: map[string]*authority{}}
-	res, err := e.run(sel)
+	res, err := e.run(selectAll(specs))
 	if err != nil {
 		return res, ServingBundle{}, err
 	}
-	if cfg.DryRun && !exists(specs[1].CertFile(cfg.Dir)) {
+	if cfg.DryRun && !exists(specs[len(specs)-1].CertFile(cfg.Dir)) {
 		return res, ServingBundle{}, nil
 	}
+	b, err := readServingBundle(cfg.Dir, phase)
+	return res, b, err
+}
+
+func selectAll(specs []*Spec) map[string]bool {
+	sel := map[string]bool{}
+	for _, s := range specs {
+		sel[s.Name] = true
+	}
+	return sel
+}
+
+// readServingBundle reads the caBundle of phase and the serving pair from dir.
+func readServingBundle(dir string, phase RotationPhase) (ServingBundle, error) {
+	specs := ServingSpecs("x", "x", phase) // file names only
+	var cas [][]byte
 	var b ServingBundle
-	for _, f := range []struct {
-		dst  *[]byte
-		path string
-	}{{&b.CA, specs[0].CertFile(cfg.Dir)}, {&b.Cert, specs[1].CertFile(cfg.Dir)}, {&b.Key, specs[1].KeyFile(cfg.Dir)}} {
-		if *f.dst, err = os.ReadFile(f.path); err != nil {
-			return res, ServingBundle{}, fmt.Errorf("pki: %w", err)
+	for _, s := range specs {
+		data, err := os.ReadFile(s.CertFile(dir))
+		if err != nil {
+			return ServingBundle{}, fmt.Errorf("pki: %w", err)
+		}
+		if s.IsCA {
+			cas = append(cas, data)
+			continue
+		}
+		b.Cert = data
+		if b.Key, err = os.ReadFile(s.KeyFile(dir)); err != nil {
+			return ServingBundle{}, fmt.Errorf("pki: %w", err)
 		}
 	}
-	return res, b, nil
+	b.CA = bytes.Join(cas, nil)
+	return b, nil
 }

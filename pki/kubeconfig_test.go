@@ -283,7 +283,7 @@ func TestHumanDuration(t *testing.T) {
 
 func TestAPIService(t *testing.T) {
 	cfg := Config{Dir: t.TempDir(), KeyAlgorithm: ECDSAP256}
-	res, b, err := EnsureAPIService(cfg, "api", "pizza-apiserver")
+	res, b, err := EnsureServing(cfg, "api", "pizza-apiserver")
 	if err != nil || len(res) != 2 {
 		t.Fatalf("%v %v", res, err)
 	}
@@ -310,18 +310,18 @@ func TestAPIService(t *testing.T) {
 		}
 	}
 	before := snapshot(t, cfg.Dir)
-	if _, b2, err := EnsureAPIService(cfg, "api", "pizza-apiserver"); err != nil || string(b2.CA) != string(b.CA) {
+	if _, b2, err := EnsureServing(cfg, "api", "pizza-apiserver"); err != nil || string(b2.CA) != string(b.CA) {
 		t.Fatal(err)
 	}
 	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
 		t.Fatalf("changed %v", changed)
 	}
 	// Another service name does not match the existing serving certificate.
-	if _, _, err := EnsureAPIService(cfg, "other", "pizza-apiserver"); err == nil || !strings.Contains(err.Error(), "tls.crt") {
+	if _, _, err := EnsureServing(cfg, "other", "pizza-apiserver"); err == nil || !strings.Contains(err.Error(), "tls.crt") {
 		t.Fatalf("other service: %v", err)
 	}
 	for _, bad := range [][2]string{{"Bad_Name", "ns"}, {"api", "Bad.NS"}} {
-		if _, _, err := EnsureAPIService(cfg, bad[0], bad[1]); err == nil {
+		if _, _, err := EnsureServing(cfg, bad[0], bad[1]); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
 	}

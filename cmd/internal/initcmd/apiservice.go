@@ -10,23 +10,93 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
-type apiServiceOptions struct {
-	service, namespace, group, version string
-	serviceAccount                     string
-	out                                string
-	keyAlgorithm                       string
-	caValidity, certValidity           time.Duration
-	force, dryRun                      bool
+// servingOptions are the flags every command that issues an extension server's serving certificate has.
+type servingOptions struct {
+	service, namespace       string
+	out                      string
+	keyAlgorithm             string
+	caValidity, certValidity time.Duration
+	force, dryRun            bool
 }
 
-func newAPIServiceCommand() *cobra.Command {
-	o := &apiServiceOptions{
+func newServingOptions() servingOptions {
+	return servingOptions{
 		keyAlgorithm: string(pki.RSA2048),
 		caValidity:   pki.DefaultCAValidity,
 		certValidity: pki.DefaultCertValidity,
 	}
+}
+
+// addFlags registers the flags; outSuffix names the default output directory, ./SERVICE-outSuffix.
+func (o *servingOptions) addFlags(fs *pflag.FlagSet, what, outSuffix string) {
+	fs.StringVar(&o.service, "service", o.service, "name of the Service in front of the "+what+" (required)")
+	fs.StringVar(&o.namespace, "namespace", o.namespace, "namespace of that Service (required)")
+	fs.StringVar(&o.out, "out", o.out, "output directory (default ./SERVICE-"+outSuffix+")")
+	fs.StringVar(&o.keyAlgorithm, "key-algorithm", o.keyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
+	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA")
+	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate")
+	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks")
+	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "print what would be written, and write nothing")
+}
+
+func (o *servingOptions) validate() []error {
+	var errs []error
+	for _, f := range []struct{ flag, v string }{{"--service", o.service}, {"--namespace", o.namespace}} {
+		if f.v == "" {
+			errs = append(errs, fmt.Errorf("%s is required", f.flag))
+		}
+	}
+	if o.service != "" && o.namespace != "" {
+		if err := pki.ValidateService(o.service, o.namespace); err != nil {
+			errs = append(errs, fmt.Errorf("--service/--namespace: %w", err))
+		}
+	}
+	if _, err := pki.ParseKeyAlgorithm(o.keyAlgorithm); err != nil {
+		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
+	}
+	if err := validities(o.caValidity, o.certValidity); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// outDir is --out made absolute, or ./SERVICE-suffix.
+func (o *servingOptions) outDir(suffix string) (string, error) {
+	out := o.out
+	if out == "" {
+		out = o.service + "-" + suffix
+	}
+	return absDir("--out", out)
+}
+
+// pki is the configuration of the serving certificates in out/pki.
+func (o *servingOptions) pki(out string) pki.Config {
+	return pki.Config{
+		Dir: filepath.Join(out, pki.PKISubdir), KeyAlgorithm: pki.KeyAlgorithm(o.keyAlgorithm),
+		CAValidity: o.caValidity, CertValidity: o.certValidity, Force: o.force, DryRun: o.dryRun,
+	}
+}
+
+// ensure creates or checks the serving CA and certificate in out/pki and reports on them through r.
+func (o *servingOptions) ensure(r *runner, out string) (pki.ServingBundle, error) {
+	res, bundle, err := pki.EnsureServing(o.pki(out), o.service, o.namespace)
+	for _, x := range res {
+		r.add(x)
+	}
+	return bundle, err
+}
+
+type apiServiceOptions struct {
+	servingOptions
+	group, version string
+	serviceAccount string
+}
+
+func newAPIServiceCommand() *cobra.Command {
+	o := &apiServiceOptions{servingOptions: newServingOptions()}
 	cmd := &cobra.Command{
 		Use:   "apiservice --service NAME --namespace NS --group G --version V",
 		Short: "Issue the serving CA and certificate of an extension API server, with its Secret, APIService and RBAC",
@@ -48,37 +118,19 @@ Existing files are checked and kept, as with konnect init.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.service, "service", o.service, "name of the Service in front of the extension API server (required)")
-	fs.StringVar(&o.namespace, "namespace", o.namespace, "namespace of that Service (required)")
+	o.addFlags(fs, "extension API server", "apiservice")
 	fs.StringVar(&o.group, "group", o.group, "API group the extension API server serves (required)")
 	fs.StringVar(&o.version, "version", o.version, "API version it serves (required)")
 	fs.StringVar(&o.serviceAccount, "service-account", o.serviceAccount, "ServiceAccount of the extension API server in --namespace (default: --service)")
-	fs.StringVar(&o.out, "out", o.out, "output directory (default ./SERVICE-apiservice)")
-	fs.StringVar(&o.keyAlgorithm, "key-algorithm", o.keyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
-	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA")
-	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate")
-	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks")
-	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "print what would be written, and write nothing")
 	return cmd
 }
 
 func (o *apiServiceOptions) validate() error {
-	var errs []error
-	for _, f := range []struct{ flag, v string }{{"--service", o.service}, {"--namespace", o.namespace}, {"--group", o.group}, {"--version", o.version}} {
+	errs := o.servingOptions.validate()
+	for _, f := range []struct{ flag, v string }{{"--group", o.group}, {"--version", o.version}} {
 		if f.v == "" {
 			errs = append(errs, fmt.Errorf("%s is required", f.flag))
 		}
-	}
-	if o.service != "" && o.namespace != "" {
-		if err := pki.ValidateService(o.service, o.namespace); err != nil {
-			errs = append(errs, fmt.Errorf("--service/--namespace: %w", err))
-		}
-	}
-	if _, err := pki.ParseKeyAlgorithm(o.keyAlgorithm); err != nil {
-		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
-	}
-	if err := validities(o.caValidity, o.certValidity); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -87,11 +139,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	out := o.out
-	if out == "" {
-		out = o.service + "-apiservice"
-	}
-	out, err := absDir("--out", out)
+	out, err := o.outDir("apiservice")
 	if err != nil {
 		return err
 	}
@@ -108,14 +156,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	}
 	r := &runner{o: &Options{DryRun: o.dryRun}, out: cmd.OutOrStdout()}
 	defer r.print()
-	cfg := pki.Config{
-		Dir: filepath.Join(out, pki.PKISubdir), KeyAlgorithm: pki.KeyAlgorithm(o.keyAlgorithm),
-		CAValidity: o.caValidity, CertValidity: o.certValidity, Force: o.force, DryRun: o.dryRun,
-	}
-	res, bundle, err := pki.EnsureAPIService(cfg, o.service, o.namespace)
-	for _, x := range res {
-		r.add(x)
-	}
+	bundle, err := o.ensure(r, out)
 	if err != nil {
 		return err
 	}

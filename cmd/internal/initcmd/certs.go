@@ -20,7 +20,7 @@ func NewCertsCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newCheckExpirationCommand(), newRenewCommand(), newAPIServiceCommand())
+	cmd.AddCommand(newCheckExpirationCommand(), newRenewCommand(), newAPIServiceCommand(), newWebhookCommand(), newRotateCACommand())
 	return cmd
 }
 

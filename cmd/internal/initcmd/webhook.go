@@ -1,0 +1,256 @@
+package initcmd
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/cobra"
+)
+
+func newWebhookCommand() *cobra.Command {
+	o := newServingOptions()
+	cmd := &cobra.Command{
+		Use:   "webhook --service NAME --namespace NS [--out DIR] [MANIFEST...]",
+		Short: "Issue a webhook's serving CA and certificate, and set the caBundle in its manifests",
+		Long: `Issue what an admission or CRD conversion webhook behind a Service needs, into --out (default
+./NAME-webhook), and set its caBundle in the manifests given as arguments:
+
+  OUT/pki/ca.{crt,key}     serving CA; its certificate is the caBundle
+  OUT/pki/tls.{crt,key}    serving certificate, CN NAME.NS.svc, SANs NAME.NS.svc and NAME.NS.svc.cluster.local
+  OUT/secret.yaml          kubernetes.io/tls Secret NAME-tls in NS (tls.crt, tls.key, ca.crt)
+  OUT/MANIFEST             a copy of each MANIFEST with the caBundle set
+  OUT/kustomization.yaml   so that "kubectl apply -k OUT" applies them
+
+The caBundle is set on every webhook of a ValidatingWebhookConfiguration or MutatingWebhookConfiguration
+whose clientConfig.service is NAME in NS, and on spec.conversion.webhook.clientConfig of a
+CustomResourceDefinition whose service is NAME in NS; an existing caBundle there is replaced. Webhooks that
+point elsewhere or by URL, and every other object, are left as they were. Existing certificates are checked
+and kept, so a second run changes no byte; konnect certs rotate-ca replaces the CA without a failed request.`,
+		Example: "  konnect certs webhook --service pizza-webhook --namespace pizza --out ./pizza-webhook webhook.yaml crd.yaml",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runWebhook(cmd.OutOrStdout(), &o, args)
+		},
+	}
+	o.addFlags(cmd.Flags(), "webhook server", "webhook")
+	return cmd
+}
+
+func runWebhook(w io.Writer, o *servingOptions, manifestFiles []string) error {
+	if err := errors.Join(o.validate()...); err != nil {
+		return err
+	}
+	out, err := o.outDir("webhook")
+	if err != nil {
+		return err
+	}
+	// Every input is read and checked before any certificate is written.
+	ref := manifests.ServiceRef{Name: o.service, Namespace: o.namespace}
+	inputs := map[string][]byte{}
+	var names []string
+	matches := 0
+	for _, f := range manifestFiles {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("manifest: %w", err)
+		}
+		base := filepath.Base(f)
+		if base == manifests.ServingSecretFile || base == "kustomization.yaml" {
+			return fmt.Errorf("manifest %s: its name collides with %s that konnect writes into --out; rename it", f, filepath.Join(out, base))
+		}
+		if _, dup := inputs[base]; dup {
+			return fmt.Errorf("manifest %s: another argument has the same file name %s, and both would be written to %s", f, base, filepath.Join(out, base))
+		}
+		_, found, err := manifests.SetCABundle(data, ref, nil)
+		if err != nil {
+			return fmt.Errorf("manifest %s: %w", f, err)
+		}
+		matches += len(found)
+		inputs[base] = data
+		names = append(names, base)
+	}
+	if len(names) > 0 && matches == 0 {
+		return fmt.Errorf("no webhook configuration or CustomResourceDefinition in %s reaches its server through Service %s: nothing to set the caBundle on",
+			strings.Join(manifestFiles, ", "), ref)
+	}
+	r := &runner{o: &Options{DryRun: o.dryRun}, out: w}
+	defer r.print()
+	bundle, err := o.ensure(r, out)
+	if err != nil {
+		return err
+	}
+	if bundle.Cert == nil { // dry run on a fresh directory
+		r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: filepath.Join(out, "(Secret, manifests, kustomization.yaml)")})
+		return nil
+	}
+	secret, err := manifests.RenderServingSecret(ref, manifests.ServingCerts{CA: bundle.CA, Cert: bundle.Cert, Key: bundle.Key})
+	if err != nil {
+		return err
+	}
+	files := []manifests.File{secret}
+	var patched []manifests.Patched
+	for _, base := range names {
+		data, p, err := manifests.SetCABundle(inputs[base], ref, bundle.CA)
+		if err != nil {
+			return fmt.Errorf("manifest %s: %w", base, err)
+		}
+		patched = append(patched, p...)
+		files = append(files, manifests.File{Name: base, Data: data, Mode: 0o644})
+	}
+	k, err := manifests.Kustomization(files)
+	if err != nil {
+		return err
+	}
+	if err := r.writeFiles(out, append(files, k)); err != nil {
+		return err
+	}
+	for _, p := range patched {
+		r.outcomes = append(r.outcomes, outcome{action: "caBundle set", file: p.String()})
+	}
+	return nil
+}
+
+func newRotateCACommand() *cobra.Command {
+	var out string
+	var step int
+	dryRun := false
+	cmd := &cobra.Command{
+		Use:   "rotate-ca --out DIR --step 1|2|3",
+		Short: "Replace an extension server's serving CA in three steps, without a failed request",
+		Long: `Replace the serving CA in a directory written by konnect certs apiservice or konnect certs webhook.
+Apply each step ("kubectl apply -k DIR") and let it take effect before you write the next one:
+
+  --step 1   a new CA (DIR/pki/ca-next.{crt,key}); every caBundle holds the old and the new CA
+  --step 2   a serving certificate (and key) from the new CA in the Secret; servers pick it up when they
+             reload their certificate files
+  --step 3   every caBundle holds the new CA alone; the new CA becomes DIR/pki/ca.{crt,key}, and the old
+             one is kept in DIR/pki/retired
+
+A step already done changes nothing; a step out of order is refused and writes nothing.`,
+		Example: "  konnect certs rotate-ca --out ./pizza-webhook --step 1 && kubectl apply -k ./pizza-webhook",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return fmt.Errorf("--out is required: the directory written by konnect certs apiservice or konnect certs webhook")
+			}
+			if step < 1 || step > 3 {
+				return fmt.Errorf("--step %d: must be 1, 2 or 3", step)
+			}
+			dir, err := absDir("--out", out)
+			if err != nil {
+				return err
+			}
+			return runRotateCA(cmd.OutOrStdout(), dir, step, dryRun)
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", out, "directory written by konnect certs apiservice or konnect certs webhook (required)")
+	cmd.Flags().IntVar(&step, "step", step, "rotation step to write: 1, 2 or 3 (required)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", dryRun, "print what would be written, and write nothing")
+	return cmd
+}
+
+func runRotateCA(w io.Writer, dir string, step int, dryRun bool) error {
+	ref, err := servingRef(dir)
+	if err != nil {
+		return err
+	}
+	r := &runner{o: &Options{DryRun: dryRun}, out: w}
+	res, bundle, phase, err := pki.RotateServingCA(pki.Config{Dir: filepath.Join(dir, pki.PKISubdir), DryRun: dryRun}, ref.Name, ref.Namespace, step)
+	for _, x := range res {
+		r.add(x)
+	}
+	if err != nil {
+		r.print()
+		if errors.Is(err, pki.ErrRotationOrder) {
+			return fmt.Errorf("--step %d: %w", step, err)
+		}
+		return err
+	}
+	if dryRun {
+		r.print()
+		return nil
+	}
+	if err := rewriteServing(r, dir, ref, bundle); err != nil {
+		r.print()
+		return err
+	}
+	r.print()
+	if res == nil {
+		fmt.Fprintf(w, "Step %d was already done (%s); nothing changed.\n", step, phase)
+	} else {
+		fmt.Fprintf(w, "Step %d written.\n", step)
+	}
+	fmt.Fprintf(w, "Apply it: kubectl apply -k %s\n", dir)
+	switch phase {
+	case pki.BundleBoth:
+		fmt.Fprintf(w, "Next, once kube-apiserver has the new caBundle: konnect certs rotate-ca --out %s --step 2\n", dir)
+	case pki.ServingFromNext:
+		fmt.Fprintf(w, "Next, once every replica serves the new certificate (kubelet refreshes Secret volumes within about a minute, then the server reloads its files): konnect certs rotate-ca --out %s --step 3\n", dir)
+	default:
+		fmt.Fprintln(w, "The caBundle is the new CA alone: the rotation is complete.")
+	}
+	return nil
+}
+
+// servingRef reads the Service an extension server directory is for from the CN of its serving
+// certificate, NAME.NS.svc.
+func servingRef(dir string) (manifests.ServiceRef, error) {
+	path := filepath.Join(dir, pki.PKISubdir, "tls.crt")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return manifests.ServiceRef{}, fmt.Errorf("--out %s: not a directory written by konnect certs apiservice or konnect certs webhook: %w", dir, err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return manifests.ServiceRef{}, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return manifests.ServiceRef{}, fmt.Errorf("%s: %w", path, err)
+	}
+	parts := strings.Split(cert.Subject.CommonName, ".")
+	if len(parts) != 3 || parts[2] != "svc" {
+		return manifests.ServiceRef{}, fmt.Errorf("%s: common name %q is not SERVICE.NAMESPACE.svc", path, cert.Subject.CommonName)
+	}
+	return manifests.ServiceRef{Name: parts[0], Namespace: parts[1]}, nil
+}
+
+// rewriteServing sets bundle as the caBundle in every manifest of dir and re-renders the Secret.
+func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.ServingBundle) error {
+	secret, err := manifests.RenderServingSecret(ref, manifests.ServingCerts{CA: bundle.CA, Cert: bundle.Cert, Key: bundle.Key})
+	if err != nil {
+		return err
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return err
+	}
+	sort.Strings(paths)
+	files := []manifests.File{secret}
+	for _, p := range paths {
+		base := filepath.Base(p)
+		if base == manifests.ServingSecretFile || base == "kustomization.yaml" {
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		patched, found, err := manifests.SetCABundle(data, ref, bundle.CA)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if len(found) > 0 {
+			files = append(files, manifests.File{Name: base, Data: patched, Mode: 0o644})
+		}
+	}
+	return r.writeFiles(dir, files)
+}

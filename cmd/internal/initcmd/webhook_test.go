@@ -1,0 +1,162 @@
+package initcmd
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const testWebhooks = `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: pizzas
+webhooks:
+- name: validate.pizza.example.com
+  clientConfig:
+    service: {name: hook, namespace: pizza, path: /validate}
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+- name: by-url.example.com
+  clientConfig:
+    url: https://hooks.example.com/validate
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+`
+
+// caBundleOf returns the number of CAs in the first webhook's caBundle in file.
+func caBundleOf(t *testing.T, file string) []*x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vwc admissionv1.ValidatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(data, &vwc); err != nil {
+		t.Fatal(err)
+	}
+	if len(vwc.Webhooks[1].ClientConfig.CABundle) != 0 {
+		t.Fatal("the webhook reached by URL got a caBundle")
+	}
+	var cas []*x509.Certificate
+	rest := vwc.Webhooks[0].ClientConfig.CABundle
+	for {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return cas
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cas = append(cas, c)
+	}
+}
+
+func TestCertsWebhookAndRotateCA(t *testing.T) {
+	in := t.TempDir()
+	hooks := filepath.Join(in, "hooks.yaml")
+	if err := os.WriteFile(hooks, []byte(testWebhooks), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "hook")
+	args := []string{"certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, "--key-algorithm", "ecdsa-p256", hooks}
+	stdout := mustRun(t, args...)
+	if !strings.Contains(stdout, "ValidatingWebhookConfiguration pizzas/validate.pizza.example.com") {
+		t.Fatalf("output does not name the patched webhook:\n%s", stdout)
+	}
+	for _, f := range []string{"pki/ca.crt", "pki/ca.key", "pki/tls.crt", "pki/tls.key", "secret.yaml", "hooks.yaml", "kustomization.yaml"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(caBundleOf(t, filepath.Join(out, "hooks.yaml"))); n != 1 {
+		t.Fatalf("caBundle holds %d CAs", n)
+	}
+	before := sums(t, out)
+	mustRun(t, args...)
+	if after := sums(t, out); !maps.Equal(before, after) {
+		t.Fatal("a second identical run changed files")
+	}
+	if orig, _ := os.ReadFile(hooks); string(orig) != testWebhooks {
+		t.Fatal("the input manifest was modified")
+	}
+
+	// Bad input names the flag or file and writes nothing.
+	for name, bad := range map[string]struct {
+		args []string
+		want string
+	}{
+		"missing manifest": {[]string{filepath.Join(in, "nope.yaml")}, "nope.yaml"},
+		"no match":         {[]string{"--service", "other", hooks}, "Service pizza/other"},
+		"same file name":   {[]string{hooks, hooks}, "same file name"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "x")
+			a := append([]string{"certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", dir}, bad.args...)
+			if _, err := run(t, a...); err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Fatalf("err %v, want %q", err, bad.want)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("%s was written: %v", dir, err)
+			}
+		})
+	}
+
+	// Rotation: out of order is refused; each step says what comes next.
+	rotate := func(step string) (string, error) { return run(t, "certs", "rotate-ca", "--out", out, "--step", step) }
+	if _, err := rotate("2"); err == nil || !strings.Contains(err.Error(), "--step 2") || !strings.Contains(err.Error(), "next step is 1") {
+		t.Fatalf("step 2 first: %v", err)
+	}
+	for _, tc := range []struct {
+		step, next string
+		cas        int
+	}{{"1", "--step 2", 2}, {"2", "--step 3", 2}, {"3", "rotation is complete", 1}} {
+		stdout, err := rotate(tc.step)
+		if err != nil || !strings.Contains(stdout, "Step "+tc.step+" written") || !strings.Contains(stdout, tc.next) || !strings.Contains(stdout, "kubectl apply -k "+out) {
+			t.Fatalf("step %s: %v\n%s", tc.step, err, stdout)
+		}
+		if n := len(caBundleOf(t, filepath.Join(out, "hooks.yaml"))); n != tc.cas {
+			t.Fatalf("after step %s the caBundle holds %d CAs, want %d", tc.step, n, tc.cas)
+		}
+	}
+	if _, err := run(t, "certs", "rotate-ca", "--out", t.TempDir(), "--step", "1"); err == nil || !strings.Contains(err.Error(), "--out") {
+		t.Fatalf("rotate-ca in an empty directory: %v", err)
+	}
+}
+
+// rotate-ca works on a `certs apiservice` directory too: the APIService's caBundle follows the steps.
+func TestRotateCAAPIService(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "api")
+	mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", dir, "--key-algorithm", "ecdsa-p256")
+	countCAs := func() int {
+		data, err := os.ReadFile(filepath.Join(dir, "apiservice.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj struct {
+			Spec struct {
+				CABundle []byte `json:"caBundle"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(data, &obj); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(obj.Spec.CABundle), "BEGIN CERTIFICATE")
+	}
+	mustRun(t, "certs", "rotate-ca", "--out", dir, "--step", "1")
+	if n := countCAs(); n != 2 {
+		t.Fatalf("after step 1: %d CAs", n)
+	}
+	// certs apiservice in the middle of a rotation keeps the bundle of two.
+	mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", dir)
+	if n := countCAs(); n != 2 {
+		t.Fatalf("certs apiservice during the rotation: %d CAs", n)
+	}
+}

@@ -1,0 +1,172 @@
+package manifests
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"regexp"
+	"strings"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// ServiceRef names the Service through which kube-apiserver reaches an extension server.
+type ServiceRef struct {
+	Name, Namespace string
+}
+
+func (r ServiceRef) String() string { return r.Namespace + "/" + r.Name }
+
+// Patched names one caBundle that SetCABundle set: KIND NAME, and for a webhook configuration
+// CONFIGURATION/WEBHOOK.
+type Patched struct {
+	Kind, Name string
+}
+
+func (p Patched) String() string { return p.Kind + " " + p.Name }
+
+// docSeparator matches a YAML document start marker on a line of its own.
+var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
+
+// SetCABundle sets caBundle to bundle wherever an object in the YAML stream data reaches its server through
+// the Service ref:
+//
+//   - every webhook of a ValidatingWebhookConfiguration or MutatingWebhookConfiguration whose
+//     clientConfig.service is ref;
+//   - spec.conversion.webhook.clientConfig of a CustomResourceDefinition whose service is ref;
+//   - spec.caBundle of an APIService whose spec.service is ref.
+//
+// An existing caBundle is replaced. Webhooks that point elsewhere or by URL are left alone, and so is every
+// document without a match, byte for byte; a document with a match keeps its keys, their order and its
+// comments, and is re-indented with two spaces.
+func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched, error) {
+	value := base64.StdEncoding.EncodeToString(bundle)
+	var out bytes.Buffer
+	var patched []Patched
+	docs := splitDocuments(data)
+	for i, doc := range docs {
+		var root yaml.Node
+		if err := yaml.Unmarshal(doc.body, &root); err != nil {
+			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		var found []Patched
+		if len(root.Content) == 1 {
+			found = setCABundle(root.Content[0], ref, value)
+		}
+		out.Write(doc.separator)
+		if len(found) == 0 {
+			out.Write(doc.body)
+			continue
+		}
+		patched = append(patched, found...)
+		var b bytes.Buffer
+		enc := yaml.NewEncoder(&b)
+		enc.SetIndent(2)
+		if err := enc.Encode(&root); err != nil {
+			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		if err := enc.Close(); err != nil {
+			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		out.Write(b.Bytes())
+	}
+	return out.Bytes(), patched, nil
+}
+
+type document struct {
+	separator []byte // the "---" line before the body, with its newline; empty for the first document
+	body      []byte
+}
+
+// splitDocuments cuts a YAML stream at its document markers, keeping every byte.
+func splitDocuments(data []byte) []document {
+	var docs []document
+	var sep []byte
+	for {
+		loc := docSeparator.FindIndex(data)
+		if loc == nil {
+			return append(docs, document{separator: sep, body: data})
+		}
+		end := loc[1]
+		if end < len(data) && data[end] == '\n' {
+			end++
+		}
+		if loc[0] > 0 || sep != nil {
+			docs = append(docs, document{separator: sep, body: data[:loc[0]]})
+		}
+		sep, data = data[loc[0]:end], data[end:]
+	}
+}
+
+// setCABundle patches one object and says what it patched.
+func setCABundle(obj *yaml.Node, ref ServiceRef, value string) []Patched {
+	kind, name := scalar(lookup(obj, "kind")), scalar(lookup(obj, "metadata", "name"))
+	var found []Patched
+	switch kind {
+	case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
+		webhooks := lookup(obj, "webhooks")
+		if webhooks == nil || webhooks.Kind != yaml.SequenceNode {
+			return nil
+		}
+		for _, w := range webhooks.Content {
+			cc := lookup(w, "clientConfig")
+			if cc != nil && servesRef(lookup(cc, "service"), ref) {
+				setScalar(cc, "caBundle", value)
+				found = append(found, Patched{Kind: kind, Name: name + "/" + scalar(lookup(w, "name"))})
+			}
+		}
+	case "CustomResourceDefinition":
+		cc := lookup(obj, "spec", "conversion", "webhook", "clientConfig")
+		if cc != nil && servesRef(lookup(cc, "service"), ref) {
+			setScalar(cc, "caBundle", value)
+			found = append(found, Patched{Kind: kind, Name: name})
+		}
+	case "APIService":
+		spec := lookup(obj, "spec")
+		if spec != nil && servesRef(lookup(spec, "service"), ref) {
+			setScalar(spec, "caBundle", value)
+			found = append(found, Patched{Kind: kind, Name: name})
+		}
+	}
+	return found
+}
+
+func servesRef(svc *yaml.Node, ref ServiceRef) bool {
+	return svc != nil && scalar(lookup(svc, "name")) == ref.Name && scalar(lookup(svc, "namespace")) == ref.Namespace
+}
+
+// lookup follows keys through nested mappings; nil when one is missing.
+func lookup(n *yaml.Node, keys ...string) *yaml.Node {
+	for _, k := range keys {
+		if n == nil || n.Kind != yaml.MappingNode {
+			return nil
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == k {
+				next = n.Content[i+1]
+				break
+			}
+		}
+		n = next
+	}
+	return n
+}
+
+func scalar(n *yaml.Node) string {
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return ""
+	}
+	return strings.TrimSpace(n.Value)
+}
+
+// setScalar sets key to a plain string in mapping m, adding the key when it is missing.
+func setScalar(m *yaml.Node, key, value string) {
+	if v := lookup(m, key); v != nil {
+		*v = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, LineComment: v.LineComment}
+		return
+	}
+	m.Content = append(m.Content,
+		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key},
+		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value})
+}

@@ -1,0 +1,146 @@
+package manifests
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const webhookStream = `# kept as it is
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: untouched
+data:
+  k:    "v"   # odd spacing stays
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: pizzas
+webhooks:
+- name: validate.pizza.example.com   # ours
+  clientConfig:
+    service: {name: hook, namespace: pizza, path: /validate}
+    caBundle: b2xk
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+- name: other-service.example.com
+  clientConfig:
+    service: {name: hook, namespace: elsewhere}
+    caBundle: b2xk
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+- name: by-url.example.com
+  clientConfig:
+    url: https://hooks.example.com/validate
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pizzas.restaurant.example.com
+spec:
+  group: restaurant.example.com
+  names: {kind: Pizza, plural: pizzas}
+  scope: Namespaced
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: ["v1"]
+      clientConfig:
+        service: {name: hook, namespace: pizza, path: /convert}
+`
+
+func TestSetCABundle(t *testing.T) {
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	out, patched, err := SetCABundle([]byte(webhookStream), ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range patched {
+		names = append(names, p.String())
+	}
+	if got := strings.Join(names, ","); got != "ValidatingWebhookConfiguration pizzas/validate.pizza.example.com,CustomResourceDefinition pizzas.restaurant.example.com" {
+		t.Fatalf("patched %s", got)
+	}
+	docs := splitDocuments(out)
+	if len(docs) != 3 {
+		t.Fatalf("%d documents:\n%s", len(docs), out)
+	}
+	// A document without a match keeps every byte.
+	if !bytes.HasPrefix(out, []byte(strings.SplitN(webhookStream, "---\n", 2)[0])) {
+		t.Fatalf("first document changed:\n%s", out)
+	}
+	var vwc admissionv1.ValidatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(docs[1].body, &vwc); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{string(bundle), "old", ""}
+	for i, w := range vwc.Webhooks {
+		if string(w.ClientConfig.CABundle) != want[i] {
+			t.Errorf("webhook %s: caBundle %q, want %q", w.Name, w.ClientConfig.CABundle, want[i])
+		}
+	}
+	if vwc.Webhooks[0].ClientConfig.Service.Path == nil || *vwc.Webhooks[0].ClientConfig.Service.Path != "/validate" {
+		t.Error("the service path was lost")
+	}
+	if !strings.Contains(string(docs[1].body), "# ours") {
+		t.Error("a comment in a patched document was lost")
+	}
+	// The CRD type lives in k8s.io/apiextensions-apiserver; its clientConfig is admission's WebhookClientConfig.
+	var crd struct {
+		Spec struct {
+			Conversion struct {
+				Webhook struct {
+					ClientConfig admissionv1.WebhookClientConfig `json:"clientConfig"`
+				} `json:"webhook"`
+			} `json:"conversion"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(docs[2].body, &crd); err != nil {
+		t.Fatal(err)
+	}
+	if cc := crd.Spec.Conversion.Webhook.ClientConfig; string(cc.CABundle) != string(bundle) || cc.Service == nil || *cc.Service.Path != "/convert" {
+		t.Errorf("CRD clientConfig %+v", cc)
+	}
+
+	// Setting the same bundle again is a fixed point; no match leaves the input as it was.
+	again, _, err := SetCABundle(out, ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+	if err != nil || !bytes.Equal(again, out) {
+		t.Fatalf("second run changed the output: %v", err)
+	}
+	none, patched, err := SetCABundle([]byte(webhookStream), ServiceRef{Name: "nobody", Namespace: "pizza"}, bundle)
+	if err != nil || len(patched) != 0 || string(none) != webhookStream {
+		t.Fatalf("no match: %v %v", patched, err)
+	}
+	if _, _, err := SetCABundle([]byte("kind: [unclosed"), ServiceRef{}, nil); err == nil {
+		t.Fatal("bad YAML accepted")
+	}
+}
+
+func TestRenderServingSecret(t *testing.T) {
+	c := ServingCerts{CA: []byte("-----BEGIN CERTIFICATE-----\nQ0E=\n-----END CERTIFICATE-----\n"),
+		Cert: []byte("-----BEGIN CERTIFICATE-----\nTEVBRg==\n-----END CERTIFICATE-----\n"),
+		Key:  []byte("-----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n")}
+	f, err := RenderServingSecret(ServiceRef{Name: "hook", Namespace: "pizza"}, c)
+	if err != nil || f.Mode != secretMode || f.Name != ServingSecretFile {
+		t.Fatalf("%v %v", f, err)
+	}
+	var s corev1.Secret
+	if err := yaml.UnmarshalStrict(f.Data, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "hook-tls" || s.Namespace != "pizza" || s.Type != corev1.SecretTypeTLS || string(s.Data["ca.crt"]) != string(c.CA) {
+		t.Fatalf("%+v", s)
+	}
+	if _, err := RenderServingSecret(ServiceRef{Name: "hook", Namespace: "pizza"}, ServingCerts{}); err == nil {
+		t.Fatal("empty certificates accepted")
+	}
+}

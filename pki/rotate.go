@@ -1,0 +1,202 @@
+package pki
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// RotationPhase is how far the rotation of an extension server's serving CA has come. Each step is applied
+// to the cluster before the next one is written, so that at every moment every kube-apiserver trusts the
+// certificate every server replica presents:
+//
+//	NotRotating      caBundle = CA,          serving certificate from CA
+//	BundleBoth       caBundle = CA + next,   serving certificate from CA      (after step 1)
+//	ServingFromNext  caBundle = CA + next,   serving certificate from next    (after step 2)
+//	NotRotating      caBundle = next,        serving certificate from next    (after step 3: next is the CA)
+type RotationPhase int
+
+const (
+	NotRotating RotationPhase = iota
+	BundleBoth
+	ServingFromNext
+)
+
+func (p RotationPhase) String() string {
+	switch p {
+	case BundleBoth:
+		return "step 1 done: the caBundle holds the old and the new CA"
+	case ServingFromNext:
+		return "step 2 done: the serving certificate is from the new CA"
+	default:
+		return "not rotating"
+	}
+}
+
+// RetiredSubdir holds the CAs that a finished rotation replaced, under names that never collide.
+const RetiredSubdir = "retired"
+
+// ServingRotationPhase reads the phase from the files in dir, and finishes a step 3 that was interrupted
+// between its two renames.
+func ServingRotationPhase(dir string) (RotationPhase, error) {
+	specs := ServingSpecs("x", "x", ServingFromNext)
+	caSpec, nextSpec, tlsSpec := specs[0], specs[1], specs[2]
+	hasNextCert, hasNextKey := exists(nextSpec.CertFile(dir)), exists(nextSpec.KeyFile(dir))
+	switch {
+	case !hasNextCert && !hasNextKey:
+		return NotRotating, nil
+	case hasNextCert && !hasNextKey:
+		// Step 3 renames the key first: finish it if ca.key is already the new CA's key.
+		next, _, err := readCert(nextSpec.CertFile(dir))
+		if err != nil {
+			return 0, fmt.Errorf("pki: %w", err)
+		}
+		key, _, err := readKey(caSpec.KeyFile(dir))
+		if err != nil || !samePublicKey(next.PublicKey, key.Public()) {
+			return 0, fmt.Errorf("pki: %s exists without %s and %s is not its key: restore %s",
+				nextSpec.CertFile(dir), nextSpec.KeyFile(dir), caSpec.KeyFile(dir), nextSpec.KeyFile(dir))
+		}
+		if err := os.Rename(nextSpec.CertFile(dir), caSpec.CertFile(dir)); err != nil {
+			return 0, fmt.Errorf("pki: finish the interrupted rotation: %w", err)
+		}
+		return NotRotating, syncDir(dir)
+	case !hasNextCert && hasNextKey:
+		// Keys are written before certificates: an interrupted step 1. Ensure re-creates the certificate.
+		return BundleBoth, nil
+	}
+	next, _, err := readCert(nextSpec.CertFile(dir))
+	if err != nil {
+		return 0, fmt.Errorf("pki: %w", err)
+	}
+	serving, _, err := readCert(tlsSpec.CertFile(dir))
+	if err != nil {
+		return 0, fmt.Errorf("pki: %w", err)
+	}
+	if serving.CheckSignatureFrom(next) == nil {
+		return ServingFromNext, nil
+	}
+	return BundleBoth, nil
+}
+
+// ErrRotationOrder is returned for a rotation step that does not follow the phase reached.
+var ErrRotationOrder = errors.New("rotation step out of order")
+
+// RotateServingCA carries out one step (1, 2 or 3) of the serving CA rotation in dir, for the extension
+// server name.namespace, and returns the phase it reached with the bundle to apply. A step already done
+// changes nothing; a step out of order is refused with ErrRotationOrder and writes nothing.
+func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, ServingBundle, RotationPhase, error) {
+	cfg = cfg.withDefaults()
+	if err := ValidateService(name, namespace); err != nil {
+		return nil, ServingBundle{}, 0, fmt.Errorf("pki: %w", err)
+	}
+	if n < 1 || n > 3 {
+		return nil, ServingBundle{}, 0, fmt.Errorf("pki: rotation step %d: must be 1, 2 or 3", n)
+	}
+	phase, err := ServingRotationPhase(cfg.Dir)
+	if err != nil {
+		return nil, ServingBundle{}, 0, err
+	}
+	// The files of the phase reached must be sound before anything moves on.
+	check := cfg
+	check.DryRun, check.Force = true, false
+	if _, _, err := EnsureServing(check, name, namespace); err != nil {
+		return nil, ServingBundle{}, phase, err
+	}
+	if !exists(ServingSpecs(name, namespace, phase)[0].CertFile(cfg.Dir)) {
+		return nil, ServingBundle{}, phase, fmt.Errorf("pki: %s holds no serving CA: run konnect certs apiservice or konnect certs webhook first", cfg.Dir)
+	}
+	// Step n starts from phase n-1 and ends in phase n (phase 3 is NotRotating again, with the new CA).
+	from, to := RotationPhase(n-1), RotationPhase(n%3)
+	if phase == to { // already done; for step 3, nothing is in progress and the bundle is one CA
+		b, err := readServingBundle(cfg.Dir, phase)
+		return nil, b, phase, err
+	}
+	if phase != from {
+		return nil, ServingBundle{}, phase, fmt.Errorf("pki: %w: %s, so the next step is %d, not %d", ErrRotationOrder, phase, int(phase)+1, n)
+	}
+	if cfg.DryRun {
+		return []Result{{Name: "rotate-ca", CertFile: cfg.Dir, Action: Updated, DryRun: true, Reason: fmt.Sprintf("step %d", n)}}, ServingBundle{}, phase, nil
+	}
+
+	var res []Result
+	switch n {
+	case 1: // a new CA beside the old one
+		res, err = runServing(cfg, name, namespace, BundleBoth)
+	case 2: // the serving certificate from the new CA, with a new key
+		specs := ServingSpecs(name, namespace, ServingFromNext)
+		tls := specs[len(specs)-1]
+		e := &engine{dir: cfg.Dir, specs: specs, cfg: &cfg, now: cfg.now(), authorities: map[string]*authority{}}
+		for _, s := range specs[:len(specs)-1] {
+			e.planCA(s)
+		}
+		if len(e.problems) > 0 {
+			return nil, ServingBundle{}, phase, fmt.Errorf("pki: nothing written: %w", errors.Join(e.problems...))
+		}
+		r := e.newResult(tls)
+		r.Action, r.Reason = Renewed, "new key, issued by "+APIServiceNextCA
+		if err = e.apply(step{spec: tls, result: r, altNames: tls.altNames(&cfg)}); err == nil {
+			res = e.flatten()[len(specs)-1:]
+		}
+	case 3: // the new CA becomes the CA; the old one is retired
+		res, err = promoteNextCA(cfg.Dir)
+	}
+	if err != nil {
+		return res, ServingBundle{}, phase, err
+	}
+	b, err := readServingBundle(cfg.Dir, to)
+	return res, b, to, err
+}
+
+// runServing runs the serving table of phase, creating what is missing.
+func runServing(cfg Config, name, namespace string, phase RotationPhase) ([]Result, error) {
+	specs := ServingSpecs(name, namespace, phase)
+	e := &engine{dir: cfg.Dir, specs: specs, cfg: &cfg, now: cfg.now(), authorities: map[string]*authority{}}
+	return e.run(selectAll(specs))
+}
+
+// promoteNextCA makes ca-next the CA. The old pair is first hard-linked into RetiredSubdir, so that no CA
+// is ever lost, then ca-next.key and ca-next.crt are renamed over ca.key and ca.crt, key first: a crash
+// between the two renames is finished by ServingRotationPhase.
+func promoteNextCA(dir string) ([]Result, error) {
+	specs := ServingSpecs("x", "x", ServingFromNext)
+	caSpec, nextSpec := specs[0], specs[1]
+	old, _, err := readCert(caSpec.CertFile(dir))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	retired := filepath.Join(dir, RetiredSubdir)
+	if err := os.MkdirAll(retired, DirMode); err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	base := "ca-" + strings.ToLower(old.SerialNumber.Text(16))
+	for _, ext := range []string{".crt", ".key"} {
+		dst := filepath.Join(retired, base+ext)
+		if err := os.Link(filepath.Join(dir, "ca"+ext), dst); err != nil && !os.IsExist(err) {
+			return nil, fmt.Errorf("pki: keep the retired CA: %w", err)
+		}
+	}
+	if err := syncDir(retired); err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	for _, f := range []struct{ from, to string }{
+		{nextSpec.KeyFile(dir), caSpec.KeyFile(dir)},
+		{nextSpec.CertFile(dir), caSpec.CertFile(dir)},
+	} {
+		if err := os.Rename(f.from, f.to); err != nil {
+			return nil, fmt.Errorf("pki: %w", err)
+		}
+	}
+	if err := syncDir(dir); err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	next, _, err := readCert(caSpec.CertFile(dir))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return []Result{
+		{Name: APIServiceCA, CertFile: caSpec.CertFile(dir), KeyFile: caSpec.KeyFile(dir), CA: true, Action: Renewed,
+			Reason: "replaced by " + APIServiceNextCA + "; the old CA is kept in " + retired, NotAfter: next.NotAfter},
+	}, nil
+}

@@ -1,0 +1,148 @@
+package pki
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// trusts reports whether a client holding caBundle accepts the serving pair of b for the Service name.
+func trusts(t *testing.T, caBundle []byte, b ServingBundle) bool {
+	t.Helper()
+	pair, err := tls.X509KeyPair(b.Cert, b.Key)
+	if err != nil {
+		t.Fatalf("serving pair: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caBundle) {
+		t.Fatal("caBundle holds no certificate")
+	}
+	_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "hook.pizza.svc"})
+	return err == nil
+}
+
+func TestRotateServingCA(t *testing.T) {
+	cfg := Config{Dir: t.TempDir(), KeyAlgorithm: ECDSAP256}
+	_, before, err := EnsureServing(cfg, "hook", "pizza")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotate := func(step int) ([]Result, ServingBundle, RotationPhase, error) {
+		t.Helper()
+		return RotateServingCA(cfg, "hook", "pizza", step)
+	}
+	// Out of order: nothing is written.
+	snap := snapshot(t, cfg.Dir)
+	if _, _, _, err := rotate(2); !errors.Is(err, ErrRotationOrder) {
+		t.Fatalf("step 2 first: %v", err)
+	}
+	if _, _, _, err := rotate(4); err == nil {
+		t.Fatal("step 4 accepted")
+	}
+	if d := diffSnapshots(snap, snapshot(t, cfg.Dir)); len(d) > 0 {
+		t.Fatalf("refused steps wrote %v", d)
+	}
+
+	// Each step: the bundle applied after it must trust both the serving certificate that was live before
+	// and the one live after, so that no request fails while the cluster catches up.
+	live := before
+	for _, tc := range []struct {
+		step  int
+		phase RotationPhase
+		cas   int
+	}{{1, BundleBoth, 2}, {2, ServingFromNext, 2}, {3, NotRotating, 1}} {
+		res, b, phase, err := rotate(tc.step)
+		if err != nil || len(res) == 0 || phase != tc.phase {
+			t.Fatalf("step %d: %v %v %v", tc.step, res, phase, err)
+		}
+		if got := len(parseCerts(t, b.CA)); got != tc.cas {
+			t.Fatalf("step %d: caBundle holds %d CAs, want %d", tc.step, got, tc.cas)
+		}
+		if !trusts(t, b.CA, b) {
+			t.Fatalf("step %d: the new caBundle does not trust the new serving certificate", tc.step)
+		}
+		if tc.step != 3 && !trusts(t, b.CA, live) {
+			t.Fatalf("step %d: the new caBundle does not trust the serving certificate still in use", tc.step)
+		}
+		if tc.step == 2 && trusts(t, before.CA, b) {
+			t.Fatal("step 2: the serving certificate still chains to the old CA")
+		}
+		// The same step again changes nothing; the step before it is now out of order.
+		snap := snapshot(t, cfg.Dir)
+		if res, b2, _, err := rotate(tc.step); err != nil || res != nil || string(b2.CA) != string(b.CA) {
+			t.Fatalf("step %d again: %v %v", tc.step, res, err)
+		}
+		if d := diffSnapshots(snap, snapshot(t, cfg.Dir)); len(d) > 0 {
+			t.Fatalf("step %d again wrote %v", tc.step, d)
+		}
+		if tc.step > 1 && tc.step < 3 {
+			if _, _, _, err := rotate(tc.step - 1); !errors.Is(err, ErrRotationOrder) {
+				t.Fatalf("step %d after step %d: %v", tc.step-1, tc.step, err)
+			}
+		}
+		// konnect certs apiservice/webhook in the middle of a rotation keeps its files and bundle.
+		if _, b3, err := EnsureServing(cfg, "hook", "pizza"); err != nil || string(b3.CA) != string(b.CA) || string(b3.Cert) != string(b.Cert) {
+			t.Fatalf("EnsureServing after step %d: %v", tc.step, err)
+		}
+		live = b
+	}
+	// The old CA is kept, not lost.
+	retired, err := filepath.Glob(filepath.Join(cfg.Dir, RetiredSubdir, "ca-*.key"))
+	if err != nil || len(retired) != 1 {
+		t.Fatalf("retired CA keys: %v %v", retired, err)
+	}
+	if old, _ := os.ReadFile(filepath.Join(cfg.Dir, "ca.crt")); string(old) == string(before.CA) {
+		t.Fatal("ca.crt is still the old CA after step 3")
+	}
+}
+
+// A crash between step 3's two renames leaves ca.key new and ca.crt old; the next call finishes it.
+func TestRotateServingCAFinishesInterruptedPromotion(t *testing.T) {
+	cfg := Config{Dir: t.TempDir(), KeyAlgorithm: ECDSAP256}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int{1, 2} {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next, _ := os.ReadFile(filepath.Join(cfg.Dir, "ca-next.crt"))
+	if err := os.Rename(filepath.Join(cfg.Dir, "ca-next.key"), filepath.Join(cfg.Dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	phase, err := ServingRotationPhase(cfg.Dir)
+	if err != nil || phase != NotRotating {
+		t.Fatalf("%v %v", phase, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(cfg.Dir, "ca.crt")); string(got) != string(next) {
+		t.Fatal("ca.crt was not replaced by ca-next.crt")
+	}
+	if _, b, err := EnsureServing(cfg, "hook", "pizza"); err != nil || !trusts(t, b.CA, b) {
+		t.Fatalf("after the finished promotion: %v", err)
+	}
+}
+
+func parseCerts(t *testing.T, data []byte) []*x509.Certificate {
+	t.Helper()
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		if block, data = pem.Decode(data); block == nil {
+			return out
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+}
