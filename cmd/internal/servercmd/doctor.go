@@ -21,13 +21,13 @@ import (
 func NewDoctorCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "Inspect Konnectivity servers and dial through them as kube-apiserver does",
+		Short: "Inspect Konnectivity servers, and dial through them and to extension servers as kube-apiserver does",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cmd.Help()
 		},
 	}
-	cmd.AddCommand(newStatusCommand(), newDialCommand())
+	cmd.AddCommand(newStatusCommand(), newDialCommand(), newExtensionsCommand())
 	return cmd
 }
 
