@@ -151,6 +151,8 @@ func (a Agent) Args() []string {
 		args = append(args, "--service-account-token-path="+agentCredentialsDir+"/"+agentTokenFile)
 	}
 	return append(args,
+		// The server's destHost strategy sends dials for the node's own address to this agent.
+		"--agent-identifiers=host=$(NODE_IP)",
 		// Bound to the pod's own address, which is where kubelet sends the probes.
 		"--health-server-host=$(POD_IP)",
 		"--health-server-port="+strconv.Itoa(a.HealthPort),
@@ -250,9 +252,14 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 						ImagePullPolicy: corev1.PullIfNotPresent,
 						Command:         []string{a.Binary},
 						Args:            a.Args(),
-						Env: []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
-							FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"},
-						}}},
+						Env: []corev1.EnvVar{
+							{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
+								FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"},
+							}},
+							{Name: "NODE_IP", ValueFrom: &corev1.EnvVarSource{
+								FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.hostIP"},
+							}},
+						},
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi"),
 						}},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"io/fs"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -142,12 +143,21 @@ func checkAgentDaemonSet(t *testing.T, ds *appsv1.DaemonSet, a Agent, configMap 
 		args[k] = v
 	}
 	if c.Args[0] != "agent" || args["--proxy-server-host"] != a.ProxyServerHost || args["--proxy-server-port"] != strconv.Itoa(a.ProxyServerPort) ||
-		args["--health-server-port"] != "8093" || args["--health-server-host"] != "$(POD_IP)" {
+		args["--health-server-port"] != "8093" || args["--health-server-host"] != "$(POD_IP)" ||
+		args["--agent-identifiers"] != "host=$(NODE_IP)" {
 		t.Errorf("args %q", c.Args)
 	}
-	if len(c.Env) != 1 || c.Env[0].Name != "POD_IP" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef == nil ||
-		c.Env[0].ValueFrom.FieldRef.FieldPath != "status.podIP" {
-		t.Errorf("env %+v, want POD_IP from status.podIP for --health-server-host", c.Env)
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil {
+			t.Errorf("env %s is not from a field", e.Name)
+			continue
+		}
+		env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+	}
+	// POD_IP for --health-server-host, NODE_IP for the server's destHost strategy.
+	if want := map[string]string{"POD_IP": "status.podIP", "NODE_IP": "status.hostIP"}; !maps.Equal(env, want) {
+		t.Errorf("env %v, want %v", env, want)
 	}
 	for _, p := range []struct {
 		probe *corev1.Probe

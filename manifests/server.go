@@ -163,6 +163,10 @@ func (s Server) Args() []string {
 		"--cluster-cert="+s.ClusterCert,
 		"--cluster-key="+s.ClusterKey,
 		"--mode="+s.Mode,
+		// A dial to a node's address (its kubelet, or a hostNetwork pod on it) goes to the agent that
+		// named that address in --agent-identifiers=host=NODE_IP; any other address to any agent. Where
+		// nodes cannot reach one another, a random agent fails such dials. k0s sets the same.
+		"--proxy-strategies=destHost,default",
 		"--agent-port="+strconv.Itoa(s.AgentPort),
 		"--admin-port="+strconv.Itoa(s.AdminPort),
 		// Health and metrics stay on the node's loopback; the probes below use 127.0.0.1.

@@ -49,6 +49,7 @@ func TestServerPod(t *testing.T) {
 		"--cluster-cert=/etc/kubernetes/pki/konnectivity-server.crt",
 		"--cluster-key=/etc/kubernetes/pki/konnectivity-server.key",
 	}
+	strategies := "--proxy-strategies=destHost,default"
 	ports := []string{
 		"--agent-port=8132",
 		"--admin-port=8133",
@@ -90,7 +91,7 @@ func TestServerPod(t *testing.T) {
 			server: grpcServer(),
 			args: slices.Concat([]string{"server",
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
-				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc"}, tail),
+				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc", strategies}, tail),
 			mounts: []mount{uds, pki, kubeconfig},
 			ports:  []int32{8132, 8133, 8134},
 		},
@@ -99,7 +100,7 @@ func TestServerPod(t *testing.T) {
 			server: httpUDS,
 			args: slices.Concat([]string{"server",
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
-				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=http-connect"}, tail),
+				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=http-connect", strategies}, tail),
 			mounts: []mount{uds, pki, kubeconfig},
 			ports:  []int32{8132, 8133, 8134},
 		},
@@ -110,7 +111,7 @@ func TestServerPod(t *testing.T) {
 				"--server-bind-address=127.0.0.1", "--server-port=8090",
 				"--server-cert=/etc/kubernetes/pki/konnectivity-frontend.crt",
 				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
-				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect"}, tail),
+				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect", strategies}, tail),
 			mounts: []mount{
 				{"pki", "/etc/kubernetes/frontend-ca", corev1.HostPathDirectory, true},
 				{"pki-2", "/etc/kubernetes/pki", corev1.HostPathDirectory, true},
@@ -123,7 +124,7 @@ func TestServerPod(t *testing.T) {
 			server: mtls,
 			args: slices.Concat([]string{"server",
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
-				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc"}, ports,
+				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc", strategies}, ports,
 				[]string{"--cluster-ca-cert=/etc/kubernetes/pki/ca.crt"}),
 			mounts: []mount{uds, pki},
 			ports:  []int32{8132, 8133, 8134},
@@ -135,7 +136,7 @@ func TestServerPod(t *testing.T) {
 				"--server-bind-address=127.0.0.1", "--server-port=8090",
 				"--server-cert=/etc/kubernetes/pki/konnectivity-frontend.crt",
 				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
-				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect"}, ports,
+				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect", strategies}, ports,
 				[]string{"--cluster-ca-cert=/etc/kubernetes/agent-ca/ca.crt"}),
 			mounts: []mount{
 				{"pki", "/etc/kubernetes/agent-ca", corev1.HostPathDirectory, true},
