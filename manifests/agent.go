@@ -226,8 +226,13 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 		Spec: appsv1.DaemonSetSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
-				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr.To(intstr.FromString("10%"))},
+				Type: appsv1.RollingUpdateDaemonSetStrategyType,
+				// Surge: a node's new agent starts and connects before its old one is told to drain, so the
+				// node is never without an agent. Possible because the agent uses no host port or host network.
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{
+					MaxSurge:       ptr.To(intstr.FromString("10%")),
+					MaxUnavailable: ptr.To(intstr.FromInt32(0)),
+				},
 			},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: commonLabels(labels)},

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // testPEM returns a self-signed CA certificate and its key, in PEM.
@@ -158,6 +159,16 @@ func checkAgentDaemonSet(t *testing.T, ds *appsv1.DaemonSet, a Agent, configMap 
 	// POD_IP for --health-server-host, NODE_IP for the server's destHost strategy.
 	if want := map[string]string{"POD_IP": "status.podIP", "NODE_IP": "status.hostIP"}; !maps.Equal(env, want) {
 		t.Errorf("env %v, want %v", env, want)
+	}
+	// Surge, never unavailable: a node's new agent connects before its old one drains.
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil ||
+		ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxUnavailable.Type != intstr.Int ||
+		ru.MaxSurge == nil || ru.MaxSurge.String() == "0" || ru.MaxSurge.String() == "0%" {
+		t.Errorf("update strategy %+v, want a rolling update with maxSurge and maxUnavailable 0", ds.Spec.UpdateStrategy)
+	}
+	if spec.HostNetwork || len(c.Ports) > 0 && c.Ports[0].HostPort != 0 {
+		t.Errorf("hostNetwork or hostPort: a surge pod would collide with the old one on the node")
 	}
 	for _, p := range []struct {
 		probe *corev1.Probe
