@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
@@ -163,21 +162,4 @@ func checkImage(image string) error {
 		return fmt.Errorf("image %q: must not contain white space", image)
 	}
 	return nil
-}
-
-// dirsOf returns the sorted distinct directories of files.
-func dirsOf(files ...string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, f := range files {
-		if f == "" {
-			continue
-		}
-		if d := filepath.Dir(filepath.Clean(f)); !seen[d] {
-			seen[d] = true
-			out = append(out, d)
-		}
-	}
-	sort.Strings(out)
-	return out
 }

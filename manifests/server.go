@@ -204,21 +204,22 @@ func (s Server) Pod() (*corev1.Pod, error) {
 		udsDir = filepath.Dir(filepath.Clean(s.UDSName))
 		add("konnectivity-uds", udsDir, corev1.HostPathDirectoryOrCreate, false)
 	}
-	// Certificates by directory, so that a renewed file (replaced by rename) is seen.
-	n := 0
-	for _, d := range dirsOf(s.ClusterCert, s.ClusterKey, s.ServerCert, s.ServerKey, s.ServerCACert, s.AgentClientCA) {
-		if d == udsDir {
-			continue
+	// Each file the server reads is mounted on its own, read-only, and nothing else of its directory:
+	// the certificates' directory also holds the CA keys (ca.key, front-proxy-ca.key), which the server
+	// must not see. A file bind mount pins the inode it was made on, so a certificate renewed by rename
+	// (konnect certs renew) reaches the server when the static pod restarts, not before.
+	for _, f := range []struct{ name, path string }{
+		{"cluster-cert", s.ClusterCert},
+		{"cluster-key", s.ClusterKey},
+		{"server-cert", s.ServerCert},
+		{"server-key", s.ServerKey},
+		{"server-ca-cert", s.ServerCACert},
+		{"cluster-ca-cert", s.AgentClientCA},
+		{"kubeconfig", s.Kubeconfig},
+	} {
+		if f.path != "" {
+			add(f.name, filepath.Clean(f.path), corev1.HostPathFile, true)
 		}
-		name := "pki"
-		if n > 0 {
-			name = "pki-" + strconv.Itoa(n+1)
-		}
-		n++
-		add(name, d, corev1.HostPathDirectory, true)
-	}
-	if s.Kubeconfig != "" {
-		add("kubeconfig", filepath.Clean(s.Kubeconfig), corev1.HostPathFile, true)
 	}
 
 	probe := func(path string, period, failures int32) *corev1.Probe {

@@ -67,8 +67,16 @@ func TestServerPod(t *testing.T) {
 		t          corev1.HostPathType
 		readOnly   bool
 	}
-	pki := mount{"pki", "/etc/kubernetes/pki", corev1.HostPathDirectory, true}
-	kubeconfig := mount{"kubeconfig", "/etc/kubernetes/konnectivity-server.conf", corev1.HostPathFile, true}
+	// One read-only file mount per file the server reads: never the directory, which holds the CA keys.
+	file := func(name, path string) mount { return mount{name, path, corev1.HostPathFile, true} }
+	clusterCert := file("cluster-cert", "/etc/kubernetes/pki/konnectivity-server.crt")
+	clusterKey := file("cluster-key", "/etc/kubernetes/pki/konnectivity-server.key")
+	frontend := []mount{
+		file("server-cert", "/etc/kubernetes/pki/konnectivity-frontend.crt"),
+		file("server-key", "/etc/kubernetes/pki/konnectivity-frontend.key"),
+		file("server-ca-cert", "/etc/kubernetes/frontend-ca/ca.crt"),
+	}
+	kubeconfig := file("kubeconfig", "/etc/kubernetes/konnectivity-server.conf")
 	uds := mount{"konnectivity-uds", "/etc/kubernetes/konnectivity-server", corev1.HostPathDirectoryOrCreate, false}
 	httpUDS := grpcServer()
 	httpUDS.Mode = "http-connect"
@@ -92,7 +100,7 @@ func TestServerPod(t *testing.T) {
 			args: slices.Concat([]string{"server",
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
 				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc", strategies}, tail),
-			mounts: []mount{uds, pki, kubeconfig},
+			mounts: []mount{uds, clusterCert, clusterKey, kubeconfig},
 			ports:  []int32{8132, 8133, 8134},
 		},
 		{
@@ -101,7 +109,7 @@ func TestServerPod(t *testing.T) {
 			args: slices.Concat([]string{"server",
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
 				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=http-connect", strategies}, tail),
-			mounts: []mount{uds, pki, kubeconfig},
+			mounts: []mount{uds, clusterCert, clusterKey, kubeconfig},
 			ports:  []int32{8132, 8133, 8134},
 		},
 		{
@@ -112,12 +120,8 @@ func TestServerPod(t *testing.T) {
 				"--server-cert=/etc/kubernetes/pki/konnectivity-frontend.crt",
 				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
 				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect", strategies}, tail),
-			mounts: []mount{
-				{"pki", "/etc/kubernetes/frontend-ca", corev1.HostPathDirectory, true},
-				{"pki-2", "/etc/kubernetes/pki", corev1.HostPathDirectory, true},
-				kubeconfig,
-			},
-			ports: []int32{8132, 8133, 8134, 8090},
+			mounts: slices.Concat([]mount{clusterCert, clusterKey}, frontend, []mount{kubeconfig}),
+			ports:  []int32{8132, 8133, 8134, 8090},
 		},
 		{
 			name:   "grpc over uds, agents with client certificates",
@@ -126,7 +130,7 @@ func TestServerPod(t *testing.T) {
 				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
 				"--delete-existing-uds-file=true", "--server-port=0"}, common, []string{"--mode=grpc", strategies}, ports,
 				[]string{"--cluster-ca-cert=/etc/kubernetes/pki/ca.crt"}),
-			mounts: []mount{uds, pki},
+			mounts: []mount{uds, clusterCert, clusterKey, file("cluster-ca-cert", "/etc/kubernetes/pki/ca.crt")},
 			ports:  []int32{8132, 8133, 8134},
 		},
 		{
@@ -138,11 +142,8 @@ func TestServerPod(t *testing.T) {
 				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
 				"--server-ca-cert=/etc/kubernetes/frontend-ca/ca.crt"}, common, []string{"--mode=http-connect", strategies}, ports,
 				[]string{"--cluster-ca-cert=/etc/kubernetes/agent-ca/ca.crt"}),
-			mounts: []mount{
-				{"pki", "/etc/kubernetes/agent-ca", corev1.HostPathDirectory, true},
-				{"pki-2", "/etc/kubernetes/frontend-ca", corev1.HostPathDirectory, true},
-				{"pki-3", "/etc/kubernetes/pki", corev1.HostPathDirectory, true},
-			},
+			mounts: slices.Concat([]mount{clusterCert, clusterKey}, frontend,
+				[]mount{file("cluster-ca-cert", "/etc/kubernetes/agent-ca/ca.crt")}),
 			ports: []int32{8132, 8133, 8134, 8090},
 		},
 	}

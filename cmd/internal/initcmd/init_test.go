@@ -588,7 +588,7 @@ func TestInitAgentMTLS(t *testing.T) {
 	for _, f := range []string{"--cluster-ca-cert", "--cluster-cert", "--cluster-key"} {
 		mounted := false
 		for _, m := range pod.Spec.Containers[0].VolumeMounts {
-			mounted = mounted || strings.HasPrefix(server[f], m.MountPath+"/")
+			mounted = mounted || m.MountPath == server[f] || strings.HasPrefix(server[f], m.MountPath+"/")
 		}
 		if _, err := os.Stat(server[f]); err != nil || !mounted {
 			t.Errorf("%s=%s: mounted %v, %v", f, server[f], mounted, err)
