@@ -11,9 +11,13 @@ command -v curl >/dev/null          || need+=(curl)
 command -v openssl >/dev/null       || need+=(openssl)
 command -v ip >/dev/null            || need+=(iproute2)
 command -v flock >/dev/null         || need+=(util-linux)
-# The image test imports konnect's image into a real containerd (with ctr) and runs it with runc.
+# Real nodes in the end-to-end suite: containerd (with ctr), runc, the CNI plugins, iptables for the workers'
+# masquerade rule, and busybox for the workload image's shell and tar.
 command -v containerd >/dev/null    || need+=(containerd)
 command -v runc >/dev/null          || need+=(runc)
+[ -x /usr/lib/cni/bridge ]          || need+=(containernetworking-plugins)
+command -v iptables >/dev/null      || need+=(iptables)
+[ -x /bin/busybox ]                 || need+=(busybox-static)
 # go test -race needs cgo, and cgo a C compiler with the C library headers.
 command -v gcc >/dev/null           || need+=(gcc libc6-dev)
 # kubectl comes with the base image (/usr/bin/kubectl); Debian's own kubernetes-client is far too old to stand in.

@@ -69,45 +69,62 @@ const (
 	flundersPath   = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders"
 )
 
+// The machine is small, so one cluster runs at a time, of either kind: running, whose kind is an egress
+// mode's tag or "nodes". Both guarded by clusterMu.
 var (
-	clusterMu  sync.Mutex
-	current    *cluster
-	clusterSeq int // makes each cluster's names and files unique, also after a restart
+	clusterMu   sync.Mutex
+	running     sharedEnv
+	runningKind string
+	clusterSeq  int // makes each cluster's names and files unique, also after a restart
 )
 
-// sharedCluster returns the running cluster for mode, starting it if needed.
-// Only one cluster runs at a time (the machine is small): asking for another
-// mode stops the current one first. Tests of the same mode share one.
-func sharedCluster(t *testing.T, mode egressMode) *cluster {
+type sharedEnv interface {
+	healthy() error
+	close()
+	where() string
+}
+
+// shared returns the running cluster if it is of kind and healthy. Otherwise it stops the running one and
+// starts a new one with start. Tests of the same kind share one cluster.
+func shared[T any, C interface {
+	*T
+	sharedEnv
+}](t *testing.T, kind, what string, start func(name string) (C, error)) C {
 	t.Helper()
 	clusterMu.Lock()
 	defer clusterMu.Unlock()
-	if current != nil && current.mode == mode {
-		err := current.healthy()
+	if running != nil && runningKind == kind {
+		err := running.healthy()
 		if err == nil {
-			return current
+			return running.(C)
 		}
-		t.Logf("cluster %s is broken, starting a new one: %v", current.dir, err)
+		t.Logf("%s (%s) is broken, starting a new one: %v", what, running.where(), err)
 	}
-	if current != nil {
-		if !keepEnv {
-			current.close()
-		}
-		current = nil
+	if running != nil && !keepEnv {
+		running.close()
 	}
-	start := time.Now()
+	running = nil
+	began := time.Now()
 	clusterSeq++
-	c, err := newCluster(mode, fmt.Sprintf("%s%d", mode.tag, clusterSeq))
+	c, err := start(fmt.Sprintf("%s%d", kind, clusterSeq))
 	if err != nil {
 		if c != nil && !keepEnv {
 			c.close()
 		}
-		t.Fatalf("start %s cluster: %v", mode.tag, err)
+		t.Fatalf("start %s: %v", what, err)
 	}
-	t.Logf("cluster %s up in %v (namespaces %s-*, files %s)", mode.tag, time.Since(start).Round(time.Second), c.tp.prefix, c.dir)
-	current = c
+	t.Logf("%s up in %v (%s)", what, time.Since(began).Round(time.Second), c.where())
+	running, runningKind = c, kind
 	return c
 }
+
+// sharedCluster returns the running cluster for mode, starting it if needed.
+func sharedCluster(t *testing.T, mode egressMode) *cluster {
+	t.Helper()
+	return shared(t, mode.tag, mode.tag+" cluster", func(name string) (*cluster, error) { return newCluster(mode, name) })
+}
+
+func (c *cluster) where() string { return fmt.Sprintf("namespaces %s-*, files %s", c.tp.prefix, c.dir) }
 
 func (c *cluster) healthy() error {
 	for _, p := range []*proc{c.etcd, c.apiserver, c.sample} {

@@ -169,11 +169,13 @@ func findTools() error {
 
 	bins.konnect = os.Getenv(envKonnect)
 	if bins.konnect == "" {
+		// Built as `make build` does, so that it carries the Makefile's VERSION: konnect init's default
+		// --image is the image `make image` tags with that VERSION.
 		bins.konnect = filepath.Join(workRoot, "konnect")
-		cmd := exec.Command("go", "build", "-o", bins.konnect, "./cmd/konnect")
+		cmd := exec.Command("make", "-s", "build", "BIN="+bins.konnect)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/konnect: %w\n%s", err, out)
+			return fmt.Errorf("make build: %w\n%s", err, out)
 		}
 	} else if bins.konnect, err = filepath.Abs(bins.konnect); err != nil {
 		return err
@@ -228,6 +230,20 @@ func track(name string, fn func()) *resource {
 	return r
 }
 
+// earlyResources are released before every resource of track: a cluster whose teardown order matters
+// (the node cluster: containers, then containerd, then the namespaces) must not lose its processes and
+// namespaces one by one first.
+var earlyResources []*resource
+
+// trackEarly is track for such a teardown.
+func trackEarly(name string, fn func()) *resource {
+	r := &resource{name: name, fn: fn}
+	resMu.Lock()
+	earlyResources = append(earlyResources, r)
+	resMu.Unlock()
+	return r
+}
+
 // teardownMu makes a second teardown (a signal during the deferred one)
 // wait for the first to finish instead of exiting half-way.
 var teardownMu sync.Mutex
@@ -237,8 +253,8 @@ func teardownAll() {
 	teardownMu.Lock()
 	defer teardownMu.Unlock()
 	resMu.Lock()
-	rs := resources
-	resources = nil
+	rs := append(append([]*resource(nil), resources...), earlyResources...)
+	resources, earlyResources = nil, nil
 	resMu.Unlock()
 	if keepEnv {
 		if len(rs) > 0 {

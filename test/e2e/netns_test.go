@@ -225,37 +225,42 @@ func sweepStale() {
 
 var staleWorkDir = regexp.MustCompile(`^kn-e2e-(kn(\d+)-[0-9a-f]{4})-\d+$`)
 
-// dialIn opens a TCP connection from inside namespace ns. The socket is
-// created on a thread that has joined ns and stays bound to it afterwards;
-// that thread is never returned to the scheduler (locked, then the
-// goroutine exits), so no other goroutine ever runs in the wrong namespace.
-func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
+// inNetns runs create on a thread that has joined namespace ns, so that the socket it creates belongs to ns.
+// That thread is never returned to the scheduler (locked, then the goroutine exits), so no other goroutine
+// ever runs in the wrong namespace.
+func inNetns[T any](ns string, create func() (T, error)) (T, error) {
 	type result struct {
-		c   net.Conn
+		v   T
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
 		// Deliberately no UnlockOSThread: the thread is discarded on exit.
+		var zero T
 		f, err := os.Open(filepath.Join("/run/netns", ns))
 		if err != nil {
-			ch <- result{nil, err}
+			ch <- result{zero, err}
 			return
 		}
 		defer f.Close()
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
+			ch <- result{zero, fmt.Errorf("setns %s: %w", ns, err)}
 			return
 		}
-		var d net.Dialer
-		// The socket is made in this goroutine, on the locked thread, before any
-		// blocking wait can move the goroutine.
-		c, err := d.DialContext(ctx, "tcp", addr)
-		ch <- result{c, err}
+		v, err := create()
+		ch <- result{v, err}
 	}()
 	r := <-ch
-	return r.c, r.err
+	return r.v, r.err
+}
+
+// dialIn opens a TCP connection from inside namespace ns.
+func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
+	return inNetns(ns, func() (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	})
 }
 
 // expectUnreachable checks that a direct TCP dial from ns to addr fails with

@@ -72,6 +72,17 @@ var (
 // startProc starts argv in namespace ns. The process is stopped when the
 // test (or, for shared clusters, the run) ends.
 func startProc(name, ns, logDir string, argv ...string) (*proc, error) {
+	return startProcVia([]string{"ip", "netns", "exec", ns}, name, ns, logDir, argv...)
+}
+
+// startHostMountProc is startProc for containerd and kubelet: they join only the network namespace
+// (nsenter --net) and keep the host's mount namespace, because `ip netns exec` makes a new mount
+// namespace in which /sys/fs/cgroup is empty, and both must see the same cgroups and mounts.
+func startHostMountProc(name, ns, logDir string, argv ...string) (*proc, error) {
+	return startProcVia([]string{"nsenter", "--net=" + filepath.Join("/run/netns", ns), "--"}, name, ns, logDir, argv...)
+}
+
+func startProcVia(via []string, name, ns, logDir string, argv ...string) (*proc, error) {
 	logsMu.Lock()
 	logSeq[name]++
 	seq := logSeq[name]
@@ -81,9 +92,9 @@ func startProc(name, ns, logDir string, argv ...string) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	fmt.Fprintf(lf, "# ip netns exec %s %s\n", ns, strings.Join(argv, " "))
-	full := append([]string{"netns", "exec", ns}, argv...)
-	cmd := exec.Command("ip", full...)
+	full := append(append([]string(nil), via...), argv...)
+	fmt.Fprintf(lf, "# %s\n", strings.Join(full, " "))
+	cmd := exec.Command(full[0], full[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if !keepEnv {

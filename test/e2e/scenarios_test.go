@@ -64,46 +64,14 @@ func TestLaptop(t *testing.T) {
 	}
 	t.Logf("direct dial from lap to %s: network is unreachable", apiAddr)
 
-	s := c.startSSHD(t)
-	home := filepath.Join(c.dir, "lap-home-"+randHex(2))
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	// A clean environment: no ssh-agent, no ~/.ssh of the machine's user.
-	env := []string{"/usr/bin/env", "-u", "SSH_AUTH_SOCK", "HOME=" + home}
-
-	socks := startProcT(t, "konnect-socks", c.tp.ns(nsLap), c.logDir, append(append(append(env, bins.konnect, "socks"),
-		s.sshArgs()...), "-D", "127.0.0.1:1080", "--health-listen", "127.0.0.1:1081", cpLapAddr)...)
-	client := nsHTTPClient(c.tp.ns(nsLap), nil, 3*time.Second)
-	if err := poll("konnect socks /readyz", 30*time.Second, 250*time.Millisecond, func() error {
-		if err := socks.errExited(); err != nil {
-			return err
-		}
-		return httpGetOK(ctx, client, "http://127.0.0.1:1081/readyz", nil)
-	}); err != nil {
-		t.Fatal(err)
-	}
-
-	// The developer's kubeconfig: the admin one, with proxy-url set by konnect.
-	lapConf := filepath.Join(home, "kubeconfig")
-	b, err := os.ReadFile(c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(lapConf, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lapConf,
-		"--context", "e2e", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
-		t.Fatalf("konnect kubeconfig set-proxy: %v\n%s", err, out)
-	}
-	c.checkFlunders(t, ctx, nsLap, lapConf)
+	lap := c.startLaptop(t)
+	c.checkFlunders(t, ctx, nsLap, lap.kubeconfig)
 	t.Logf("kubectl in lap via konnect socks (proxy-url socks5://) and sshd: flunders list, create, get, delete work")
 
 	// konnect proxy --via: kubectl proxy's job, with its own SSH connection,
 	// using the plain admin kubeconfig (no proxy-url).
-	proxy := startProcT(t, "konnect-proxy", c.tp.ns(nsLap), c.logDir, append(append(append(env, bins.konnect, "proxy"),
-		s.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001")...)
+	proxy := startProcT(t, "konnect-proxy", c.tp.ns(nsLap), c.logDir, append(append(append(lap.env, bins.konnect, "proxy"),
+		lap.sshd.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001")...)
 	var body string
 	if err := poll("curl of flunders through konnect proxy --via", 30*time.Second, 500*time.Millisecond, func() error {
 		if err := proxy.errExited(); err != nil {
@@ -131,6 +99,52 @@ func TestLaptop(t *testing.T) {
 		t.Fatalf("konnect proxy with Host: evil.example: HTTP %s, want 403", code)
 	}
 	t.Logf("konnect proxy --via in lap: curl and kubectl list flunders; Host: evil.example is refused")
+}
+
+// laptop is the developer's side in lap: sshd in cp, konnect socks in lap on 127.0.0.1:1080, and the admin
+// kubeconfig with proxy-url set by konnect kubeconfig set-proxy.
+type laptop struct {
+	sshd *sshd
+	// env is a clean environment for commands in lap: no ssh-agent, no ~/.ssh of the machine's user.
+	env        []string
+	kubeconfig string
+}
+
+// startLaptop starts sshd and konnect socks for t and writes the developer's kubeconfig.
+func (c *cluster) startLaptop(t *testing.T) laptop {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lap := laptop{sshd: c.startSSHD(t)}
+	home := filepath.Join(c.dir, "lap-home-"+randHex(2))
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lap.env = []string{"/usr/bin/env", "-u", "SSH_AUTH_SOCK", "HOME=" + home}
+	socks := startProcT(t, "konnect-socks", c.tp.ns(nsLap), c.logDir, append(append(append(lap.env, bins.konnect, "socks"),
+		lap.sshd.sshArgs()...), "-D", "127.0.0.1:1080", "--health-listen", "127.0.0.1:1081", cpLapAddr)...)
+	client := nsHTTPClient(c.tp.ns(nsLap), nil, 3*time.Second)
+	if err := poll("konnect socks /readyz", 30*time.Second, 250*time.Millisecond, func() error {
+		if err := socks.errExited(); err != nil {
+			return err
+		}
+		return httpGetOK(ctx, client, "http://127.0.0.1:1081/readyz", nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lap.kubeconfig = filepath.Join(home, "kubeconfig")
+	b, err := os.ReadFile(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lap.kubeconfig, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lap.kubeconfig,
+		"--context", "e2e", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
+		t.Fatalf("konnect kubeconfig set-proxy: %v\n%s", err, out)
+	}
+	return lap
 }
 
 // TestFaults breaks the tunnel in the ways production does and checks that it

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Prepares everything the end-to-end tests run against:
 #   - checks that we are root and that `ip netns` works (the tests need both);
-#   - installs the Debian packages etcd-server, openssh-server, curl, hey and
-#     iproute2 when one of their programs is missing;
-#   - builds kube-apiserver v1.36.1, sample-apiserver v0.36.1 and upstream
-#     proxy-server/proxy-agent v0.36.0 from this tools module into the cache dir.
+#   - installs the Debian packages (hack/install-deps.sh) when a program is missing;
+#   - builds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
+#     v1.36.1, sample-apiserver v0.36.1 and upstream proxy-server/proxy-agent
+#     v0.36.0 from this tools module into the cache dir.
 #
 # A build is skipped when the cache holds binaries made from the same go.mod,
 # go.sum and Go version. The cache dir is $KONNECT_E2E_CACHE, or
@@ -35,34 +35,8 @@ if [[ -z "${need_iproute:-}" ]]; then
 	ip netns del "${probe}"
 fi
 
-# --- Debian packages -----------------------------------------------------------
-declare -A pkg_for=(
-	[etcd]=etcd-server
-	[sshd]=openssh-server
-	[ssh-keygen]=openssh-client
-	[curl]=curl
-	[hey]=hey
-	[ip]=iproute2
-	[openssl]=openssl
-)
-missing=()
-for prog in "${!pkg_for[@]}"; do
-	path="$(command -v "${prog}" 2>/dev/null || true)"
-	if [[ -z "${path}" && -x "/usr/sbin/${prog}" ]]; then path="/usr/sbin/${prog}"; fi
-	if [[ -z "${path}" && -x "/usr/bin/${prog}" ]]; then path="/usr/bin/${prog}"; fi
-	if [[ -z "${path}" ]]; then missing+=("${pkg_for[${prog}]}"); fi
-done
-if ((${#missing[@]})); then
-	log "installing missing packages: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q >&2
-	apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-	# Debian starts the services it installs; the tests run their own.
-	for svc in etcd ssh; do
-		if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "${svc}" >/dev/null 2>&1 || true; fi
-		if command -v service >/dev/null 2>&1; then service "${svc}" stop >/dev/null 2>&1 || true; fi
-	done
-fi
+# --- Debian packages: one list, in hack/install-deps.sh ------------------------
+bash "${tools_dir}/../../../hack/install-deps.sh" >&2
 if [[ -n "${need_iproute:-}" ]]; then
 	probe="kn-probe-$$"
 	ip netns add "${probe}" 2>/dev/null || die "'ip netns add' does not work here; the end-to-end tests need network namespaces"
@@ -72,11 +46,13 @@ command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed (expected /u
 
 # --- Go binaries -----------------------------------------------------------
 export GOTOOLCHAIN=local
+# Static binaries: sample-apiserver and the upstream proxy-server/proxy-agent also run in scratch images.
+export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -mod=readonly"
 go_version="$(go env GOVERSION)"
 key="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-${go_version}"
 stamp="${bin_dir}/.stamp"
-binaries=(kube-apiserver sample-apiserver proxy-server proxy-agent)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet sample-apiserver proxy-server proxy-agent)
 
 # One build at a time: the benchmarks and the tests may both call this script.
 exec 9>"${cache_dir}/.lock"
@@ -106,6 +82,9 @@ build() { # OUT PKG LDFLAGS
 }
 total_start=${SECONDS}
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "${kube_ldflags}"
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "${kube_ldflags}"
+build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "${kube_ldflags}"
+build kubelet k8s.io/kubernetes/cmd/kubelet "${kube_ldflags}"
 # sample-apiserver reports the same version so its discovery and skew checks look normal.
 build sample-apiserver k8s.io/sample-apiserver "${kube_ldflags}"
 build proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server "-s -w"
