@@ -33,6 +33,7 @@ const (
 type tools struct {
 	kubeAPIServer, sampleAPIServer string
 	proxyServer, proxyAgent        string // upstream apiserver-network-proxy v0.36.0
+	pizzaWebhook                   string // tools/pizza-webhook
 	konnect                        string
 	etcd, sshd, sshKeygen, kubectl string
 	curl                           string
@@ -161,7 +162,8 @@ func findTools() error {
 	bins.sampleAPIServer = filepath.Join(binDir, "sample-apiserver")
 	bins.proxyServer = filepath.Join(binDir, "proxy-server")
 	bins.proxyAgent = filepath.Join(binDir, "proxy-agent")
-	for _, p := range []string{bins.kubeAPIServer, bins.sampleAPIServer, bins.proxyServer, bins.proxyAgent} {
+	bins.pizzaWebhook = filepath.Join(binDir, "pizza-webhook")
+	for _, p := range []string{bins.kubeAPIServer, bins.sampleAPIServer, bins.proxyServer, bins.proxyAgent, bins.pizzaWebhook} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("tool missing (run test/e2e/tools/build.sh or set %s): %w", envBin, err)
 		}

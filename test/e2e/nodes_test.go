@@ -61,6 +61,7 @@ const (
 	imgProxyServer = "e2e.local/proxy-server:v0.36.0"
 	imgProxyAgent  = "e2e.local/proxy-agent:v0.36.0"
 	imgSample      = "e2e.local/sample-apiserver:v0.36.1"
+	imgPizza       = "e2e.local/pizza-webhook:e2e"
 )
 
 // Inside the upstream images: the command that replaces konnect's in the swaps.
@@ -266,7 +267,7 @@ var imagesOnce struct {
 	konnect string // tarball
 }
 
-// buildImages builds the pause, busybox, upstream proxy-server/proxy-agent and sample-apiserver images
+// buildImages builds the pause, busybox, upstream proxy-server/proxy-agent, sample-apiserver and pizza-webhook images
 // with hack/image/oci, and finds konnect's (KONNECT_IMAGE, or `make image`).
 func (nc *nodeCluster) buildImages(ctx context.Context) error {
 	imagesOnce.Lock()
@@ -309,6 +310,7 @@ func (nc *nodeCluster) buildImages(ctx context.Context) error {
 			{imgProxyServer, oci.Spec{Files: []oci.File{{Src: bins.proxyServer, Dst: upstreamServerBin, Mode: 0o755}}, Entrypoint: []string{upstreamServerBin}}},
 			{imgProxyAgent, oci.Spec{Files: []oci.File{{Src: bins.proxyAgent, Dst: upstreamAgentBin, Mode: 0o755}}, Entrypoint: []string{upstreamAgentBin}, User: "65534:65534"}},
 			{imgSample, oci.Spec{Files: []oci.File{{Src: filepath.Join(tools, "sample-apiserver"), Dst: "/usr/local/bin/sample-apiserver", Mode: 0o755}}, Entrypoint: []string{"/usr/local/bin/sample-apiserver"}}},
+			{imgPizza, oci.Spec{Files: []oci.File{{Src: bins.pizzaWebhook, Dst: "/usr/local/bin/pizza-webhook", Mode: 0o755}}, Entrypoint: []string{"/usr/local/bin/pizza-webhook"}, User: "65534:65534"}},
 		} {
 			wg.Add(1)
 			go func() {
@@ -349,7 +351,7 @@ func (nc *nodeCluster) buildImages(ctx context.Context) error {
 	}
 	nc.konnectImage = m[0].RepoTags[0]
 	nc.images = []string{imageTarball(imgPause), imageTarball(imgBusybox), imageTarball(imgProxyServer),
-		imageTarball(imgProxyAgent), imageTarball(imgSample), imagesOnce.konnect}
+		imageTarball(imgProxyAgent), imageTarball(imgSample), imageTarball(imgPizza), imagesOnce.konnect}
 	return nil
 }
 

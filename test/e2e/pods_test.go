@@ -64,6 +64,7 @@ func TestNodes(t *testing.T) {
 		t.Logf("20 of 20 kubectl logs on w1 and w2 reached the right node's agent (destHost, host=NODE_IP)")
 	})
 
+	t.Run("doctor-extensions", func(t *testing.T) { nc.checkDoctorExtensions(t) })
 	t.Run("least-privilege", func(t *testing.T) { nc.checkLeastPrivilege(t) })
 	t.Run("honest-streams", func(t *testing.T) { nc.checkHonestStreams(t) })
 	t.Run("drop-in-agent", func(t *testing.T) { nc.swapAgents(t) })

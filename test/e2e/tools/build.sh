@@ -50,9 +50,9 @@ export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -mod=readonly"
 go_version="$(go env GOVERSION)"
-key="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-${go_version}"
+key="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" "${tools_dir}"/pizza-webhook/*.go | sha256sum | cut -c1-16)-${go_version}"
 stamp="${bin_dir}/.stamp"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet sample-apiserver proxy-server proxy-agent)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet sample-apiserver proxy-server proxy-agent pizza-webhook)
 
 # One build at a time: the benchmarks and the tests may both call this script.
 exec 9>"${cache_dir}/.lock"
@@ -89,6 +89,7 @@ build kubelet k8s.io/kubernetes/cmd/kubelet "${kube_ldflags}"
 build sample-apiserver k8s.io/sample-apiserver "${kube_ldflags}"
 build proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server "-s -w"
 build proxy-agent sigs.k8s.io/apiserver-network-proxy/cmd/agent "-s -w"
+build pizza-webhook ./pizza-webhook "-s -w"
 echo "${key}" >"${stamp}"
 log "all tools built in $((SECONDS - total_start))s"
 echo "${bin_dir}"
