@@ -25,6 +25,7 @@ import (
 
 type options struct {
 	konnect, proxyServer, proxyAgent, loadgen, backend string
+	relay                                              string
 	kubeAPIServer                                      string
 	rounds                                             int
 	bulkBytes                                          int64
@@ -43,6 +44,7 @@ func main() {
 	flag.StringVar(&o.proxyAgent, "proxy-agent", "", "upstream proxy-agent binary")
 	flag.StringVar(&o.loadgen, "loadgen", "", "loadgen binary (test/bench/loadgen)")
 	flag.StringVar(&o.backend, "backend", "", "backend binary (test/bench/backend)")
+	flag.StringVar(&o.relay, "relay", "", "relay binary (test/bench/relay), for the tunnel's ceiling")
 	flag.StringVar(&o.kubeAPIServer, "kube-apiserver", "", "kube-apiserver binary, for the API-proxy row against a real API server")
 	flag.IntVar(&o.rounds, "rounds", 5, "measured rounds per pair, after one warm-up round")
 	flag.Int64Var(&o.bulkBytes, "bulk-bytes", 1<<30, "bytes per bulk transfer")
@@ -57,7 +59,7 @@ func main() {
 	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 SOCKS5, 7 API proxy)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
-	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--kube-apiserver": o.kubeAPIServer} {
+	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--relay": o.relay, "--kube-apiserver": o.kubeAPIServer} {
 		if v == "" {
 			fatal(fmt.Errorf("%s is required", name))
 		}
@@ -261,7 +263,13 @@ type contender struct {
 	run  func() (map[string]float64, error)
 }
 
+// tunnelBulk measures bulk transfer through konnect and upstream, and through the ceiling: the same hops
+// and crypto with plain relays and no gRPC (test/bench/relay: a relay on a UDS in cp forwards over mutual
+// TLS to a relay in w1, which forwards over TCP to the backend).
 func (b *bench) tunnelBulk() error {
+	if err := b.startCeiling(); err != nil {
+		return err
+	}
 	for _, streams := range []int{1, 8} {
 		bulk := func(via, ns, uds, target string) func() (map[string]float64, error) {
 			return func() (map[string]float64, error) {
@@ -278,12 +286,37 @@ func (b *bench) tunnelBulk() error {
 		if err := b.alternate(m,
 			contender{"konnect", bulk("tunnel", "cp", b.path("konnect.sock"), target)},
 			contender{"upstream", bulk("tunnel", "cp", b.path("upstream.sock"), target)},
+			contender{"ceiling", bulk("unix", "cp", b.path("ceiling.sock"), target)},
 			contender{"direct", bulk("direct", "w1", "", target)},
 		); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// startCeiling starts the two relays of the ceiling with the tunnel's certificates: the far one in w1
+// presents the server certificate (it is the TLS server here), the near one in cp the agent's.
+func (b *bench) startCeiling() error {
+	pki := b.path("k", "pki")
+	far, err := b.t.start("ceiling-w1", "w1", b.o.relay, "--listen", "tls:"+w1Addr+":"+relayPort, "--to", "tcp:"+podAddr+":"+podPort,
+		"--ca", filepath.Join(pki, "ca.crt"), "--cert", filepath.Join(pki, "konnectivity-server.crt"), "--key", filepath.Join(pki, "konnectivity-server.key"))
+	if err != nil {
+		return err
+	}
+	if err := b.t.waitTCP("cp", w1Addr+":"+relayPort, 15*time.Second, far); err != nil {
+		return err
+	}
+	near, err := b.t.start("ceiling-cp", "cp", b.o.relay, "--listen", "unix:"+b.path("ceiling.sock"), "--to", "tls:"+w1Addr+":"+relayPort,
+		"--ca", filepath.Join(pki, "ca.crt"), "--cert", filepath.Join(pki, "konnectivity-agent.crt"), "--key", filepath.Join(pki, "konnectivity-agent.key"),
+		"--server-name", cpAddr)
+	if err != nil {
+		return err
+	}
+	return poll("the ceiling relays", 15*time.Second, 200*time.Millisecond, near, func() error {
+		_, err := b.loadgen("cp", "--mode=dial", "--via=unix", "--uds="+b.path("ceiling.sock"), "--target="+podAddr+":"+podPort, "--count=1")
+		return err
+	})
 }
 
 func (b *bench) tunnelDial() error {

@@ -121,9 +121,12 @@ func (b *bench) ratios() []ratio {
 			bulk8 = m
 		}
 	}
-	add(bulk1, "tunnel bulk 1 stream: konnect / upstream", "konnect", "upstream", "MB/s", true, 4)
+	add(bulk1, "tunnel bulk 1 stream: konnect / upstream", "konnect", "upstream", "MB/s", true, 3)
 	add(bulk1, "tunnel bulk 1 stream: konnect / direct", "konnect", "direct", "MB/s", true, 0.4)
+	add(bulk1, "tunnel bulk 1 stream: konnect / ceiling", "konnect", "ceiling", "MB/s", true, 0)
+	add(bulk1, "tunnel bulk 1 stream: upstream / ceiling", "upstream", "ceiling", "MB/s", true, 0)
 	add(bulk8, "tunnel bulk 8 streams: konnect / upstream", "konnect", "upstream", "MB/s", true, 1)
+	add(bulk8, "tunnel bulk 8 streams: konnect / ceiling", "konnect", "ceiling", "MB/s", true, 0)
 	if bulk1 != nil && bulk8 != nil {
 		s1, ok1 := bulk1.stat("konnect", "MB/s")
 		s8, ok8 := bulk8.stat("konnect", "MB/s")

@@ -38,6 +38,7 @@ const (
 	socksPort  = "1080"
 	sshDPort   = "1081"
 	sshDCipher = "1082"
+	relayPort  = "8140" // the far relay of the tunnel's ceiling, in w1
 )
 
 func (t *topology) ns(name string) string { return t.prefix + "-" + name }

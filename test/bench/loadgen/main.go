@@ -5,7 +5,8 @@
 //	scale    --count concurrent tunnels held open at once, then a small GET on each; successes
 //
 // --via picks the path: "tunnel" (konnectivity-client over the server's UDS, as kube-apiserver dials),
-// "socks" (SOCKS5 at --socks) or "direct".
+// "socks" (SOCKS5 at --socks), "unix" (a plain connection to --uds, the relays of the tunnel's ceiling) or
+// "direct".
 package main
 
 import (
@@ -48,8 +49,8 @@ type dialer func(ctx context.Context) (net.Conn, func(), error)
 
 func main() {
 	mode := flag.String("mode", "bulk", "bulk, dial or scale")
-	via := flag.String("via", "tunnel", "tunnel, socks or direct")
-	uds := flag.String("uds", "", "the tunnel server's UDS (--via tunnel)")
+	via := flag.String("via", "tunnel", "tunnel, socks, unix or direct")
+	uds := flag.String("uds", "", "the tunnel server's UDS (--via tunnel), or the relay's (--via unix)")
 	socksAddr := flag.String("socks", "127.0.0.1:1080", "SOCKS5 proxy (--via socks)")
 	target := flag.String("target", "", "backend host:port")
 	total := flag.Int64("bytes", 1<<30, "bulk: bytes to fetch in all")
@@ -80,6 +81,14 @@ func main() {
 		cd := d.(proxy.ContextDialer)
 		dial = func(ctx context.Context) (net.Conn, func(), error) {
 			c, err := cd.DialContext(ctx, "tcp", *target)
+			return c, func() {}, err
+		}
+	case "unix":
+		if *uds == "" {
+			fail(errors.New("--uds is required with --via unix"))
+		}
+		dial = func(ctx context.Context) (net.Conn, func(), error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "unix", *uds)
 			return c, func() {}, err
 		}
 	case "direct":
