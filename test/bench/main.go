@@ -56,7 +56,7 @@ func main() {
 	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
 	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
-	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 SOCKS5, 7 API proxy)")
+	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,9", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
 	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--relay": o.relay, "--kube-apiserver": o.kubeAPIServer} {
@@ -122,6 +122,11 @@ type bench struct {
 	results []*measure
 
 	kServer, kAgent, uServer, uAgent *proc
+
+	sshd          *proc
+	socksProcs    map[string]*proc  // SOCKS5 port → the proxy serving it
+	socksKex      map[string]string // contender → what it negotiated
+	socksKexOrder []string
 }
 
 func (b *bench) path(p ...string) string { return filepath.Join(append([]string{b.dir}, p...)...) }
@@ -133,11 +138,8 @@ func (b *bench) run() error {
 	steps := []struct {
 		rows string
 		run  func() error
-	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"56", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}}
-	want := map[string]bool{}
-	for _, r := range strings.Split(b.o.rows, ",") {
-		want[strings.TrimSpace(r)] = true
-	}
+	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"569", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}}
+	want := b.wantRows()
 	for _, step := range steps {
 		if strings.ContainsFunc(step.rows, func(r rune) bool { return want[string(r)] }) {
 			if err := step.run(); err != nil {
@@ -146,6 +148,15 @@ func (b *bench) run() error {
 		}
 	}
 	return b.report()
+}
+
+// wantRows is the set of rows --rows asks for.
+func (b *bench) wantRows() map[string]bool {
+	want := map[string]bool{}
+	for _, r := range strings.Split(b.o.rows, ",") {
+		want[strings.TrimSpace(r)] = true
+	}
+	return want
 }
 
 // setup makes the PKI with konnect init and starts both tunnels (konnect and upstream, with the same
@@ -421,26 +432,49 @@ func (b *bench) agentIdle() error {
 	return nil
 }
 
-// socksRows starts sshd in cp and, in lap, konnect socks, ssh -D with OpenSSH's defaults, and ssh -D with
-// konnect's cipher, all to the same sshd, then measures bulk transfer and connection latency through each.
+// socksRows starts sshd in cp and, in lap, konnect socks (one SSH connection, and --ssh-connections 4),
+// ssh -D with OpenSSH's defaults, and ssh -D with konnect's cipher, all to the same sshd, then measures bulk
+// transfer (row 5, one stream; row 9, four at once) and connection latency (row 6) through each.
+//
+// The bulk client is curl --socks5-hostname, the client people use, for every contender; each sample also
+// records the CPU time per GiB of the proxy process, of sshd (all its processes), and of curl, read from
+// /proc before and after, and the row notes what each side negotiated, from sshd's debug log.
 func (b *bench) socksRows() error {
+	want := b.wantRows()
 	if err := b.startSSH(); err != nil {
 		return err
 	}
-	bulk := func(via, ns, socks, target string) func() (map[string]float64, error) {
-		return func() (map[string]float64, error) {
-			r, err := b.loadgen(ns, "--mode=bulk", "--via="+via, "--socks="+socks, "--target="+target, fmt.Sprintf("--bytes=%d", b.o.bulkBytes))
-			return map[string]float64{"MB/s": r.MBps}, err
+	one := func(port string) func() (map[string]float64, error) {
+		return func() (map[string]float64, error) { return b.socksCurl("lap", port, 1) }
+	}
+	if want["5"] {
+		m := newMeasure(fmt.Sprintf("5. SOCKS5 over SSH, %s, curl --socks5-hostname", size(b.o.bulkBytes)), socksMetrics)
+		m.note = b.negotiated()
+		if err := b.alternate(m,
+			contender{"konnect", one(socksPort)},
+			contender{"ssh -D", one(sshDPort)},
+			contender{"ssh -D -c " + b.o.socksCipher, one(sshDCipher)},
+			contender{"direct", func() (map[string]float64, error) { return b.socksCurl("cp", "", 1) }},
+		); err != nil {
+			return err
 		}
 	}
-	m := newMeasure(fmt.Sprintf("5. SOCKS5 over SSH, %s", size(b.o.bulkBytes)), []string{"MB/s"})
-	if err := b.alternate(m,
-		contender{"konnect", bulk("socks", "lap", "127.0.0.1:"+socksPort, cpBackend)},
-		contender{"ssh -D", bulk("socks", "lap", "127.0.0.1:"+sshDPort, cpBackend)},
-		contender{"ssh -D -c " + b.o.socksCipher, bulk("socks", "lap", "127.0.0.1:"+sshDCipher, cpBackend)},
-		contender{"direct", bulk("direct", "cp", "", cpBackend)},
-	); err != nil {
-		return err
+	if want["9"] {
+		four := func(port string) func() (map[string]float64, error) {
+			return func() (map[string]float64, error) { return b.socksCurl("lap", port, 4) }
+		}
+		m := newMeasure(fmt.Sprintf("9. SOCKS5 over SSH, 4 parallel downloads of %s each, curl --socks5-hostname", size(b.o.bulkBytes/4)), socksMetrics)
+		m.note = b.negotiated()
+		if err := b.alternate(m,
+			contender{"konnect", four(socksPort)},
+			contender{"konnect --ssh-connections 4", four(socksPortN)},
+			contender{"ssh -D", four(sshDPort)},
+		); err != nil {
+			return err
+		}
+	}
+	if !want["6"] {
+		return nil
 	}
 	dial := func(port string) func() (map[string]float64, error) {
 		return func() (map[string]float64, error) {
@@ -448,8 +482,103 @@ func (b *bench) socksRows() error {
 			return map[string]float64{"p50 ms": r.P50ms, "p99 ms": r.P99ms}, err
 		}
 	}
-	m = newMeasure(fmt.Sprintf("6. SOCKS5 connect latency, %d new connections", b.o.socksCount), []string{"p50 ms", "p99 ms"})
+	m := newMeasure(fmt.Sprintf("6. SOCKS5 connect latency, %d new connections", b.o.socksCount), []string{"p50 ms", "p99 ms"})
 	return b.alternate(m, contender{"konnect", dial(socksPort)}, contender{"ssh -D", dial(sshDPort)})
+}
+
+var socksMetrics = []string{"MB/s", "proxy CPU s/GiB", "sshd CPU s/GiB", "curl CPU s/GiB"}
+
+// socksCurl downloads --bulk-bytes with `streams` concurrent curl --socks5-hostname processes in ns through
+// the SOCKS5 port (direct to the backend when port is empty) and returns the aggregate MB/s and the CPU
+// time per GiB of the proxy, of sshd and of curl.
+func (b *bench) socksCurl(ns, port string, streams int) (map[string]float64, error) {
+	per := b.o.bulkBytes / int64(streams)
+	// sh runs curl and then prints its own children's CPU time (cutime and cstime, in clock ticks).
+	script := `curl -sS --fail --max-time 300 -o /dev/null -w '%{size_download}\n' "$@" && read -r _ rest < /proc/$$/stat && ` +
+		`set -- ${rest#*) } && shift 13 && echo "$1 $2"`
+	argv := []string{"sh", "-c", script, "sh"}
+	if port != "" {
+		argv = append(argv, "--socks5-hostname", "127.0.0.1:"+port)
+	}
+	argv = append(argv, fmt.Sprintf("http://%s/bytes?n=%d", cpBackend, per))
+	proxy := b.socksProcs[port]
+	cpu0, sshd0 := 0.0, b.sshdCPU()
+	if proxy != nil {
+		cpu0, _ = proxy.cpuSeconds()
+	}
+	type out struct {
+		got   int64
+		ticks float64
+		err   error
+	}
+	outs := make(chan out, streams)
+	start := time.Now()
+	for i := 0; i < streams; i++ {
+		go func() {
+			s, err := b.execFor(5*time.Minute, ns, argv...)
+			var o out
+			o.err = err
+			if err == nil {
+				var u, st float64
+				if _, err := fmt.Sscan(s, &o.got, &u, &st); err != nil {
+					o.err = fmt.Errorf("curl output %q: %w", s, err)
+				}
+				o.ticks = u + st
+			}
+			outs <- o
+		}()
+	}
+	var got int64
+	var ticks float64
+	var firstErr error
+	for i := 0; i < streams; i++ {
+		o := <-outs
+		got += o.got
+		ticks += o.ticks
+		if o.err != nil && firstErr == nil {
+			firstErr = o.err
+		}
+	}
+	secs := time.Since(start).Seconds()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if got != per*int64(streams) {
+		return nil, fmt.Errorf("curl through port %s: %d of %d bytes", port, got, per*int64(streams))
+	}
+	gib := float64(got) / (1 << 30)
+	r := map[string]float64{"MB/s": float64(got) / 1e6 / secs, "curl CPU s/GiB": ticks / clockTicks / gib}
+	if proxy != nil {
+		cpu1, _ := proxy.cpuSeconds()
+		r["proxy CPU s/GiB"] = (cpu1 - cpu0) / gib
+		r["sshd CPU s/GiB"] = (b.sshdCPU() - sshd0) / gib
+	}
+	return r, nil
+}
+
+// sshdCPU is the CPU time of sshd and every process under it (one or two per SSH connection; idle ones add
+// nothing), in seconds.
+func (b *bench) sshdCPU() float64 {
+	if b.sshd == nil {
+		return 0
+	}
+	var total float64
+	for _, pid := range descendants(b.sshd.cmd.Process.Pid) {
+		total += cpuOf(pid)
+	}
+	return total
+}
+
+// negotiated lists what each SSH client negotiated with sshd, as recorded when it connected.
+func (b *bench) negotiated() string {
+	if len(b.socksKex) == 0 {
+		return ""
+	}
+	var lines []string
+	for _, name := range b.socksKexOrder {
+		lines = append(lines, fmt.Sprintf("%s: %s", name, b.socksKex[name]))
+	}
+	return "Negotiated (sshd's debug log): " + strings.Join(lines, "; ") + "."
 }
 
 func (b *bench) startSSH() error {
@@ -461,8 +590,10 @@ func (b *bench) startSSH() error {
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
 		return err
 	}
+	// LogLevel DEBUG records the negotiated key exchange and ciphers of every connection (and nothing per
+	// packet), so the report can say what each side ran.
 	cfg := fmt.Sprintf("Port %s\nListenAddress %s\nHostKey %s\nAuthorizedKeysFile %s\nStrictModes no\nUsePAM no\n"+
-		"PermitRootLogin prohibit-password\nPasswordAuthentication no\nAllowTcpForwarding yes\nPidFile %s\n",
+		"PermitRootLogin prohibit-password\nPasswordAuthentication no\nAllowTcpForwarding yes\nPidFile %s\nLogLevel DEBUG\n",
 		sshPort, cpLapAddr, b.path("host_key"), b.path("client_key.pub"), b.path("sshd.pid"))
 	if err := os.WriteFile(b.path("sshd_config"), []byte(cfg), 0o600); err != nil {
 		return err
@@ -471,6 +602,7 @@ func (b *bench) startSSH() error {
 	if err != nil {
 		return err
 	}
+	b.sshd = sshd
 	if err := b.t.waitTCP("lap", cpLapAddr+":"+sshPort, 15*time.Second, sshd); err != nil {
 		return err
 	}
@@ -488,19 +620,27 @@ func (b *bench) startSSH() error {
 			"-o", "UserKnownHostsFile=" + b.path("known_hosts"), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"}, extra...),
 			"-p", sshPort, "root@"+cpLapAddr)
 	}
+	konnectArgs := func(port string, extra ...string) []string {
+		return append(append([]string{b.o.konnect, "socks", "-F", "none", "-D", "127.0.0.1:" + port, "-i", b.path("client_key"),
+			"--known-hosts", b.path("known_hosts"), "-p", sshPort}, extra...), "root@"+cpLapAddr)
+	}
 	if _, err := b.t.start("backend-cp", "cp", b.o.backend, "--listen", cpBackend); err != nil {
 		return err
 	}
+	b.socksProcs = map[string]*proc{}
+	b.socksKex = map[string]string{}
 	for _, s := range []struct {
-		name string
-		argv []string
-		port string
+		name, label string
+		argv        []string
+		port        string
+		conns       int
 	}{
-		{"konnect-socks", []string{b.o.konnect, "socks", "-F", "none", "-D", "127.0.0.1:" + socksPort, "-i", b.path("client_key"),
-			"--known-hosts", b.path("known_hosts"), "-p", sshPort, "root@" + cpLapAddr}, socksPort},
-		{"ssh-D", sshArgs(sshDPort), sshDPort},
-		{"ssh-D-cipher", sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher},
+		{"konnect-socks", "konnect", konnectArgs(socksPort), socksPort, 1},
+		{"konnect-socks-4", "konnect --ssh-connections 4", konnectArgs(socksPortN, "--ssh-connections", "4"), socksPortN, 4},
+		{"ssh-D", "ssh -D", sshArgs(sshDPort), sshDPort, 1},
+		{"ssh-D-cipher", "ssh -D -c " + b.o.socksCipher, sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher, 1},
 	} {
+		logged := logSize(sshd.log)
 		p, err := b.t.start(s.name, "lap", s.argv...)
 		if err != nil {
 			return err
@@ -508,17 +648,82 @@ func (b *bench) startSSH() error {
 		if err := b.t.waitTCP("lap", "127.0.0.1:"+s.port, 15*time.Second, p); err != nil {
 			return err
 		}
-	}
-	// The listeners come up before the SSH session; one request through each proves the whole path.
-	for _, port := range []string{socksPort, sshDPort, sshDCipher} {
-		if err := poll("SOCKS5 on port "+port, 20*time.Second, 300*time.Millisecond, nil, func() error {
-			_, err := b.loadgen("lap", "--mode=dial", "--via=socks", "--socks=127.0.0.1:"+port, "--target="+cpBackend, "--count=1")
+		// The listener comes up before the SSH session; one request through it proves the whole path, and
+		// its SSH connections are in sshd's log by then.
+		if err := poll("SOCKS5 on port "+s.port, 20*time.Second, 300*time.Millisecond, p, func() error {
+			_, err := b.loadgen("lap", "--mode=dial", "--via=socks", "--socks=127.0.0.1:"+s.port, "--target="+cpBackend, "--count=1")
 			return err
 		}); err != nil {
 			return err
 		}
+		// Every SSH connection of this proxy is up (and in the log) before the next proxy starts.
+		if err := poll(fmt.Sprintf("%d SSH connection(s) of %s in sshd's log", s.conns, s.label), 20*time.Second, 100*time.Millisecond, p, func() error {
+			if n := len(kexCipher.FindAllString(readFrom(sshd.log, logged), -1)); n < s.conns {
+				return fmt.Errorf("%d so far", n)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		b.socksProcs[s.port] = p
+		b.socksKexOrder = append(b.socksKexOrder, s.label)
+		b.socksKex[s.label] = kexSummary(readFrom(sshd.log, logged))
 	}
 	return nil
+}
+
+// logSize is the current length of a log file.
+func logSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// readFrom returns a file's content from offset on.
+func readFrom(path string, off int64) string {
+	data, err := os.ReadFile(path)
+	if err != nil || off > int64(len(data)) {
+		return ""
+	}
+	return string(data[off:])
+}
+
+var (
+	kexAlgo   = regexp.MustCompile(`kex: algorithm: (\S+)`)
+	kexCipher = regexp.MustCompile(`kex: server->client cipher: (\S+) MAC: (\S+)`)
+)
+
+// kexSummary condenses the kex lines of sshd's debug log (one set per SSH connection) into "cipher (MAC),
+// kex", counting the connections when there are several alike.
+func kexSummary(log string) string {
+	algos := kexAlgo.FindAllStringSubmatch(log, -1)
+	ciphers := kexCipher.FindAllStringSubmatch(log, -1)
+	counts := map[string]int{}
+	var order []string
+	for i, c := range ciphers {
+		kex := "?"
+		if i < len(algos) {
+			kex = algos[i][1]
+		}
+		s := fmt.Sprintf("%s (MAC %s), kex %s", c[1], c[2], kex)
+		if counts[s] == 0 {
+			order = append(order, s)
+		}
+		counts[s]++
+	}
+	if len(order) == 0 {
+		return "not in sshd's log"
+	}
+	var parts []string
+	for _, s := range order {
+		if counts[s] > 1 {
+			s = fmt.Sprintf("%d connections, %s", counts[s], s)
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, ", ")
 }
 
 var (

@@ -16,6 +16,7 @@ import (
 // measure holds every sample of one benchmark row: contender → metric → values, in the order taken.
 type measure struct {
 	title   string
+	note    string // printed under the row's table
 	metrics []string
 	order   []string
 	samples map[string]map[string][]float64
@@ -77,6 +78,9 @@ func (m *measure) print() {
 			parts = append(parts, metric+" "+m.cell(c, metric))
 		}
 		fmt.Printf("  %-28s %s\n", c, strings.Join(parts, ", "))
+	}
+	if m.note != "" {
+		fmt.Printf("  %s\n", m.note)
 	}
 }
 
@@ -147,9 +151,14 @@ func (b *bench) ratios() []ratio {
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (defaults)", "konnect", "ssh -D", "MB/s", true, 1.3)
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (same cipher)", "konnect", "ssh -D -c "+b.o.socksCipher, "MB/s", true, 0)
 	add(socks, "SOCKS5 bulk: konnect / direct", "konnect", "direct", "MB/s", true, 0)
+	add(socks, "SOCKS5 bulk: proxy CPU per GiB ssh -D / konnect", "konnect", "ssh -D", "proxy CPU s/GiB", false, 0)
+	add(socks, "SOCKS5 bulk: sshd CPU per GiB serving ssh -D / konnect", "konnect", "ssh -D", "sshd CPU s/GiB", false, 0)
+	par := find("9. SOCKS5")
+	add(par, "SOCKS5 4 downloads: konnect --ssh-connections 4 / ssh -D", "konnect --ssh-connections 4", "ssh -D", "MB/s", true, 1.5)
+	add(par, "SOCKS5 4 downloads: konnect (1 connection) / ssh -D", "konnect", "ssh -D", "MB/s", true, 0)
 	sl := find("6. SOCKS5 connect")
-	add(sl, "SOCKS5 connect p50: ssh -D / konnect", "konnect", "ssh -D", "p50 ms", false, 0)
-	add(sl, "SOCKS5 connect p99: ssh -D / konnect", "konnect", "ssh -D", "p99 ms", false, 0)
+	add(sl, "SOCKS5 connect p50: ssh -D / konnect", "konnect", "ssh -D", "p50 ms", false, 1)
+	add(sl, "SOCKS5 connect p99: ssh -D / konnect", "konnect", "ssh -D", "p99 ms", false, 1)
 	for _, m := range b.results {
 		if !strings.HasPrefix(m.title, "7. API proxy") {
 			continue
@@ -212,6 +221,9 @@ func (b *bench) report() error {
 				cells = append(cells, m.cell(c, metric))
 			}
 			fmt.Fprintf(&sb, "| %s | %s |\n", c, strings.Join(cells, " | "))
+		}
+		if m.note != "" {
+			fmt.Fprintf(&sb, "\n%s\n", m.note)
 		}
 	}
 	fmt.Fprintf(&sb, "\n![ratios](%s)\n", filepath.Base(b.o.svg))

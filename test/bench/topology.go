@@ -38,6 +38,7 @@ const (
 	socksPort  = "1080"
 	sshDPort   = "1081"
 	sshDCipher = "1082"
+	socksPortN = "1083" // konnect socks --ssh-connections 4
 	relayPort  = "8140" // the far relay of the tunnel's ceiling, in w1
 )
 
@@ -184,6 +185,73 @@ func (p *proc) rssKiB() (int64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS for %s", p.name)
 }
+
+// cpuSeconds reads the user and system CPU time the process has used.
+func (p *proc) cpuSeconds() (float64, error) { return procCPU(p.cmd.Process.Pid) }
+
+// procStat returns the fields of /proc/PID/stat after the command name (field 3, the state, first).
+func procStat(pid int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	// The fields after the command name, which may hold spaces, start after the last ')'.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return nil, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	return f, nil
+}
+
+// procCPU reads the user and system CPU time a process has used, in seconds.
+func procCPU(pid int) (float64, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	var utime, stime float64
+	if _, err := fmt.Sscan(f[11], &utime); err != nil {
+		return 0, err
+	}
+	if _, err := fmt.Sscan(f[12], &stime); err != nil {
+		return 0, err
+	}
+	return (utime + stime) / clockTicks, nil
+}
+
+// cpuOf is procCPU, 0 for a process that is gone.
+func cpuOf(pid int) float64 {
+	s, _ := procCPU(pid)
+	return s
+}
+
+// descendants returns pid and every process under it, from /proc.
+func descendants(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	children := map[int][]int{}
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, err := procStat(n)
+		if err != nil {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], n)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times; 100 on every Linux this runs on.
+const clockTicks = 100
 
 func (p *proc) tail(n int) string {
 	data, _ := os.ReadFile(p.log)
