@@ -8,9 +8,10 @@ tools_bin=$(bash test/e2e/tools/build.sh | tail -n 1)
 mkdir -p .cache/bench
 go build -o .cache/bench/loadgen ./test/bench/loadgen
 go build -o .cache/bench/backend ./test/bench/backend
+go build -o .cache/bench/swarm ./test/bench/swarm
 go build -o .cache/bench/relay ./test/bench/relay
 go build -o .cache/bench/bench ./test/bench
 exec .cache/bench/bench --konnect bin/konnect \
 	--proxy-server "$tools_bin/proxy-server" --proxy-agent "$tools_bin/proxy-agent" \
 	--kube-apiserver "$tools_bin/kube-apiserver" \
-	--loadgen .cache/bench/loadgen --backend .cache/bench/backend --relay .cache/bench/relay "$@"
+	--loadgen .cache/bench/loadgen --backend .cache/bench/backend --relay .cache/bench/relay --swarm .cache/bench/swarm "$@"

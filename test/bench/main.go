@@ -26,7 +26,9 @@ import (
 type options struct {
 	konnect, proxyServer, proxyAgent, loadgen, backend string
 	relay                                              string
-	kubeAPIServer                                      string
+	kubeAPIServer, swarm                               string
+	swarmSizes                                         []int
+	swarmIdle                                          time.Duration
 	rounds                                             int
 	bulkBytes                                          int64
 	dialCount, scaleCount, socksCount, heyRequests     int
@@ -46,6 +48,9 @@ func main() {
 	flag.StringVar(&o.backend, "backend", "", "backend binary (test/bench/backend)")
 	flag.StringVar(&o.relay, "relay", "", "relay binary (test/bench/relay), for the tunnel's ceiling")
 	flag.StringVar(&o.kubeAPIServer, "kube-apiserver", "", "kube-apiserver binary, for the API-proxy row against a real API server")
+	flag.StringVar(&o.swarm, "swarm", "", "swarm binary (test/bench/swarm)")
+	swarmSizes := flag.String("swarm-sizes", "1000,5000", "idle agents per swarm round")
+	flag.DurationVar(&o.swarmIdle, "swarm-idle", 10*time.Second, "how long the swarm stays idle before the server's idle CPU and RSS are read")
 	flag.IntVar(&o.rounds, "rounds", 5, "measured rounds per pair, after one warm-up round")
 	flag.Int64Var(&o.bulkBytes, "bulk-bytes", 1<<30, "bytes per bulk transfer")
 	flag.IntVar(&o.dialCount, "dial-count", 1000, "sequential single-use tunnels per dial round")
@@ -56,10 +61,17 @@ func main() {
 	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
 	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
-	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,9", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy)")
+	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,8,9", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy, 8 swarm)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
-	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--relay": o.relay, "--kube-apiserver": o.kubeAPIServer} {
+	for _, f := range strings.Split(*swarmSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("--swarm-sizes %q: want positive counts separated by commas", *swarmSizes))
+		}
+		o.swarmSizes = append(o.swarmSizes, n)
+	}
+	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--relay": o.relay, "--kube-apiserver": o.kubeAPIServer, "--swarm": o.swarm} {
 		if v == "" {
 			fatal(fmt.Errorf("%s is required", name))
 		}
@@ -138,7 +150,7 @@ func (b *bench) run() error {
 	steps := []struct {
 		rows string
 		run  func() error
-	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"569", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}}
+	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"569", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}, {"8", b.swarmRows}}
 	want := b.wantRows()
 	for _, step := range steps {
 		if strings.ContainsFunc(step.rows, func(r rune) bool { return want[string(r)] }) {
@@ -173,23 +185,16 @@ func (b *bench) setup() error {
 	if _, err = b.t.start("backend-w1", "w1", b.o.backend, "--listen", podAddr+":"+podPort); err != nil {
 		return err
 	}
-	serverArgs := func(uds string, port int) []string {
-		return []string{"--mode=grpc", "--uds-name=" + uds, "--delete-existing-uds-file", "--server-port=0",
-			"--cluster-cert=" + filepath.Join(pki, "konnectivity-server.crt"), "--cluster-key=" + filepath.Join(pki, "konnectivity-server.key"),
-			"--cluster-ca-cert=" + filepath.Join(pki, "ca.crt"),
-			"--agent-port=" + strconv.Itoa(port), "--admin-port=" + strconv.Itoa(port+1), "--health-port=" + strconv.Itoa(port+2),
-			"--admin-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--v=0"}
-	}
 	agentArgs := func(port, health int) []string {
 		return []string{"--proxy-server-host=" + cpAddr, "--proxy-server-port=" + strconv.Itoa(port),
 			"--ca-cert=" + filepath.Join(pki, "ca.crt"),
 			"--agent-cert=" + filepath.Join(pki, "konnectivity-agent.crt"), "--agent-key=" + filepath.Join(pki, "konnectivity-agent.key"),
 			"--health-server-port=" + strconv.Itoa(health), "--admin-server-port=" + strconv.Itoa(health+1), "--v=0"}
 	}
-	if b.kServer, err = b.t.start("konnect-server", "cp", append([]string{b.o.konnect, "server"}, serverArgs(b.path("konnect.sock"), 8132)...)...); err != nil {
+	if b.kServer, err = b.t.start("konnect-server", "cp", append([]string{b.o.konnect, "server"}, b.serverArgs(b.path("konnect.sock"), 8132)...)...); err != nil {
 		return err
 	}
-	if b.uServer, err = b.t.start("upstream-server", "cp", append([]string{b.o.proxyServer}, serverArgs(b.path("upstream.sock"), 9132)...)...); err != nil {
+	if b.uServer, err = b.t.start("upstream-server", "cp", append([]string{b.o.proxyServer}, b.serverArgs(b.path("upstream.sock"), 9132)...)...); err != nil {
 		return err
 	}
 	for _, w := range []struct {
@@ -216,6 +221,17 @@ func (b *bench) setup() error {
 	}
 	// The agent reports ready once connected; the server may take a moment to register it for dials.
 	return b.waitTunnel(b.path("konnect.sock"), b.kServer)
+}
+
+// serverArgs are the drop-in flags both servers run with: gRPC over uds, agents by client certificate on
+// port, admin on port+1 and health on port+2.
+func (b *bench) serverArgs(uds string, port int) []string {
+	pki := b.path("k", "pki")
+	return []string{"--mode=grpc", "--uds-name=" + uds, "--delete-existing-uds-file", "--server-port=0",
+		"--cluster-cert=" + filepath.Join(pki, "konnectivity-server.crt"), "--cluster-key=" + filepath.Join(pki, "konnectivity-server.key"),
+		"--cluster-ca-cert=" + filepath.Join(pki, "ca.crt"),
+		"--agent-port=" + strconv.Itoa(port), "--admin-port=" + strconv.Itoa(port+1), "--health-port=" + strconv.Itoa(port+2),
+		"--admin-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--v=0"}
 }
 
 func (b *bench) waitTunnel(uds string, p *proc) error {

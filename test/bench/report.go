@@ -144,9 +144,20 @@ func (b *bench) ratios() []ratio {
 	add(dial, "tunnel dial p99: upstream / konnect", "konnect", "upstream", "p99 ms", false, 1)
 	scale := find("3. tunnel scale")
 	add(scale, "tunnel scale: successes konnect / upstream", "konnect", "upstream", "ok", true, 1)
-	add(scale, "tunnel scale: server RSS upstream / konnect", "konnect", "upstream", "server RSS MiB", false, 0)
+	add(scale, "tunnel scale: server RSS upstream / konnect", "konnect", "upstream", "server RSS MiB", false, 1)
 	add(scale, "tunnel scale: agent RSS upstream / konnect", "konnect", "upstream", "agent RSS MiB", false, 0)
 	add(find("4. agent idle"), "agent idle RSS: upstream / konnect", "konnect", "upstream", "RSS MiB", false, 1)
+	for _, m := range b.results {
+		if !strings.HasPrefix(m.title, "8. swarm") {
+			continue
+		}
+		n, _, _ := strings.Cut(strings.TrimPrefix(m.title, "8. swarm, "), " ")
+		add(m, "swarm "+n+": server RSS per agent upstream / konnect", "konnect", "upstream", "RSS/agent KiB", false, 2)
+		add(m, "swarm "+n+": registration CPU upstream / konnect", "konnect", "upstream", "register CPU s", false, 1)
+		add(m, "swarm "+n+": idle CPU upstream / konnect", "konnect", "upstream", "idle CPU %", false, 1)
+		add(m, "swarm "+n+": time to register upstream / konnect", "konnect", "upstream", "register s", false, 0)
+		add(m, "swarm "+n+": dials ok konnect / upstream", "konnect", "upstream", "dials ok", true, 1)
+	}
 	socks := find("5. SOCKS5")
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (defaults)", "konnect", "ssh -D", "MB/s", true, 1.3)
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (same cipher)", "konnect", "ssh -D -c "+b.o.socksCipher, "MB/s", true, 0)
