@@ -156,12 +156,65 @@ func (a *Agent) drain() {
 	klog.InfoS("Draining: waiting for open connections", "connections", open, "timeout", a.cfg.GracefulTimeout)
 	deadline := time.NewTimer(a.cfg.GracefulTimeout)
 	defer deadline.Stop()
+	quietFrom := time.NewTimer(a.cfg.GracefulTimeout - a.cfg.GracefulTimeout/4)
+	defer quietFrom.Stop()
+	var tick <-chan time.Time
+	seen := map[*conn]uint64{}
 	for a.openConns.Load() > 0 {
 		select {
 		case <-deadline.C:
 			klog.InfoS("Graceful timeout reached; closing open connections", "connections", a.openConns.Load())
 			return
 		case <-a.connsGone:
+		case <-quietFrom.C:
+			t := time.NewTicker(quietTick)
+			defer t.Stop()
+			tick = t.C
+		case <-tick:
+			a.closeQuietConns(seen)
+		}
+	}
+}
+
+// quietTick is how long a connection must move no byte, in the last quarter of the graceful timeout, for the
+// drain to close it.
+const quietTick = 50 * time.Millisecond
+
+// closeQuietConns closes every connection that moved no byte and queued none since the previous call.
+//
+// A connection still open in the last quarter of the graceful timeout would be cut at the deadline, wherever
+// it is. Most such connections are kept-alive ones that kube-apiserver reuses for request after request (an
+// HTTP/2 connection to an aggregated API server or a webhook), and a cut in the middle of a request fails that
+// request. Closed between requests instead, the client sees an idle connection end and sends its next request
+// on a new one, through another agent.
+func (a *Agent) closeQuietConns(seen map[*conn]uint64) {
+	a.mu.Lock()
+	sessions := make([]*session, 0, len(a.sessions))
+	for _, s := range a.sessions {
+		sessions = append(sessions, s)
+	}
+	a.mu.Unlock()
+	for _, s := range sessions {
+		s.mu.Lock()
+		conns := make([]*conn, 0, len(s.conns))
+		for _, c := range s.conns {
+			conns = append(conns, c)
+		}
+		s.mu.Unlock()
+		for _, c := range conns {
+			n := c.activity.Load()
+			if last, ok := seen[c]; !ok || last != n || !c.quiet() {
+				seen[c] = n
+				continue
+			}
+			delete(seen, c)
+			klog.V(2).InfoS("Draining: closing a quiet connection", "serverID", s.serverID, "connectionID", c.id)
+			// finish sends CLOSE_RSP on the stream, which may be slow; Run waits for a.wg after the drain.
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				c.finish("")
+			}()
 		}
 	}
 }

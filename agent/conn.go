@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -80,6 +81,8 @@ type conn struct {
 	done     chan struct{}
 	heard    chan struct{} // closed when the first DATA from the server arrives
 	heardOne sync.Once
+	// activity counts reads from and writes to the backend, so that a drain can tell a quiet connection.
+	activity atomic.Uint64
 
 	// sendMu orders this connection's DATA before its CLOSE_RSP: once finished is set, no DATA follows.
 	sendMu   sync.Mutex
@@ -207,6 +210,7 @@ func (c *conn) writeLoop() {
 
 		bufs := net.Buffers(batch)
 		_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
+		c.activity.Add(1)
 		clear(batch)
 		c.s.a.m.bytesFromServer.Add(float64(n))
 
@@ -239,6 +243,7 @@ func (c *conn) readLoop() {
 		buf := *bp
 		n, err := c.nc.Read(buf)
 		if n > 0 {
+			c.activity.Add(1)
 			if first {
 				first = false
 				c.holdFirstData()
@@ -299,6 +304,13 @@ func (c *conn) sendData(b []byte) bool {
 	}
 	c.s.a.m.bytesToServer.Add(float64(len(b)))
 	return true
+}
+
+// quiet reports whether nothing waits to be written to the backend and the connection is not closing.
+func (c *conn) quiet() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.queued == 0 && !c.closing && !c.closed
 }
 
 func (c *conn) isClosed() bool {

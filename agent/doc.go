@@ -20,7 +20,9 @@
 //   - batches TLS records under the server link, so a large gRPC write is a few system calls instead of
 //     one per 16 KiB record;
 //   - can restrict the destinations it dials (--allow-destination);
-//   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound.
+//   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound; in
+//     its last quarter a connection is closed at its first quiet moment rather than cut at the deadline, so
+//     that a kept-alive connection ends between two requests, not in the middle of one.
 //
 // It is not the server side of the tunnel, and it holds no process plumbing (flags, signals, HTTP
 // listeners): `konnect agent` (cmd/internal/agentcmd) turns proxy-agent's flags into a Config and wires the

@@ -277,6 +277,76 @@ func TestDrain(t *testing.T) {
 	}
 }
 
+// TestDrainClosesQuietConnections: in the last quarter of the graceful timeout, a connection that moves no
+// byte is closed at once, between two exchanges, instead of being cut at the deadline wherever it is; one
+// that keeps moving bytes stays open until the deadline.
+func TestDrainClosesQuietConnections(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	echo := harness.StartEcho(t)
+	cfg := pki.config(srv.agentAddr)
+	cfg.GracefulTimeout = 6 * time.Second
+	ra := startAgent(t, cfg)
+	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	quiet, err := srv.dial(context.Background(), echo.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quiet.Close()
+	busy, err := srv.dial(context.Background(), echo.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	roundTrip(t, quiet, 1<<10, 1<<10)
+
+	start := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- ra.Stop(t) }()
+	busyFailed := make(chan time.Duration, 1)
+	go func() {
+		b := []byte{1}
+		for time.Since(start) < 2*cfg.GracefulTimeout {
+			if _, err := busy.Write(b); err != nil {
+				busyFailed <- time.Since(start)
+				return
+			}
+			if _, err := io.ReadFull(busy, b); err != nil {
+				busyFailed <- time.Since(start)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+
+	_ = quiet.SetReadDeadline(time.Now().Add(2 * cfg.GracefulTimeout))
+	if _, err := quiet.Read(make([]byte, 1)); err == nil {
+		t.Fatal("data on a quiet connection")
+	}
+	closedAt := time.Since(start)
+	lastQuarter := cfg.GracefulTimeout - cfg.GracefulTimeout/4
+	if closedAt < lastQuarter-100*time.Millisecond || closedAt > cfg.GracefulTimeout-500*time.Millisecond {
+		t.Fatalf("quiet connection closed %v after the stop; want soon after %v, well before the %v deadline", closedAt, lastQuarter, cfg.GracefulTimeout)
+	}
+	select {
+	case at := <-busyFailed:
+		t.Fatalf("busy connection closed %v after the stop, before the quiet one (%v)", at, closedAt)
+	default:
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	// The busy connection kept Run in its drain until the deadline, and was closed then.
+	select {
+	case at := <-busyFailed:
+		if at < cfg.GracefulTimeout-100*time.Millisecond {
+			t.Fatalf("busy connection closed %v after the stop, before the %v deadline", at, cfg.GracefulTimeout)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("busy connection still open after the agent stopped")
+	}
+}
+
 func TestDrainingAgentRefusesDials(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
