@@ -181,17 +181,24 @@ func TestAgentIdentifiers(t *testing.T) {
 	}
 }
 
+// serversBehindName starts servers s2 on 127.0.0.2 and s3 on 127.0.0.3, on one port, and a DNS responder
+// that answers their name with 127.0.0.2 only; cfg points an agent at the name through that responder.
+func serversBehindName(t *testing.T) (s2, s3 *upstreamServer, dns *dnsResponder, cfg Config) {
+	const name = "servers.konnect.test"
+	pki := newTestPKI(t)
+	s2 = startUpstreamServer(t, serverOpts{id: "s2", ca: pki.ca, serverHost: name, addr: "127.0.0.2:0"})
+	_, port, _ := net.SplitHostPort(s2.agentAddr)
+	s3 = startUpstreamServer(t, serverOpts{id: "s3", ca: pki.ca, serverHost: name, addr: "127.0.0.3:" + port})
+	dns = startDNS(t, name, true, netip.MustParseAddr("127.0.0.2"))
+	cfg = pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dns.resolver()
+	return s2, s3, dns, cfg
+}
+
 // TestServersFollowDNS: when the name's answer changes, the agent connects to the new address within
 // Config.ResolveInterval, without losing a stream or restarting (ANP issue 273).
 func TestServersFollowDNS(t *testing.T) {
-	const name = "servers.konnect.test"
-	pki := newTestPKI(t)
-	s2 := startUpstreamServer(t, serverOpts{id: "s2", ca: pki.ca, serverHost: name, addr: "127.0.0.2:0"})
-	_, port, _ := net.SplitHostPort(s2.agentAddr)
-	s3 := startUpstreamServer(t, serverOpts{id: "s3", ca: pki.ca, serverHost: name, addr: "127.0.0.3:" + port})
-	dns := startDNS(t, name, true, netip.MustParseAddr("127.0.0.2"))
-	cfg := pki.config(net.JoinHostPort(name, port))
-	cfg.Resolver = dns.resolver()
+	s2, s3, dns, cfg := serversBehindName(t)
 	cfg.ResolveInterval = 300 * time.Millisecond
 	ra := startAgent(t, cfg)
 	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool { return s2.backends() == 1 })
@@ -211,14 +218,7 @@ func TestServersFollowDNS(t *testing.T) {
 // TestLostServerReresolves: the name is not looked up on every sync tick, but at once when a stream to one
 // of its addresses ends.
 func TestLostServerReresolves(t *testing.T) {
-	const name = "servers.konnect.test"
-	pki := newTestPKI(t)
-	s2 := startUpstreamServer(t, serverOpts{id: "s2", ca: pki.ca, serverHost: name, addr: "127.0.0.2:0"})
-	_, port, _ := net.SplitHostPort(s2.agentAddr)
-	s3 := startUpstreamServer(t, serverOpts{id: "s3", ca: pki.ca, serverHost: name, addr: "127.0.0.3:" + port})
-	dns := startDNS(t, name, true, netip.MustParseAddr("127.0.0.2"))
-	cfg := pki.config(net.JoinHostPort(name, port))
-	cfg.Resolver = dns.resolver()
+	s2, s3, dns, cfg := serversBehindName(t)
 	cfg.ResolveInterval = time.Hour
 	ra := startAgent(t, cfg)
 	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool {
