@@ -149,16 +149,25 @@ func (c *cluster) close() {
 	}
 }
 
-func newCluster(mode egressMode, name string) (*cluster, error) {
-	c := &cluster{mode: mode}
+// makeDirs sets the cluster's directories under workRoot/name (logs, konnect's dir and its pki) and creates
+// them.
+func (c *cluster) makeDirs(name string) error {
 	c.dir = filepath.Join(workRoot, name)
 	c.logDir = filepath.Join(c.dir, "logs")
 	c.konnectDir = filepath.Join(c.dir, "k")
 	c.pki = filepath.Join(c.konnectDir, "pki")
 	for _, d := range []string{c.logDir, c.konnectDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
+			return err
 		}
+	}
+	return nil
+}
+
+func newCluster(mode egressMode, name string) (*cluster, error) {
+	c := &cluster{mode: mode}
+	if err := c.makeDirs(name); err != nil {
+		return nil, err
 	}
 	tp, err := newTopology(name)
 	if err != nil {

@@ -127,14 +127,8 @@ func (nc *nodeCluster) node(name string) *node {
 func newNodeCluster(t *testing.T, name string) (*nodeCluster, error) {
 	c := &cluster{mode: modeGRPCUDS}
 	nc := &nodeCluster{cluster: c, sysctls: map[string]string{}}
-	c.dir = filepath.Join(workRoot, name)
-	c.logDir = filepath.Join(c.dir, "logs")
-	c.konnectDir = filepath.Join(c.dir, "k")
-	c.pki = filepath.Join(c.konnectDir, "pki")
-	for _, d := range []string{c.logDir, c.konnectDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
+	if err := c.makeDirs(name); err != nil {
+		return nil, err
 	}
 	// Everything below is released by nc.close, in the order TOPOLOGY.md found to leave nothing behind.
 	nc.trackTeardown()
