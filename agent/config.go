@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -41,10 +42,11 @@ type Config struct {
 	Allow           AllowList     // empty: every destination may be dialled
 	DialTimeout     time.Duration // per backend dial
 	GracefulTimeout time.Duration // how long Run lets open connections finish after a stop; 0 (or less): close them at once
-	// ConnectionBuffer is how many bytes may be queued for one backend before the stream waits for it.
+	// ConnectionBuffer is how many bytes may be queued for one backend before the stream waits for it (see
+	// package flow); 0 means flow.DefaultLimit.
 	ConnectionBuffer int
 	// StallTimeout is how long the stream waits for a backend with a full queue to make progress before
-	// that connection is closed as stalled.
+	// that connection is closed as stalled; 0 means flow.DefaultStallTimeout.
 	StallTimeout time.Duration
 	// ReadBuffer is the largest read from a backend, and so the largest DATA message the agent sends.
 	ReadBuffer int
@@ -63,14 +65,12 @@ type Config struct {
 
 // Defaults for the settings that upstream's proxy-agent does not have.
 const (
-	DefaultDialTimeout      = 5 * time.Second  // upstream's fixed backend dial timeout
-	DefaultGracefulTimeout  = 20 * time.Second // --graceful-timeout's default
-	DefaultConnectionBuffer = 8 << 20
-	DefaultStallTimeout     = 5 * time.Second
-	DefaultReadBuffer       = 1<<20 - dataOverhead // see readTiers
-	DefaultMaxRecvMessage   = 256 << 20
-	MinReadBuffer           = 4 << 10 // smallest and largest ReadBuffer
-	MaxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
+	DefaultDialTimeout     = 5 * time.Second      // upstream's fixed backend dial timeout
+	DefaultGracefulTimeout = 20 * time.Second     // --graceful-timeout's default
+	DefaultReadBuffer      = 1<<20 - dataOverhead // see readTiers
+	DefaultMaxRecvMessage  = 256 << 20
+	MinReadBuffer          = 4 << 10 // smallest and largest ReadBuffer
+	MaxReadBuffer          = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
 )
 
 // DefaultResolveInterval is how often server host names are looked up again: servers that come and go behind
@@ -96,10 +96,10 @@ func (c *Config) withDefaults() Config {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
 	if cfg.ConnectionBuffer <= 0 {
-		cfg.ConnectionBuffer = DefaultConnectionBuffer
+		cfg.ConnectionBuffer = flow.DefaultLimit
 	}
 	if cfg.StallTimeout <= 0 {
-		cfg.StallTimeout = DefaultStallTimeout
+		cfg.StallTimeout = flow.DefaultStallTimeout
 	}
 	if cfg.ReadBuffer < MinReadBuffer {
 		cfg.ReadBuffer = DefaultReadBuffer

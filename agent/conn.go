@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
@@ -63,21 +64,18 @@ func readTiers(max int) []int {
 
 // conn is one tunnelled connection: a backend dialled for a server's DIAL_REQ.
 //
-// Data from the server is queued here and written by the conn's own goroutine, so that a backend that
-// reads slowly does not block the session's receive loop, which serves every other connection on the same
-// stream (ANP issue 180). See enqueue for the bound.
+// Data from the server goes through the conn's queue (package flow) and is written by the conn's own
+// goroutine, so that a backend that reads slowly does not block the session's receive loop, which serves
+// every other connection on the same stream (ANP issue 180).
 type conn struct {
 	s  *session
 	id int64
 	nc net.Conn
+	q  *flow.Queue[[]byte]
 
 	mu       sync.Mutex
-	queue    [][]byte
-	queued   int
 	closing  bool // the server sent CLOSE_REQ: flush the queue, then close
 	closed   bool
-	wake     chan struct{}
-	progress chan struct{} // the writer wrote a batch
 	done     chan struct{}
 	heard    chan struct{} // closed when the first DATA from the server arrives
 	heardOne sync.Once
@@ -93,68 +91,39 @@ type conn struct {
 }
 
 func newConn(s *session, id int64, nc net.Conn) *conn {
-	c := &conn{s: s, id: id, nc: nc, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), done: make(chan struct{}), heard: make(chan struct{})}
+	c := &conn{s: s, id: id, nc: nc, done: make(chan struct{}), heard: make(chan struct{})}
+	c.q = flow.New(s.a.cfg.ConnectionBuffer, s.a.cfg.StallTimeout, func(b []byte) int { return len(b) })
+	// Progress is reported per batch, which is what tells a slow backend from a stalled one.
+	c.q.MaxBatch = writeBatch
+	c.q.Hooks.Stalled = c.stalled
 	c.data.ConnectID = id
 	c.pkt.Type = client.PacketType_DATA
 	c.pkt.Payload = &client.Packet_Data{Data: &c.data}
 	return c
 }
 
-// enqueue hands data from the server to the backend writer.
-//
-// The protocol has no per-connection flow control, so the queue cannot push back on the server for this
-// connection alone. Up to Config.ConnectionBuffer bytes are taken without waiting. Beyond that the receive
-// loop waits for this backend, as long as it keeps making progress (a slow backend slows the stream, as a
-// TCP receiver would); a backend that makes no progress for Config.StallTimeout is stalled, and only that
-// connection is closed, so it cannot hold every other connection hostage (ANP issue 180).
+// enqueue hands data from the server to the backend writer. Up to Config.ConnectionBuffer bytes are taken
+// without waiting; beyond that the receive loop waits for this backend as long as it makes progress, as a
+// TCP sender would. A backend that makes none for Config.StallTimeout is stalled, and only its connection
+// is closed.
 func (c *conn) enqueue(b []byte) {
 	c.heardOne.Do(func() { close(c.heard) })
-	limit := c.s.a.cfg.ConnectionBuffer
-	c.mu.Lock()
-	// A single message larger than the limit is still taken into an empty queue, so that a large write
-	// from a server that does not chunk (upstream forwards a client's write as one message) goes through.
-	if c.queued > 0 && c.queued+len(b) > limit && !c.closed && !c.closing {
-		var timer *time.Timer
-		for c.queued > 0 && c.queued+len(b) > limit && !c.closed && !c.closing {
-			c.mu.Unlock()
-			if timer == nil {
-				timer = time.NewTimer(c.s.a.cfg.StallTimeout)
-				defer timer.Stop()
-			}
-			select {
-			case <-c.progress:
-				timer.Reset(c.s.a.cfg.StallTimeout)
-			case <-timer.C:
-				c.s.a.m.overflows.Inc()
-				klog.InfoS("Backend stopped reading; closing the connection", "serverID", c.s.serverID,
-					"connectionID", c.id, "limitBytes", limit, "stallTimeout", c.s.a.cfg.StallTimeout)
-				// finish sends on the stream, and the receive loop that called us must not wait on it. The
-				// session's teardown, which runs after that loop, waits for it.
-				c.s.wg.Add(1)
-				go func() {
-					defer c.s.wg.Done()
-					c.finish("konnect agent: backend stopped reading")
-				}()
-				return
-			case <-c.done:
-				return
-			case <-c.s.ctx.Done():
-				return
-			}
-			c.mu.Lock()
-		}
-	}
-	if c.closed || c.closing {
-		c.mu.Unlock()
-		return
-	}
-	c.queue = append(c.queue, b)
-	c.queued += len(b)
-	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	// An error means the connection is closing, and data for it has nowhere to go.
+	_ = c.q.Push(c.s.ctx, b)
+}
+
+// stalled runs on the receive loop when enqueue gave up on a backend.
+func (c *conn) stalled() {
+	c.s.a.m.overflows.Inc()
+	klog.InfoS("Backend stopped reading; closing the connection", "serverID", c.s.serverID,
+		"connectionID", c.id, "limitBytes", c.s.a.cfg.ConnectionBuffer, "stallTimeout", c.s.a.cfg.StallTimeout)
+	// finish sends on the stream, and the receive loop must not wait on it. The session's teardown, which
+	// runs after that loop, waits for it.
+	c.s.wg.Add(1)
+	go func() {
+		defer c.s.wg.Done()
+		c.finish("konnect agent: backend stopped reading")
+	}()
 }
 
 // closeRequested handles CLOSE_REQ: what is queued is still written (bounded by closeFlushTimeout), then
@@ -168,67 +137,31 @@ func (c *conn) closeRequested() {
 	c.closing = true
 	c.mu.Unlock()
 	_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.q.Close()
 }
 
 func (c *conn) writeLoop() {
 	defer c.s.wg.Done()
-	var batch [][]byte
-	for {
-		c.mu.Lock()
-		for len(c.queue) == 0 {
-			if c.closed || c.closing {
-				closing := c.closing && !c.closed
-				c.mu.Unlock()
-				if closing {
-					c.finish("")
-				}
-				return
-			}
-			c.mu.Unlock()
-			select {
-			case <-c.wake:
-			case <-c.done:
-			}
-			c.mu.Lock()
+	err := c.q.Run(nil, func(batch [][]byte) error {
+		n := 0
+		for _, b := range batch {
+			n += len(b)
 		}
-		// Take at most writeBatch bytes, so that progress is reported often enough to tell a slow backend
-		// from a stalled one.
-		n, k := 0, 0
-		for k < len(c.queue) && (k == 0 || n+len(c.queue[k]) <= writeBatch) {
-			n += len(c.queue[k])
-			k++
-		}
-		batch = append(batch[:0], c.queue[:k]...)
-		rest := copy(c.queue, c.queue[k:])
-		clear(c.queue[rest:])
-		c.queue = c.queue[:rest]
-		c.mu.Unlock()
-
 		bufs := net.Buffers(batch)
 		_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
 		c.activity.Add(1)
-		clear(batch)
 		c.s.a.m.bytesFromServer.Add(float64(n))
-
-		c.mu.Lock()
-		c.queued -= n
-		c.mu.Unlock()
-		select {
-		case c.progress <- struct{}{}:
-		default:
-		}
-		if err != nil {
-			if !c.isClosed() {
-				klog.V(2).InfoS("Write to backend failed", "serverID", c.s.serverID, "connectionID", c.id, "err", err)
-			}
-			c.finish("")
-			return
-		}
+		return err
+	})
+	switch {
+	case errors.Is(err, flow.ErrStalled), errors.Is(err, flow.ErrClosed):
+		// enqueue or finish is closing the connection.
+		return
+	case err != nil && !c.isClosed():
+		klog.V(2).InfoS("Write to backend failed", "serverID", c.s.serverID, "connectionID", c.id, "err", err)
 	}
+	// Flushed after CLOSE_REQ (err is nil), or the backend failed.
+	c.finish("")
 }
 
 func (c *conn) readLoop() {
@@ -310,7 +243,7 @@ func (c *conn) sendData(b []byte) bool {
 func (c *conn) quiet() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.queued == 0 && !c.closing && !c.closed
+	return c.q.Len() == 0 && !c.closing && !c.closed
 }
 
 func (c *conn) isClosed() bool {
@@ -326,9 +259,8 @@ func (c *conn) finish(errMsg string) {
 	c.once.Do(func() {
 		c.mu.Lock()
 		c.closed = true
-		clear(c.queue)
-		c.queue, c.queued = nil, 0
 		c.mu.Unlock()
+		c.q.Fail(flow.ErrClosed)
 		close(c.done)
 		_ = c.nc.Close()
 		c.s.removeConn(c.id)

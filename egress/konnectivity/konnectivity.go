@@ -3,7 +3,7 @@
 //
 // It is a leaf: it imports nothing of konnect's, so that pki, egress, agent, manifests and cmd can all use it.
 // It holds no logic beyond reading the refusal reasons that a tunnel carries as text. Its subpackage wire
-// holds the one gRPC codec that the server and the agent speak.
+// holds the one gRPC codec that the server and the agent speak, and flow the one per-connection queue.
 package konnectivity
 
 // Identities.

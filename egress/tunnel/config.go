@@ -3,6 +3,7 @@ package tunnel
 import (
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
@@ -64,13 +65,13 @@ type Config struct {
 	// GracefulTimeout bounds how long Run lets open tunnels finish once its context ends; 0 closes them at
 	// once.
 	GracefulTimeout time.Duration
-	// FrontendBuffer is how many bytes may wait for one slow frontend reader before the agent stream that
-	// feeds it has to wait too.
-	FrontendBuffer int
-	// StalledReaderTimeout is how long a full frontend buffer may block the agent stream before that one
-	// frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It stays
-	// below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
-	StalledReaderTimeout time.Duration
+	// ConnectionBuffer is how many bytes may wait for one slow frontend reader before the agent stream that
+	// feeds it has to wait too (see package flow); 0 means flow.DefaultLimit.
+	ConnectionBuffer int
+	// StallTimeout is how long a full frontend queue may block the agent stream with no progress before that
+	// one frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It
+	// stays below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
+	StallTimeout time.Duration
 	// MaxFrontendMessage is the largest gRPC message accepted from kube-apiserver. Its client sends each
 	// write as one message, so this bounds the largest single write through the tunnel.
 	MaxFrontendMessage int
@@ -78,10 +79,8 @@ type Config struct {
 
 // Defaults for the settings upstream's proxy-server does not have.
 const (
-	DefaultGracefulTimeout      = 15 * time.Second
-	DefaultFrontendBuffer       = 8 << 20
-	DefaultStalledReaderTimeout = 5 * time.Second
-	DefaultMaxFrontendMessage   = 256 << 20
+	DefaultGracefulTimeout    = 15 * time.Second
+	DefaultMaxFrontendMessage = 256 << 20
 )
 
 // TokenAuth configures agent authentication by ServiceAccount token.
@@ -119,11 +118,11 @@ func (c *Config) withDefaults() Config {
 	if out.FrontendKeepaliveTime <= 0 {
 		out.FrontendKeepaliveTime = time.Hour
 	}
-	if out.FrontendBuffer <= 0 {
-		out.FrontendBuffer = DefaultFrontendBuffer
+	if out.ConnectionBuffer <= 0 {
+		out.ConnectionBuffer = flow.DefaultLimit
 	}
-	if out.StalledReaderTimeout <= 0 {
-		out.StalledReaderTimeout = DefaultStalledReaderTimeout
+	if out.StallTimeout <= 0 {
+		out.StallTimeout = flow.DefaultStallTimeout
 	}
 	if out.MaxFrontendMessage <= 0 {
 		out.MaxFrontendMessage = DefaultMaxFrontendMessage

@@ -2,11 +2,13 @@ package tunnel
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -49,11 +51,28 @@ func sendChunked(send func(any) error, p *client.Packet, split prometheus.Counte
 	return nil
 }
 
+// newFrontendQueue is the queue of one frontend connection (see package flow), counted in the server's
+// metrics. stalled closes the connection when its reader stalled.
+func newFrontendQueue[T any](s *Server, size func(T) int, stalled func()) *flow.Queue[T] {
+	q := flow.New(s.cfg.ConnectionBuffer, s.cfg.StallTimeout, size)
+	// One batch is at most one message to the frontend.
+	q.MaxBatch = maxChunk
+	q.Hooks = flow.Hooks{
+		Queued: func(d int) { s.metrics.queuedBytes.Add(float64(d)) },
+		Waited: s.metrics.stalledWaits.Inc,
+		Stalled: func() {
+			s.metrics.stalledClosed.Inc()
+			stalled()
+		},
+	}
+	return q
+}
+
 // frontendStream hands packets for kube-apiserver to the connection's own queue instead of writing them on
 // the agent stream's goroutine.
 type frontendStream struct {
 	grpc.ServerStream
-	q *sendQueue[*client.Packet]
+	q *flow.Queue[*client.Packet]
 }
 
 func (f *frontendStream) SendMsg(m any) error {
@@ -61,7 +80,7 @@ func (f *frontendStream) SendMsg(m any) error {
 	if !ok {
 		return f.ServerStream.SendMsg(m)
 	}
-	return f.q.push(p)
+	return f.q.Push(f.Context(), p)
 }
 
 // frontendInterceptor gives every frontend stream (one tunnel, one connection: kube-apiserver's client is
@@ -71,39 +90,48 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	defer s.frontends.Add(-1)
 	ctx := ss.Context()
 	stalled := make(chan struct{})
-	var once sync.Once
-	q := newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, packetSize, func() { once.Do(func() { close(stalled) }) })
-	q.metrics = s.metrics
-	q.merge = func(batch []*client.Packet) (*client.Packet, int) {
-		p, k := mergeData(batch)
-		if k > 1 {
-			s.metrics.mergedPackets.Add(float64(k))
-		}
-		return p, k
-	}
+	q := newFrontendQueue(s, packetSize, func() { close(stalled) })
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		_ = q.run(ctx.Done(), func(p *client.Packet) error { return sendChunked(ss.SendMsg, p, s.metrics.chunkedPackets) })
+		_ = q.Run(ctx.Done(), func(batch []*client.Packet) error { return s.sendPackets(ss.SendMsg, batch) })
 	}()
 	handlerDone := make(chan error, 1)
-	go func() { handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q}) }()
+	go func() {
+		handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q})
+	}()
 	select {
 	case err := <-handlerDone:
-		q.close()
+		q.Close()
 		t := time.NewTimer(flushTimeout)
 		defer t.Stop()
 		select {
 		case <-writerDone:
 		case <-t.C:
-			q.fail(errQueueClosed)
+			q.Fail(flow.ErrClosed)
 		}
 		return err
 	case <-stalled:
 		// Returning ends the stream: gRPC cancels its context, the handler's Recv fails, and upstream's
 		// handler closes the connection on the agent.
-		return status.Error(codes.ResourceExhausted, errStalled.Error())
+		return status.Error(codes.ResourceExhausted, flow.ErrStalled.Error())
 	}
+}
+
+// sendPackets sends a batch of packets to the frontend: consecutive DATA packets merged up to maxChunk
+// bytes, and larger ones split.
+func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error {
+	for i := 0; i < len(batch); {
+		p, k := mergeData(batch[i:])
+		if k > 1 {
+			s.metrics.mergedPackets.Add(float64(k))
+		}
+		if err := sendChunked(send, p, s.metrics.chunkedPackets); err != nil {
+			return err
+		}
+		i += k
+	}
+	return nil
 }
 
 // connectHandler wraps upstream's HTTP CONNECT handler so that the hijacked connection writes through its own
@@ -137,19 +165,17 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return qc, bufio.NewReadWriter(rw.Reader, bufio.NewWriter(qc)), nil
 }
 
-// queuedConn is a hijacked CONNECT connection whose writes go through a sendQueue.
+// queuedConn is a hijacked CONNECT connection whose writes go through its queue.
 type queuedConn struct {
 	net.Conn
-	q         *sendQueue[[]byte]
+	q         *flow.Queue[[]byte]
 	closeOnce sync.Once
 	done      chan struct{}
 }
 
 func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 	qc := &queuedConn{Conn: c, done: make(chan struct{})}
-	qc.q = newSendQueue(s.cfg.FrontendBuffer, s.cfg.StalledReaderTimeout, func(b []byte) int { return len(b) }, func() { c.Close() })
-	qc.q.merge = mergeBytes
-	qc.q.metrics = s.metrics
+	qc.q = newFrontendQueue(s, func(b []byte) int { return len(b) }, func() { c.Close() })
 	s.trackConn(qc, true)
 	s.frontends.Add(1)
 	go func() {
@@ -159,8 +185,8 @@ func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 			s.frontends.Add(-1)
 			close(qc.done)
 		}()
-		_ = qc.q.run(nil, func(b []byte) error {
-			_, err := c.Write(b)
+		_ = qc.q.Run(nil, func(batch [][]byte) error {
+			_, err := c.Write(joinBytes(batch))
 			return err
 		})
 	}()
@@ -169,7 +195,7 @@ func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 
 func (c *queuedConn) Write(p []byte) (int, error) {
 	// The caller may reuse p once Write returns (io.Writer), so the queue keeps a copy.
-	if err := c.q.push(append([]byte(nil), p...)); err != nil {
+	if err := c.q.Push(context.Background(), append([]byte(nil), p...)); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -178,7 +204,7 @@ func (c *queuedConn) Write(p []byte) (int, error) {
 // Close flushes what is queued, then closes; a reader that does not take it within flushTimeout is cut off.
 func (c *queuedConn) Close() error {
 	c.closeOnce.Do(func() {
-		c.q.close()
+		c.q.Close()
 		go func() {
 			t := time.NewTimer(flushTimeout)
 			defer t.Stop()
@@ -194,7 +220,7 @@ func (c *queuedConn) Close() error {
 
 // forceClose drops the connection at once (end of a drain).
 func (c *queuedConn) forceClose() {
-	c.q.fail(errQueueClosed)
+	c.q.Fail(flow.ErrClosed)
 	c.Conn.Close()
 }
 
@@ -227,18 +253,18 @@ func mergeData(batch []*client.Packet) (*client.Packet, int) {
 	}, k
 }
 
-// mergeBytes combines queued writes, up to maxChunk bytes, into one write.
-func mergeBytes(batch [][]byte) ([]byte, int) {
-	total, k := len(batch[0]), 1
-	for ; k < len(batch) && total+len(batch[k]) <= maxChunk; k++ {
-		total += len(batch[k])
+// joinBytes makes a batch of queued writes (at most maxChunk bytes, or one larger write) one write.
+func joinBytes(batch [][]byte) []byte {
+	if len(batch) == 1 {
+		return batch[0]
 	}
-	if k == 1 {
-		return batch[0], 1
+	n := 0
+	for _, b := range batch {
+		n += len(b)
 	}
-	buf := make([]byte, 0, total)
-	for _, b := range batch[:k] {
+	buf := make([]byte, 0, n)
+	for _, b := range batch {
 		buf = append(buf, b...)
 	}
-	return buf, k
+	return buf
 }

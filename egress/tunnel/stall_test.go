@@ -81,8 +81,8 @@ func TestSlowReaderDoesNotStallOthers(t *testing.T) {
 func TestStalledReaderIsCutOff(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")
-	cfg.FrontendBuffer = 1 << 20
-	cfg.StalledReaderTimeout = time.Second
+	cfg.ConnectionBuffer = 1 << 20
+	cfg.StallTimeout = time.Second
 	s := start(t, cfg)
 	startUpstreamAgent(t, e, "agent-1", s.agentPort())
 	s.waitAgents(t, 1)

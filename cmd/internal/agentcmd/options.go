@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
@@ -38,8 +39,8 @@ func NewOptions() *Options {
 		Upstream:         upstream.NewGrpcProxyAgentOptions(),
 		GracefulTimeout:  agent.DefaultGracefulTimeout,
 		DialTimeout:      agent.DefaultDialTimeout,
-		ConnectionBuffer: agent.DefaultConnectionBuffer,
-		StallTimeout:     agent.DefaultStallTimeout,
+		ConnectionBuffer: flow.DefaultLimit,
+		StallTimeout:     flow.DefaultStallTimeout,
 		ReadBuffer:       agent.DefaultReadBuffer,
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
@@ -32,10 +33,10 @@ type Options struct {
 	GracefulTimeout time.Duration
 	// AllowRemoteAdmin permits a non-loopback --admin-bind-address (pprof and agent status live there).
 	AllowRemoteAdmin bool
-	// FrontendBuffer, StalledReaderTimeout and MaxFrontendMessage: see tunnel.Config.
-	FrontendBuffer       int
-	StalledReaderTimeout time.Duration
-	MaxFrontendMessage   int
+	// ConnectionBuffer, StallTimeout and MaxFrontendMessage: see tunnel.Config.
+	ConnectionBuffer   int
+	StallTimeout       time.Duration
+	MaxFrontendMessage int
 	// MaxPendingDials bounds the dials waiting for an agent's answer; 0 means no bound (upstream's behaviour).
 	MaxPendingDials int
 }
@@ -46,13 +47,13 @@ func NewOptions() *Options {
 	u := upstream.NewProxyRunOptions()
 	u.BackendDialTimeout = tunnel.DefaultBackendDialTimeout
 	return &Options{
-		Upstream:             u,
-		GracefulTimeout:      tunnel.DefaultGracefulTimeout,
-		AllowRemoteAdmin:     false,
-		FrontendBuffer:       tunnel.DefaultFrontendBuffer,
-		StalledReaderTimeout: tunnel.DefaultStalledReaderTimeout,
-		MaxFrontendMessage:   tunnel.DefaultMaxFrontendMessage,
-		MaxPendingDials:      tunnel.DefaultMaxPendingDials,
+		Upstream:           u,
+		GracefulTimeout:    tunnel.DefaultGracefulTimeout,
+		AllowRemoteAdmin:   false,
+		ConnectionBuffer:   flow.DefaultLimit,
+		StallTimeout:       flow.DefaultStallTimeout,
+		MaxFrontendMessage: tunnel.DefaultMaxFrontendMessage,
+		MaxPendingDials:    tunnel.DefaultMaxPendingDials,
 	}
 }
 
@@ -73,13 +74,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
 	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
 	// on the other end of the tunnel; the server's first names stay as deprecated aliases.
-	fs.IntVar(&o.FrontendBuffer, "connection-buffer-bytes", o.FrontendBuffer,
+	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
 		"konnect: bytes buffered for each frontend connection before its agent stream waits.")
-	fs.DurationVar(&o.StalledReaderTimeout, "connection-stall-timeout", o.StalledReaderTimeout,
-		"konnect: how long one full frontend buffer may hold up its agent stream before that connection is closed.")
-	fs.IntVar(&o.FrontendBuffer, "frontend-buffer-bytes", o.FrontendBuffer, "")
+	fs.DurationVar(&o.StallTimeout, "connection-stall-timeout", o.StallTimeout,
+		"konnect: how long one full frontend buffer may hold up its agent stream, with no progress, before that connection is closed.")
+	fs.IntVar(&o.ConnectionBuffer, "frontend-buffer-bytes", o.ConnectionBuffer, "")
 	_ = fs.MarkDeprecated("frontend-buffer-bytes", "use --connection-buffer-bytes, the agent's name for the same queue")
-	fs.DurationVar(&o.StalledReaderTimeout, "stalled-reader-timeout", o.StalledReaderTimeout, "")
+	fs.DurationVar(&o.StallTimeout, "stalled-reader-timeout", o.StallTimeout, "")
 	_ = fs.MarkDeprecated("stalled-reader-timeout", "use --connection-stall-timeout, the agent's name for the same bound")
 	fs.IntVar(&o.MaxFrontendMessage, "max-frontend-message-bytes", o.MaxFrontendMessage,
 		"konnect: largest gRPC message accepted from the frontend (kube-apiserver sends one write as one message).")
@@ -212,11 +213,11 @@ func (o *Options) Validate() error {
 	if o.GracefulTimeout < 0 {
 		return fmt.Errorf("--graceful-timeout must be >= 0, not %v", o.GracefulTimeout)
 	}
-	if o.FrontendBuffer < 64<<10 {
-		return fmt.Errorf("--connection-buffer-bytes (--frontend-buffer-bytes) must be at least 65536, not %d", o.FrontendBuffer)
+	if o.ConnectionBuffer < 64<<10 {
+		return fmt.Errorf("--connection-buffer-bytes (--frontend-buffer-bytes) must be at least 65536, not %d", o.ConnectionBuffer)
 	}
-	if o.StalledReaderTimeout <= 0 {
-		return fmt.Errorf("--connection-stall-timeout (--stalled-reader-timeout) must be positive, not %v", o.StalledReaderTimeout)
+	if o.StallTimeout <= 0 {
+		return fmt.Errorf("--connection-stall-timeout (--stalled-reader-timeout) must be positive, not %v", o.StallTimeout)
 	}
 	if o.MaxFrontendMessage < 4<<20 {
 		return fmt.Errorf("--max-frontend-message-bytes must be at least 4194304 (gRPC's default), not %d", o.MaxFrontendMessage)
@@ -295,8 +296,8 @@ func (o *Options) Config() (*Config, error) {
 		BackendDialTimeout:    u.BackendDialTimeout,
 		MaxPendingDials:       o.MaxPendingDials,
 		GracefulTimeout:       graceful,
-		FrontendBuffer:        o.FrontendBuffer,
-		StalledReaderTimeout:  o.StalledReaderTimeout,
+		ConnectionBuffer:      o.ConnectionBuffer,
+		StallTimeout:          o.StallTimeout,
 		MaxFrontendMessage:    o.MaxFrontendMessage,
 	}
 	if u.UdsName == "" {

@@ -98,7 +98,7 @@ func TestValidate(t *testing.T) {
 		{"cipher", func(o *Options) { o.Upstream.CipherSuites = []string{"TLS_RSA_WITH_RC4_128_SHA"} }, "--cipher-suites"},
 		{"contention", func(o *Options) { o.Upstream.EnableContentionProfiling = true }, "--enable-profiling"},
 		{"graceful", func(o *Options) { o.GracefulTimeout = -1 }, "--graceful-timeout"},
-		{"buffer", func(o *Options) { o.FrontendBuffer = 10 }, "--frontend-buffer-bytes"},
+		{"buffer", func(o *Options) { o.ConnectionBuffer = 10 }, "--frontend-buffer-bytes"},
 		{"max message", func(o *Options) { o.MaxFrontendMessage = 1024 }, "--max-frontend-message-bytes"},
 		{"kubeconfig absent", func(o *Options) { o.Upstream.KubeconfigPath = filepath.Join(dir, "kc") }, "--kubeconfig"},
 	} {
@@ -149,8 +149,8 @@ func TestQueueFlagAliases(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		if o.FrontendBuffer != 1<<20 || o.StalledReaderTimeout != 3*time.Second {
-			t.Errorf("%v: buffer %d, stall %v", args, o.FrontendBuffer, o.StalledReaderTimeout)
+		if o.ConnectionBuffer != 1<<20 || o.StallTimeout != 3*time.Second {
+			t.Errorf("%v: buffer %d, stall %v", args, o.ConnectionBuffer, o.StallTimeout)
 		}
 	}
 }

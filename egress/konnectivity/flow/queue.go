@@ -1,0 +1,228 @@
+// Package flow is the bounded queue between one tunnelled connection and the stream that every connection
+// of an agent shares. The Konnectivity protocol has no per-connection flow control: the server reads one
+// stream per agent, and the agent reads one stream per server. If that reader wrote straight to a slow peer
+// (kube-apiserver's reader on the server, a backend on the agent), one slow connection would stall all the
+// others (ANP issue 180). So the stream's reader pushes into the connection's Queue and moves on, and the
+// connection's own writer drains it at the peer's pace.
+//
+// Memory stays bounded: a push into a full queue waits, as a TCP sender waits for a slow receiver, for as
+// long as the writer keeps making progress. A queue whose writer makes no progress for the stall timeout
+// gives up, and only that connection is closed.
+package flow
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Defaults of the server's and the agent's --connection-buffer-bytes and --connection-stall-timeout.
+const (
+	DefaultLimit        = 8 << 20
+	DefaultStallTimeout = 5 * time.Second
+)
+
+var (
+	// ErrStalled: the queue stayed full, with no progress, for the stall timeout.
+	ErrStalled = errors.New("reader stalled: its queue stayed full with no progress, so the connection was closed and the shared stream keeps flowing")
+	// ErrClosed: the connection is closed, or closing, and takes no more data.
+	ErrClosed = errors.New("connection closed")
+)
+
+// Hooks let the owner count what the queue does. Each may be nil.
+type Hooks struct {
+	Queued  func(delta int) // bytes entered (positive) or left (negative) the queue
+	Waited  func()          // a push found the queue full and began to wait
+	Stalled func()          // a push gave up and failed the queue with ErrStalled; called once
+}
+
+// Queue holds items of type T for one connection's writer.
+type Queue[T any] struct {
+	limit int
+	stall time.Duration
+	size  func(T) int
+
+	// MaxBatch is the most bytes handed to the writer at once (at least one item); 0 means everything queued.
+	// Smaller batches report progress more often, which is what tells a slow writer from a stalled one.
+	MaxBatch int
+	Hooks    Hooks
+
+	mu      sync.Mutex
+	items   []T
+	bytes   int
+	err     error // set once: ErrClosed by Close, or why the queue failed
+	closing bool  // Close was called: the writer flushes, then stops
+	wake    chan struct{}
+	space   chan struct{} // the writer made progress, or the queue ended
+}
+
+// New returns a queue that takes limit bytes without waiting, as measured by size, and gives up on a writer
+// that makes no progress for stall.
+func New[T any](limit int, stall time.Duration, size func(T) int) *Queue[T] {
+	return &Queue[T]{limit: limit, stall: stall, size: size, wake: make(chan struct{}, 1), space: make(chan struct{}, 1)}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (q *Queue[T]) queued(delta int) {
+	if q.Hooks.Queued != nil && delta != 0 {
+		q.Hooks.Queued(delta)
+	}
+}
+
+// Push queues v. While the queue holds limit bytes or more it waits; it gives up with ErrStalled, and
+// fails the queue, once the writer has made no progress for the stall timeout. An item bigger than limit
+// still goes into an empty queue, so that nothing is refused for its size. Push returns ctx's error if ctx
+// ends first, and the queue's error once it is closed or failed.
+func (q *Queue[T]) Push(ctx context.Context, v T) error {
+	n := q.size(v)
+	var timer *time.Timer
+	for {
+		q.mu.Lock()
+		if q.err != nil {
+			err := q.err
+			q.mu.Unlock()
+			stopTimer(timer)
+			return err
+		}
+		if q.bytes == 0 || q.bytes+n <= q.limit {
+			q.items = append(q.items, v)
+			q.bytes += n
+			q.mu.Unlock()
+			signal(q.wake)
+			stopTimer(timer)
+			q.queued(n)
+			return nil
+		}
+		q.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(q.stall)
+			if q.Hooks.Waited != nil {
+				q.Hooks.Waited()
+			}
+		}
+		select {
+		case <-q.space:
+			// Progress (or the end of the queue, which the next round sees): the stall clock starts again.
+			timer.Reset(q.stall)
+		case <-timer.C:
+			if q.fail(ErrStalled) && q.Hooks.Stalled != nil {
+				q.Hooks.Stalled()
+			}
+			return ErrStalled
+		case <-ctx.Done():
+			stopTimer(timer)
+			return ctx.Err()
+		}
+	}
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// Fail ends the queue with err, drops what is queued, and stops the writer. The first failure wins; it
+// also overrides a Close whose flush has not finished.
+func (q *Queue[T]) Fail(err error) { q.fail(err) }
+
+// fail is Fail, and reports whether err is now the queue's error.
+func (q *Queue[T]) fail(err error) (set bool) {
+	q.mu.Lock()
+	if q.err == nil || q.closing {
+		q.err, q.closing, set = err, false, true
+	}
+	dropped := q.bytes
+	clear(q.items)
+	q.items, q.bytes = q.items[:0], 0
+	q.mu.Unlock()
+	q.queued(-dropped)
+	signal(q.wake)
+	signal(q.space)
+	return set
+}
+
+// Close lets the writer send what is queued and then stop; later pushes fail with ErrClosed.
+func (q *Queue[T]) Close() {
+	q.mu.Lock()
+	if q.err == nil {
+		q.err, q.closing = ErrClosed, true
+	}
+	q.mu.Unlock()
+	signal(q.wake)
+	signal(q.space)
+}
+
+// Len is how many bytes wait for the writer.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes
+}
+
+// Run is the writer. It hands queued items to write in order, in batches of at most MaxBatch bytes, until
+// the queue is closed and empty (it returns nil), the queue fails (it returns the failure), write fails
+// (it fails the queue and returns write's error), or done is closed (it fails the queue with ErrClosed).
+// write must not keep the slice.
+func (q *Queue[T]) Run(done <-chan struct{}, write func([]T) error) error {
+	var batch []T
+	for {
+		q.mu.Lock()
+		if q.err != nil && !q.closing {
+			err := q.err
+			q.mu.Unlock()
+			return err
+		}
+		k, n := 0, 0
+		for k < len(q.items) {
+			m := q.size(q.items[k])
+			if k > 0 && q.MaxBatch > 0 && n+m > q.MaxBatch {
+				break
+			}
+			n += m
+			k++
+		}
+		if k == 0 {
+			closing := q.closing
+			q.mu.Unlock()
+			if closing {
+				return nil
+			}
+			select {
+			case <-q.wake:
+			case <-done:
+				q.Fail(ErrClosed)
+			}
+			continue
+		}
+		batch = append(batch[:0], q.items[:k]...)
+		rest := copy(q.items, q.items[k:])
+		clear(q.items[rest:])
+		q.items = q.items[:rest]
+		q.mu.Unlock()
+
+		err := write(batch)
+		clear(batch)
+		q.mu.Lock()
+		if q.err == nil || q.closing {
+			// Still counted until written; a Fail meanwhile has already zeroed the count.
+			q.bytes -= n
+		} else {
+			n = 0
+		}
+		q.mu.Unlock()
+		q.queued(-n)
+		signal(q.space)
+		if err != nil {
+			q.Fail(err)
+			return err
+		}
+	}
+}

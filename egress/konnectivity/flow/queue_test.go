@@ -1,0 +1,149 @@
+package flow
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func size(b []byte) int { return len(b) }
+
+// TestOrderBatchesAndAccounting: items come out in order, in batches of at most MaxBatch bytes, and every
+// byte counted in is counted out.
+func TestOrderBatchesAndAccounting(t *testing.T) {
+	q := New(1<<20, time.Second, size)
+	q.MaxBatch = 64 << 10
+	queued := 0
+	q.Hooks.Queued = func(d int) { queued += d }
+	var want bytes.Buffer
+	for i := range 200 {
+		b := bytes.Repeat([]byte{byte(i)}, 4096)
+		want.Write(b)
+		if err := q.Push(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q.Close()
+	var got bytes.Buffer
+	batches := 0
+	err := q.Run(nil, func(batch [][]byte) error {
+		batches++
+		n := 0
+		for _, b := range batch {
+			n += len(b)
+			got.Write(b)
+		}
+		if n > q.MaxBatch {
+			t.Errorf("batch of %d bytes, more than MaxBatch", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Fatalf("data mangled: %d of %d bytes", got.Len(), want.Len())
+	}
+	if want := (want.Len() + q.MaxBatch - 1) / q.MaxBatch; batches != want {
+		t.Errorf("%d batches, want %d", batches, want)
+	}
+	if q.Len() != 0 || queued != 0 {
+		t.Errorf("accounting left %d bytes (hooks: %d)", q.Len(), queued)
+	}
+	if err := q.Push(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("push after close: %v", err)
+	}
+}
+
+// TestStallWithoutProgress: a push into a full queue whose writer is stuck gives up after the stall timeout,
+// fails the queue, and calls the Stalled hook.
+func TestStallWithoutProgress(t *testing.T) {
+	q := New(64<<10, 200*time.Millisecond, size)
+	stalled := 0
+	q.Hooks.Stalled = func() { stalled++ }
+	if err := q.Push(context.Background(), make([]byte, 60<<10)); err != nil { // fits
+		t.Fatal(err)
+	}
+	// The writer is stuck on the first item, which still counts until it is written.
+	release := make(chan struct{})
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(nil, func([][]byte) error { <-release; return nil }) }()
+	began := time.Now()
+	err := q.Push(context.Background(), make([]byte, 60<<10))
+	if !errors.Is(err, ErrStalled) || time.Since(began) < 150*time.Millisecond {
+		t.Fatalf("push into a full queue: %v after %v", err, time.Since(began))
+	}
+	if stalled != 1 {
+		t.Errorf("Stalled hook called %d times", stalled)
+	}
+	close(release)
+	if err := <-ran; !errors.Is(err, ErrStalled) {
+		t.Errorf("Run returned %v, want ErrStalled", err)
+	}
+	if q.Len() != 0 {
+		t.Errorf("a failed queue holds %d bytes", q.Len())
+	}
+}
+
+// TestSlowWriterIsNotStalled: a writer that keeps making progress, each step slower than nothing but well
+// within the stall timeout, is waited for however long the whole takes.
+func TestSlowWriterIsNotStalled(t *testing.T) {
+	q := New(16<<10, 300*time.Millisecond, size)
+	q.MaxBatch = 16 << 10
+	go q.Run(nil, func([][]byte) error { time.Sleep(100 * time.Millisecond); return nil })
+	began := time.Now()
+	for range 12 { // about 1 s of pushes against a 300 ms stall timeout
+		if err := q.Push(context.Background(), make([]byte, 16<<10)); err != nil {
+			t.Fatalf("after %v: %v", time.Since(began), err)
+		}
+	}
+	q.Fail(ErrClosed)
+}
+
+// TestPushEndsWithContextAndFail: a waiting push returns when its context ends, or when the queue fails.
+func TestPushEndsWithContextAndFail(t *testing.T) {
+	q := New(1, time.Minute, size)
+	if err := q.Push(context.Background(), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := q.Push(ctx, []byte("y")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("push with an ended context: %v", err)
+	}
+	boom := errors.New("boom")
+	go func() { time.Sleep(50 * time.Millisecond); q.Fail(boom) }()
+	if err := q.Push(context.Background(), []byte("z")); !errors.Is(err, boom) {
+		t.Fatalf("push into a failed queue: %v", err)
+	}
+}
+
+// TestFailOverridesClose: a Close that is still flushing gives way to a failure, and Run reports it.
+func TestFailOverridesClose(t *testing.T) {
+	q := New(1<<20, time.Minute, size)
+	_ = q.Push(context.Background(), []byte("a"))
+	_ = q.Push(context.Background(), []byte("b"))
+	q.Close()
+	q.Fail(ErrStalled)
+	if err := q.Run(nil, func([][]byte) error { t.Error("a failed queue wrote"); return nil }); !errors.Is(err, ErrStalled) {
+		t.Errorf("Run: %v", err)
+	}
+	// done ends a writer that waits for items.
+	q = New(1<<20, time.Minute, size)
+	done := make(chan struct{})
+	close(done)
+	if err := q.Run(done, func([][]byte) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after done: %v", err)
+	}
+	writeErr := errors.New("write failed")
+	q = New(1<<20, time.Minute, size)
+	_ = q.Push(context.Background(), []byte("a"))
+	if err := q.Run(nil, func([][]byte) error { return writeErr }); !errors.Is(err, writeErr) {
+		t.Errorf("Run after a failed write: %v", err)
+	}
+	if err := q.Push(context.Background(), []byte("b")); !errors.Is(err, writeErr) {
+		t.Errorf("push after a failed write: %v", err)
+	}
+}
