@@ -126,7 +126,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 		} else {
 			startUpstreamAgent(b, pki, srv.agentAddr)
 		}
-		eventually(b, 10*time.Second, impl+" agent connected", func() bool { return srv.backends() == 1 })
+		harness.EventuallyTrue(b, 10*time.Second, impl+" agent connected", func() bool { return srv.backends() == 1 })
 		source := sourceServer(b, size)
 		sink := sinkAckServer(b, size)
 

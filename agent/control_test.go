@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"google.golang.org/grpc"
 	grpccreds "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -59,7 +60,7 @@ func TestControlRepliesBounded(t *testing.T) {
 
 	base := runtime.NumGoroutine()
 	ra := startAgent(t, pki.config(ln.Addr().String()))
-	eventually(t, 30*time.Second, "agent received every DATA packet", func() bool {
+	harness.EventuallyTrue(t, 30*time.Second, "agent received every DATA packet", func() bool {
 		return counterValue(ra.m.dataFromServer) == packets
 	})
 	<-deaf.sent

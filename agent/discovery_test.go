@@ -105,7 +105,7 @@ func TestOneNameSeveralServers(t *testing.T) {
 	cfg := pki.config(net.JoinHostPort(name, port))
 	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent on both addresses of the name", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "agent on both addresses of the name", func() bool {
 		n, _ := ra.Connected()
 		return s1.backends() == 1 && s2.backends() == 1 && n == 2
 	})
@@ -133,7 +133,7 @@ func TestTwoAddressesOneServer(t *testing.T) {
 	cfg := pki.config(net.JoinHostPort(name, port))
 	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "both addresses seen, one server", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "both addresses seen, one server", func() bool {
 		st := ra.Status()
 		return len(st) == 2 && st[0].Connected && st[1].Connected
 	})
@@ -161,7 +161,7 @@ func TestAgentIdentifiers(t *testing.T) {
 	cb := pki.config(srv.agentAddr)
 	cb.AgentID, cb.Identifiers = "node-b", "ipv4=127.0.0.9&host=node-b"
 	a, b := startAgent(t, ca), startAgent(t, cb)
-	eventually(t, 10*time.Second, "both agents connected", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "both agents connected", func() bool {
 		na, _ := a.Connected()
 		nb, _ := b.Connected()
 		return na == 1 && nb == 1
@@ -201,12 +201,12 @@ func TestServersFollowDNS(t *testing.T) {
 	s2, s3, dns, cfg := serversBehindName(t)
 	cfg.ResolveInterval = 300 * time.Millisecond
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool { return s2.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on 127.0.0.2", func() bool { return s2.backends() == 1 })
 	dns.set(netip.MustParseAddr("127.0.0.3"))
 	// Nothing was lost, so only the periodic lookup can find the new address.
-	eventually(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
 	// The server counts the stream before the agent has read its ID from the handshake.
-	eventually(t, 10*time.Second, "status with s2 kept and s3 added", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "status with s2 kept and s3 added", func() bool {
 		st := ra.Status()
 		return len(st) == 2 && st[0].ServerID == "s2" && st[0].Connected && st[1].ServerID == "s3" && st[1].Connected
 	})
@@ -221,20 +221,20 @@ func TestLostServerReresolves(t *testing.T) {
 	s2, s3, dns, cfg := serversBehindName(t)
 	cfg.ResolveInterval = time.Hour
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent on 127.0.0.2", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "agent on 127.0.0.2", func() bool {
 		st := ra.Status()
 		return s2.backends() == 1 && len(st) == 1 && st[0].Connected
 	})
 	// A window of many sync ticks (50 ms each): a lookup per tick would be seen here.
 	connected := ra.Status()[0].Since
-	eventually(t, 10*time.Second, "ten sync ticks", func() bool { return time.Since(connected) > 10*cfg.SyncInterval })
+	harness.EventuallyTrue(t, 10*time.Second, "ten sync ticks", func() bool { return time.Since(connected) > 10*cfg.SyncInterval })
 	if q := dns.queries.Load(); q > 2 { // one lookup: A and AAAA for the name
 		t.Fatalf("%d DNS queries while connected; want one lookup", q)
 	}
 	dns.set(netip.MustParseAddr("127.0.0.3"))
 	s2.stop()
-	eventually(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
-	eventually(t, 10*time.Second, "127.0.0.2 dropped", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "127.0.0.2 dropped", func() bool {
 		st := ra.Status()
 		return len(st) == 1 && st[0].ServerID == "s3"
 	})
@@ -248,7 +248,7 @@ func TestStopDuringLookup(t *testing.T) {
 	cfg := pki.config("servers.konnect.test:8091")
 	cfg.Resolver = dns.resolver()
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "a lookup in progress", func() bool { return dns.received.Load() > 0 })
+	harness.EventuallyTrue(t, 10*time.Second, "a lookup in progress", func() bool { return dns.received.Load() > 0 })
 	start := time.Now()
 	if err := ra.Stop(t); err != nil {
 		t.Fatal(err)

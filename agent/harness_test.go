@@ -203,18 +203,6 @@ func startAgent(t testing.TB, cfg Config) *runningAgent {
 	return &runningAgent{Agent: a, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, a.Run)}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // group runs functions concurrently and returns the first error, like errgroup.Group.
 type group struct {
 	wg   sync.WaitGroup

@@ -66,7 +66,7 @@ func TestWithKonnectServer(t *testing.T) {
 			pki := newTestPKI(t)
 			ks := startKonnectServer(t, pki, "k1", 1, mode)
 			startAgent(t, pki.config(ks.srv.AgentAddr()))
-			eventually(t, 10*time.Second, "agent connected", func() bool { return ks.connectedAgents() == 1 })
+			harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return ks.connectedAgents() == 1 })
 			echo := harness.StartEcho(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -103,7 +103,7 @@ func TestTwoKonnectServers(t *testing.T) {
 	k1 := startKonnectServer(t, pki, "k1", 2, "grpc")
 	k2 := startKonnectServer(t, pki, "k2", 2, "grpc")
 	ra := startAgent(t, pki.config(k1.srv.AgentAddr(), k2.srv.AgentAddr()))
-	eventually(t, 10*time.Second, "agent on both", func() bool { return k1.connectedAgents() == 1 && k2.connectedAgents() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on both", func() bool { return k1.connectedAgents() == 1 && k2.connectedAgents() == 1 })
 	echo := harness.StartEcho(t)
 	for _, k := range []*konnectServer{k1, k2} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -137,11 +137,11 @@ func BenchmarkTunnelEndToEnd(b *testing.B) {
 	cfg := pki.config(ks.srv.AgentAddr())
 	cfg.GracefulTimeout = -1
 	startAgent(b, cfg)
-	eventually(b, 10*time.Second, "konnect agent connected", func() bool { return ks.connectedAgents() == 1 })
+	harness.EventuallyTrue(b, 10*time.Second, "konnect agent connected", func() bool { return ks.connectedAgents() == 1 })
 	tuns = append(tuns, tun{"konnect", ks.fe.Dial})
 	us := startUpstreamServer(b, serverOpts{id: "u1", ca: pki.ca})
 	startUpstreamAgent(b, pki, us.agentAddr)
-	eventually(b, 10*time.Second, "upstream agent connected", func() bool { return us.backends() == 1 })
+	harness.EventuallyTrue(b, 10*time.Second, "upstream agent connected", func() bool { return us.backends() == 1 })
 	tuns = append(tuns, tun{"upstream", us.dial})
 
 	for _, streams := range []int{1, 8} {

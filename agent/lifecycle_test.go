@@ -43,14 +43,14 @@ func TestAgentRestart(t *testing.T) {
 	echo := harness.StartEcho(t)
 	for i := range 2 {
 		ra := startAgent(t, pki.config(srv.agentAddr))
-		eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+		harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 		if err := echoOnce(t, srv, echo); err != nil {
 			t.Fatalf("run %d: %v", i, err)
 		}
 		if err := ra.Stop(t); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
+		harness.EventuallyTrue(t, 10*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
 	}
 }
 
@@ -59,14 +59,14 @@ func TestServerRestart(t *testing.T) {
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	if err := echoOnce(t, srv, echo); err != nil {
 		t.Fatal(err)
 	}
 	srv.stop()
-	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
 	// Down for a while: the agent keeps retrying with backoff and records why it fails.
-	eventually(t, 10*time.Second, "a recorded connect error", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "a recorded connect error", func() bool {
 		st := ra.Status()
 		return len(st) == 1 && st[0].LastError != ""
 	})
@@ -75,7 +75,7 @@ func TestServerRestart(t *testing.T) {
 		t.Fatalf("status while the server is down: %+v", st)
 	}
 	srv2 := startUpstreamServer(t, serverOpts{id: "s1-restarted", ca: pki.ca, addr: srv.agentAddr})
-	eventually(t, 10*time.Second, "agent reconnected", func() bool { return srv2.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent reconnected", func() bool { return srv2.backends() == 1 })
 	if err := echoOnce(t, srv2, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestTwoServersOneAgent(t *testing.T) {
 	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
 	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(s1.agentAddr, s2.agentAddr))
-	eventually(t, 10*time.Second, "agent on both servers", func() bool { return s1.backends() == 1 && s2.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on both servers", func() bool { return s1.backends() == 1 && s2.backends() == 1 })
 	for _, s := range []*upstreamServer{s1, s2} {
 		if err := echoOnce(t, s, echo); err != nil {
 			t.Fatalf("through %s: %v", s.id, err)
@@ -112,7 +112,7 @@ func TestTwoServersOneAgent(t *testing.T) {
 	// s2 goes away: the agent still counts it, and is not ready until it is back.
 	addr2 := s2.agentAddr
 	s2.stop()
-	eventually(t, 10*time.Second, "agent noticed s2 is gone", func() bool { n, _ := ra.Connected(); return n == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent noticed s2 is gone", func() bool { n, _ := ra.Connected(); return n == 1 })
 	if n, known := ra.Connected(); known != 2 {
 		t.Fatalf("known servers %d (connected %d), want 2", known, n)
 	}
@@ -129,7 +129,7 @@ func TestTwoServersOneAgent(t *testing.T) {
 
 	s2b := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca, addr: addr2})
 	// The server counts the stream before the agent has read its headers: wait for both ends.
-	eventually(t, 10*time.Second, "agent back on s2", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "agent back on s2", func() bool {
 		n, _ := ra.Connected()
 		return s2b.backends() == 1 && n == 2
 	})
@@ -197,7 +197,7 @@ func TestLoadBalancedAddress(t *testing.T) {
 			cfg.SyncForever = tc.syncForever
 			ra := startAgent(t, cfg)
 			// One address, but more servers behind it: the agent dials again until it has them all.
-			eventually(t, 10*time.Second, "agent on the servers behind one address", func() bool {
+			harness.EventuallyTrue(t, 10*time.Second, "agent on the servers behind one address", func() bool {
 				return s1.backends()+s2.backends() == tc.want
 			})
 			// ... and keeps no duplicate or extra streams open.
@@ -222,12 +222,12 @@ func TestDrain(t *testing.T) {
 	other := pki.config(srv.agentAddr)
 	other.AgentID = "agent-2"
 	rb := startAgent(t, other)
-	eventually(t, 10*time.Second, "agents connected", func() bool { return srv.backends() == 2 })
+	harness.EventuallyTrue(t, 10*time.Second, "agents connected", func() bool { return srv.backends() == 2 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// Open a connection through the agent that is about to drain.
 	var open net.Conn
-	eventually(t, 5*time.Second, "a connection through agent-1", func() bool {
+	harness.EventuallyTrue(t, 5*time.Second, "a connection through agent-1", func() bool {
 		c, err := srv.dial(ctx, echo.Addr)
 		if err != nil {
 			t.Fatal(err)
@@ -243,7 +243,7 @@ func TestDrain(t *testing.T) {
 	stopped := make(chan error, 1)
 	start := time.Now()
 	go func() { stopped <- ra.Stop(t) }()
-	eventually(t, 5*time.Second, "agent-1 draining", func() bool { return ra.draining.Load() })
+	harness.EventuallyTrue(t, 5*time.Second, "agent-1 draining", func() bool { return ra.draining.Load() })
 	// The server heard DRAIN: every new tunnel goes to agent-2.
 	before := rb.OpenConnections()
 	for range 20 {
@@ -287,7 +287,7 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 6 * time.Second
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	quiet, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -354,13 +354,13 @@ func TestDrainingAgentRefusesDials(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 5 * time.Second
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	held, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go ra.Stop(t)
-	eventually(t, 5*time.Second, "agent draining", func() bool { return ra.draining.Load() })
+	harness.EventuallyTrue(t, 5*time.Second, "agent draining", func() bool { return ra.draining.Load() })
 	// Upstream's server still picks a draining agent when it has no other; the agent says no.
 	_, err = srv.dial(context.Background(), echo.Addr)
 	if err == nil || !strings.Contains(err.Error(), "shutting down and accepts no new connections") {
@@ -379,7 +379,7 @@ func TestGracefulTimeoutBoundsRun(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.GracefulTimeout = 300 * time.Millisecond
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	c, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -414,7 +414,7 @@ func TestRunLeavesNothingBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	if err := echoOnce(t, srv, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func TestRunLeavesNothingBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	held.Close()
-	eventually(t, 5*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
+	harness.EventuallyTrue(t, 5*time.Second, "server saw the agent go", func() bool { return srv.backends() == 0 })
 	// The tunnel client and the server need a moment to unwind their side of the closed tunnel.
 	srv.stop()
 	goleak.VerifyNone(t, ignore,
@@ -445,7 +445,7 @@ func TestWrongServerSAN(t *testing.T) {
 			srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, serverHost: tc.san})
 			_, port, _ := net.SplitHostPort(srv.agentAddr)
 			ra := startAgent(t, pki.config(net.JoinHostPort(tc.host, port)))
-			eventually(t, 10*time.Second, "a recorded TLS failure", func() bool {
+			harness.EventuallyTrue(t, 10*time.Second, "a recorded TLS failure", func() bool {
 				for _, st := range ra.Status() {
 					if strings.Contains(st.LastError, tc.want) {
 						return true
@@ -465,7 +465,7 @@ func TestWrongServerCA(t *testing.T) {
 	other := pkitest.NewCA(t, "other-ca")
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: other})
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "a recorded TLS failure", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "a recorded TLS failure", func() bool {
 		st := ra.Status()
 		return len(st) == 1 && strings.Contains(st[0].LastError, "certificate signed by unknown authority")
 	})
@@ -479,14 +479,14 @@ func TestTokenRejectedIsReported(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, wantToken: "other-token"})
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "the server's refusal recorded", func() bool {
+	harness.EventuallyTrue(t, 10*time.Second, "the server's refusal recorded", func() bool {
 		st := ra.Status()
 		return len(st) == 1 && strings.Contains(st[0].LastError, "Unauthenticated") &&
 			strings.Contains(st[0].LastError, "bad token")
 	})
 	// The status is recorded just before the error is logged; wait for the line before stopping, since a
 	// stopping agent does not log its own cancelled dials.
-	eventually(t, 10*time.Second, "the refusal logged", func() bool { return strings.Contains(logs(), "Cannot connect to server") })
+	harness.EventuallyTrue(t, 10*time.Second, "the refusal logged", func() bool { return strings.Contains(logs(), "Cannot connect to server") })
 	_ = ra.Stop(t)
 	// Not at any verbosity: captureLogs turned everything on.
 	if out := logs(); strings.Contains(out, "token-1") || !strings.Contains(out, "Cannot connect to server") {
@@ -508,7 +508,7 @@ func TestHotReloadWithTunnelOpen(t *testing.T) {
 	l.Close()
 	echo := harness.StartEcho(t)
 	ra := startAgent(t, pki.config(s1.agentAddr, addr2))
-	eventually(t, 10*time.Second, "agent on s1", func() bool { return s1.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on s1", func() bool { return s1.backends() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	open, err := s1.dial(ctx, echo.Addr)
@@ -527,9 +527,9 @@ func TestHotReloadWithTunnelOpen(t *testing.T) {
 	pkitest.WriteFile(t, pki.tokFile, []byte("token-2"))
 
 	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, addr: addr2, ca: ca2, clientCA: ca2, wantToken: "token-2"})
-	eventually(t, 10*time.Second, "agent on s2 with the new CA, certificate and token", func() bool { return s2.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent on s2 with the new CA, certificate and token", func() bool { return s2.backends() == 1 })
 	// The server registers the agent before the agent has recorded the session as connected.
-	eventually(t, 10*time.Second, "the agent counting both servers", func() bool { n, _ := ra.Connected(); return n == 2 })
+	harness.EventuallyTrue(t, 10*time.Second, "the agent counting both servers", func() bool { n, _ := ra.Connected(); return n == 2 })
 	// The tunnel opened before the rotation still works.
 	roundTrip(t, open, 1<<20, 64<<10)
 	if err := echoOnce(t, s2, echo); err != nil {
@@ -541,20 +541,20 @@ func TestHotReloadKeepsGoodCopyOfBrokenFile(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	// A half-written CA bundle must not stop reconnects.
 	pkitest.WriteFile(t, pki.caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"))
 	srv.stop()
-	eventually(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent noticed", func() bool { n, _ := ra.Connected(); return n == 0 })
 	srv2 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, addr: srv.agentAddr})
-	eventually(t, 10*time.Second, "agent reconnected with the last good CA bundle", func() bool { return srv2.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent reconnected with the last good CA bundle", func() bool { return srv2.backends() == 1 })
 }
 
 func TestHealthEndpointsOverHTTP(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr, "127.0.0.1:1"))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	mux := http.NewServeMux()
 	for _, c := range ra.ReadyChecks() {
 		mux.HandleFunc("/readyz/"+c.Name(), func(w http.ResponseWriter, r *http.Request) {

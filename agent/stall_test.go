@@ -44,7 +44,7 @@ func TestStalledBackendDoesNotStallOthers(t *testing.T) {
 	cfg.ConnectionBuffer = 1 << 20
 	cfg.StallTimeout = time.Second
 	ra := startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	echo := harness.StartEcho(t)
 	stalled := sinkServer(t, func(net.Conn) {}) // never reads
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -116,7 +116,7 @@ func TestSlowBackendIsNotClosed(t *testing.T) {
 	cfg.ConnectionBuffer = 256 << 10
 	cfg.StallTimeout = 500 * time.Millisecond
 	startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 
 	const size = 8 << 20
 	got := make(chan int64, 1)

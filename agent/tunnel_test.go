@@ -21,7 +21,7 @@ func TestTunnelHTTPGet(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello %s", r.URL.Path)
@@ -51,7 +51,7 @@ func TestTunnelHTTPGet(t *testing.T) {
 		t.Fatalf("Connected() = %d, %d; want 1, 1", n, known)
 	}
 	tr.CloseIdleConnections()
-	eventually(t, 5*time.Second, "connection closed on the agent", func() bool { return ra.OpenConnections() == 0 })
+	harness.EventuallyTrue(t, 5*time.Second, "connection closed on the agent", func() bool { return ra.OpenConnections() == 0 })
 }
 
 // roundTrip writes size random bytes through c while reading the echo back, and checks them.
@@ -95,7 +95,7 @@ func TestTunnelBulkBothWays(t *testing.T) {
 	// DATA message: the agent must accept it (gRPC's default limit is 4 MiB).
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, bigFrames: true})
 	startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -122,7 +122,7 @@ func TestTunnel100Concurrent(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -155,7 +155,7 @@ func TestTunnel100Concurrent(t *testing.T) {
 	if got := echo.Accepted.Load(); got != 100 {
 		t.Fatalf("backend accepted %d connections, want 100", got)
 	}
-	eventually(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
+	harness.EventuallyTrue(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
 }
 
 // fullBacklogListener returns the address of a loopback listener whose accept queue is full, so that a
@@ -190,7 +190,7 @@ func TestDialErrors(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.DialTimeout = 500 * time.Millisecond
 	startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 
 	refused, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -248,7 +248,7 @@ func TestAllowDestination(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.Allow = AllowList{d}
 	startAgent(t, cfg)
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -277,7 +277,7 @@ func TestServerFirstBackend(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	startAgent(t, pki.config(srv.agentAddr))
-	eventually(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
 	banner := []byte("SSH-2.0-konnect-test\r\n")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -51,7 +51,7 @@ func TestUpstreamProxyServerBinary(t *testing.T) {
 			return true
 		}
 	}
-	eventually(t, 20*time.Second, "a tunnel through the upstream proxy-server", tunnelWorks(uds))
+	harness.EventuallyTrue(t, 20*time.Second, "a tunnel through the upstream proxy-server", tunnelWorks(uds))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := (&upstreamServer{uds: uds}).dial(ctx, echo.Addr)
@@ -62,9 +62,9 @@ func TestUpstreamProxyServerBinary(t *testing.T) {
 	c.Close()
 
 	p.Kill()
-	eventually(t, 10*time.Second, "agent noticed the server died", func() bool { n, _ := ra.Connected(); return n == 0 })
+	harness.EventuallyTrue(t, 10*time.Second, "agent noticed the server died", func() bool { n, _ := ra.Connected(); return n == 0 })
 	_, uds2 := startProxyServerBinary(t, pki, dir, port, "upstream-2")
-	eventually(t, 20*time.Second, "a tunnel after the server restarted", tunnelWorks(uds2))
+	harness.EventuallyTrue(t, 20*time.Second, "a tunnel after the server restarted", tunnelWorks(uds2))
 	if st := ra.Status(); len(st) != 1 || st[0].ServerID != "upstream-2" {
 		t.Fatalf("status %+v", st)
 	}

@@ -69,7 +69,7 @@ func startTunnel(t *testing.T, dir string, serverExtra, agentExtra []string) *tu
 // waitReady waits for /readyz on the health port, failing early if the process exits.
 func waitReady(t testing.TB, p *harness.Proc, healthPort int) {
 	t.Helper()
-	eventually(t, 30*time.Second, p.Name+" ready", func() error {
+	harness.Eventually(t, 30*time.Second, p.Name+" ready", func() error {
 		if !p.Running() {
 			t.Fatalf("%s exited before it was ready:\n%s", p.Name, harness.Tail(p.Log(), 3000))
 		}

@@ -129,20 +129,6 @@ func startKonnect(t testing.TB, name string, args ...string) *harness.Proc {
 	return harness.Start(t, t.TempDir(), name, konnectEnv, konnectBin, args...)
 }
 
-// eventually polls cond until it returns nil or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, timeout, err)
-}
-
 // httpOK reports nil when GET url answers 200.
 func httpOK(url string) error {
 	c := &http.Client{Timeout: 2 * time.Second}

@@ -380,7 +380,7 @@ func startProxy(t *testing.T, tr *tokenReviewer, extra ...string) *proxyRun {
 	port := harness.FreePort(t)
 	pr := &proxyRun{addr: "127.0.0.1:" + strconv.Itoa(port)}
 	pr.p = startKonnect(t, "proxy", append([]string{"proxy", "--kubeconfig", kc, "--port", strconv.Itoa(port)}, extra...)...)
-	eventually(t, 20*time.Second, "proxy serving", func() error {
+	harness.Eventually(t, 20*time.Second, "proxy serving", func() error {
 		if !pr.p.Running() {
 			t.Fatalf("proxy exited:\n%s", pr.p.Log())
 		}
@@ -471,7 +471,7 @@ func TestConnectionCap(t *testing.T) {
 				c.Close()
 			}
 			held = nil
-			eventually(t, 15*time.Second, "served again after the held connections closed", func() error {
+			harness.Eventually(t, 15*time.Second, "served again after the held connections closed", func() error {
 				if tc.name == "socks" {
 					return socksGet(sp.addr, b.addr)
 				}
@@ -530,7 +530,7 @@ func TestHostileConnectFrontend(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 20*time.Second, "valid CONNECT before the hostile ones", valid)
+	harness.Eventually(t, 20*time.Second, "valid CONNECT before the hostile ones", valid)
 	accepted := b.accepted.Load()
 	big := bytes.Repeat([]byte("a"), 1<<20)
 	target := b.addr

@@ -216,9 +216,9 @@ func TestChurnSoak(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 60*time.Second, "all ready", allReady)
+	harness.Eventually(t, 60*time.Second, "all ready", allReady)
 	for i, uds := range udss {
-		eventually(t, 30*time.Second, "first tunnel through server "+strconv.Itoa(i), func() error {
+		harness.Eventually(t, 30*time.Second, "first tunnel through server "+strconv.Itoa(i), func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			return dialThrough(ctx, uds, backendAddr)
@@ -271,7 +271,7 @@ func TestChurnSoak(t *testing.T) {
 		w := window{victim: victim.name, sig: sig, start: time.Now()}
 		victim.p.Stop(sig)
 		victim.p.Restart()
-		eventually(t, 60*time.Second, "all ready after restarting "+victim.name, allReady)
+		harness.Eventually(t, 60*time.Second, "all ready after restarting "+victim.name, allReady)
 		time.Sleep(soakGrace)
 		w.end = time.Now()
 		mu.Lock()
@@ -322,7 +322,7 @@ func TestChurnSoak(t *testing.T) {
 	}
 
 	// Leak check: baseline after a warm-up, then 10,000 tunnels, then the same figures again.
-	eventually(t, 60*time.Second, "all ready before the leak check", allReady)
+	harness.Eventually(t, 60*time.Second, "all ready before the leak check", allReady)
 	run := func(n int) (failed int) {
 		var next, bad atomic.Int64
 		var wg sync.WaitGroup

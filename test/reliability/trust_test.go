@@ -83,7 +83,7 @@ func lastLines(s string, n int) string {
 // expectConnected waits until the server lists the agent as connected.
 func expectConnected(t *testing.T, adminPort int, agent *harness.Proc, agentID string) {
 	t.Helper()
-	eventually(t, 20*time.Second, "agent "+agentID+" connected", func() error {
+	harness.Eventually(t, 20*time.Second, "agent "+agentID+" connected", func() error {
 		if !agent.Running() {
 			t.Fatalf("the agent exited; its log:\n%s", harness.Tail(agent.Log(), 3000))
 		}

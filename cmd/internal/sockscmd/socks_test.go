@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 	"golang.org/x/net/proxy"
@@ -210,19 +211,8 @@ func startEnv(t *testing.T, mutate func(o *Options)) *env {
 		}
 	}
 	t.Cleanup(e.stop)
-	waitFor(t, "SSH connected", func() bool { return p.Ready() == nil })
+	harness.EventuallyTrue(t, 20*time.Second, "SSH connected", func() bool { return p.Ready() == nil })
 	return e
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 func backend(t *testing.T) string {
@@ -322,7 +312,7 @@ func TestSocksReconnect(t *testing.T) {
 		t.Fatalf("before restart: %v %q", err, out)
 	}
 	e.sshd.Stop()
-	waitFor(t, "readiness to fail", func() bool { return e.proxy.Ready() != nil })
+	harness.EventuallyTrue(t, 20*time.Second, "readiness to fail", func() bool { return e.proxy.Ready() != nil })
 	if code, body := healthStatus(t, e.proxy, "/readyz?verbose"); code == 200 || !strings.Contains(body, "[-]ssh failed") {
 		t.Fatalf("/readyz while sshd is down = %d %q", code, body)
 	}
@@ -342,7 +332,7 @@ func TestSocksReconnect(t *testing.T) {
 		res <- out
 	}()
 	// Restart sshd only once that client is connected to the proxy and waiting.
-	waitFor(t, "the client to reach the proxy", func() bool { return e.proxy.server.ActiveConns() == 1 })
+	harness.EventuallyTrue(t, 20*time.Second, "the client to reach the proxy", func() bool { return e.proxy.server.ActiveConns() == 1 })
 	e.sshd.Restart()
 	select {
 	case out := <-res:
@@ -352,7 +342,7 @@ func TestSocksReconnect(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("request during reconnect did not finish")
 	}
-	waitFor(t, "ready again", func() bool { return e.proxy.Ready() == nil })
+	harness.EventuallyTrue(t, 20*time.Second, "ready again", func() bool { return e.proxy.Ready() == nil })
 	if code, _ := healthStatus(t, e.proxy, "/readyz"); code != 200 {
 		t.Fatalf("/readyz after reconnect = %d", code)
 	}
