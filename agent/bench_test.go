@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
 	"google.golang.org/grpc"
@@ -135,7 +136,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 				b.SetBytes(int64(size * streams))
 				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
-					var g group
+					var g errgroup.Group
 					for range streams {
 						g.Go(func() error {
 							c, err := srv.dial(context.Background(), source)

@@ -203,28 +203,6 @@ func startAgent(t testing.TB, cfg Config) *runningAgent {
 	return &runningAgent{Agent: a, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, a.Run)}
 }
 
-// group runs functions concurrently and returns the first error, like errgroup.Group.
-type group struct {
-	wg   sync.WaitGroup
-	once sync.Once
-	err  error
-}
-
-func (g *group) Go(f func() error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := f(); err != nil {
-			g.once.Do(func() { g.err = err })
-		}
-	}()
-}
-
-func (g *group) Wait() error {
-	g.wg.Wait()
-	return g.err
-}
-
 // captureLogs sends klog's output, at the highest verbosity, to a buffer until the test ends, and returns a
 // function that reads it.
 func captureLogs(t *testing.T) func() string {

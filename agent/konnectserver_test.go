@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/sync/errgroup"
 )
 
 // konnectServer is konnect's own server (egress/tunnel), the agent's usual peer.
@@ -150,7 +151,7 @@ func BenchmarkTunnelEndToEnd(b *testing.B) {
 				b.SetBytes(int64(size * streams))
 				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
-					var g group
+					var g errgroup.Group
 					for range streams {
 						g.Go(func() error {
 							c, err := tn.dial(context.Background(), source)

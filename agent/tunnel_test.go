@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/sync/errgroup"
 )
 
 func TestTunnelHTTPGet(t *testing.T) {
@@ -61,7 +62,7 @@ func roundTrip(t testing.TB, c net.Conn, size int, chunk int) {
 	if _, err := rand.Read(data); err != nil {
 		t.Fatal(err)
 	}
-	var g group
+	var g errgroup.Group
 	g.Go(func() error {
 		for off := 0; off < size; off += chunk {
 			end := min(off+chunk, size)
@@ -126,7 +127,7 @@ func TestTunnel100Concurrent(t *testing.T) {
 	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var g group
+	var g errgroup.Group
 	for i := range 100 {
 		g.Go(func() error {
 			c, err := srv.dial(ctx, echo.Addr)
