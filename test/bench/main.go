@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 type options struct {
@@ -253,7 +255,7 @@ type loadResult struct {
 func (b *bench) loadgen(ns string, args ...string) (loadResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	out, err := b.t.exec(ctx, ns, append([]string{b.o.loadgen}, args...)...)
+	out, err := harness.Run(ctx, b.t.ns(ns), append([]string{b.o.loadgen}, args...)...)
 	var r loadResult
 	if err != nil {
 		return r, err
@@ -579,8 +581,9 @@ func (b *bench) sshdCPU() float64 {
 		return 0
 	}
 	var total float64
-	for _, pid := range descendants(b.sshd.cmd.Process.Pid) {
-		total += cpuOf(pid)
+	for _, pid := range append([]int{b.sshd.Pid()}, harness.Descendants(b.sshd.Pid())...) {
+		p, _ := harness.Process(pid)
+		total += p.CPU.Seconds()
 	}
 	return total
 }
@@ -656,7 +659,7 @@ func (b *bench) startSSH() error {
 		{"ssh-D", "ssh -D", sshArgs(sshDPort), sshDPort, 1},
 		{"ssh-D-cipher", "ssh -D -c " + b.o.socksCipher, sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher, 1},
 	} {
-		logged := logSize(sshd.log)
+		logged := logSize(sshd.LogPath)
 		p, err := b.t.start(s.name, "lap", s.argv...)
 		if err != nil {
 			return err
@@ -674,7 +677,7 @@ func (b *bench) startSSH() error {
 		}
 		// Every SSH connection of this proxy is up (and in the log) before the next proxy starts.
 		if err := poll(fmt.Sprintf("%d SSH connection(s) of %s in sshd's log", s.conns, s.label), 20*time.Second, 100*time.Millisecond, p, func() error {
-			if n := len(kexCipher.FindAllString(readFrom(sshd.log, logged), -1)); n < s.conns {
+			if n := len(kexCipher.FindAllString(readFrom(sshd.LogPath, logged), -1)); n < s.conns {
 				return fmt.Errorf("%d so far", n)
 			}
 			return nil
@@ -683,7 +686,7 @@ func (b *bench) startSSH() error {
 		}
 		b.socksProcs[s.port] = p
 		b.socksKexOrder = append(b.socksKexOrder, s.label)
-		b.socksKex[s.label] = kexSummary(readFrom(sshd.log, logged))
+		b.socksKex[s.label] = kexSummary(readFrom(sshd.LogPath, logged))
 	}
 	return nil
 }
@@ -834,7 +837,7 @@ func (b *bench) proxyPair(backend, kubeconfig string, konnectPort, kubectlPort i
 func (b *bench) execFor(d time.Duration, ns string, argv ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	return b.t.exec(ctx, ns, argv...)
+	return harness.Run(ctx, b.t.ns(ns), argv...)
 }
 
 // size prints a byte count the way the report's titles use it: 1 GiB, 256 MiB.

@@ -76,7 +76,7 @@ func (b *bench) swarmRound(n int, serverArgv []string) (map[string]float64, erro
 	defer swarm.stop()
 	var rep swarmReport
 	if err := poll("the swarm's report", 5*time.Minute, 100*time.Millisecond, swarm, func() error {
-		data, err := os.ReadFile(swarm.log)
+		data, err := os.ReadFile(swarm.LogPath)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // topology is the benchmark's small world: a control-plane namespace (cp), a worker (w1) with a pod address
@@ -115,186 +117,61 @@ func (t *topology) close() {
 	}
 }
 
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
+// proc is a harness.Proc in one of the namespaces.
+type proc struct{ *harness.Proc }
 
 // start runs a long-lived program in a namespace, its output in DIR/logs/NAME.log.
 func (t *topology) start(name, ns string, argv ...string) (*proc, error) {
 	logDir := filepath.Join(t.dir, "logs")
 	_ = os.MkdirAll(logDir, 0o755)
-	logFile := filepath.Join(logDir, name+".log")
-	f, err := os.Create(logFile)
-	if err != nil {
+	p := &proc{&harness.Proc{Name: name, LogPath: filepath.Join(logDir, name+".log"), Argv: argv, Via: harness.NetnsExec(t.ns(ns)), Keep: t.keep}}
+	if err := p.Launch(); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", t.ns(ns)}, argv...)...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if !t.keep {
-		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logFile, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	t.procs = append(t.procs, p)
 	return p, nil
 }
 
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // stop sends SIGTERM to the process group, then SIGKILL after a grace period.
-func (p *proc) stop() {
-	if p.exited() {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
+func (p *proc) stop() { _ = p.Stop(syscall.SIGTERM, 5*time.Second) }
 
 // rssKiB reads the resident set size of the process (ip netns exec execs, so the pid is the program's).
 func (p *proc) rssKiB() (int64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			var kb int64
-			_, err := fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:")), "%d kB", &kb)
-			return kb, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for %s", p.name)
+	info, err := p.info()
+	return int64(info.RSSKiB), err
 }
 
 // cpuSeconds reads the user and system CPU time the process has used.
-func (p *proc) cpuSeconds() (float64, error) { return procCPU(p.cmd.Process.Pid) }
-
-// procStat returns the fields of /proc/PID/stat after the command name (field 3, the state, first).
-func procStat(pid int) ([]string, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	// The fields after the command name, which may hold spaces, start after the last ')'.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return nil, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	return f, nil
+func (p *proc) cpuSeconds() (float64, error) {
+	info, err := p.info()
+	return info.CPU.Seconds(), err
 }
 
-// procCPU reads the user and system CPU time a process has used, in seconds.
-func procCPU(pid int) (float64, error) {
-	f, err := procStat(pid)
-	if err != nil {
-		return 0, err
+func (p *proc) info() (harness.ProcInfo, error) {
+	info, ok := harness.Process(p.Pid())
+	if !ok {
+		return info, fmt.Errorf("%s (pid %d) is gone", p.Name, p.Pid())
 	}
-	var utime, stime float64
-	if _, err := fmt.Sscan(f[11], &utime); err != nil {
-		return 0, err
-	}
-	if _, err := fmt.Sscan(f[12], &stime); err != nil {
-		return 0, err
-	}
-	return (utime + stime) / clockTicks, nil
-}
-
-// cpuOf is procCPU, 0 for a process that is gone.
-func cpuOf(pid int) float64 {
-	s, _ := procCPU(pid)
-	return s
-}
-
-// descendants returns pid and every process under it, from /proc.
-func descendants(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	children := map[int][]int{}
-	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		f, err := procStat(n)
-		if err != nil {
-			continue
-		}
-		if pp, err := strconv.Atoi(f[1]); err == nil {
-			children[pp] = append(children[pp], n)
-		}
-	}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
-	}
-	return out
+	return info, nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times; 100 on every Linux this runs on.
 const clockTicks = 100
 
-func (p *proc) tail(n int) string {
-	data, _ := os.ReadFile(p.log)
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// exec runs a short command in a namespace and returns its stdout.
-func (t *topology) exec(ctx context.Context, ns string, argv ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", t.ns(ns)}, argv...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return string(out), nil
-}
-
-// poll calls fn every interval until it returns nil or within passes, and fails at once when p (if not
-// nil) exits meanwhile. The error names what was awaited and carries fn's last error and p's log tail.
+// poll is harness.Poll that also gives up when p (if not nil) exits meanwhile, and shows p's log tail.
 func poll(what string, within, interval time.Duration, p *proc, fn func() error) error {
-	deadline := time.Now().Add(within)
-	for {
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s: %s exited:\n%s", what, p.name, p.tail(20))
-		}
-		err := fn()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			msg := ""
-			if p != nil {
-				msg = ":\n" + p.tail(20)
+	err := harness.Poll(what, within, interval, func() error {
+		if p != nil {
+			if err := p.Exited(); err != nil {
+				return err
 			}
-			return fmt.Errorf("%s: not within %v: %w%s", what, within, err, msg)
 		}
-		time.Sleep(interval)
+		return fn()
+	})
+	if err != nil && p != nil && p.Running() {
+		return fmt.Errorf("%w:\n%s", err, p.LogTail(20))
 	}
+	return err
 }
 
 // waitHTTP polls url from inside ns until it answers 200 or the deadline passes.
@@ -302,18 +179,20 @@ func (t *topology) waitHTTP(ns, url string, within time.Duration, p *proc) error
 	return poll(url, within, 200*time.Millisecond, p, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := t.exec(ctx, ns, "curl", "-fsS", "-o", "/dev/null", url)
+		_, err := harness.Run(ctx, t.ns(ns), "curl", "-fsS", "-o", "/dev/null", url)
 		return err
 	})
 }
 
 // waitTCP polls until addr accepts a TCP connection from inside ns.
 func (t *topology) waitTCP(ns, addr string, within time.Duration, p *proc) error {
-	host, port, _ := strings.Cut(addr, ":")
 	return poll(addr+" accepting connections", within, 200*time.Millisecond, p, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := t.exec(ctx, ns, "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/%s", host, port))
+		c, err := harness.DialIn(ctx, t.ns(ns), addr)
+		if err == nil {
+			c.Close()
+		}
 		return err
 	})
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // checkChain proves that kube-apiserver reaches sample-apiserver, and only
@@ -46,7 +48,7 @@ func (c *cluster) checkFlunders(t *testing.T, ctx context.Context, role, kubecon
 		kubeconfig = c.kubeconfig
 	}
 	kc := func(args ...string) (string, error) {
-		return run(ctx, c.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", kubeconfig}, args...)...)
+		return harness.Run(ctx, c.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", kubeconfig}, args...)...)
 	}
 	name := "e2e-" + randHex(3)
 	manifest := filepath.Join(c.dir, name+".yaml")
@@ -106,7 +108,7 @@ func (c *cluster) expectAPIServiceDown(t *testing.T) {
 	defer func() {
 		t.Logf("APIService reported the tunnel down after %v", time.Since(start).Round(100*time.Millisecond))
 	}()
-	err := poll("APIService "+apiServiceName+" to report the tunnel down", 45*time.Second, 3*time.Second, func() error {
+	err := harness.Poll("APIService "+apiServiceName+" to report the tunnel down", 45*time.Second, 3*time.Second, func() error {
 		if err := c.poke(ctx); err != nil {
 			return err
 		}
@@ -134,7 +136,7 @@ func (c *cluster) doctorStatus(t *testing.T, adminPorts ...int) map[string]map[s
 	for _, p := range adminPorts {
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p))
 	}
-	out, err := run(ctx, c.tp.ns(nsCP), bins.konnect, "doctor", "status", "-o", "json", "--admin-address", strings.Join(addrs, ","))
+	out, err := harness.Run(ctx, c.tp.ns(nsCP), bins.konnect, "doctor", "status", "-o", "json", "--admin-address", strings.Join(addrs, ","))
 	if err != nil {
 		t.Fatalf("konnect doctor status: %v\n%s", err, out)
 	}
@@ -189,7 +191,7 @@ func (c *cluster) doctorAgents(t *testing.T, adminPorts ...int) map[string][]str
 // pokeUntilAvailable waits for Available=True, nudging the availability
 // controller so that the time measured is the tunnel's, not its resync's.
 func (c *cluster) pokeUntilAvailable(ctx context.Context, timeout time.Duration) error {
-	return poll("APIService "+apiServiceName+" Available=True", timeout, time.Second, func() error {
+	return harness.Poll("APIService "+apiServiceName+" Available=True", timeout, time.Second, func() error {
 		if err := c.poke(ctx); err != nil {
 			return err
 		}
@@ -208,7 +210,7 @@ func (c *cluster) poke(ctx context.Context) error {
 func (c *cluster) waitDoctor(t *testing.T, want map[string][]string, adminPorts ...int) {
 	t.Helper()
 	var got map[string][]string
-	err := poll("konnect doctor status to list the agents", 30*time.Second, 500*time.Millisecond, func() error {
+	err := harness.Poll("konnect doctor status to list the agents", 30*time.Second, 500*time.Millisecond, func() error {
 		got = c.doctorAgents(t, adminPorts...)
 		if !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("connected agents %v, want %v", got, want)
@@ -226,7 +228,7 @@ func (c *cluster) doctorDial(t *testing.T, s *tunnelServer) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	out, err := run(ctx, c.tp.ns(nsCP), bins.konnect, "doctor", "dial", net.JoinHostPort(podAddr, strconv.Itoa(podPort)),
+	out, err := harness.Run(ctx, c.tp.ns(nsCP), bins.konnect, "doctor", "dial", net.JoinHostPort(podAddr, strconv.Itoa(podPort)),
 		"--uds-name", s.uds, "--mode", c.mode.mode, "--timeout", "10s")
 	if err != nil {
 		t.Fatalf("konnect doctor dial through %s: %v\n%s", s.opts.id, err, out)

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"sigs.k8s.io/yaml"
 )
 
@@ -131,7 +132,7 @@ func (c *cluster) healthy() error {
 		if p == nil {
 			return fmt.Errorf("not started")
 		}
-		if err := p.errExited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 	}
@@ -214,7 +215,7 @@ func (c *cluster) konnectInit(ctx context.Context) ([]string, error) {
 		// The harness's service-account issuer; konnect adds system:konnectivity-server.
 		"--api-audiences=https://kubernetes.default.svc",
 	}
-	if out, err := run(ctx, "", args...); err != nil {
+	if out, err := harness.Run(ctx, "", args...); err != nil {
 		return nil, fmt.Errorf("konnect init: %w\n%s", err, out)
 	}
 	flags, err := readFlagsFile(filepath.Join(c.konnectDir, "kube-apiserver.flags"))
@@ -401,8 +402,8 @@ func (c *cluster) startEtcd(ctx context.Context) error {
 	}
 	c.etcd = p
 	client := nsHTTPClient(c.tp.ns(nsCP), nil, 2*time.Second)
-	return poll("etcd /health", time.Minute, 200*time.Millisecond, func() error {
-		if err := p.errExited(); err != nil {
+	return harness.Poll("etcd /health", time.Minute, 200*time.Millisecond, func() error {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, "http://127.0.0.1:2379/health", nil)
@@ -429,8 +430,8 @@ func (c *cluster) startAPIServer(ctx context.Context, extra []string) error {
 	if err != nil {
 		return err
 	}
-	return poll("kube-apiserver /readyz", 3*time.Minute, 500*time.Millisecond, func() error {
-		if err := p.errExited(); err != nil {
+	return harness.Poll("kube-apiserver /readyz", 3*time.Minute, 500*time.Millisecond, func() error {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, fmt.Sprintf("https://%s:%d/readyz?verbose", cpAddr, apiPort), nil)
@@ -498,7 +499,7 @@ func tailString(s string, n int) string {
 
 // kubectl runs kubectl as admin from inside namespace role.
 func (c *cluster) kubectl(ctx context.Context, role string, args ...string) (string, error) {
-	return run(ctx, c.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", c.kubeconfig}, args...)...)
+	return harness.Run(ctx, c.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", c.kubeconfig}, args...)...)
 }
 
 func (c *cluster) kubectlT(t *testing.T, args ...string) string {
@@ -613,8 +614,8 @@ func (c *cluster) startSampleAPIServer(ctx context.Context) error {
 	c.sample = p
 	// Its own health, checked from w1 where the pod address is local.
 	client := nsHTTPClient(c.tp.ns(nsW1), &tls.Config{InsecureSkipVerify: true}, 3*time.Second) //nolint:gosec // liveness probe only; the real TLS check is the APIService's caBundle
-	return poll("sample-apiserver /readyz", 2*time.Minute, 500*time.Millisecond, func() error {
-		if err := p.errExited(); err != nil {
+	return harness.Poll("sample-apiserver /readyz", 2*time.Minute, 500*time.Millisecond, func() error {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, fmt.Sprintf("https://%s:%d/readyz", podAddr, podPort), nil)
@@ -625,7 +626,7 @@ func (c *cluster) startSampleAPIServer(ctx context.Context) error {
 // ("True" or "False").
 func (c *cluster) waitAPIService(ctx context.Context, want string, timeout time.Duration) error {
 	var last string
-	return poll("APIService "+apiServiceName+" Available="+want, timeout, time.Second, func() error {
+	return harness.Poll("APIService "+apiServiceName+" Available="+want, timeout, time.Second, func() error {
 		out, err := c.kubectl(ctx, nsCP, "get", "apiservice", apiServiceName,
 			"-o", `jsonpath={.status.conditions[?(@.type=="Available")].status} {.status.conditions[?(@.type=="Available")].message}`)
 		if err != nil {

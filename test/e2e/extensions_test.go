@@ -19,8 +19,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // The webhook scenarios: pizza-webhook (test/e2e/tools/pizza-webhook) on w1's pod address serves a
@@ -168,8 +171,8 @@ func (c *cluster) startPizzaServer(t *testing.T, ctx context.Context, secret str
 		"--listen", fmt.Sprintf("%s:%d", podAddr, port),
 		"--tls-cert-file", filepath.Join(s.certsDir, "tls.crt"), "--tls-private-key-file", filepath.Join(s.certsDir, "tls.key"))
 	client := nsHTTPClient(c.tp.ns(nsW1), &tls.Config{InsecureSkipVerify: true}, 3*time.Second) //nolint:gosec // liveness only; kube-apiserver checks the caBundle
-	if err := poll("pizza-webhook /healthz", 30*time.Second, 200*time.Millisecond, func() error {
-		if err := s.p.errExited(); err != nil {
+	if err := harness.Poll("pizza-webhook /healthz", 30*time.Second, 200*time.Millisecond, func() error {
+		if err := s.p.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, fmt.Sprintf("https://%s:%d/healthz", podAddr, port), nil)
@@ -317,7 +320,7 @@ spec:
 		for _, w := range where {
 			var r doctorRow
 			var code int
-			if err := poll(fmt.Sprintf("doctor extensions (%s) saying %q", w.name, want), 90*time.Second, 2*time.Second, func() error {
+			if err := harness.Poll(fmt.Sprintf("doctor extensions (%s) saying %q", w.name, want), 90*time.Second, 2*time.Second, func() error {
 				var rows map[string]doctorRow
 				rows, code = w.run()
 				for _, name := range names {
@@ -348,7 +351,7 @@ spec:
 	}
 	patch("none")
 	t.Cleanup(restore)
-	if err := poll("every agent pod gone", 2*time.Minute, time.Second, func() error {
+	if err := harness.Poll("every agent pod gone", 2*time.Minute, time.Second, func() error {
 		out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pods", "-l", "k8s-app=konnectivity-agent", "-o", "name")
 		if err != nil || strings.TrimSpace(out) != "" {
 			return fmt.Errorf("agent pods: %q %v", out, err)
@@ -404,14 +407,14 @@ func TestExtensions(t *testing.T) {
 
 	t.Run("no-agent", func(t *testing.T) {
 		for _, a := range agents {
-			a.p.stop(5 * time.Second)
+			a.p.Stop(syscall.SIGTERM, 5*time.Second)
 		}
 		path := filepath.Join(c.dir, "quattro.yaml")
 		if err := os.WriteFile(path, []byte("apiVersion: restaurant.example.com/v1alpha1\nkind: Pizza\nmetadata: {name: quattro, namespace: pizza}\nspec:\n  toppings: [cheese]\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		var lastErr error
-		if err := poll("a create refused while no agent is connected", 30*time.Second, time.Second, func() error {
+		if err := harness.Poll("a create refused while no agent is connected", 30*time.Second, time.Second, func() error {
 			_, lastErr = c.kubectl(ctx, nsCP, "create", "--dry-run=server", "-f", path)
 			if lastErr == nil {
 				return errNotYet
@@ -433,7 +436,7 @@ func TestExtensions(t *testing.T) {
 		t.Logf("no agent: kubectl fails with %q; doctor names %q", tailString(lastErr.Error(), 300), rows["pizza-validation/"+pizzaWebhook].Cause)
 		agents[0] = c.startAgent(top, agentOpts{impl: implKonnect, role: nsW1})
 		agents[1] = c.startAgent(top, agentOpts{impl: implKonnect, role: nsW2})
-		if err := poll("a create through the webhook once the agent is back", time.Minute, time.Second, func() error {
+		if err := harness.Poll("a create through the webhook once the agent is back", time.Minute, time.Second, func() error {
 			_, err := c.kubectl(ctx, nsCP, "create", "--dry-run=server", "-f", path)
 			return err
 		}); err != nil {
@@ -459,7 +462,7 @@ func (c *cluster) installPizzaWebhook(t *testing.T, ctx context.Context) string 
 		t.Fatal(err)
 	}
 	hookDir := filepath.Join(c.dir, "pizza-webhook")
-	if out, err := run(ctx, "", bins.konnect, "certs", "webhook", "--service", pizzaService, "--namespace", pizzaNS, "--out", hookDir, filepath.Join(in, "pizza.yaml")); err != nil {
+	if out, err := harness.Run(ctx, "", bins.konnect, "certs", "webhook", "--service", pizzaService, "--namespace", pizzaNS, "--out", hookDir, filepath.Join(in, "pizza.yaml")); err != nil {
 		t.Fatalf("konnect certs webhook: %v\n%s", err, out)
 	}
 	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", hookDir); err != nil {
@@ -475,7 +478,7 @@ func (c *cluster) installPizzaWebhook(t *testing.T, ctx context.Context) string 
 func (c *cluster) checkConversion(t *testing.T, ctx context.Context) {
 	t.Helper()
 	// Created as v1alpha1 (a repeated topping is an extra portion), stored as v1beta1, read in both.
-	if err := poll("create a v1alpha1 pizza", time.Minute, time.Second, func() error {
+	if err := harness.Poll("create a v1alpha1 pizza", time.Minute, time.Second, func() error {
 		return c.applyYAML(ctx, "apiVersion: restaurant.example.com/v1alpha1\nkind: Pizza\nmetadata: {name: margherita, namespace: pizza}\nspec:\n  toppings: [mozzarella, tomato, tomato]\n")
 	}); err != nil {
 		t.Fatal(err)
@@ -537,7 +540,7 @@ webhooks:
 	}
 	// A second CA with a serving certificate valid for one second: expired by the time it is checked.
 	expiredDir := filepath.Join(c.dir, "expired-webhook")
-	if out, err := run(ctx, "", bins.konnect, "certs", "webhook", "--service", "expired", "--namespace", pizzaNS, "--out", expiredDir, "--cert-validity-period", "1s"); err != nil {
+	if out, err := harness.Run(ctx, "", bins.konnect, "certs", "webhook", "--service", "expired", "--namespace", pizzaNS, "--out", expiredDir, "--cert-validity-period", "1s"); err != nil {
 		t.Fatalf("konnect certs webhook --cert-validity-period 1s: %v\n%s", err, out)
 	}
 	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", expiredDir); err != nil {
@@ -545,7 +548,7 @@ webhooks:
 	}
 	c.startPizzaServer(top, ctx, "expired-tls", pizzaPort+1)
 	// A port whose SYNs w1 drops: the dial times out.
-	if out, err := run(ctx, c.tp.ns(nsW1), "iptables", "-A", "INPUT", "-p", "tcp", "--dport", strconv.Itoa(pizzaPort+3), "-j", "DROP"); err != nil {
+	if out, err := harness.Run(ctx, c.tp.ns(nsW1), "iptables", "-A", "INPUT", "-p", "tcp", "--dport", strconv.Itoa(pizzaPort+3), "-j", "DROP"); err != nil {
 		t.Fatalf("iptables: %v\n%s", err, out)
 	}
 	objs := selectorlessService(pizzaNS, "refused", podAddr, pizzaPort+2) + "---\n" +
@@ -650,7 +653,7 @@ func (c *cluster) rotateUnderLoad(t *testing.T, ctx context.Context, hookDir str
 	// waitRequests lets the loop make n more successful rounds, so that each step is exercised under load.
 	waitRequests := func(n int64) {
 		target := ok.Load() + 3*n
-		if err := poll("requests under the new step", time.Minute, 100*time.Millisecond, func() error {
+		if err := harness.Poll("requests under the new step", time.Minute, 100*time.Millisecond, func() error {
 			if ok.Load() < target {
 				return errNotYet
 			}
@@ -663,7 +666,7 @@ func (c *cluster) rotateUnderLoad(t *testing.T, ctx context.Context, hookDir str
 	waitRequests(20)
 	for step := 1; step <= 3; step++ {
 		for _, dir := range []string{wardleDir, hookDir} {
-			if out, err := run(ctx, "", bins.konnect, "certs", "rotate-ca", "--out", dir, "--step", strconv.Itoa(step)); err != nil {
+			if out, err := harness.Run(ctx, "", bins.konnect, "certs", "rotate-ca", "--out", dir, "--step", strconv.Itoa(step)); err != nil {
 				t.Fatalf("rotate-ca --step %d --out %s: %v\n%s", step, dir, err, out)
 			}
 			if _, err := c.kubectl(ctx, nsCP, "apply", "-k", dir); err != nil {
@@ -681,7 +684,7 @@ func (c *cluster) rotateUnderLoad(t *testing.T, ctx context.Context, hookDir str
 				file string
 			}{{pizzaPort, filepath.Join(hookDir, "pki", "tls.crt")}, {podPort, filepath.Join(wardleDir, "pki", "tls.crt")}} {
 				want := certSerial(t, s.file)
-				if err := poll(fmt.Sprintf("port %d serving the certificate from the new CA", s.port), 2*time.Minute, 250*time.Millisecond, func() error {
+				if err := harness.Poll(fmt.Sprintf("port %d serving the certificate from the new CA", s.port), 2*time.Minute, 250*time.Millisecond, func() error {
 					got, err := c.servedSerial(ctx, s.port)
 					if err != nil || got != want {
 						return fmt.Errorf("serial %s, want %s (%v)", got, want, err)

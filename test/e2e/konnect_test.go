@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"sigs.k8s.io/yaml"
 )
 
@@ -103,7 +104,7 @@ func (c *cluster) applyKonnectRBAC(ctx context.Context) error {
 // kubectl apply -k, and returns the serving cert and key files.
 func (c *cluster) konnectCertsAPIService(ctx context.Context) (certFile, keyFile string, err error) {
 	out := filepath.Join(c.dir, "wardle")
-	if o, err := run(ctx, "", bins.konnect, "certs", "apiservice",
+	if o, err := harness.Run(ctx, "", bins.konnect, "certs", "apiservice",
 		"--service=api", "--namespace=wardle", "--group=wardle.example.com", "--version=v1alpha1",
 		"--out="+out); err != nil {
 		return "", "", fmt.Errorf("konnect certs apiservice: %w\n%s", err, o)

@@ -17,8 +17,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // leaseRBAC is the least privilege that upstream's lease flags need, bound to the identities konnect init
@@ -130,7 +133,7 @@ func TestServerLeases(t *testing.T) {
 
 	// SIGTERM: the server deletes its lease on the way out, and the agent stops counting it.
 	start := time.Now()
-	if err := b.p.stop(20 * time.Second); err != nil {
+	if err := b.p.Stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Logf("server B stop: %v", err)
 	}
 	c.waitLeases(t, "lease-a")
@@ -145,8 +148,8 @@ func TestServerLeases(t *testing.T) {
 
 	// SIGKILL: the lease stays until it expires (30 s). Meanwhile the agent knows a server is missing.
 	start = time.Now()
-	b.p.kill()
-	if err := poll("agent to miss server B", 30*time.Second, 250*time.Millisecond, func() error {
+	b.p.Kill()
+	if err := harness.Poll("agent to miss server B", 30*time.Second, 250*time.Millisecond, func() error {
 		if err := c.agentReady(ag); err == nil {
 			return errors.New("all-servers-connected still passes")
 		}
@@ -175,7 +178,7 @@ func (c *cluster) waitLeases(t *testing.T, ids ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var got string
-	err := poll("server leases "+strings.Join(want, ","), 90*time.Second, 500*time.Millisecond, func() error {
+	err := harness.Poll("server leases "+strings.Join(want, ","), 90*time.Second, 500*time.Millisecond, func() error {
 		out, err := c.kubectl(ctx, nsCP, "-n", "kube-system", "get", "leases", "-l", leaseSelector,
 			"-o", `jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}`)
 		if err != nil {
@@ -224,8 +227,8 @@ func (c *cluster) agentKnownServers(a *tunnelAgent) (int, error) {
 // waitAgentServers waits until the agent counts n servers and is connected to all of them.
 func (c *cluster) waitAgentServers(t *testing.T, a *tunnelAgent, n int, timeout time.Duration) {
 	t.Helper()
-	err := poll(fmt.Sprintf("agent to count %d servers and be connected to all", n), timeout, 250*time.Millisecond, func() error {
-		if err := a.p.errExited(); err != nil {
+	err := harness.Poll(fmt.Sprintf("agent to count %d servers and be connected to all", n), timeout, 250*time.Millisecond, func() error {
+		if err := a.p.Exited(); err != nil {
 			return err
 		}
 		got, err := c.agentKnownServers(a)

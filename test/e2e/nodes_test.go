@@ -108,7 +108,7 @@ func (nc *nodeCluster) healthy() error {
 		if p == nil {
 			return fmt.Errorf("not started")
 		}
-		if err := p.errExited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 	}
@@ -244,7 +244,7 @@ func (nc *nodeCluster) nodeNetwork() error {
 			{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
 			{"iptables", "-t", "nat", "-A", "POSTROUTING", "-s", s.podCIDR, "-o", "to-cp", "-j", "MASQUERADE"},
 		} {
-			if out, err := run(context.Background(), ns, argv...); err != nil {
+			if out, err := harness.Run(context.Background(), ns, argv...); err != nil {
 				return fmt.Errorf("%w %s", err, out)
 			}
 		}
@@ -355,7 +355,7 @@ func makeImage(ctx context.Context, root string) error {
 	var v struct {
 		Version string `json:"version"`
 	}
-	out, err := run(ctx, "", bins.konnect, "version", "-o", "json")
+	out, err := harness.Run(ctx, "", bins.konnect, "version", "-o", "json")
 	if err != nil {
 		return err
 	}
@@ -558,17 +558,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 	if n.containerd, err = startHostMountProc("containerd-"+n.name, n.ns, nc.logDir, "containerd", "--config", cfg); err != nil {
 		return err
 	}
-	if err := poll("containerd on "+n.name, time.Minute, 200*time.Millisecond, func() error {
-		if err := n.containerd.errExited(); err != nil {
+	if err := harness.Poll("containerd on "+n.name, time.Minute, 200*time.Millisecond, func() error {
+		if err := n.containerd.Exited(); err != nil {
 			return err
 		}
-		_, err := run(ctx, "", "ctr", "--address", n.sock, "version")
+		_, err := harness.Run(ctx, "", "ctr", "--address", n.sock, "version")
 		return err
 	}); err != nil {
 		return err
 	}
 	for _, img := range nc.images {
-		if out, err := run(ctx, "", "ctr", "--address", n.sock, "-n", "k8s.io", "images", "import", img); err != nil {
+		if out, err := harness.Run(ctx, "", "ctr", "--address", n.sock, "-n", "k8s.io", "images", "import", img); err != nil {
 			return fmt.Errorf("node %s: import %s: %w\n%s", n.name, img, err, out)
 		}
 	}
@@ -644,9 +644,9 @@ serializeImagePulls: false
 func cniNetwork() string { return "kn-" + runID }
 
 func (nc *nodeCluster) waitNodesReady(ctx context.Context) error {
-	return poll("3 nodes Ready", 3*time.Minute, time.Second, func() error {
+	return harness.Poll("3 nodes Ready", 3*time.Minute, time.Second, func() error {
 		for _, n := range nc.nodes {
-			if err := n.kubelet.errExited(); err != nil {
+			if err := n.kubelet.Exited(); err != nil {
 				return err
 			}
 		}
@@ -667,7 +667,7 @@ func (nc *nodeCluster) waitServerPod(ctx context.Context, impl impl, timeout tim
 	if impl == implUpstream {
 		want = imgProxyServer
 	}
-	return poll("server static pod ("+string(impl)+") Ready", timeout, time.Second, func() error {
+	return harness.Poll("server static pod ("+string(impl)+") Ready", timeout, time.Second, func() error {
 		out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pod", "konnectivity-server-cp", "-o",
 			`jsonpath={.spec.containers[0].image} {.status.conditions[?(@.type=="Ready")].status} {.status.containerStatuses[0].restartCount}`)
 		if err != nil {
@@ -688,7 +688,7 @@ func (nc *nodeCluster) waitAgentsRolledOut(ctx context.Context, timeout time.Dur
 	if out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "rollout", "status", "ds/konnectivity-agent", "--timeout="+timeout.String()); err != nil {
 		return fmt.Errorf("agent DaemonSet rollout: %w\n%s", err, out)
 	}
-	return poll("3 agents ready", 30*time.Second, time.Second, func() error {
+	return harness.Poll("3 agents ready", 30*time.Second, time.Second, func() error {
 		out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "ds", "konnectivity-agent", "-o", "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}/{.status.updatedNumberScheduled}")
 		if err != nil {
 			return err
@@ -926,7 +926,7 @@ func (nc *nodeCluster) close() {
 // stopContainers kills and deletes every task and container of the node's containerd, and returns the
 // shim sockets they used (under /run/containerd/s, which cannot be configured).
 func (n *node) stopContainers() []string {
-	if n.containerd == nil || n.containerd.exited() {
+	if n.containerd == nil || !n.containerd.Running() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -939,14 +939,14 @@ func (n *node) stopContainers() []string {
 		}
 	}
 	ctr := func(args ...string) string {
-		out, _ := run(ctx, "", append([]string{"ctr", "--address", n.sock, "-n", "k8s.io"}, args...)...)
+		out, _ := harness.Run(ctx, "", append([]string{"ctr", "--address", n.sock, "-n", "k8s.io"}, args...)...)
 		return out
 	}
 	tasks := strings.Fields(ctr("tasks", "ls", "-q"))
 	for _, id := range tasks {
 		ctr("tasks", "kill", "-s", "SIGKILL", id)
 	}
-	_ = poll("the tasks of "+n.name+" to be deleted", 20*time.Second, 200*time.Millisecond, func() error {
+	_ = harness.Poll("the tasks of "+n.name+" to be deleted", 20*time.Second, 200*time.Millisecond, func() error {
 		left := strings.Fields(ctr("tasks", "ls", "-q"))
 		for _, id := range left {
 			ctr("tasks", "delete", "-f", id)
@@ -1035,7 +1035,7 @@ func removeCgroups(root string) {
 			return nil
 		})
 		for i := len(dirs) - 1; i >= 0; i-- {
-			_ = poll("rmdir "+dirs[i], 5*time.Second, 100*time.Millisecond, func() error {
+			_ = harness.Poll("rmdir "+dirs[i], 5*time.Second, 100*time.Millisecond, func() error {
 				if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
 					return err
 				}

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -73,7 +74,7 @@ func TestNodes(t *testing.T) {
 
 // kc runs kubectl from namespace role with kubeconfig.
 func (nc *nodeCluster) kc(ctx context.Context, role, kubeconfig string, args ...string) (string, error) {
-	return run(ctx, nc.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", kubeconfig}, args...)...)
+	return harness.Run(ctx, nc.tp.ns(role), append([]string{bins.kubectl, "--kubeconfig", kubeconfig}, args...)...)
 }
 
 // podOperations runs logs, logs -f, exec (stdin, exit code), port-forward and cp of 64 MiB both ways on
@@ -97,8 +98,8 @@ func (nc *nodeCluster) podOperations(t *testing.T, role, kubeconfig string) {
 				t.Fatalf("kubectl logs %s: %q", pod, out)
 			}
 			follow := startProcT(t, "kubectl-logs-f-"+role+"-"+w, nc.tp.ns(role), nc.logDir, bins.kubectl, "--kubeconfig", kubeconfig, "logs", "-f", "--tail=1", pod)
-			if err := poll("kubectl logs -f to stream 3 lines", 30*time.Second, 200*time.Millisecond, func() error {
-				if n := strings.Count(readFile(follow.logPath), "tick "); n < 3 {
+			if err := harness.Poll("kubectl logs -f to stream 3 lines", 30*time.Second, 200*time.Millisecond, func() error {
+				if n := strings.Count(readFile(follow.LogPath), "tick "); n < 3 {
 					return fmt.Errorf("%d lines so far", n)
 				}
 				return nil
@@ -119,11 +120,11 @@ func (nc *nodeCluster) podOperations(t *testing.T, role, kubeconfig string) {
 			port := 18080 + i
 			pf := startProcT(t, "kubectl-port-forward-"+role+"-"+w, nc.tp.ns(role), nc.logDir, bins.kubectl, "--kubeconfig", kubeconfig,
 				"port-forward", "pod/"+pod, fmt.Sprintf("%d:8080", port))
-			if err := poll("kubectl port-forward to listen", 30*time.Second, 200*time.Millisecond, func() error {
-				if err := pf.errExited(); err != nil {
+			if err := harness.Poll("kubectl port-forward to listen", 30*time.Second, 200*time.Millisecond, func() error {
+				if err := pf.Exited(); err != nil {
 					return err
 				}
-				if !pf.logContains("Forwarding from") {
+				if !strings.Contains(pf.Log(), "Forwarding from") {
 					return errNotYet
 				}
 				return nil
@@ -132,7 +133,7 @@ func (nc *nodeCluster) podOperations(t *testing.T, role, kubeconfig string) {
 			}
 			dst := filepath.Join(nc.dir, fmt.Sprintf("pf-%s-%s", role, w))
 			tStart := time.Now()
-			if out, err := run(ctx, nc.tp.ns(role), bins.curl, "-sS", "--fail", "--max-time", "120", "-o", dst, fmt.Sprintf("http://127.0.0.1:%d/big", port)); err != nil {
+			if out, err := harness.Run(ctx, nc.tp.ns(role), bins.curl, "-sS", "--fail", "--max-time", "120", "-o", dst, fmt.Sprintf("http://127.0.0.1:%d/big", port)); err != nil {
 				t.Fatalf("curl through kubectl port-forward: %v %s", err, out)
 			}
 			d := time.Since(tStart)
@@ -237,7 +238,7 @@ func (nc *nodeCluster) containerPID(t *testing.T, nodeName, ns, pod string) int 
 		t.Fatal(err)
 	}
 	id = strings.TrimPrefix(id, "containerd://")
-	out, err := run(ctx, "", "ctr", "--address", nc.node(nodeName).sock, "-n", "k8s.io", "tasks", "ls")
+	out, err := harness.Run(ctx, "", "ctr", "--address", nc.node(nodeName).sock, "-n", "k8s.io", "tasks", "ls")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,8 +338,8 @@ func (nc *nodeCluster) checkHonestStreams(t *testing.T) {
 		"exec", "bb-w1", "--", "sh", "-c", "i=0; while [ $i -lt 600 ]; do echo line $i; i=$((i+1)); sleep 0.2; done")
 	follow := startProcT(t, "kubectl-logs-f-long", nc.tp.ns(nsCP), nc.logDir, bins.kubectl, "--kubeconfig", nc.kubeconfig,
 		"logs", "-f", "--tail=1", "bb-w1")
-	if err := poll("exec and logs -f to stream", 30*time.Second, 200*time.Millisecond, func() error {
-		if !exe.logContains("line 3") || strings.Count(readFile(follow.logPath), "tick ") < 3 {
+	if err := harness.Poll("exec and logs -f to stream", 30*time.Second, 200*time.Millisecond, func() error {
+		if !strings.Contains(exe.Log(), "line 3") || strings.Count(readFile(follow.LogPath), "tick ") < 3 {
 			return errNotYet
 		}
 		return nil
@@ -354,15 +355,13 @@ func (nc *nodeCluster) checkHonestStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*proc{exe, follow} {
-		select {
-		case <-p.done:
-		case <-time.After(90 * time.Second):
-			t.Fatalf("%s still runs 90 s after w1's agent was deleted", p.name)
+		if _, ok := p.Wait(90 * time.Second); !ok {
+			t.Fatalf("%s still runs 90 s after w1's agent was deleted", p.Name)
 		}
 		after := time.Since(deleted).Round(100 * time.Millisecond)
 		var ee *exec.ExitError
-		if errors.As(p.err, &ee) && ee.ExitCode() != 0 {
-			t.Logf("%s ended %v after the agent was deleted, with %v: %s", p.name, after, p.err, lastLine(p.tail(3)))
+		if errors.As(p.Err(), &ee) && ee.ExitCode() != 0 {
+			t.Logf("%s ended %v after the agent was deleted, with %v: %s", p.Name, after, p.Err(), lastLine(p.LogTail(3)))
 			continue
 		}
 		if p == follow {
@@ -372,13 +371,13 @@ func (nc *nodeCluster) checkHonestStreams(t *testing.T) {
 			// whatever broke behind kube-apiserver. What the tunnel owes it, ending the stream instead of
 			// hanging, is checked above; the pod still prints, so the end is not the log's.
 			t.Logf("KNOWN LIMITATION (kube-apiserver, not the tunnel): %s ended %v after the agent was deleted with exit 0; "+
-				"kube-apiserver ends a cut log stream as if complete", p.name, after)
+				"kube-apiserver ends a cut log stream as if complete", p.Name, after)
 			continue
 		}
-		t.Fatalf("%s ended with %v after w1's agent was deleted; want a non-zero exit:\n%s", p.name, p.err, p.tail(5))
+		t.Fatalf("%s ended with %v after w1's agent was deleted; want a non-zero exit:\n%s", p.Name, p.Err(), p.LogTail(5))
 	}
 	var newAgent string
-	if err := poll("a new agent on w1", 90*time.Second, time.Second, func() error {
+	if err := harness.Poll("a new agent on w1", 90*time.Second, time.Second, func() error {
 		a, err := nc.agentPod(ctx, nsW1)
 		if err != nil {
 			return err
@@ -393,7 +392,7 @@ func (nc *nodeCluster) checkHonestStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	ready := time.Now()
-	if err := poll("a new exec on w1", 30*time.Second, time.Second, func() error {
+	if err := harness.Poll("a new exec on w1", 30*time.Second, time.Second, func() error {
 		_, err := nc.kubectl(ctx, nsCP, "exec", "bb-w1", "--", "echo", "ok")
 		return err
 	}); err != nil {
@@ -482,7 +481,7 @@ func (nc *nodeCluster) swapAgents(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The window ends when the last old agent is gone: it drains after the rollout counts as complete.
-		if err := poll("the old agents to be gone", 90*time.Second, 500*time.Millisecond, func() error {
+		if err := harness.Poll("the old agents to be gone", 90*time.Second, 500*time.Millisecond, func() error {
 			out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pods", "-l", "k8s-app=konnectivity-agent", "-o", "name")
 			if err != nil {
 				return err
@@ -497,7 +496,7 @@ func (nc *nodeCluster) swapAgents(t *testing.T) {
 		}
 		l.finish()
 		t.Logf("%s: rollout in %v; %s", what, time.Since(start).Round(100*time.Millisecond), l)
-		if err := poll("flunders after "+what, 30*time.Second, time.Second, func() error { return nc.flundersWork(ctx) }); err != nil {
+		if err := harness.Poll("flunders after "+what, 30*time.Second, time.Second, func() error { return nc.flundersWork(ctx) }); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := nc.kubectl(ctx, nsCP, "exec", "bb-w2", "--", "echo", "ok"); err != nil {
@@ -564,7 +563,7 @@ func (nc *nodeCluster) swapServer(t *testing.T) {
 			l.finish()
 			t.Fatal(err)
 		}
-		if err := poll("flunders after "+step.what, 60*time.Second, time.Second, func() error { return nc.flundersWork(ctx) }); err != nil {
+		if err := harness.Poll("flunders after "+step.what, 60*time.Second, time.Second, func() error { return nc.flundersWork(ctx) }); err != nil {
 			l.finish()
 			t.Fatal(err)
 		}

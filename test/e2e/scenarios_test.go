@@ -13,10 +13,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -73,12 +75,12 @@ func TestLaptop(t *testing.T) {
 	proxy := startProcT(t, "konnect-proxy", c.tp.ns(nsLap), c.logDir, append(append(append(lap.env, bins.konnect, "proxy"),
 		lap.sshd.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001")...)
 	var body string
-	if err := poll("curl of flunders through konnect proxy --via", 30*time.Second, 500*time.Millisecond, func() error {
-		if err := proxy.errExited(); err != nil {
+	if err := harness.Poll("curl of flunders through konnect proxy --via", 30*time.Second, 500*time.Millisecond, func() error {
+		if err := proxy.Exited(); err != nil {
 			return err
 		}
 		var err error
-		body, err = run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "--fail", "--max-time", "10", "http://127.0.0.1:8001"+flundersPath)
+		body, err = harness.Run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "--fail", "--max-time", "10", "http://127.0.0.1:8001"+flundersPath)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -86,11 +88,11 @@ func TestLaptop(t *testing.T) {
 	if !regexp.MustCompile(`"kind":\s*"FlunderList"`).MatchString(body) {
 		t.Fatalf("curl %s through konnect proxy: not a FlunderList: %s", flundersPath, tailString(body, 500))
 	}
-	if out, err := run(ctx, c.tp.ns(nsLap), bins.kubectl, "--server", "http://127.0.0.1:8001", "get", "flunders", "-n", "default"); err != nil {
+	if out, err := harness.Run(ctx, c.tp.ns(nsLap), bins.kubectl, "--server", "http://127.0.0.1:8001", "get", "flunders", "-n", "default"); err != nil {
 		t.Fatalf("kubectl through konnect proxy: %v\n%s", err, out)
 	}
 	// kubectl proxy's DNS-rebinding guard: a foreign Host header is refused.
-	code, err := run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+	code, err := harness.Run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
 		"-H", "Host: evil.example", "http://127.0.0.1:8001/api")
 	if err != nil {
 		t.Fatal(err)
@@ -124,8 +126,8 @@ func (c *cluster) startLaptop(t *testing.T) laptop {
 	socks := startProcT(t, "konnect-socks", c.tp.ns(nsLap), c.logDir, append(append(append(lap.env, bins.konnect, "socks"),
 		lap.sshd.sshArgs()...), "-D", "127.0.0.1:1080", "--health-listen", "127.0.0.1:1081", cpLapAddr)...)
 	client := nsHTTPClient(c.tp.ns(nsLap), nil, 3*time.Second)
-	if err := poll("konnect socks /readyz", 30*time.Second, 250*time.Millisecond, func() error {
-		if err := socks.errExited(); err != nil {
+	if err := harness.Poll("konnect socks /readyz", 30*time.Second, 250*time.Millisecond, func() error {
+		if err := socks.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, "http://127.0.0.1:1081/readyz", nil)
@@ -140,7 +142,7 @@ func (c *cluster) startLaptop(t *testing.T) laptop {
 	if err := os.WriteFile(lap.kubeconfig, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lap.kubeconfig,
+	if out, err := harness.Run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lap.kubeconfig,
 		"--context", "e2e", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
 		t.Fatalf("konnect kubeconfig set-proxy: %v\n%s", err, out)
 	}
@@ -158,7 +160,7 @@ func TestFaults(t *testing.T) {
 		a := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1})
 		c.checkChain(t)
 
-		a.p.kill()
+		a.p.Kill()
 		c.expectAPIServiceDown(t)
 		if err := c.flundersWork(context.Background()); err == nil {
 			t.Fatal("flunders still work with the only agent killed")
@@ -187,14 +189,14 @@ func TestFaults(t *testing.T) {
 		// kube-apiserver keeps tunnels to sample-apiserver open; the server must
 		// still stop within its graceful timeout (3 s here; ANP issue 866).
 		start := time.Now()
-		if err := s.p.stop(15 * time.Second); err != nil {
+		if err := s.p.Stop(syscall.SIGTERM, 15*time.Second); err != nil {
 			t.Fatalf("konnect server on SIGTERM with tunnels open: %v", err)
 		}
 		t.Logf("konnect server stopped %v after SIGTERM", time.Since(start).Round(100*time.Millisecond))
 		s.restartStopped(t, c)
 		start = time.Now()
 		c.waitAgentReady(t, a)
-		if err := poll("flunders after server restart", 30*time.Second, time.Second, func() error {
+		if err := harness.Poll("flunders after server restart", 30*time.Second, time.Second, func() error {
 			return c.flundersWork(context.Background())
 		}); err != nil {
 			t.Fatal(err)
@@ -218,7 +220,7 @@ func TestFaults(t *testing.T) {
 		c.checkChain(t)
 		c.doctorDial(t, b)
 
-		b.p.kill()
+		b.p.Kill()
 		for i := range 5 {
 			if err := c.flundersWork(context.Background()); err != nil {
 				t.Fatalf("request %d after killing server B: %v", i, err)
@@ -228,7 +230,7 @@ func TestFaults(t *testing.T) {
 
 		b.restartStopped(t, c)
 		c.waitDoctor(t, both, a.adminPort, b.adminPort)
-		a.p.kill()
+		a.p.Kill()
 		c.doctorDial(t, b)
 		t.Logf("server A killed: a dial through server B still reaches the pod address")
 	})
@@ -247,11 +249,11 @@ func TestFaults(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		seen := func(name string) error {
-			return poll("the watch to print "+name, 20*time.Second, 250*time.Millisecond, func() error {
-				if err := watch.errExited(); err != nil {
+			return harness.Poll("the watch to print "+name, 20*time.Second, 250*time.Millisecond, func() error {
+				if err := watch.Exited(); err != nil {
 					return err
 				}
-				if !watch.logContains("flunder.wardle.example.com/" + name) {
+				if !strings.Contains(watch.Log(), "flunder.wardle.example.com/"+name) {
 					return errNotYet
 				}
 				return nil
@@ -272,7 +274,7 @@ func TestFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := c.agentPortSerial(t, s)
-		if out, err := run(ctx, "", bins.konnect, "certs", "renew", "konnectivity-server", "--dir", c.konnectDir); err != nil {
+		if out, err := harness.Run(ctx, "", bins.konnect, "certs", "renew", "konnectivity-server", "--dir", c.konnectDir); err != nil {
 			t.Fatalf("konnect certs renew: %v\n%s", err, out)
 		}
 		onDisk, err := pkitest.Load(filepath.Join(c.pki, "konnectivity-server.crt"), filepath.Join(c.pki, "konnectivity-server.key"))
@@ -282,7 +284,7 @@ func TestFaults(t *testing.T) {
 		if onDisk.Cert.SerialNumber.Cmp(before) == 0 {
 			t.Fatal("konnect certs renew did not change the certificate")
 		}
-		if err := poll("server to serve the renewed certificate", 30*time.Second, 500*time.Millisecond, func() error {
+		if err := harness.Poll("server to serve the renewed certificate", 30*time.Second, 500*time.Millisecond, func() error {
 			if got := c.agentPortSerial(t, s); got.Cmp(onDisk.Cert.SerialNumber) != 0 {
 				return fmt.Errorf("serving serial %x, on disk %x", got, onDisk.Cert.SerialNumber)
 			}
@@ -290,7 +292,7 @@ func TestFaults(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if s.p.exited() || a.p.exited() {
+		if !s.p.Running() || !a.p.Running() {
 			t.Fatal("a tunnel process exited during the renewal")
 		}
 		post := "after-" + randHex(3)
@@ -336,7 +338,7 @@ func TestAgentAuthentication(t *testing.T) {
 
 	// The refused agents keep retrying; each attempt must fail and be
 	// reported by konnect doctor status as that agent's last error.
-	err := poll("konnect doctor status to report the refused agents", 30*time.Second, time.Second, func() error {
+	err := harness.Poll("konnect doctor status to report the refused agents", 30*time.Second, time.Second, func() error {
 		agents := c.doctorStatus(t, s.adminPort)["cp-0"]
 		for _, a := range refused {
 			st, ok := agents[a.opts.id]
@@ -355,7 +357,7 @@ func TestAgentAuthentication(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range refused {
-		if err := a.p.errExited(); err != nil {
+		if err := a.p.Exited(); err != nil {
 			t.Fatalf("a refused agent should keep retrying: %v", err)
 		}
 		t.Logf("%s refused: %s", a.opts.id, c.doctorStatus(t, s.adminPort)["cp-0"][a.opts.id].LastError)
@@ -376,7 +378,7 @@ func TestAgentMTLS(t *testing.T) {
 	c := sharedCluster(t, modeGRPCUDS)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := run(ctx, "", bins.konnect, "init", "phase", "certs", "--dir", c.konnectDir,
+	if out, err := harness.Run(ctx, "", bins.konnect, "init", "phase", "certs", "--dir", c.konnectDir,
 		"--control-plane-address", cpAddr, "--agent-auth", "mtls"); err != nil {
 		t.Fatalf("konnect init phase certs --agent-auth mtls: %v\n%s", err, out)
 	}
@@ -401,14 +403,14 @@ func TestAgentMTLS(t *testing.T) {
 			if got, want := c.doctorAgents(t, s.adminPort), map[string][]string{"cp-0": {"agent-w1"}}; !reflect.DeepEqual(got, want) {
 				t.Fatalf("connected agents %v, want %v (the token-only agent must be refused)", got, want)
 			}
-			if err := tokenOnly.p.errExited(); err != nil {
+			if err := tokenOnly.p.Exited(); err != nil {
 				t.Fatalf("the refused agent should keep retrying: %v", err)
 			}
 			w2 := nsHTTPClient(c.tp.ns(nsW2), nil, 3*time.Second)
 			// Its health server must answer first: a refused connection would make the /readyz check pass
 			// without saying anything.
-			if err := poll("the token-only agent's /livez", 30*time.Second, 250*time.Millisecond, func() error {
-				if err := tokenOnly.p.errExited(); err != nil {
+			if err := harness.Poll("the token-only agent's /livez", 30*time.Second, 250*time.Millisecond, func() error {
+				if err := tokenOnly.p.Exited(); err != nil {
 					return err
 				}
 				return httpGetOK(ctx, w2, "http://127.0.0.1:8093/livez", nil)
@@ -555,8 +557,8 @@ func TestManifests(t *testing.T) {
 		}
 		u := fmt.Sprintf("http://127.0.0.1:%d%s", probe.HTTPGet.Port.IntValue(), probe.HTTPGet.Path)
 		client := nsHTTPClient(c.tp.ns(nsCP), nil, 2*time.Second)
-		if err := poll("static pod probe "+u, 30*time.Second, 250*time.Millisecond, func() error {
-			if err := p.errExited(); err != nil {
+		if err := harness.Poll("static pod probe "+u, 30*time.Second, 250*time.Millisecond, func() error {
+			if err := p.Exited(); err != nil {
 				return err
 			}
 			return httpGetOK(ctx, client, u, nil)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 const sshPort = 22
@@ -39,7 +41,7 @@ func (c *cluster) startSSHD(t *testing.T) *sshd {
 	hostKey := filepath.Join(dir, "host_ed25519")
 	clientKey := filepath.Join(dir, "id_ed25519")
 	for _, k := range []string{hostKey, clientKey} {
-		if out, err := run(ctx, "", bins.sshKeygen, "-q", "-t", "ed25519", "-N", "", "-C", "e2e", "-f", k); err != nil {
+		if out, err := harness.Run(ctx, "", bins.sshKeygen, "-q", "-t", "ed25519", "-N", "", "-C", "e2e", "-f", k); err != nil {
 			t.Fatalf("ssh-keygen: %v\n%s", err, out)
 		}
 	}
@@ -79,8 +81,8 @@ LogLevel VERBOSE
 	s := &sshd{dir: dir, clientKey: clientKey, knownHosts: knownHosts}
 	// -D: stay in the foreground, so that the harness owns the process; -e: log to stderr.
 	s.p = startProcT(t, "sshd", c.tp.ns(nsCP), c.logDir, bins.sshd, "-D", "-e", "-f", config)
-	err = poll("sshd banner from lap", 30*time.Second, 200*time.Millisecond, func() error {
-		if err := s.p.errExited(); err != nil {
+	err = harness.Poll("sshd banner from lap", 30*time.Second, 200*time.Millisecond, func() error {
+		if err := s.p.Exited(); err != nil {
 			return err
 		}
 		conn, err := dialIn(ctx, c.tp.ns(nsLap), net.JoinHostPort(cpLapAddr, fmt.Sprint(sshPort)))

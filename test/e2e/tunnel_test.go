@@ -17,8 +17,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // impl says which program plays a tunnel end: konnect, or the upstream
@@ -145,8 +148,8 @@ func (c *cluster) waitHTTP(t *testing.T, p *proc, role string, port int, path st
 	client := nsHTTPClient(c.tp.ns(role), nil, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := poll(p.name+" "+path, 45*time.Second, 200*time.Millisecond, func() error {
-		if err := p.errExited(); err != nil {
+	err := harness.Poll(p.Name+" "+path, 45*time.Second, 200*time.Millisecond, func() error {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 		return httpGetOK(ctx, client, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
@@ -245,10 +248,10 @@ func (c *cluster) waitAgentReady(t *testing.T, a *tunnelAgent) {
 // stopped or killed.
 func (a *tunnelAgent) restart(t *testing.T, c *cluster) {
 	t.Helper()
-	if !a.p.exited() {
-		_ = a.p.stop(20 * time.Second)
+	if a.p.Running() {
+		_ = a.p.Stop(syscall.SIGTERM, 20*time.Second)
 	}
-	a.p = startProcT(t, a.p.name, c.tp.ns(a.opts.role), c.logDir, a.p.argv...)
+	a.p = startProcT(t, a.p.Name, c.tp.ns(a.opts.role), c.logDir, a.p.Argv...)
 	c.waitAgentReady(t, a)
 }
 
@@ -256,10 +259,10 @@ func (a *tunnelAgent) restart(t *testing.T, c *cluster) {
 // arguments.
 func (s *tunnelServer) restartStopped(t *testing.T, c *cluster) {
 	t.Helper()
-	if !s.p.exited() {
-		t.Fatalf("%s is still running", s.p.name)
+	if s.p.Running() {
+		t.Fatalf("%s is still running", s.p.Name)
 	}
-	s.p = startProcT(t, s.p.name, c.tp.ns(nsCP), c.logDir, s.p.argv...)
+	s.p = startProcT(t, s.p.Name, c.tp.ns(nsCP), c.logDir, s.p.Argv...)
 	c.waitHealthz(t, s.p, nsCP, s.healthPort)
 }
 

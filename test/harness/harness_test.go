@@ -28,7 +28,10 @@ func TestProc(t *testing.T) {
 	if !slices.Contains(Descendants(os.Getpid()), p.Pid()) {
 		t.Error("the process is not among the test's descendants")
 	}
-	p.Stop(syscall.SIGTERM)
+	if info, _ := Process(p.Pid()); info.RSSKiB <= 0 {
+		t.Errorf("RSS %d KiB", info.RSSKiB)
+	}
+	_ = p.Stop(syscall.SIGTERM, 30*time.Second)
 	if p.Running() {
 		t.Fatal("still running after Stop")
 	}

@@ -13,6 +13,7 @@ import (
 type ProcInfo struct {
 	Pid, PPid int
 	CPU       time.Duration // user plus system time so far
+	RSSKiB    int           // resident set size
 	Args      []string
 }
 
@@ -29,7 +30,7 @@ func Process(pid int) (p ProcInfo, ok bool) {
 		return p, false
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
+	if len(f) < 22 {
 		return p, false
 	}
 	p.Pid = pid
@@ -37,6 +38,8 @@ func Process(pid int) (p ProcInfo, ok bool) {
 	utime, _ := strconv.Atoi(f[11])
 	stime, _ := strconv.Atoi(f[12])
 	p.CPU = time.Duration(utime+stime) * 10 * time.Millisecond // clock ticks, 100 a second on Linux
+	rss, _ := strconv.Atoi(f[21])
+	p.RSSKiB = rss * os.Getpagesize() / 1024
 	if cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline")); err == nil {
 		p.Args = strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
 	}

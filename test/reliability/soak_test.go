@@ -131,19 +131,6 @@ func goroutines(adminPort int) (int, error) {
 	return n, nil
 }
 
-func rssKiB(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
-			return strconv.Atoi(strings.Fields(l)[1])
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
-}
-
 // soakMember is one server or agent of the soak.
 type soakMember struct {
 	name   string
@@ -269,7 +256,7 @@ func TestChurnSoak(t *testing.T) {
 			sig = syscall.SIGTERM
 		}
 		w := window{victim: victim.name, sig: sig, start: time.Now()}
-		victim.p.Stop(sig)
+		_ = victim.p.Stop(sig, 30*time.Second)
 		victim.p.Restart()
 		harness.Eventually(t, 60*time.Second, "all ready after restarting "+victim.name, allReady)
 		time.Sleep(soakGrace)
@@ -358,11 +345,11 @@ func TestChurnSoak(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s goroutines: %v", m.name, err)
 			}
-			r, err := rssKiB(m.p.Pid())
-			if err != nil {
-				t.Fatalf("%s RSS: %v", m.name, err)
+			info, ok := harness.Process(m.p.Pid())
+			if !ok {
+				t.Fatalf("%s RSS: process %d is gone", m.name, m.p.Pid())
 			}
-			stats[m.name] = procStats{g, r}
+			stats[m.name] = procStats{g, info.RSSKiB}
 		}
 		return stats
 	}
