@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -46,14 +44,6 @@ const (
 
 func (t *topology) ns(name string) string { return t.prefix + "-" + name }
 
-func run(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 func newTopology(dir string) (*topology, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("the benchmarks need root for network namespaces (run as root)")
@@ -64,57 +54,23 @@ func newTopology(dir string) (*topology, error) {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	t := &topology{prefix: "kb" + hex.EncodeToString(b), dir: dir}
-	steps := [][]string{
-		{"netns", "add", t.ns("cp")}, {"netns", "add", t.ns("w1")}, {"netns", "add", t.ns("lap")},
-		{"link", "add", t.prefix + "a", "netns", t.ns("cp"), "type", "veth", "peer", "name", t.prefix + "b", "netns", t.ns("w1")},
-		{"link", "add", t.prefix + "c", "netns", t.ns("cp"), "type", "veth", "peer", "name", t.prefix + "d", "netns", t.ns("lap")},
-		{"-n", t.ns("cp"), "addr", "add", cpAddr + "/30", "dev", t.prefix + "a"},
-		{"-n", t.ns("w1"), "addr", "add", w1Addr + "/30", "dev", t.prefix + "b"},
-		{"-n", t.ns("cp"), "addr", "add", cpLapAddr + "/30", "dev", t.prefix + "c"},
-		{"-n", t.ns("lap"), "addr", "add", lapAddr + "/30", "dev", t.prefix + "d"},
-		{"-n", t.ns("w1"), "addr", "add", podAddr + "/32", "dev", "lo"},
-	}
-	for _, n := range []string{"cp", "w1", "lap"} {
-		steps = append(steps, []string{"-n", t.ns(n), "link", "set", "lo", "up"})
-	}
-	steps = append(steps,
-		[]string{"-n", t.ns("cp"), "link", "set", t.prefix + "a", "up"}, []string{"-n", t.ns("w1"), "link", "set", t.prefix + "b", "up"},
-		[]string{"-n", t.ns("cp"), "link", "set", t.prefix + "c", "up"}, []string{"-n", t.ns("lap"), "link", "set", t.prefix + "d", "up"})
-	for _, s := range steps {
-		if err := run("ip", s...); err != nil {
-			t.close()
-			return nil, err
-		}
-	}
-	// The guarantee that nothing leaves the machine rests on this: no namespace may have a default route.
-	for _, n := range []string{"cp", "w1", "lap"} {
-		for _, fam := range []string{"-4", "-6"} {
-			out, err := exec.Command("ip", fam, "-n", t.ns(n), "route", "show", "default").CombinedOutput()
-			if err != nil || strings.TrimSpace(string(out)) != "" {
-				t.close()
-				return nil, fmt.Errorf("namespace %s: default route check (%v): %q; refusing to run", t.ns(n), err, strings.TrimSpace(string(out)))
-			}
-		}
+	cp, w1, lap := t.ns("cp"), t.ns("w1"), t.ns("lap")
+	err := harness.CreateNetns([]string{cp, w1, lap}, []harness.Link{
+		{A: cp, ADev: "to-w1", AAddr: cpAddr + "/30", B: w1, BDev: "to-cp", BAddr: w1Addr + "/30"},
+		{A: cp, ADev: "to-lap", AAddr: cpLapAddr + "/30", B: lap, BDev: "to-cp", BAddr: lapAddr + "/30"},
+	}, []string{"-n", w1, "addr", "add", podAddr + "/32", "dev", "lo"})
+	if err != nil {
+		return nil, err
 	}
 	return t, nil
 }
 
-// close stops every process and deletes the namespaces (the veth pairs go with them). What still runs in
-// a namespace after that (sshd's per-connection children leave its process group) is killed, so that no
-// namespace outlives the run.
+// close stops every process and deletes the namespaces, with whatever still runs in them.
 func (t *topology) close() {
 	for i := len(t.procs) - 1; i >= 0; i-- {
 		t.procs[i].stop()
 	}
-	for _, n := range []string{"cp", "w1", "lap"} {
-		out, _ := exec.Command("ip", "netns", "pids", t.ns(n)).Output()
-		for _, f := range strings.Fields(string(out)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid > 1 && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		_ = run("ip", "netns", "del", t.ns(n))
-	}
+	harness.DeleteNetns(t.ns("cp"), t.ns("w1"), t.ns("lap"))
 }
 
 // proc is a harness.Proc in one of the namespaces.

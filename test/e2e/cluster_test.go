@@ -460,7 +460,7 @@ func nsHTTPClient(ns string, tlsConfig *tls.Config, timeout time.Duration) *http
 		Timeout: timeout,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-				return dialIn(ctx, ns, addr)
+				return harness.DialIn(ctx, ns, addr)
 			},
 			TLSClientConfig:   tlsConfig,
 			DisableKeepAlives: true,

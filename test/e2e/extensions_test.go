@@ -204,7 +204,7 @@ func certSerial(t *testing.T, file string) string {
 
 // servedSerial is the serial number of the certificate a server on w1's pod address presents.
 func (c *cluster) servedSerial(ctx context.Context, port int) (string, error) {
-	conn, err := dialIn(ctx, c.tp.ns(nsW1), fmt.Sprintf("%s:%d", podAddr, port))
+	conn, err := harness.DialIn(ctx, c.tp.ns(nsW1), fmt.Sprintf("%s:%d", podAddr, port))
 	if err != nil {
 		return "", err
 	}

@@ -281,7 +281,7 @@ current-context: e2e
 
 // listenIn listens on addr inside namespace ns.
 func listenIn(ns, addr string) (net.Listener, error) {
-	return inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+	return harness.InNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", addr) })
 }
 
 // startTCPBalancer forwards each connection to addr in ns to the next backend in turn, until t ends. A
@@ -325,7 +325,7 @@ func startTCPBalancer(t *testing.T, ns, addr string, backends ...string) {
 				defer wg.Done()
 				defer in.Close()
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				out, err := dialIn(ctx, ns, backend)
+				out, err := harness.DialIn(ctx, ns, backend)
 				cancel()
 				if err != nil || !track(out) {
 					return

@@ -3,24 +3,18 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // Addresses of the simulated hosts. Everything is in 198.18.0.0/15, the
@@ -69,14 +63,6 @@ func (tp *topology) ns(role string) string {
 	return n
 }
 
-func ipCmd(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
 // newTopology creates the namespaces and links:
 //
 //	w1 198.18.0.2/30 ── 198.18.0.1/30 cp 198.18.0.5/30 ── 198.18.0.6/30 w2
@@ -87,74 +73,24 @@ func ipCmd(args ...string) error {
 // route to 198.18.0.0/30: it reaches the API server only through sshd.
 func newTopology(tag string) (*topology, error) {
 	tp := &topology{prefix: runID + "-" + tag, names: map[string]string{}}
+	var names []string
 	for _, role := range []string{nsCP, nsW1, nsW2, nsLap} {
-		name := tp.prefix + "-" + role
-		if err := ipCmd("netns", "add", name); err != nil {
-			tp.destroy()
-			return nil, err
-		}
-		tp.names[role] = name
-		track("netns "+name, func() { _ = ipCmd("netns", "del", name) })
-		if err := ipCmd("-n", name, "link", "set", "lo", "up"); err != nil {
-			tp.destroy()
-			return nil, err
-		}
+		tp.names[role] = tp.prefix + "-" + role
+		names = append(names, tp.names[role])
 	}
-	type link struct {
-		a, b         string // roles
-		aDev, bDev   string
-		aAddr, bAddr string
-	}
-	links := []link{
-		{nsCP, nsW1, "to-w1", "to-cp", cpAddr + "/30", w1Addr + "/30"},
-		{nsCP, nsW2, "to-w2", "to-cp", cpW2Addr + "/30", w2Addr + "/30"},
-		{nsCP, nsLap, "to-lap", "to-cp", cpLapAddr + "/30", lapAddr + "/30"},
-	}
-	steps := [][]string{}
-	for _, l := range links {
-		a, b := tp.ns(l.a), tp.ns(l.b)
-		// Both ends are created directly inside their namespaces, so the
-		// device names never meet in the host's namespace.
-		steps = append(steps,
-			[]string{"link", "add", l.aDev, "netns", a, "type", "veth", "peer", "name", l.bDev, "netns", b},
-			[]string{"-n", a, "addr", "add", l.aAddr, "dev", l.aDev},
-			[]string{"-n", b, "addr", "add", l.bAddr, "dev", l.bDev},
-			[]string{"-n", a, "link", "set", l.aDev, "up"},
-			[]string{"-n", b, "link", "set", l.bDev, "up"},
-		)
-	}
-	steps = append(steps,
-		[]string{"-n", tp.ns(nsW1), "addr", "add", podAddr + "/32", "dev", "lo"},
-		[]string{"-n", tp.ns(nsW2), "route", "add", cpAddr + "/32", "dev", "to-cp"},
-	)
-	for _, s := range steps {
-		if err := ipCmd(s...); err != nil {
-			tp.destroy()
-			return nil, err
-		}
-	}
-	for _, n := range tp.names {
-		if err := checkNoDefaultRoute(n); err != nil {
-			tp.destroy()
-			return nil, err
-		}
+	track("netns "+tp.prefix+"-*", func() { harness.DeleteNetns(names...) })
+	cp, w1, w2, lap := tp.ns(nsCP), tp.ns(nsW1), tp.ns(nsW2), tp.ns(nsLap)
+	err := harness.CreateNetns(names, []harness.Link{
+		{A: cp, ADev: "to-w1", AAddr: cpAddr + "/30", B: w1, BDev: "to-cp", BAddr: w1Addr + "/30"},
+		{A: cp, ADev: "to-w2", AAddr: cpW2Addr + "/30", B: w2, BDev: "to-cp", BAddr: w2Addr + "/30"},
+		{A: cp, ADev: "to-lap", AAddr: cpLapAddr + "/30", B: lap, BDev: "to-cp", BAddr: lapAddr + "/30"},
+	},
+		[]string{"-n", w1, "addr", "add", podAddr + "/32", "dev", "lo"},
+		[]string{"-n", w2, "route", "add", cpAddr + "/32", "dev", "to-cp"})
+	if err != nil {
+		return nil, err
 	}
 	return tp, nil
-}
-
-// checkNoDefaultRoute guards the network rule: a namespace with a default
-// route could leak test traffic off the machine.
-func checkNoDefaultRoute(ns string) error {
-	for _, fam := range []string{"-4", "-6"} {
-		out, err := exec.Command("ip", fam, "-n", ns, "route", "show", "default").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ip %s -n %s route show default: %w: %s", fam, ns, err, out)
-		}
-		if len(bytes.TrimSpace(out)) > 0 {
-			return fmt.Errorf("namespace %s has a default route (%s); refusing to run", ns, bytes.TrimSpace(out))
-		}
-	}
-	return nil
 }
 
 func (tp *topology) destroy() {
@@ -162,57 +98,19 @@ func (tp *topology) destroy() {
 		return
 	}
 	for _, n := range tp.names {
-		killNamespacePids(n)
-		_ = ipCmd("netns", "del", n)
+		harness.DeleteNetns(n)
 	}
 }
 
-// killNamespacePids kills whatever still runs in ns; it is the last resort
-// behind the per-process cleanup.
-func killNamespacePids(ns string) {
-	out, _ := exec.Command("ip", "netns", "pids", ns).Output()
-	for _, f := range strings.Fields(string(out)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid > 1 && pid != os.Getpid() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-}
-
-var staleNS = regexp.MustCompile(`^kn(\d+)-[0-9a-f]{4}-`)
-
-// sweepStale deletes namespaces left by earlier runs whose test process is
-// gone and in which nothing runs any more (KONNECT_E2E_KEEP=1 leaves live
-// processes behind, and those namespaces are kept).
+// sweepStale deletes namespaces and work dirs left by earlier runs whose
+// test process is gone (KONNECT_E2E_KEEP=1 leaves live processes behind,
+// and those namespaces and their work dirs are kept).
 func sweepStale() {
-	entries, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		m := staleNS.FindStringSubmatch(e.Name())
-		if m == nil {
-			continue
-		}
-		pid, _ := strconv.Atoi(m[1])
-		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
-			continue
-		}
-		out, _ := exec.Command("ip", "netns", "pids", e.Name()).Output()
-		if len(bytes.TrimSpace(out)) > 0 {
-			continue
-		}
-		fmt.Fprintf(os.Stderr, "e2e: removing stale namespace %s\n", e.Name())
-		_ = ipCmd("netns", "del", e.Name())
-	}
-	// Work dirs of dead runs go too, unless that run's namespaces were kept.
+	harness.SweepNetns(staleNS)
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kn-e2e-kn*-*"))
 	for _, d := range dirs {
 		m := staleWorkDir.FindStringSubmatch(filepath.Base(d))
-		if m == nil {
-			continue
-		}
-		pid, _ := strconv.Atoi(m[2])
-		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+		if m == nil || !harness.Gone(m[2]) {
 			continue
 		}
 		if kept, _ := filepath.Glob(filepath.Join("/run/netns", m[1]+"-*")); len(kept) > 0 {
@@ -223,45 +121,9 @@ func sweepStale() {
 	}
 }
 
+var staleNS = regexp.MustCompile(`^kn(\d+)-[0-9a-f]{4}-`)
+
 var staleWorkDir = regexp.MustCompile(`^kn-e2e-(kn(\d+)-[0-9a-f]{4})-\d+$`)
-
-// inNetns runs create on a thread that has joined namespace ns, so that the socket it creates belongs to ns.
-// That thread is never returned to the scheduler (locked, then the goroutine exits), so no other goroutine
-// ever runs in the wrong namespace.
-func inNetns[T any](ns string, create func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		// Deliberately no UnlockOSThread: the thread is discarded on exit.
-		var zero T
-		f, err := os.Open(filepath.Join("/run/netns", ns))
-		if err != nil {
-			ch <- result{zero, err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{zero, fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		v, err := create()
-		ch <- result{v, err}
-	}()
-	r := <-ch
-	return r.v, r.err
-}
-
-// dialIn opens a TCP connection from inside namespace ns.
-func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
-	return inNetns(ns, func() (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", addr)
-	})
-}
 
 // expectUnreachable checks that a direct TCP dial from ns to addr fails with
 // "network is unreachable": there is no route, so any success elsewhere in
@@ -269,7 +131,7 @@ func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
 func expectUnreachable(ns, addr string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := dialIn(ctx, ns, addr)
+	c, err := harness.DialIn(ctx, ns, addr)
 	if err == nil {
 		c.Close()
 		return fmt.Errorf("direct dial from %s to %s succeeded; the tunnel is not the only path", ns, addr)

@@ -237,7 +237,7 @@ func (nc *nodeCluster) nodeNetwork() error {
 		if s.name == nsCP {
 			continue
 		}
-		if err := ipCmd("-n", ns, "addr", "add", s.ip+"/32", "dev", "lo"); err != nil {
+		if err := harness.IP("-n", ns, "addr", "add", s.ip+"/32", "dev", "lo"); err != nil {
 			return err
 		}
 		for _, argv := range [][]string{

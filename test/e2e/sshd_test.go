@@ -85,7 +85,7 @@ LogLevel VERBOSE
 		if err := s.p.Exited(); err != nil {
 			return err
 		}
-		conn, err := dialIn(ctx, c.tp.ns(nsLap), net.JoinHostPort(cpLapAddr, fmt.Sprint(sshPort)))
+		conn, err := harness.DialIn(ctx, c.tp.ns(nsLap), net.JoinHostPort(cpLapAddr, fmt.Sprint(sshPort)))
 		if err != nil {
 			return err
 		}

@@ -272,7 +272,7 @@ func (c *cluster) agentPortSerial(t *testing.T, s *tunnelServer) *big.Int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := dialIn(ctx, c.tp.ns(nsW1), net.JoinHostPort(cpAddr, strconv.Itoa(s.agentPort)))
+	raw, err := harness.DialIn(ctx, c.tp.ns(nsW1), net.JoinHostPort(cpAddr, strconv.Itoa(s.agentPort)))
 	if err != nil {
 		t.Fatalf("dial agent port: %v", err)
 	}
@@ -302,7 +302,7 @@ func (c *cluster) expectFrontendRequiresClientCert(t *testing.T) {
 	pool.AppendCertsFromPEM(caPEM)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := dialIn(ctx, c.tp.ns(nsCP), hostPort)
+	raw, err := harness.DialIn(ctx, c.tp.ns(nsCP), hostPort)
 	if err != nil {
 		t.Fatalf("dial frontend %s: %v", hostPort, err)
 	}
