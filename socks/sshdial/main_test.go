@@ -3,6 +3,7 @@ package sshdial
 import (
 	"testing"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"go.uber.org/goleak"
 )
 
@@ -11,5 +12,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction(harness.SpawnerFunc),
 	)
 }

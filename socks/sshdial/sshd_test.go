@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
@@ -37,7 +37,7 @@ func backend(t *testing.T) string {
 
 // fixture is a running sshd with a client key and a known_hosts file that trusts it.
 type fixture struct {
-	sshd       *sshdtest.Server
+	sshd       *harness.SSHD
 	key        string
 	knownHosts string
 	dir        string
@@ -46,8 +46,8 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	if err := os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestDialErrorsCarryErrno(t *testing.T) {
 	f := newFixture(t)
 	d, done := start(t, f.config())
 	waitReady(t, d, done)
-	closed := sshdtest.FreePort(t)
+	closed := harness.FreePort(t)
 	_, err := d.DialContext(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", closed))
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("dial to a closed port: err = %v, want ECONNREFUSED", err)
@@ -158,7 +158,7 @@ func TestDialErrorsCarryErrno(t *testing.T) {
 func TestHostKeys(t *testing.T) {
 	f := newFixture(t)
 	be := backend(t)
-	otherKey, _ := sshdtest.KeyPair(t, t.TempDir(), "other", "")
+	otherKey, _ := harness.SSHKeyPair(t, t.TempDir(), "other", "")
 	otherPub := publicKeyOf(t, otherKey)
 	addr := f.sshd.Addr()
 
@@ -300,10 +300,10 @@ func publicKeyOf(t *testing.T, privFile string) ssh.PublicKey {
 
 func TestJumpChain(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	jump1 := sshdtest.Start(t, pub)
-	jump2 := sshdtest.Start(t, pub)
-	target := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	jump1 := harness.StartSSHD(t, pub)
+	jump2 := harness.StartSSHD(t, pub)
+	target := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(jump1.KnownHostsLine()+"\n"+jump2.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
 	be := backend(t)
@@ -326,7 +326,7 @@ func TestJumpChain(t *testing.T) {
 	// the target to the backend.
 	_, bePort, _ := net.SplitHostPort(be)
 	for _, c := range []struct {
-		srv  *sshdtest.Server
+		srv  *harness.SSHD
 		port string
 	}{{jump1, fmt.Sprint(jump2.Port)}, {jump2, fmt.Sprint(target.Port)}, {target, bePort}} {
 		if !strings.Contains(c.srv.Log(), "target 127.0.0.1 port "+c.port) {
@@ -337,9 +337,9 @@ func TestJumpChain(t *testing.T) {
 
 func TestJumpFromSSHConfig(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	jump := sshdtest.Start(t, pub)
-	target := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	jump := harness.StartSSHD(t, pub)
+	target := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
 	sshConfig := filepath.Join(dir, "config")
@@ -383,8 +383,8 @@ Host inner
 func TestAgentAuth(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("HOME", dir) // no default identity files
-	key, pub := sshdtest.KeyPair(t, dir, "id_agent", "agent-pass")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_agent", "agent-pass")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 	// ssh-add reads the passphrase from SSH_ASKPASS without a terminal.
@@ -393,7 +393,7 @@ func TestAgentAuth(t *testing.T) {
 	t.Setenv("SSH_ASKPASS", askpass)
 	t.Setenv("SSH_ASKPASS_REQUIRE", "force")
 	t.Setenv("DISPLAY", ":0")
-	sock := sshdtest.Agent(t, key)
+	sock := harness.SSHAgent(t, key)
 	t.Setenv("SSH_AUTH_SOCK", sock)
 
 	cfg := Config{Destination: srv.Addr(), ConfigFile: "none", KnownHostsFile: kh, ConnectTimeout: 5 * time.Second}
@@ -423,8 +423,8 @@ func TestAgentAuth(t *testing.T) {
 
 func TestEncryptedKeyWithPassphrase(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_enc", "s3cret")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_enc", "s3cret")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 	asked := 0
@@ -447,7 +447,7 @@ func TestEncryptedKeyWithPassphrase(t *testing.T) {
 
 func TestAuthFailureIsPermanent(t *testing.T) {
 	f := newFixture(t)
-	wrong, _ := sshdtest.KeyPair(t, t.TempDir(), "id_wrong", "")
+	wrong, _ := harness.SSHKeyPair(t, t.TempDir(), "id_wrong", "")
 	cfg := f.config()
 	cfg.IdentityFiles = []string{wrong}
 	_, done := start(t, cfg)

@@ -582,8 +582,7 @@ func (b *bench) sshdCPU() float64 {
 	}
 	var total float64
 	for _, pid := range append([]int{b.sshd.Pid()}, harness.Descendants(b.sshd.Pid())...) {
-		p, _ := harness.Process(pid)
-		total += p.CPU.Seconds()
+		total += harness.CPUTime(pid).Seconds()
 	}
 	return total
 }

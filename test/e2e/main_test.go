@@ -35,7 +35,7 @@ type tools struct {
 	proxyServer, proxyAgent        string // upstream apiserver-network-proxy v0.36.0
 	pizzaWebhook                   string // tools/pizza-webhook
 	konnect                        string
-	etcd, sshd, sshKeygen, kubectl string
+	etcd, kubectl                  string
 	curl                           string
 }
 
@@ -187,8 +187,7 @@ func findTools() error {
 		dst  *string
 		name string
 	}{
-		{&bins.etcd, "etcd"}, {&bins.sshd, "sshd"}, {&bins.sshKeygen, "ssh-keygen"},
-		{&bins.kubectl, "kubectl"}, {&bins.curl, "curl"},
+		{&bins.etcd, "etcd"}, {&bins.kubectl, "kubectl"}, {&bins.curl, "curl"},
 	} {
 		p, err := exec.LookPath(lp.name)
 		if err != nil {

@@ -159,10 +159,11 @@ func InNetns[T any](ns string, fn func() (T, error)) (T, error) {
 	return r.v, r.err
 }
 
-// DialIn opens a TCP connection from inside namespace ns.
+// DialIn opens a TCP connection from inside namespace ns (the host's when ns is "").
 func DialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
-	return InNetns(ns, func() (net.Conn, error) {
-		var d net.Dialer
+	var d net.Dialer
+	if ns == "" {
 		return d.DialContext(ctx, "tcp", addr)
-	})
+	}
+	return InNetns(ns, func() (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) })
 }

@@ -77,3 +77,9 @@ func Descendants(pid int) []int {
 	walk(pid)
 	return out
 }
+
+// CPUTime is the user plus system CPU time a process has used so far; 0 once it is gone.
+func CPUTime(pid int) time.Duration {
+	p, _ := Process(pid)
+	return p.CPU
+}

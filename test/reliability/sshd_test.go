@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // sshd is a real OpenSSH server on loopback with its own host key and one authorised client key.
@@ -20,8 +20,8 @@ func startSSHD(t *testing.T) *sshd {
 	t.Helper()
 	requireRoot(t)
 	dir := shortDir(t)
-	clientKey, clientPub := sshdtest.KeyPair(t, dir, "client_key", "")
-	srv := sshdtest.Start(t, clientPub)
+	clientKey, clientPub := harness.SSHKeyPair(t, dir, "client_key", "")
+	srv := harness.StartSSHD(t, clientPub)
 	s := &sshd{port: srv.Port, clientKey: clientKey, knownHosts: filepath.Join(dir, "known_hosts")}
 	writeFile(t, s.knownHosts, srv.KnownHostsLine()+"\n")
 	return s

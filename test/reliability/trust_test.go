@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
 	"github.com/konnect-dev/konnect/test/harness"
 )
 
@@ -332,7 +331,7 @@ func TestSSHHostKey(t *testing.T) {
 	t.Parallel() // waits on timeouts; runs alongside the other waiting tests, after the soak
 	s := startSSHD(t)
 	b := startBackend(t)
-	_, otherPub := sshdtest.KeyPair(t, shortDir(t), "other_key", "")
+	_, otherPub := harness.SSHKeyPair(t, shortDir(t), "other_key", "")
 	otherPub = strings.Join(strings.Fields(otherPub)[:2], " ") // without the comment
 	for _, tc := range []struct {
 		name       string

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // The comparison with kubectl proxy runs only when asked: it is a benchmark, not a test, and takes about a
@@ -187,9 +187,9 @@ func TestCompareWithKubectlProxy(t *testing.T) {
 	results := make([][]heyResult, len(proxies))
 	for r := range rounds {
 		for i, p := range proxies {
-			before := sshdtest.CPUTime(p.cmd.Process.Pid)
+			before := harness.CPUTime(p.cmd.Process.Pid)
 			res := runHey(t, hey, p.url, n, c)
-			res.cpuPerReq = float64((sshdtest.CPUTime(p.cmd.Process.Pid) - before).Microseconds()) / float64(n)
+			res.cpuPerReq = float64((harness.CPUTime(p.cmd.Process.Pid) - before).Microseconds()) / float64(n)
 			results[i] = append(results[i], res)
 			t.Logf("round %d %-14s %8.0f req/s  p99 %6.1f ms  %5.1f µs CPU/request", r+1, p.name, res.rps, res.p99*1000, res.cpuPerReq)
 		}

@@ -22,13 +22,14 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/socks/sshdial"
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(harness.SpawnerFunc))
 }
 
 // kubectlProxyFlags is kubectl proxy's flag set as k8s.io/kubectl v0.36.1 (pkg/cmd/proxy/proxy.go)

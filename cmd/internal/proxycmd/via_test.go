@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -33,8 +33,8 @@ func withProxyURL(t *testing.T, kubeconfig, proxyURL string) {
 func TestViaRealSSHD(t *testing.T) {
 	t.Setenv("SSH_AUTH_SOCK", "")
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_ed25519", "")
-	sshd := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_ed25519", "")
+	sshd := harness.StartSSHD(t, pub)
 	knownHosts := filepath.Join(dir, "known_hosts")
 	if err := os.WriteFile(knownHosts, []byte(sshd.KnownHostsLine()+"\n"), 0o600); err != nil {
 		t.Fatal(err)

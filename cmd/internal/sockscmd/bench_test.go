@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/proxy"
 )
 
@@ -30,14 +30,14 @@ const benchBytes = 256 << 20
 // destination connection plus its first byte), and the ratios konnect/ssh. Three pairings: each side's
 // default cipher (konnect prefers aes128-gcm, OpenSSH chacha20-poly1305), and both sides on the same cipher.
 func BenchmarkVsOpenSSH(b *testing.B) {
-	sshdtest.Require(b, "ssh")
+	harness.RequireSSH(b, "ssh")
 	rounds := 5
 	if v, _ := strconv.Atoi(os.Getenv("KONNECT_BENCH_ROUNDS")); v > 0 {
 		rounds = v
 	}
 	dir := b.TempDir()
-	key, pub := sshdtest.KeyPair(b, dir, "id_client", "")
-	srv := sshdtest.Start(b, pub)
+	key, pub := harness.SSHKeyPair(b, dir, "id_client", "")
+	srv := harness.StartSSHD(b, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 	bulk := bulkBackend(b)
@@ -63,14 +63,14 @@ func BenchmarkVsOpenSSH(b *testing.B) {
 			var kCPU, oCPU, kSSHD, oSSHD time.Duration
 			sshdCPU := func() (d time.Duration) {
 				for _, pid := range srv.Pids() {
-					d += sshdtest.CPUTime(pid)
+					d += harness.CPUTime(pid)
 				}
 				return d
 			}
 			timed := func(pid int, cpu, sshd *time.Duration, f func()) {
-				c0, s0 := sshdtest.CPUTime(pid), sshdCPU()
+				c0, s0 := harness.CPUTime(pid), sshdCPU()
 				f()
-				*cpu += sshdtest.CPUTime(pid) - c0
+				*cpu += harness.CPUTime(pid) - c0
 				*sshd += sshdCPU() - s0
 			}
 			for i := 0; i < b.N*rounds; i++ {
@@ -106,10 +106,10 @@ const childEnv = "KONNECT_SOCKS_CHILD"
 
 // startKonnect runs `konnect socks` as a separate process, like a user would, and returns its SOCKS address
 // and pid.
-func startKonnect(b *testing.B, srv *sshdtest.Server, key, kh, cipher string) (string, int) {
-	port := sshdtest.FreePort(b)
+func startKonnect(b *testing.B, srv *harness.SSHD, key, kh, cipher string) (string, int) {
+	port := harness.FreePort(b)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(b)))
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(b)))
 	args := []string{"-D", addr, "--health-listen", health, "-i", key, "--known-hosts", kh, "-F", "none"}
 	if cipher != "" {
 		args = append(args, "--cipher", cipher)
@@ -147,8 +147,8 @@ func startKonnect(b *testing.B, srv *sshdtest.Server, key, kh, cipher string) (s
 	}
 }
 
-func startOpenSSH(b *testing.B, srv *sshdtest.Server, key, kh, cipher string) (string, int) {
-	port := sshdtest.FreePort(b)
+func startOpenSSH(b *testing.B, srv *harness.SSHD, key, kh, cipher string) (string, int) {
+	port := harness.FreePort(b)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	args := []string{"-N", "-F", "/dev/null", "-D", addr, "-i", key, "-p", strconv.Itoa(srv.Port),
 		"-o", "UserKnownHostsFile=" + kh, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // konnectProcess runs `konnect socks args...` as its own process (this test binary, see TestMain) with
@@ -55,8 +55,8 @@ func waitExit(t *testing.T, cmd *exec.Cmd, within time.Duration) error {
 
 func TestProcessEncryptedKeyWithoutTerminal(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_enc", "passphrase")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_enc", "passphrase")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 	cmd, out := konnectProcess(t, "-D", "127.0.0.1:0", "-i", key, "--known-hosts", kh, "-F", "none", srv.Addr())
@@ -74,15 +74,15 @@ func TestProcessEncryptedKeyWithoutTerminal(t *testing.T) {
 
 func TestProcessNoSecretsInLogsAndCleanExit(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 	const password = "Zq8-very-secret-proxy-password"
 	pw := filepath.Join(dir, "pw")
 	os.WriteFile(pw, []byte(password+"\n"), 0o600)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(t)))
-	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshdtest.FreePort(t)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
 	cmd, out := konnectProcess(t, "-v", "10", "-D", addr, "--health-listen", health, "-i", key, "--known-hosts", kh,
 		"-F", "none", "--proxy-user", "dev", "--proxy-password-file", pw, srv.Addr())
 	// The child is this test binary (with -race when the suite runs under it), so allow for a slow start,

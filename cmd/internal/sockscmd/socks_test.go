@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks/sshdial/sshdtest"
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -45,6 +44,7 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction(harness.SpawnerFunc),
 	)
 }
 
@@ -162,7 +162,7 @@ func TestOptionsConfig(t *testing.T) {
 
 // env is a running konnect socks against a real sshd.
 type env struct {
-	sshd  *sshdtest.Server
+	sshd  *harness.SSHD
 	proxy *Proxy
 	stop  func()
 }
@@ -170,8 +170,8 @@ type env struct {
 func startEnv(t *testing.T, mutate func(o *Options)) *env {
 	t.Helper()
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 
@@ -291,7 +291,7 @@ func TestSocksAgainstSSHD(t *testing.T) {
 		t.Fatalf("/metrics = %d, missing konnect gauges:\n%s", code, body)
 	}
 	// A refused destination is reported as such through SSH.
-	closed := sshdtest.FreePort(t)
+	closed := harness.FreePort(t)
 	out, _ := curl(t, "--socks5-hostname", addr, fmt.Sprintf("http://127.0.0.1:%d/", closed))
 	// curl prints the SOCKS5 reply code: 5 is "connection refused".
 	if !strings.Contains(out, "(5)") {
@@ -350,8 +350,8 @@ func TestSocksReconnect(t *testing.T) {
 
 func TestSocksUnknownHostKeyStopsRun(t *testing.T) {
 	dir := t.TempDir()
-	key, pub := sshdtest.KeyPair(t, dir, "id_client", "")
-	srv := sshdtest.Start(t, pub)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
 	o := NewOptions()
 	o.DynamicForward = "127.0.0.1:0"
 	o.SSH.IdentityFiles = []string{key}
