@@ -6,20 +6,11 @@ import (
 	"time"
 )
 
-// Eventually polls cond until it returns nil. If timeout passes first, the test fails with what it waited
-// for and cond's last error.
+// Eventually polls cond (see Poll) until it returns nil, and fails the test if timeout passes first.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := Poll(what, timeout, 20*time.Millisecond, cond); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -67,16 +67,7 @@ func expectRejected(t *testing.T, server *harness.Proc, adminPort int, agent *ha
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("agent's last log lines:\n%s", lastLines(agent.Log(), 2))
-}
-
-// lastLines returns the last n lines of s.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	t.Logf("agent's last log lines:\n%s", agent.LogTail(2))
 }
 
 // expectConnected waits until the server lists the agent as connected.
@@ -373,7 +364,7 @@ func TestSSHHostKey(t *testing.T) {
 			if d := diffSnapshots(before, snapshot(t, filepath.Dir(kh))); len(d) > 0 {
 				t.Errorf("known_hosts changed without --accept-new: %v", d)
 			}
-			t.Logf("log:\n%s", lastLines(p.Log(), 3))
+			t.Logf("log:\n%s", p.LogTail(3))
 		})
 	}
 }
