@@ -147,6 +147,7 @@ func (b *bench) ratios() []ratio {
 	add(scale, "tunnel scale: server RSS upstream / konnect", "konnect", "upstream", "server RSS MiB", false, 1)
 	add(scale, "tunnel scale: agent RSS upstream / konnect", "konnect", "upstream", "agent RSS MiB", false, 0)
 	add(find("4. agent idle"), "agent idle RSS: upstream / konnect", "konnect", "upstream", "RSS MiB", false, 1)
+	add(find("4. agent idle"), "agent idle anonymous RSS: upstream / konnect", "konnect", "upstream", "anon MiB", false, 0)
 	for _, m := range b.results {
 		if !strings.HasPrefix(m.title, "8. swarm") {
 			continue

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -82,4 +83,20 @@ func Descendants(pid int) []int {
 func CPUTime(pid int) time.Duration {
 	p, _ := Process(pid)
 	return p.CPU
+}
+
+// AnonRSSKiB is the part of pid's resident set that is anonymous memory (heap, stacks): what the process
+// itself allocated, as opposed to the pages of its executable, which every process running the same file
+// shares and the kernel can drop and read back.
+func AnonRSSKiB(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			return strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		}
+	}
+	return 0, errors.New("no RssAnon in /proc/" + strconv.Itoa(pid) + "/status")
 }
