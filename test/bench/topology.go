@@ -81,6 +81,11 @@ func (t *topology) start(name, ns string, argv ...string) (*proc, error) {
 	logDir := filepath.Join(t.dir, "logs")
 	_ = os.MkdirAll(logDir, 0o755)
 	p := &proc{&harness.Proc{Name: name, LogPath: filepath.Join(logDir, name+".log"), Argv: argv, Via: harness.NetnsExec(t.ns(ns)), Keep: t.keep}}
+	// A fresh log for each start: the swarm's report is read from its log, and a second round must not
+	// find the first one's.
+	if err := os.WriteFile(p.LogPath, nil, 0o644); err != nil {
+		return nil, err
+	}
 	if err := p.Launch(); err != nil {
 		return nil, err
 	}
