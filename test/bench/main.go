@@ -606,46 +606,27 @@ func (b *bench) negotiated() string {
 }
 
 func (b *bench) startSSH() error {
-	for _, k := range []string{"host", "client"} {
-		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", b.path(k+"_key")).CombinedOutput(); err != nil {
-			return fmt.Errorf("ssh-keygen: %w: %s", err, out)
-		}
-	}
-	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
-		return err
-	}
-	// LogLevel DEBUG records the negotiated key exchange and ciphers of every connection (and nothing per
-	// packet), so the report can say what each side ran.
-	cfg := fmt.Sprintf("Port %s\nListenAddress %s\nHostKey %s\nAuthorizedKeysFile %s\nStrictModes no\nUsePAM no\n"+
-		"PermitRootLogin prohibit-password\nPasswordAuthentication no\nAllowTcpForwarding yes\nPidFile %s\nLogLevel DEBUG\n",
-		sshPort, cpLapAddr, b.path("host_key"), b.path("client_key.pub"), b.path("sshd.pid"))
-	if err := os.WriteFile(b.path("sshd_config"), []byte(cfg), 0o600); err != nil {
-		return err
-	}
-	sshd, err := b.t.start("sshd", "cp", "/usr/sbin/sshd", "-D", "-e", "-f", b.path("sshd_config"))
+	clientKey, clientPub, err := harness.GenerateSSHKey(b.dir, "client_key", "")
 	if err != nil {
 		return err
 	}
-	b.sshd = sshd
-	if err := b.t.waitTCP("lap", cpLapAddr+":"+sshPort, 15*time.Second, sshd); err != nil {
-		return err
-	}
-	pub, err := os.ReadFile(b.path("host_key.pub"))
+	sshd, err := harness.NewSSHD(harness.SSHDOptions{Addr: cpLapAddr + ":" + sshPort, Netns: b.t.ns("cp"), From: b.t.ns("lap"),
+		Dir: b.path("sshd"), Keep: b.t.keep}, clientPub)
 	if err != nil {
 		return err
 	}
-	fields := strings.Fields(string(pub))
-	kh := fmt.Sprintf("[%s]:%s %s %s\n", cpLapAddr, sshPort, fields[0], fields[1])
-	if err := os.WriteFile(b.path("known_hosts"), []byte(kh), 0o644); err != nil {
+	b.sshd = &proc{sshd.Proc}
+	b.t.procs = append(b.t.procs, b.sshd)
+	if err := os.WriteFile(b.path("known_hosts"), []byte(sshd.KnownHostsLine()+"\n"), 0o644); err != nil {
 		return err
 	}
 	sshArgs := func(port string, extra ...string) []string {
-		return append(append([]string{"ssh", "-F", "/dev/null", "-N", "-D", "127.0.0.1:" + port, "-i", b.path("client_key"),
+		return append(append([]string{"ssh", "-F", "/dev/null", "-N", "-D", "127.0.0.1:" + port, "-i", clientKey,
 			"-o", "UserKnownHostsFile=" + b.path("known_hosts"), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"}, extra...),
 			"-p", sshPort, "root@"+cpLapAddr)
 	}
 	konnectArgs := func(port string, extra ...string) []string {
-		return append(append([]string{b.o.konnect, "socks", "-F", "none", "-D", "127.0.0.1:" + port, "-i", b.path("client_key"),
+		return append(append([]string{b.o.konnect, "socks", "-F", "none", "-D", "127.0.0.1:" + port, "-i", clientKey,
 			"--known-hosts", b.path("known_hosts"), "-p", sshPort}, extra...), "root@"+cpLapAddr)
 	}
 	if _, err := b.t.start("backend-cp", "cp", b.o.backend, "--listen", cpBackend); err != nil {
@@ -664,7 +645,7 @@ func (b *bench) startSSH() error {
 		{"ssh-D", "ssh -D", sshArgs(sshDPort), sshDPort, 1},
 		{"ssh-D-cipher", "ssh -D -c " + b.o.socksCipher, sshArgs(sshDCipher, "-c", b.o.socksCipher), sshDCipher, 1},
 	} {
-		logged := logSize(sshd.LogPath)
+		logged := logSize(b.sshd.LogPath)
 		p, err := b.t.start(s.name, "lap", s.argv...)
 		if err != nil {
 			return err
@@ -682,7 +663,7 @@ func (b *bench) startSSH() error {
 		}
 		// Every SSH connection of this proxy is up (and in the log) before the next proxy starts.
 		if err := poll(fmt.Sprintf("%d SSH connection(s) of %s in sshd's log", s.conns, s.label), 20*time.Second, 100*time.Millisecond, p, func() error {
-			if n := len(kexCipher.FindAllString(readFrom(sshd.LogPath, logged), -1)); n < s.conns {
+			if n := len(kexCipher.FindAllString(readFrom(b.sshd.LogPath, logged), -1)); n < s.conns {
 				return fmt.Errorf("%d so far", n)
 			}
 			return nil
@@ -691,7 +672,7 @@ func (b *bench) startSSH() error {
 		}
 		b.socksProcs[s.port] = p
 		b.socksKexOrder = append(b.socksKexOrder, s.label)
-		b.socksKex[s.label] = kexSummary(readFrom(sshd.LogPath, logged))
+		b.socksKex[s.label] = kexSummary(readFrom(b.sshd.LogPath, logged))
 	}
 	return nil
 }

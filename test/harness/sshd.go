@@ -52,27 +52,52 @@ func StartSSHD(t testing.TB, authorizedKeys ...string) *SSHD {
 // StartSSHDWith is StartSSHD with options.
 func StartSSHDWith(t testing.TB, o SSHDOptions, authorizedKeys ...string) *SSHD {
 	t.Helper()
-	RequireSSH(t, SSHDPath)
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
 	if o.Addr == "" {
 		o.Addr = ClosedAddr(t)
 	}
+	s, err := NewSSHD(o, authorizedKeys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.t = t
+	if !o.Keep {
+		t.Cleanup(s.Stop)
+	}
+	return s
+}
+
+// NewSSHD is StartSSHDWith for a program that is not a test (the bench tool): o.Dir and o.Addr are
+// required, errors are returned, and the caller stops sshd.
+func NewSSHD(o SSHDOptions, authorizedKeys ...string) (*SSHD, error) {
+	if err := requireSSH(SSHDPath); err != nil {
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(o.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("sshd address: %w", err)
+	}
 	// /run/sshd is sshd's privilege separation directory, without which it refuses to start.
 	for _, d := range []string{o.Dir, "/run/sshd"} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
-	host, port, _ := net.SplitHostPort(o.Addr)
-	hostKey, hostPub := SSHKeyPair(t, o.Dir, "host_ed25519", "")
+	hostKey, hostPub, err := GenerateSSHKey(o.Dir, "host_ed25519", "")
+	if err != nil {
+		return nil, err
+	}
 	fields := strings.Fields(hostPub)
-	s := &SSHD{Host: host, Dir: o.Dir, HostKeyFile: hostKey, HostKeyLine: fields[0] + " " + fields[1], from: o.From, t: t}
+	s := &SSHD{Host: host, Dir: o.Dir, HostKeyFile: hostKey, HostKeyLine: fields[0] + " " + fields[1], from: o.From}
 	s.Port, _ = strconv.Atoi(port)
 	authorized, config := filepath.Join(o.Dir, "authorized_keys"), filepath.Join(o.Dir, "sshd_config")
-	writeFile(t, authorized, strings.Join(authorizedKeys, "\n")+"\n")
-	writeFile(t, config, fmt.Sprintf(`Port %s
+	if err := os.WriteFile(authorized, []byte(strings.Join(authorizedKeys, "\n")+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	// LogLevel DEBUG1 records the key exchange and ciphers each client negotiated, and nothing per packet.
+	cfg := fmt.Sprintf(`Port %s
 ListenAddress %s
 HostKey %s
 AuthorizedKeysFile %s
@@ -87,24 +112,19 @@ AllowTcpForwarding yes
 MaxStartups 200:30:400
 MaxSessions 200
 LogLevel DEBUG1
-`, port, host, hostKey, authorized, filepath.Join(o.Dir, "sshd.pid")))
+`, port, host, hostKey, authorized, filepath.Join(o.Dir, "sshd.pid"))
+	if err := os.WriteFile(config, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
 	// -D keeps sshd in the foreground, so that Proc owns it; -e logs to stderr, which is the log file.
 	s.Proc = &Proc{Name: "sshd", LogPath: filepath.Join(o.Dir, "sshd.log"), Argv: []string{SSHDPath, "-D", "-e", "-f", config}, Keep: o.Keep}
 	if o.Netns != "" {
 		s.Proc.Via = NetnsExec(o.Netns)
 	}
-	s.Restart()
-	if !o.Keep {
-		t.Cleanup(s.Stop)
+	if err := s.Launch(); err != nil {
+		return nil, err
 	}
-	return s
-}
-
-func writeFile(t testing.TB, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return s, nil
 }
 
 // Addr is "host:port".
@@ -121,13 +141,20 @@ func (s *SSHD) KnownHostsLine() string {
 // Restart starts sshd (again) on the same address with the same keys, and waits until it answers.
 func (s *SSHD) Restart() {
 	s.t.Helper()
+	if err := s.Launch(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Launch is Restart with the error returned.
+func (s *SSHD) Launch() error {
 	s.Stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.Proc.Launch(); err != nil {
-		s.t.Fatal(err)
+		return err
 	}
-	err := Poll("sshd's banner on "+s.Addr(), 30*time.Second, 50*time.Millisecond, func() error {
+	return Poll("sshd's banner on "+s.Addr(), 30*time.Second, 50*time.Millisecond, func() error {
 		if err := s.Proc.Exited(); err != nil {
 			return err
 		}
@@ -144,9 +171,6 @@ func (s *SSHD) Restart() {
 		}
 		return nil
 	})
-	if err != nil {
-		s.t.Fatal(err)
-	}
 }
 
 // Stop kills sshd and its per-connection children, so that established sessions drop as well.
@@ -183,28 +207,46 @@ func (s *SSHD) Log() string { return s.Proc.Log() }
 // error.
 func RequireSSH(t testing.TB, progs ...string) {
 	t.Helper()
+	if err := requireSSH(progs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func requireSSH(progs ...string) error {
 	for _, p := range progs {
 		if _, err := exec.LookPath(p); err != nil {
-			t.Fatalf("%s is required for this test (install openssh-server and openssh-client): %v", p, err)
+			return fmt.Errorf("%s is required (install openssh-server and openssh-client): %w", p, err)
 		}
 	}
+	return nil
 }
 
 // SSHKeyPair generates an ed25519 key with ssh-keygen in dir and returns the private key path and the
 // public key line. passphrase may be empty.
 func SSHKeyPair(t testing.TB, dir, name, passphrase string) (string, string) {
 	t.Helper()
-	RequireSSH(t, "ssh-keygen")
-	path := filepath.Join(dir, name)
-	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", path).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ssh-keygen %s: %v: %s", name, err, out)
-	}
-	pub, err := os.ReadFile(path + ".pub")
+	path, pub, err := GenerateSSHKey(dir, name, passphrase)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return path, strings.TrimSpace(string(pub))
+	return path, pub
+}
+
+// GenerateSSHKey is SSHKeyPair with the error returned.
+func GenerateSSHKey(dir, name, passphrase string) (path, pub string, err error) {
+	if err := requireSSH("ssh-keygen"); err != nil {
+		return "", "", err
+	}
+	path = filepath.Join(dir, name)
+	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", path).CombinedOutput()
+	if err != nil {
+		return "", "", fmt.Errorf("ssh-keygen %s: %v: %s", name, err, out)
+	}
+	b, err := os.ReadFile(path + ".pub")
+	if err != nil {
+		return "", "", err
+	}
+	return path, strings.TrimSpace(string(b)), nil
 }
 
 // SSHAgent runs ssh-agent on a socket in a temporary directory, loads the given private keys with ssh-add,
