@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -189,17 +191,11 @@ const quietTick = 50 * time.Millisecond
 // on a new one, through another agent.
 func (a *Agent) closeQuietConns(seen map[*conn]uint64) {
 	a.mu.Lock()
-	sessions := make([]*session, 0, len(a.sessions))
-	for _, s := range a.sessions {
-		sessions = append(sessions, s)
-	}
+	sessions := slices.Collect(maps.Values(a.sessions))
 	a.mu.Unlock()
 	for _, s := range sessions {
 		s.mu.Lock()
-		conns := make([]*conn, 0, len(s.conns))
-		for _, c := range s.conns {
-			conns = append(conns, c)
-		}
+		conns := slices.Collect(maps.Values(s.conns))
 		s.mu.Unlock()
 		for _, c := range conns {
 			n := c.activity.Load()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -417,10 +419,7 @@ func (s *session) teardown() {
 	s.cancel()
 	s.mu.Lock()
 	s.closed = true
-	conns := make([]*conn, 0, len(s.conns))
-	for _, c := range s.conns {
-		conns = append(conns, c)
-	}
+	conns := slices.Collect(maps.Values(s.conns))
 	for id, cancel := range s.dials {
 		cancel()
 		delete(s.dials, id)
