@@ -64,8 +64,8 @@ func readTiers(max int) []int {
 
 // conn is one tunnelled connection: a backend dialled for a server's DIAL_REQ.
 //
-// Data from the server goes through the conn's queue (package flow) and is written by the conn's own
-// goroutine, so that a backend that reads slowly does not block the session's receive loop, which serves
+// Data from the server goes through the conn's queue (package flow) and is written by the queue's own
+// writer goroutine, so that a backend that reads slowly does not block the session's receive loop, which serves
 // every other connection on the same stream (ANP issue 180).
 type conn struct {
 	s  *session
@@ -140,19 +140,22 @@ func (c *conn) closeRequested() {
 	c.q.Close()
 }
 
-func (c *conn) writeLoop() {
+// writeBatch writes a batch from the queue to the backend.
+func (c *conn) writeBatch(batch [][]byte) error {
+	n := 0
+	for _, b := range batch {
+		n += len(b)
+	}
+	bufs := net.Buffers(batch)
+	_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
+	c.activity.Add(1)
+	c.s.a.m.bytesFromServer.Add(float64(n))
+	return err
+}
+
+// writerEnded runs once the queue has ended, on its writer goroutine.
+func (c *conn) writerEnded(err error) {
 	defer c.s.wg.Done()
-	err := c.q.Run(nil, func(batch [][]byte) error {
-		n := 0
-		for _, b := range batch {
-			n += len(b)
-		}
-		bufs := net.Buffers(batch)
-		_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
-		c.activity.Add(1)
-		c.s.a.m.bytesFromServer.Add(float64(n))
-		return err
-	})
 	switch {
 	case errors.Is(err, flow.ErrStalled), errors.Is(err, flow.ErrClosed):
 		// enqueue or finish is closing the connection.

@@ -362,8 +362,8 @@ func (s *session) handleDial(req *client.DialRequest) {
 			c.finish("")
 			return
 		}
-		s.wg.Add(2)
-		go c.writeLoop()
+		s.wg.Add(2) // the reader, and the queue's writer until the queue ends
+		c.q.Start(c.writeBatch, c.writerEnded)
 		go c.readLoop()
 	}()
 }

@@ -88,14 +88,11 @@ func (f *frontendStream) SendMsg(m any) error {
 func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	s.frontends.Add(1)
 	defer s.frontends.Add(-1)
-	ctx := ss.Context()
 	stalled := make(chan struct{})
 	q := newFrontendQueue(s, packetSize, func() { close(stalled) })
 	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		_ = q.Run(ctx.Done(), func(batch []*client.Packet) error { return s.sendPackets(ss.SendMsg, batch) })
-	}()
+	q.Start(func(batch []*client.Packet) error { return s.sendPackets(ss.SendMsg, batch) },
+		func(error) { close(writerDone) })
 	handlerDone := make(chan error, 1)
 	go func() {
 		handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q})
@@ -178,18 +175,15 @@ func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 	qc.q = newFrontendQueue(s, func(b []byte) int { return len(b) }, func() { c.Close() })
 	s.trackConn(qc, true)
 	s.frontends.Add(1)
-	go func() {
-		defer func() {
-			c.Close()
-			s.trackConn(qc, false)
-			s.frontends.Add(-1)
-			close(qc.done)
-		}()
-		_ = qc.q.Run(nil, func(batch [][]byte) error {
-			_, err := c.Write(joinBytes(batch))
-			return err
-		})
-	}()
+	qc.q.Start(func(batch [][]byte) error {
+		_, err := c.Write(joinBytes(batch))
+		return err
+	}, func(error) {
+		c.Close()
+		s.trackConn(qc, false)
+		s.frontends.Add(-1)
+		close(qc.done)
+	})
 	return qc
 }
 

@@ -48,19 +48,24 @@ type Queue[T any] struct {
 	MaxBatch int
 	Hooks    Hooks
 
+	write func([]T) error
+	end   func(error)
+	batch []T // the writer's, reused between batches
+
 	mu      sync.Mutex
 	items   []T
 	bytes   int
-	err     error // set once: ErrClosed by Close, or why the queue failed
-	closing bool  // Close was called: the writer flushes, then stops
-	wake    chan struct{}
+	err     error         // set once: ErrClosed by Close, or why the queue failed
+	closing bool          // Close was called: the writer flushes, then stops
+	running bool          // a writer goroutine is on
+	ended   bool          // end has been called
 	space   chan struct{} // the writer made progress, or the queue ended
 }
 
 // New returns a queue that takes limit bytes without waiting, as measured by size, and gives up on a writer
 // that makes no progress for stall.
 func New[T any](limit int, stall time.Duration, size func(T) int) *Queue[T] {
-	return &Queue[T]{limit: limit, stall: stall, size: size, wake: make(chan struct{}, 1), space: make(chan struct{}, 1)}
+	return &Queue[T]{limit: limit, stall: stall, size: size, space: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {
@@ -94,8 +99,8 @@ func (q *Queue[T]) Push(ctx context.Context, v T) error {
 		if q.bytes == 0 || q.bytes+n <= q.limit {
 			q.items = append(q.items, v)
 			q.bytes += n
+			q.kick()
 			q.mu.Unlock()
-			signal(q.wake)
 			stopTimer(timer)
 			q.queued(n)
 			return nil
@@ -142,9 +147,9 @@ func (q *Queue[T]) fail(err error) (set bool) {
 	dropped := q.bytes
 	clear(q.items)
 	q.items, q.bytes = q.items[:0], 0
+	q.kick()
 	q.mu.Unlock()
 	q.queued(-dropped)
-	signal(q.wake)
 	signal(q.space)
 	return set
 }
@@ -155,8 +160,8 @@ func (q *Queue[T]) Close() {
 	if q.err == nil {
 		q.err, q.closing = ErrClosed, true
 	}
+	q.kick()
 	q.mu.Unlock()
-	signal(q.wake)
 	signal(q.space)
 }
 
@@ -167,18 +172,34 @@ func (q *Queue[T]) Len() int {
 	return q.bytes
 }
 
-// Run is the writer. It hands queued items to write in order, in batches of at most MaxBatch bytes, until
-// the queue is closed and empty (it returns nil), the queue fails (it returns the failure), write fails
-// (it fails the queue and returns write's error), or done is closed (it fails the queue with ErrClosed).
-// write must not keep the slice.
-func (q *Queue[T]) Run(done <-chan struct{}, write func([]T) error) error {
-	var batch []T
+// Start gives the queue its writer. While items wait, one goroutine hands them to write in order, in
+// batches of at most MaxBatch bytes, and it exits once the queue is empty: an idle connection holds no
+// goroutine, and a server holds thousands of them. end runs once, on that goroutine, when the queue ends:
+// with nil once a Close has been flushed, or with why the queue failed (Fail, a stall, or write's error,
+// which fails the queue). write must not keep the slice. Start is called once.
+func (q *Queue[T]) Start(write func([]T) error, end func(error)) {
+	q.mu.Lock()
+	q.write, q.end = write, end
+	q.kick()
+	q.mu.Unlock()
+}
+
+// kick starts the writer if there is work for it: items, or an end to report. q.mu is held.
+func (q *Queue[T]) kick() {
+	if q.write == nil || q.running || q.ended || (len(q.items) == 0 && q.err == nil) {
+		return
+	}
+	q.running = true
+	go q.drain()
+}
+
+// drain is the writer goroutine: it writes until the queue is empty, or ends it.
+func (q *Queue[T]) drain() {
 	for {
 		q.mu.Lock()
 		if q.err != nil && !q.closing {
-			err := q.err
-			q.mu.Unlock()
-			return err
+			q.finish(q.err)
+			return
 		}
 		k, n := 0, 0
 		for k < len(q.items) {
@@ -190,26 +211,22 @@ func (q *Queue[T]) Run(done <-chan struct{}, write func([]T) error) error {
 			k++
 		}
 		if k == 0 {
-			closing := q.closing
+			if q.closing {
+				q.finish(nil)
+				return
+			}
+			q.running = false
 			q.mu.Unlock()
-			if closing {
-				return nil
-			}
-			select {
-			case <-q.wake:
-			case <-done:
-				q.Fail(ErrClosed)
-			}
-			continue
+			return
 		}
-		batch = append(batch[:0], q.items[:k]...)
+		q.batch = append(q.batch[:0], q.items[:k]...)
 		rest := copy(q.items, q.items[k:])
 		clear(q.items[rest:])
 		q.items = q.items[:rest]
 		q.mu.Unlock()
 
-		err := write(batch)
-		clear(batch)
+		err := q.write(q.batch)
+		clear(q.batch)
 		q.mu.Lock()
 		if q.err == nil || q.closing {
 			// Still counted until written; a Fail meanwhile has already zeroed the count.
@@ -221,8 +238,17 @@ func (q *Queue[T]) Run(done <-chan struct{}, write func([]T) error) error {
 		q.queued(-n)
 		signal(q.space)
 		if err != nil {
-			q.Fail(err)
-			return err
+			q.fail(err)
 		}
+	}
+}
+
+// finish ends the queue for the writer: q.mu is held, and released before end runs.
+func (q *Queue[T]) finish(err error) {
+	q.running, q.ended = false, true
+	q.batch = nil
+	q.mu.Unlock()
+	if q.end != nil {
+		q.end(err)
 	}
 }

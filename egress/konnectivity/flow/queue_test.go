@@ -10,6 +10,13 @@ import (
 
 func size(b []byte) int { return len(b) }
 
+// run starts q's writer and waits for the queue to end.
+func run(q *Queue[[]byte], write func([][]byte) error) error {
+	ended := make(chan error, 1)
+	q.Start(write, func(err error) { ended <- err })
+	return <-ended
+}
+
 // TestOrderBatchesAndAccounting: items come out in order, in batches of at most MaxBatch bytes, and every
 // byte counted in is counted out.
 func TestOrderBatchesAndAccounting(t *testing.T) {
@@ -28,7 +35,7 @@ func TestOrderBatchesAndAccounting(t *testing.T) {
 	q.Close()
 	var got bytes.Buffer
 	batches := 0
-	err := q.Run(nil, func(batch [][]byte) error {
+	err := run(q, func(batch [][]byte) error {
 		batches++
 		n := 0
 		for _, b := range batch {
@@ -69,7 +76,7 @@ func TestStallWithoutProgress(t *testing.T) {
 	// The writer is stuck on the first item, which still counts until it is written.
 	release := make(chan struct{})
 	ran := make(chan error, 1)
-	go func() { ran <- q.Run(nil, func([][]byte) error { <-release; return nil }) }()
+	q.Start(func([][]byte) error { <-release; return nil }, func(err error) { ran <- err })
 	began := time.Now()
 	err := q.Push(context.Background(), make([]byte, 60<<10))
 	if !errors.Is(err, ErrStalled) || time.Since(began) < 150*time.Millisecond {
@@ -80,7 +87,7 @@ func TestStallWithoutProgress(t *testing.T) {
 	}
 	close(release)
 	if err := <-ran; !errors.Is(err, ErrStalled) {
-		t.Errorf("Run returned %v, want ErrStalled", err)
+		t.Errorf("the queue ended with %v, want ErrStalled", err)
 	}
 	if q.Len() != 0 {
 		t.Errorf("a failed queue holds %d bytes", q.Len())
@@ -92,7 +99,7 @@ func TestStallWithoutProgress(t *testing.T) {
 func TestSlowWriterIsNotStalled(t *testing.T) {
 	q := New(16<<10, 300*time.Millisecond, size)
 	q.MaxBatch = 16 << 10
-	go q.Run(nil, func([][]byte) error { time.Sleep(100 * time.Millisecond); return nil })
+	q.Start(func([][]byte) error { time.Sleep(100 * time.Millisecond); return nil }, nil)
 	began := time.Now()
 	for range 12 { // about 1 s of pushes against a 300 ms stall timeout
 		if err := q.Push(context.Background(), make([]byte, 16<<10)); err != nil {
@@ -120,30 +127,67 @@ func TestPushEndsWithContextAndFail(t *testing.T) {
 	}
 }
 
-// TestFailOverridesClose: a Close that is still flushing gives way to a failure, and Run reports it.
+// TestFailOverridesClose: a Close that is still flushing gives way to a failure, and the queue ends with it.
 func TestFailOverridesClose(t *testing.T) {
 	q := New(1<<20, time.Minute, size)
 	_ = q.Push(context.Background(), []byte("a"))
 	_ = q.Push(context.Background(), []byte("b"))
 	q.Close()
 	q.Fail(ErrStalled)
-	if err := q.Run(nil, func([][]byte) error { t.Error("a failed queue wrote"); return nil }); !errors.Is(err, ErrStalled) {
-		t.Errorf("Run: %v", err)
-	}
-	// done ends a writer that waits for items.
-	q = New(1<<20, time.Minute, size)
-	done := make(chan struct{})
-	close(done)
-	if err := q.Run(done, func([][]byte) error { return nil }); !errors.Is(err, ErrClosed) {
-		t.Errorf("Run after done: %v", err)
+	if err := run(q, func([][]byte) error { t.Error("a failed queue wrote"); return nil }); !errors.Is(err, ErrStalled) {
+		t.Errorf("ended with %v", err)
 	}
 	writeErr := errors.New("write failed")
 	q = New(1<<20, time.Minute, size)
 	_ = q.Push(context.Background(), []byte("a"))
-	if err := q.Run(nil, func([][]byte) error { return writeErr }); !errors.Is(err, writeErr) {
-		t.Errorf("Run after a failed write: %v", err)
+	if err := run(q, func([][]byte) error { return writeErr }); !errors.Is(err, writeErr) {
+		t.Errorf("ended after a failed write with %v", err)
 	}
 	if err := q.Push(context.Background(), []byte("b")); !errors.Is(err, writeErr) {
 		t.Errorf("push after a failed write: %v", err)
+	}
+}
+
+// TestIdleQueueHoldsNoWriter: the writer goroutine exits once the queue is empty, comes back for the next
+// push, and an idle queue still ends, once, when it is closed.
+func TestIdleQueueHoldsNoWriter(t *testing.T) {
+	q := New(1<<20, time.Minute, size)
+	written := make(chan []byte, 4)
+	ended := make(chan error, 2)
+	q.Start(func(batch [][]byte) error {
+		for _, b := range batch {
+			written <- b
+		}
+		return nil
+	}, func(err error) { ended <- err })
+	running := func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.running
+	}
+	for _, s := range []string{"a", "b"} {
+		if err := q.Push(context.Background(), []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		if got := <-written; string(got) != s {
+			t.Fatalf("wrote %q, want %q", got, s)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for running() {
+			if time.Now().After(deadline) {
+				t.Fatal("the writer stayed on with nothing to write")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	q.Close()
+	if err := <-ended; err != nil {
+		t.Fatalf("an idle queue ended with %v on Close", err)
+	}
+	q.Fail(ErrStalled) // the queue has ended: nothing more to report
+	select {
+	case err := <-ended:
+		t.Fatalf("end ran again, with %v", err)
+	case <-time.After(50 * time.Millisecond):
 	}
 }
