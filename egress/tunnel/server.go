@@ -32,10 +32,15 @@ import (
 // estimation, 32 KiB buffers); with every connection multiplexed on one agent stream, a fixed large window
 // and larger buffers keep the link full.
 const (
-	streamWindow    = 8 << 20
-	connWindow      = 32 << 20
-	ioBufferSize    = 256 << 10
-	maxAgentMessage = 32 << 20
+	streamWindow = 8 << 20
+	connWindow   = 32 << 20
+	ioBufferSize = 256 << 10
+	// frontendBufferSize is gRPC's default. Each of kube-apiserver's tunnels is its own connection, and
+	// every connection that writes at the same moment borrows a buffer from a pool that keeps them until
+	// the next GC: with 256 KiB buffers, opening 1,000 tunnels left about 17 MB in that pool. Bulk
+	// throughput through one tunnel did not change measurably.
+	frontendBufferSize = 32 << 10
+	maxAgentMessage    = 32 << 20
 	// tokenReviewCacheFor limits how often readiness probes reach kube-apiserver.
 	tokenReviewCacheFor = 5 * time.Second
 	// leaseDuration and friends follow upstream proxy-server.
@@ -158,8 +163,8 @@ func New(c *Config) (_ *Server, err error) {
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
 			grpc.InitialWindowSize(streamWindow),
 			grpc.InitialConnWindowSize(streamWindow),
-			grpc.ReadBufferSize(ioBufferSize),
-			grpc.WriteBufferSize(ioBufferSize),
+			grpc.ReadBufferSize(frontendBufferSize),
+			grpc.WriteBufferSize(frontendBufferSize),
 			// A tunnel is one connection, mostly idle or short: its write buffer goes back to a pool
 			// between flushes instead of staying with the connection.
 			grpc.SharedWriteBuffer(true),
