@@ -6,12 +6,15 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
@@ -84,34 +87,66 @@ func (f *frontendStream) SendMsg(m any) error {
 }
 
 // frontendInterceptor gives every frontend stream (one tunnel, one connection: kube-apiserver's client is
-// single-use) its send queue and writer.
+// single-use) its send queue. The handler runs on the stream's own goroutine: a stalled reader is cut off
+// by closing its connection (see tunnelCreds), which ends the handler.
 func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	s.frontends.Add(1)
 	defer s.frontends.Add(-1)
-	stalled := make(chan struct{})
-	q := newFrontendQueue(s, packetSize, func() { close(stalled) })
+	var stalled atomic.Bool
+	q := newFrontendQueue(s, packetSize, func() {
+		stalled.Store(true)
+		closeTunnelConn(ss.Context())
+	})
 	writerDone := make(chan struct{})
 	q.Start(func(batch []*client.Packet) error { return s.sendPackets(ss.SendMsg, batch) },
 		func(error) { close(writerDone) })
-	handlerDone := make(chan error, 1)
-	go func() {
-		handlerDone <- handler(srv, &frontendStream{ServerStream: ss, q: q})
-	}()
-	select {
-	case err := <-handlerDone:
-		q.Close()
-		t := time.NewTimer(flushTimeout)
-		defer t.Stop()
-		select {
-		case <-writerDone:
-		case <-t.C:
-			q.Fail(flow.ErrClosed)
-		}
-		return err
-	case <-stalled:
-		// Returning ends the stream: gRPC cancels its context, the handler's Recv fails, and upstream's
-		// handler closes the connection on the agent.
+	err := handler(srv, &frontendStream{ServerStream: ss, q: q})
+	if stalled.Load() {
 		return status.Error(codes.ResourceExhausted, flow.ErrStalled.Error())
+	}
+	q.Close()
+	t := time.NewTimer(flushTimeout)
+	defer t.Stop()
+	select {
+	case <-writerDone:
+	case <-t.C:
+		q.Fail(flow.ErrClosed)
+	}
+	return err
+}
+
+// tunnelCreds wraps the frontend's transport credentials (insecure on the Unix socket) so that a stream can
+// reach its connection: gRPC has no way to end a stream from outside its handler, and each of
+// kube-apiserver's tunnels is its own connection, so closing that connection ends the tunnel. The
+// connection goes on to gRPC unchanged, which keeps its buffer-free waits for idle Unix sockets.
+type tunnelCreds struct {
+	credentials.TransportCredentials
+}
+
+// tunnelInfo is the connection's AuthInfo, with the connection.
+type tunnelInfo struct {
+	credentials.AuthInfo
+	conn net.Conn
+}
+
+func (c tunnelCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, tunnelInfo{AuthInfo: info, conn: conn}, nil
+}
+
+func (c tunnelCreds) Clone() credentials.TransportCredentials {
+	return tunnelCreds{c.TransportCredentials.Clone()}
+}
+
+// closeTunnelConn closes the connection of the stream whose context ctx is.
+func closeTunnelConn(ctx context.Context) {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(tunnelInfo); ok {
+			_ = info.conn.Close()
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/reload"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	authv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -172,13 +173,15 @@ func New(c *Config) (_ *Server, err error) {
 			grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
 			grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
 		}
+		creds := insecure.NewCredentials()
 		if cfg.UDSName == "" {
 			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 			if err != nil {
 				return nil, &FieldError{"ServerCert", err}
 			}
-			opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+			creds = credentials.NewTLS(tc)
 		}
+		opts = append(opts, grpc.Creds(tunnelCreds{creds}))
 		s.frontendGRPC = grpc.NewServer(opts...)
 		client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
 	} else {
