@@ -145,6 +145,7 @@ func (b *bench) ratios() []ratio {
 	scale := find("3. tunnel scale")
 	add(scale, "tunnel scale: successes konnect / upstream", "konnect", "upstream", "ok", true, 1)
 	add(scale, "tunnel scale: server RSS upstream / konnect", "konnect", "upstream", "server RSS MiB", false, 1)
+	add(scale, "tunnel scale: server anonymous RSS upstream / konnect", "konnect", "upstream", "server anon MiB", false, 0)
 	add(scale, "tunnel scale: agent RSS upstream / konnect", "konnect", "upstream", "agent RSS MiB", false, 0)
 	add(find("4. agent idle"), "agent idle RSS: upstream / konnect", "konnect", "upstream", "RSS MiB", false, 1)
 	add(find("4. agent idle"), "agent idle anonymous RSS: upstream / konnect", "konnect", "upstream", "anon MiB", false, 0)
