@@ -18,19 +18,22 @@ UNIT_PKGS := ./...
 E2E_TIMEOUT ?= 60m
 FUZZTIME  ?= 10s
 
-.PHONY: all build image test test-unit fuzz e2e e2e-tools deps bench demo lint clean
+.PHONY: all build static image test test-unit fuzz e2e e2e-tools deps bench demo lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/konnect
 
+# The static binary the image ships, built as upstream's proxy-server and proxy-agent are for `make bench`.
+static:
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '-s -w $(LDFLAGS)' -o bin/image/konnect ./cmd/konnect
+
 # konnect's container image, built offline and reproducibly by hack/image (no daemon, registry or base image):
 # the static binary at /usr/local/bin/konnect as entrypoint, user 65534:65534, OCI labels. The docker-archive
 # loads with `ctr images import`, `docker load` and `podman load`; the digest printed is its config digest.
-image:
-	@mkdir -p bin/image
-	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '-s -w $(LDFLAGS)' -o bin/image/konnect ./cmd/konnect
+image: static
 	$(GO) build -o bin/image/build ./hack/image
 	@digest=$$(bin/image/build -o $(IMAGE_TAR) -tag '$(IMAGE)' \
 		-file bin/image/konnect:/usr/local/bin/konnect:0755 -entrypoint /usr/local/bin/konnect -user 65534:65534 \
@@ -59,7 +62,7 @@ e2e: build e2e-tools image
 	@mkdir -p .cache
 	KONNECT_BIN=$(CURDIR)/$(BIN) KONNECT_IMAGE=$(CURDIR)/bin/konnect-image.tar $(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/ 2>&1 | tee .cache/e2e.log; exit $${PIPESTATUS[0]}
 
-bench: build e2e-tools
+bench: static e2e-tools
 	bash hack/bench.sh
 
 demo: build
