@@ -203,6 +203,27 @@ func startAgent(t testing.TB, cfg Config) *runningAgent {
 	return &runningAgent{Agent: a, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, a.Run)}
 }
 
+// waitBackends waits until n agents are connected to s.
+func (s *upstreamServer) waitBackends(t testing.TB, n int) {
+	t.Helper()
+	harness.EventuallyTrue(t, 10*time.Second, fmt.Sprintf("%d agent(s) on server %s", n, s.id), func() bool { return s.backends() == n })
+}
+
+// agentOnServer starts upstream's server and one agent, configured by tune (nil: the defaults of
+// testPKI.config), and waits until the agent is connected.
+func agentOnServer(t *testing.T, tune func(*Config)) (*testPKI, *upstreamServer, *runningAgent) {
+	t.Helper()
+	pki := newTestPKI(t)
+	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	cfg := pki.config(srv.agentAddr)
+	if tune != nil {
+		tune(&cfg)
+	}
+	ra := startAgent(t, cfg)
+	srv.waitBackends(t, 1)
+	return pki, srv, ra
+}
+
 // captureLogs sends klog's output, at the highest verbosity, to a buffer until the test ends, and returns a
 // function that reads it.
 func captureLogs(t *testing.T) func() string {

@@ -43,7 +43,7 @@ func TestAgentRestart(t *testing.T) {
 	echo := harness.StartEcho(t)
 	for i := range 2 {
 		ra := startAgent(t, pki.config(srv.agentAddr))
-		harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+		srv.waitBackends(t, 1)
 		if err := echoOnce(t, srv, echo); err != nil {
 			t.Fatalf("run %d: %v", i, err)
 		}
@@ -55,11 +55,8 @@ func TestAgentRestart(t *testing.T) {
 }
 
 func TestServerRestart(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	echo := harness.StartEcho(t)
-	ra := startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	pki, srv, ra := agentOnServer(t, nil)
 	if err := echoOnce(t, srv, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +72,7 @@ func TestServerRestart(t *testing.T) {
 		t.Fatalf("status while the server is down: %+v", st)
 	}
 	srv2 := startUpstreamServer(t, serverOpts{id: "s1-restarted", ca: pki.ca, addr: srv.agentAddr})
-	harness.EventuallyTrue(t, 10*time.Second, "agent reconnected", func() bool { return srv2.backends() == 1 })
+	srv2.waitBackends(t, 1)
 	if err := echoOnce(t, srv2, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +219,7 @@ func TestDrain(t *testing.T) {
 	other := pki.config(srv.agentAddr)
 	other.AgentID = "agent-2"
 	rb := startAgent(t, other)
-	harness.EventuallyTrue(t, 10*time.Second, "agents connected", func() bool { return srv.backends() == 2 })
+	srv.waitBackends(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// Open a connection through the agent that is about to drain.
@@ -281,13 +278,8 @@ func TestDrain(t *testing.T) {
 // byte is closed at once, between two exchanges, instead of being cut at the deadline wherever it is; one
 // that keeps moving bytes stays open until the deadline.
 func TestDrainClosesQuietConnections(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	echo := harness.StartEcho(t)
-	cfg := pki.config(srv.agentAddr)
-	cfg.GracefulTimeout = 6 * time.Second
-	ra := startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 6 * time.Second })
 	quiet, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +298,7 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 	busyFailed := make(chan time.Duration, 1)
 	go func() {
 		b := []byte{1}
-		for time.Since(start) < 2*cfg.GracefulTimeout {
+		for time.Since(start) < 2*ra.cfg.GracefulTimeout {
 			if _, err := busy.Write(b); err != nil {
 				busyFailed <- time.Since(start)
 				return
@@ -319,14 +311,14 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 		}
 	}()
 
-	_ = quiet.SetReadDeadline(time.Now().Add(2 * cfg.GracefulTimeout))
+	_ = quiet.SetReadDeadline(time.Now().Add(2 * ra.cfg.GracefulTimeout))
 	if _, err := quiet.Read(make([]byte, 1)); err == nil {
 		t.Fatal("data on a quiet connection")
 	}
 	closedAt := time.Since(start)
-	lastQuarter := cfg.GracefulTimeout - cfg.GracefulTimeout/4
-	if closedAt < lastQuarter-100*time.Millisecond || closedAt > cfg.GracefulTimeout-500*time.Millisecond {
-		t.Fatalf("quiet connection closed %v after the stop; want soon after %v, well before the %v deadline", closedAt, lastQuarter, cfg.GracefulTimeout)
+	lastQuarter := ra.cfg.GracefulTimeout - ra.cfg.GracefulTimeout/4
+	if closedAt < lastQuarter-100*time.Millisecond || closedAt > ra.cfg.GracefulTimeout-500*time.Millisecond {
+		t.Fatalf("quiet connection closed %v after the stop; want soon after %v, well before the %v deadline", closedAt, lastQuarter, ra.cfg.GracefulTimeout)
 	}
 	select {
 	case at := <-busyFailed:
@@ -339,8 +331,8 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 	// The busy connection kept Run in its drain until the deadline, and was closed then.
 	select {
 	case at := <-busyFailed:
-		if at < cfg.GracefulTimeout-100*time.Millisecond {
-			t.Fatalf("busy connection closed %v after the stop, before the %v deadline", at, cfg.GracefulTimeout)
+		if at < ra.cfg.GracefulTimeout-100*time.Millisecond {
+			t.Fatalf("busy connection closed %v after the stop, before the %v deadline", at, ra.cfg.GracefulTimeout)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("busy connection still open after the agent stopped")
@@ -348,13 +340,8 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 }
 
 func TestDrainingAgentRefusesDials(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	echo := harness.StartEcho(t)
-	cfg := pki.config(srv.agentAddr)
-	cfg.GracefulTimeout = 5 * time.Second
-	ra := startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 5 * time.Second })
 	held, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -373,13 +360,8 @@ func TestDrainingAgentRefusesDials(t *testing.T) {
 }
 
 func TestGracefulTimeoutBoundsRun(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	echo := harness.StartEcho(t)
-	cfg := pki.config(srv.agentAddr)
-	cfg.GracefulTimeout = 300 * time.Millisecond
-	ra := startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 300 * time.Millisecond })
 	c, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +372,7 @@ func TestGracefulTimeoutBoundsRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	if el := time.Since(start); el > 3*time.Second {
-		t.Fatalf("Run took %v to return with a tunnel open; graceful timeout is %v", el, cfg.GracefulTimeout)
+		t.Fatalf("Run took %v to return with a tunnel open; graceful timeout is %v", el, ra.cfg.GracefulTimeout)
 	}
 	// The tunnel was closed by the agent.
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -414,7 +396,7 @@ func TestRunLeavesNothingBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	srv.waitBackends(t, 1)
 	if err := echoOnce(t, srv, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -538,10 +520,7 @@ func TestHotReloadWithTunnelOpen(t *testing.T) {
 }
 
 func TestHotReloadKeepsGoodCopyOfBrokenFile(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	ra := startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	pki, srv, ra := agentOnServer(t, nil)
 	// A half-written CA bundle must not stop reconnects.
 	pkitest.WriteFile(t, pki.caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"))
 	srv.stop()
@@ -554,7 +533,7 @@ func TestHealthEndpointsOverHTTP(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	ra := startAgent(t, pki.config(srv.agentAddr, "127.0.0.1:1"))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	srv.waitBackends(t, 1)
 	mux := http.NewServeMux()
 	for _, c := range ra.ReadyChecks() {
 		mux.HandleFunc("/readyz/"+c.Name(), func(w http.ResponseWriter, r *http.Request) {

@@ -38,13 +38,10 @@ func sinkServer(t *testing.T, handle func(net.Conn)) string {
 // The other connection on the same agent stream keeps working, and the stalled one is closed after
 // StallTimeout (ANP issue 180: upstream's agent blocks its whole stream for good).
 func TestStalledBackendDoesNotStallOthers(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	cfg := pki.config(srv.agentAddr)
-	cfg.ConnectionBuffer = 1 << 20
-	cfg.StallTimeout = time.Second
-	ra := startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, func(c *Config) {
+		c.ConnectionBuffer = 1 << 20
+		c.StallTimeout = time.Second
+	})
 	echo := harness.StartEcho(t)
 	stalled := sinkServer(t, func(net.Conn) {}) // never reads
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -87,7 +84,7 @@ func TestStalledBackendDoesNotStallOthers(t *testing.T) {
 		if _, err := live.Write(msg); err != nil {
 			t.Fatalf("round trip %d: %v", i, err)
 		}
-		_ = live.SetReadDeadline(time.Now().Add(cfg.StallTimeout + 2*time.Second))
+		_ = live.SetReadDeadline(time.Now().Add(ra.cfg.StallTimeout + 2*time.Second))
 		if _, err := io.ReadFull(live, buf); err != nil {
 			t.Fatalf("round trip %d on the healthy connection: %v (stalled one got %d bytes written)", i, err, written.Load())
 		}
@@ -99,8 +96,8 @@ func TestStalledBackendDoesNotStallOthers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stalled connection was not closed")
 	}
-	if worst > cfg.StallTimeout+2*time.Second {
-		t.Fatalf("healthy connection waited %v, more than the stall timeout %v", worst, cfg.StallTimeout)
+	if worst > ra.cfg.StallTimeout+2*time.Second {
+		t.Fatalf("healthy connection waited %v, more than the stall timeout %v", worst, ra.cfg.StallTimeout)
 	}
 	if n := counterValue(ra.m.overflows); n != 1 {
 		t.Fatalf("overflow counter %v, want 1", n)
@@ -110,13 +107,10 @@ func TestStalledBackendDoesNotStallOthers(t *testing.T) {
 
 // TestSlowBackendIsNotClosed: a backend that reads slowly but steadily is throttled, not cut off.
 func TestSlowBackendIsNotClosed(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	cfg := pki.config(srv.agentAddr)
-	cfg.ConnectionBuffer = 256 << 10
-	cfg.StallTimeout = 500 * time.Millisecond
-	startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, _ := agentOnServer(t, func(c *Config) {
+		c.ConnectionBuffer = 256 << 10
+		c.StallTimeout = 500 * time.Millisecond
+	})
 
 	const size = 8 << 20
 	got := make(chan int64, 1)

@@ -19,10 +19,7 @@ import (
 )
 
 func TestTunnelHTTPGet(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	ra := startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, nil)
 
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello %s", r.URL.Path)
@@ -96,7 +93,7 @@ func TestTunnelBulkBothWays(t *testing.T) {
 	// DATA message: the agent must accept it (gRPC's default limit is 4 MiB).
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, bigFrames: true})
 	startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	srv.waitBackends(t, 1)
 	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -120,10 +117,7 @@ func TestTunnelBulkBothWays(t *testing.T) {
 }
 
 func TestTunnel100Concurrent(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	ra := startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, ra := agentOnServer(t, nil)
 	echo := harness.StartEcho(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -186,12 +180,7 @@ func fullBacklogListener(t *testing.T) string {
 }
 
 func TestDialErrors(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	cfg := pki.config(srv.agentAddr)
-	cfg.DialTimeout = 500 * time.Millisecond
-	startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, _ := agentOnServer(t, func(c *Config) { c.DialTimeout = 500 * time.Millisecond })
 
 	refused, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -249,7 +238,7 @@ func TestAllowDestination(t *testing.T) {
 	cfg := pki.config(srv.agentAddr)
 	cfg.Allow = AllowList{d}
 	startAgent(t, cfg)
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	srv.waitBackends(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -275,10 +264,7 @@ func TestAllowDestination(t *testing.T) {
 // dial. konnectivity-client drops DATA that arrives before its dialing goroutine has registered the
 // connection; the agent holds the first DATA back briefly so that the banner is not lost.
 func TestServerFirstBackend(t *testing.T) {
-	pki := newTestPKI(t)
-	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
-	startAgent(t, pki.config(srv.agentAddr))
-	harness.EventuallyTrue(t, 10*time.Second, "agent connected", func() bool { return srv.backends() == 1 })
+	_, srv, _ := agentOnServer(t, nil)
 	banner := []byte("SSH-2.0-konnect-test\r\n")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
