@@ -119,12 +119,31 @@ func New(c *Config) (_ *Server, err error) {
 		}
 	}()
 
+	if err := s.newAgentServer(); err != nil {
+		return nil, err
+	}
+	if err := s.newFrontendServer(); err != nil {
+		return nil, err
+	}
+
+	if l := cfg.Leases; l != nil {
+		s.leases = leases.NewController(l.Client, cfg.ServerID, int32(leaseDuration.Seconds()), leaseRenew, leaseGC,
+			"konnectivity-proxy-server-"+cfg.ServerID, l.Namespace, l.Labels)
+	}
+	klog.InfoS("Konnectivity server bound", "serverID", cfg.ServerID, "mode", cfg.Mode,
+		"frontend", s.FrontendAddr(), "agent", s.AgentAddr())
+	return s, nil
+}
+
+// newAgentServer binds the agent listener and builds its gRPC server: mutual TLS with batched records.
+func (s *Server) newAgentServer() error {
+	cfg := s.cfg
 	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 	if err != nil {
-		return nil, &FieldError{"ClusterCert", err}
+		return &FieldError{"ClusterCert", err}
 	}
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
-		return nil, &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
+		return &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
 	}
 	s.agentGRPC = grpc.NewServer(
 		grpc.Creds(batchtls.Credentials(credentials.NewTLS(agentTLS))),
@@ -143,72 +162,88 @@ func New(c *Config) (_ *Server, err error) {
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
 	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
+	return nil
+}
 
-	if cfg.UDSName != "" {
-		ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS)
+// newFrontendServer binds kube-apiserver's listener and builds the gRPC or HTTP CONNECT server behind it.
+func (s *Server) newFrontendServer() error {
+	if err := s.listenFrontend(); err != nil {
+		return err
+	}
+	if s.cfg.Mode == server.ModeGRPC {
+		return s.newFrontendGRPC()
+	}
+	return s.newFrontendHTTP()
+}
+
+// listenFrontend binds the Unix socket, or without one the mutual-TLS TCP address.
+func (s *Server) listenFrontend() error {
+	cfg := s.cfg
+	if cfg.UDSName == "" {
+		ln, err := net.Listen("tcp", cfg.ServerAddr)
 		if err != nil {
-			return nil, err
+			return &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
 		}
 		s.frontendLn = ln
-		if fi, err := os.Stat(cfg.UDSName); err == nil {
-			s.socketIno = reload.Inode(fi)
-		}
-	} else {
-		if s.frontendLn, err = net.Listen("tcp", cfg.ServerAddr); err != nil {
-			return nil, &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
-		}
+		return nil
 	}
+	ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS)
+	if err != nil {
+		return err
+	}
+	s.frontendLn = ln
+	if fi, err := os.Stat(cfg.UDSName); err == nil {
+		s.socketIno = reload.Inode(fi)
+	}
+	return nil
+}
 
-	if cfg.Mode == server.ModeGRPC {
-		opts := []grpc.ServerOption{
-			grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
-			grpc.InitialWindowSize(streamWindow),
-			grpc.InitialConnWindowSize(streamWindow),
-			grpc.ReadBufferSize(frontendBufferSize),
-			grpc.WriteBufferSize(frontendBufferSize),
-			// A tunnel is one connection, mostly idle or short: its write buffer goes back to a pool
-			// between flushes instead of staying with the connection.
-			grpc.SharedWriteBuffer(true),
-			grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
-			grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
-			grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
+func (s *Server) newFrontendGRPC() error {
+	cfg := s.cfg
+	creds := insecure.NewCredentials()
+	if cfg.UDSName == "" {
+		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		if err != nil {
+			return &FieldError{"ServerCert", err}
 		}
-		creds := insecure.NewCredentials()
-		if cfg.UDSName == "" {
-			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
-			if err != nil {
-				return nil, &FieldError{"ServerCert", err}
-			}
-			creds = credentials.NewTLS(tc)
-		}
-		opts = append(opts, grpc.Creds(tunnelCreds{creds}))
-		s.frontendGRPC = grpc.NewServer(opts...)
-		client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
-	} else {
-		s.frontendHTTP = &http.Server{
-			Handler: connectHandler{s: s, next: s.dials.connect(&server.Tunnel{Server: s.ps})},
-			// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
-			ReadHeaderTimeout: 10 * time.Second,
-			MaxHeaderBytes:    64 << 10,
-		}
-		if cfg.UDSName == "" {
-			tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
-			if err != nil {
-				return nil, &FieldError{"ServerCert", err}
-			}
-			s.frontendHTTP.TLSConfig = tc
-			// CONNECT tunnels are HTTP/1.1 only.
-			s.frontendHTTP.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
-		}
+		creds = credentials.NewTLS(tc)
 	}
+	s.frontendGRPC = grpc.NewServer(
+		grpc.Creds(tunnelCreds{creds}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(streamWindow),
+		grpc.ReadBufferSize(frontendBufferSize),
+		grpc.WriteBufferSize(frontendBufferSize),
+		// A tunnel is one connection, mostly idle or short: its write buffer goes back to a pool
+		// between flushes instead of staying with the connection.
+		grpc.SharedWriteBuffer(true),
+		grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
+		grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
+		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
+	)
+	client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
+	return nil
+}
 
-	if l := cfg.Leases; l != nil {
-		s.leases = leases.NewController(l.Client, cfg.ServerID, int32(leaseDuration.Seconds()), leaseRenew, leaseGC,
-			"konnectivity-proxy-server-"+cfg.ServerID, l.Namespace, l.Labels)
+func (s *Server) newFrontendHTTP() error {
+	cfg := s.cfg
+	s.frontendHTTP = &http.Server{
+		Handler: connectHandler{s: s, next: s.dials.connect(&server.Tunnel{Server: s.ps})},
+		// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 	}
-	klog.InfoS("Konnectivity server bound", "serverID", cfg.ServerID, "mode", cfg.Mode,
-		"frontend", s.FrontendAddr(), "agent", s.AgentAddr())
-	return s, nil
+	if cfg.UDSName == "" {
+		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		if err != nil {
+			return &FieldError{"ServerCert", err}
+		}
+		s.frontendHTTP.TLSConfig = tc
+		// CONNECT tunnels are HTTP/1.1 only.
+		s.frontendHTTP.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	}
+	return nil
 }
 
 // A FieldError is an error New met with one Config field, such as a certificate that does not load or an
