@@ -89,6 +89,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Validate checks the options and names the flag in every error. It reads no file beyond checking that the
 // files named exist.
 func (o *Options) Validate() error {
+	for _, check := range []func() error{
+		o.checkFiles, o.checkListeners, o.checkAgentAuth, o.checkTunnel, o.checkKubernetes, o.checkLimits,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkFiles: every file flag names a file that exists.
+func (o *Options) checkFiles() error {
 	u := o.Upstream
 	for _, f := range []struct{ flag, path string }{
 		{"--server-cert", u.ServerCert}, {"--server-key", u.ServerKey}, {"--server-ca-cert", u.ServerCaCert},
@@ -102,6 +114,12 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("%s: %w", f.flag, err)
 		}
 	}
+	return nil
+}
+
+// checkListeners: certificates in pairs, the mode, the frontend (socket or mTLS TCP), the ports and pprof.
+func (o *Options) checkListeners() error {
+	u := o.Upstream
 	if (u.ServerCert == "") != (u.ServerKey == "") {
 		return fmt.Errorf("--server-cert and --server-key must be set together")
 	}
@@ -147,6 +165,12 @@ func (o *Options) Validate() error {
 	if u.EnableContentionProfiling && !u.EnableProfiling {
 		return fmt.Errorf("--enable-contention-profiling needs --enable-profiling")
 	}
+	return nil
+}
+
+// checkAgentAuth: token authentication of agents is all or nothing, and excludes client certificates.
+func (o *Options) checkAgentAuth() error {
+	u := o.Upstream
 	if u.AgentNamespace != "" || u.AgentServiceAccount != "" || u.AuthenticationAudience != "" {
 		if u.ClusterCaCert != "" {
 			return fmt.Errorf("--cluster-ca-cert cannot be combined with token authentication (--agent-namespace, --agent-service-account, --authentication-audience)")
@@ -160,6 +184,12 @@ func (o *Options) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkTunnel: proxy strategies, channel size, server count and TLS parameters.
+func (o *Options) checkTunnel() error {
+	u := o.Upstream
 	if u.ProxyStrategies == "" {
 		return fmt.Errorf("--proxy-strategies cannot be empty")
 	}
@@ -187,6 +217,12 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--cipher-suites: %s is unknown or insecure", c)
 		}
 	}
+	return nil
+}
+
+// checkKubernetes: what needs kube-apiserver has a kubeconfig.
+func (o *Options) checkKubernetes() error {
+	u := o.Upstream
 	if u.EnableLeaseController {
 		if u.KubeconfigPath == "" {
 			return fmt.Errorf("--enable-lease-controller needs --kubeconfig")
@@ -201,6 +237,12 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--kubeconfig is required when agents authenticate by token (no in-cluster config: %w)", err)
 		}
 	}
+	return nil
+}
+
+// checkLimits: timeouts and sizes.
+func (o *Options) checkLimits() error {
+	u := o.Upstream
 	if u.GracefulShutdownTimeout < 0 {
 		return fmt.Errorf("--graceful-shutdown-timeout must be >= 0, not %v", u.GracefulShutdownTimeout)
 	}
