@@ -175,6 +175,21 @@ func TestRenew(t *testing.T) {
 			t.Errorf("after CA renew, %s %s", r.Name, r.Action)
 		}
 	}
+
+	// A dry run reports the kubeconfig it would update, with the client certificate's new expiry, and
+	// writes nothing.
+	before = snapshot(t, cfg.Dir)
+	dry := cfg
+	dry.DryRun = true
+	dry.Now = func() time.Time { return later.Add(24 * time.Hour) }
+	res, err = Renew(dry, KonnectivityServerClient)
+	if err != nil || len(res) != 2 || res[1].Name != "kubeconfig" || res[1].Action != Updated || !res[1].DryRun ||
+		!res[1].NotAfter.Equal(res[0].NotAfter) {
+		t.Fatalf("dry run: %+v %v", res, err)
+	}
+	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) != 0 {
+		t.Fatalf("dry run wrote %v", changed)
+	}
 }
 
 func TestRenewErrors(t *testing.T) {

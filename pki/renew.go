@@ -21,160 +21,203 @@ const All = "all"
 // konnectivity-server-client certificate or cluster CA. Either every problem is reported and nothing is
 // written, or every certificate is renewed.
 func Renew(cfg Config, names ...string) ([]Result, error) {
-	cfg = cfg.withDefaults()
-	dir := cfg.PKIDir()
-	specs := Specs()
-	if err := checkTable(specs); err != nil {
+	r := &renewal{cfg: cfg.withDefaults(), specs: Specs(), cas: map[string]*loaded{}}
+	r.dir = r.cfg.PKIDir()
+	if err := checkTable(r.specs); err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("pki: name a certificate to renew, or %q (one of %s)", All, strings.Join(Names(specs), ", "))
+	sel, err := r.selected(names)
+	if err != nil {
+		return nil, err
 	}
-	sel := map[string]bool{}
-	for _, n := range names {
-		if n == All {
-			for _, s := range specs {
-				if !s.IsCA && exists(s.CertFile(dir)) {
-					sel[s.Name] = true
-				}
-			}
-			continue
-		}
-		if _, ok := Lookup(specs, n); !ok {
-			return nil, fmt.Errorf("pki: unknown certificate %q (want %s or one of %s)", n, All, strings.Join(Names(specs), ", "))
-		}
-		sel[n] = true
+	if err := r.load(sel); err != nil {
+		return nil, err
 	}
-	if len(sel) == 0 {
-		return nil, fmt.Errorf("pki: no certificates found in %s", dir)
+	results, err := r.resign()
+	if err != nil || !r.kubeconfigStale {
+		return results, err
 	}
-
-	type loaded struct {
-		spec *Spec
-		cert *x509.Certificate
-		key  crypto.Signer
+	if r.cfg.DryRun {
+		return append(results, r.kubeconfigDryRun()...), nil
 	}
-	var problems []error
-	load := func(s *Spec) *loaded {
-		cert, _, err := readCert(s.CertFile(dir))
-		if err != nil {
-			problems = append(problems, err)
-			return nil
-		}
-		if !exists(s.KeyFile(dir)) {
-			what := "it cannot be re-signed"
-			if s.IsCA {
-				what = "the CA is external: konnect cannot sign with it, renew with whoever holds its key"
-			}
-			problems = append(problems, fmt.Errorf("%s: key %s is missing, so %s", s.CertFile(dir), s.KeyFile(dir), what))
-			return nil
-		}
-		key, _, err := readKey(s.KeyFile(dir))
-		if err != nil {
-			problems = append(problems, err)
-			return nil
-		}
-		if !samePublicKey(cert.PublicKey, key.Public()) {
-			problems = append(problems, fmt.Errorf("%s does not match %s (for a leaf, `konnect init --force` issues a new pair)", s.KeyFile(dir), s.CertFile(dir)))
-			return nil
-		}
-		return &loaded{s, cert, key}
-	}
-
-	cas := map[string]*loaded{}
-	var todo []*loaded
-	for _, s := range specs {
-		if s.IsCA && (sel[s.Name] || slices.ContainsFunc(specs, func(l *Spec) bool { return sel[l.Name] && l.CA == s.Name })) {
-			if ca := load(s); ca != nil {
-				cas[s.Name] = ca
-			}
-		}
-	}
-	for _, s := range specs {
-		if !sel[s.Name] {
-			continue
-		}
-		if s.IsCA {
-			if ca := cas[s.Name]; ca != nil {
-				todo = append(todo, ca)
-			}
-			continue
-		}
-		if l := load(s); l != nil {
-			todo = append(todo, l)
-		}
-	}
-	// The same refusal as init: renewing leaves under a front-proxy CA that is the cluster CA would
-	// entrench the set-up that locks kubelets and users out.
-	check := &engine{dir: dir, specs: specs, cfg: &cfg, authorities: map[string]*authority{}}
-	check.checkDistinctCAs()
-	problems = append(problems, check.problems...)
-	if len(problems) > 0 {
-		return nil, fmt.Errorf("pki: nothing renewed: %w", errors.Join(problems...))
-	}
-
-	now := cfg.now()
-	var results []Result
-	var kubeconfigStale bool
-	var clientNotAfter time.Time
-	for _, l := range todo {
-		s := l.spec
-		r := Result{Name: s.Name, CertFile: s.CertFile(dir), KeyFile: s.KeyFile(dir), Action: Renewed, DryRun: cfg.DryRun}
-		var cert *x509.Certificate
-		var err error
-		if s.IsCA {
-			old := l.cert
-			// Same subject and key identifier as before, so that certificates it signed still chain to it.
-			cert, err = signCert(s, l.key.Public(), AltNames{}, nil, l.key, now, cfg.CAValidity, func(t *x509.Certificate) {
-				t.Subject = old.Subject
-				t.SubjectKeyId = old.SubjectKeyId
-			})
-		} else {
-			ca := cas[s.CA]
-			an := AltNames{DNSNames: l.cert.DNSNames, IPs: l.cert.IPAddresses}
-			cert, err = signCert(s, l.key.Public(), an, ca.cert, ca.key, now, cfg.CertValidity)
-		}
-		if err != nil {
-			return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)
-		}
-		r.NotAfter = cert.NotAfter
-		if !cfg.DryRun {
-			if _, err := WriteFile(r.CertFile, encodeCert(cert), CertMode, DirMode); err != nil {
-				return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)
-			}
-			if s.IsCA {
-				cas[s.Name].cert = cert
-			}
-		}
-		results = append(results, r)
-		if s.Name == KonnectivityServerClient {
-			clientNotAfter = cert.NotAfter
-		}
-		// The kubeconfig embeds ca.crt as well as the client pair: a renewed CA left out of it would stop
-		// the Konnectivity server from trusting kube-apiserver once the old CA certificate expires.
-		kubeconfigStale = kubeconfigStale || s.Name == KonnectivityServerClient || s.Name == CA
-	}
-	if !kubeconfigStale {
-		return results, nil
-	}
-	if cfg.DryRun {
-		if exists(cfg.KubeconfigPath()) {
-			if clientNotAfter.IsZero() {
-				client, _ := Lookup(specs, KonnectivityServerClient)
-				if c, _, err := readCert(client.CertFile(dir)); err == nil {
-					clientNotAfter = c.NotAfter
-				}
-			}
-			results = append(results, Result{Name: "kubeconfig", CertFile: cfg.KubeconfigPath(), Action: Updated, DryRun: true, NotAfter: clientNotAfter})
-		}
-		return results, nil
-	}
-	if kr, ok, err := refreshKubeconfig(cfg); err != nil {
+	if kr, ok, err := refreshKubeconfig(r.cfg); err != nil {
 		return results, err
 	} else if ok {
 		results = append(results, kr)
 	}
 	return results, nil
+}
+
+// renewal is one Renew: what it loaded, then what it re-signed.
+type renewal struct {
+	cfg   Config
+	dir   string
+	specs []*Spec
+
+	cas  map[string]*loaded // the CAs of the selected certificates, and selected CAs
+	todo []*loaded          // what to re-sign, CAs first
+
+	kubeconfigStale bool      // a certificate the kubeconfig embeds was renewed
+	clientNotAfter  time.Time // the renewed konnectivity-server-client certificate's
+}
+
+// loaded is a certificate on disk with its key.
+type loaded struct {
+	spec *Spec
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+// selected resolves the names given to Renew ("all": every leaf on disk) to a set of spec names.
+func (r *renewal) selected(names []string) (map[string]bool, error) {
+	if len(names) == 0 {
+		return nil, fmt.Errorf("pki: name a certificate to renew, or %q (one of %s)", All, strings.Join(Names(r.specs), ", "))
+	}
+	sel := map[string]bool{}
+	for _, n := range names {
+		if n == All {
+			for _, s := range r.specs {
+				if !s.IsCA && exists(s.CertFile(r.dir)) {
+					sel[s.Name] = true
+				}
+			}
+			continue
+		}
+		if _, ok := Lookup(r.specs, n); !ok {
+			return nil, fmt.Errorf("pki: unknown certificate %q (want %s or one of %s)", n, All, strings.Join(Names(r.specs), ", "))
+		}
+		sel[n] = true
+	}
+	if len(sel) == 0 {
+		return nil, fmt.Errorf("pki: no certificates found in %s", r.dir)
+	}
+	return sel, nil
+}
+
+// load reads every selected certificate and key and the CAs that sign them. Every problem is reported at
+// once, and then nothing is renewed.
+func (r *renewal) load(sel map[string]bool) error {
+	var problems []error
+	load := func(s *Spec) *loaded {
+		l, err := loadPair(s, r.dir)
+		if err != nil {
+			problems = append(problems, err)
+		}
+		return l
+	}
+	for _, s := range r.specs {
+		if s.IsCA && (sel[s.Name] || slices.ContainsFunc(r.specs, func(l *Spec) bool { return sel[l.Name] && l.CA == s.Name })) {
+			if ca := load(s); ca != nil {
+				r.cas[s.Name] = ca
+			}
+		}
+	}
+	for _, s := range r.specs {
+		if !sel[s.Name] {
+			continue
+		}
+		if s.IsCA {
+			if ca := r.cas[s.Name]; ca != nil {
+				r.todo = append(r.todo, ca)
+			}
+			continue
+		}
+		if l := load(s); l != nil {
+			r.todo = append(r.todo, l)
+		}
+	}
+	// The same refusal as init: renewing leaves under a front-proxy CA that is the cluster CA would
+	// entrench the set-up that locks kubelets and users out.
+	check := &engine{dir: r.dir, specs: r.specs, cfg: &r.cfg, authorities: map[string]*authority{}}
+	check.checkDistinctCAs()
+	problems = append(problems, check.problems...)
+	if len(problems) > 0 {
+		return fmt.Errorf("pki: nothing renewed: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// loadPair reads a certificate and its key, and checks that they belong together.
+func loadPair(s *Spec, dir string) (*loaded, error) {
+	cert, _, err := readCert(s.CertFile(dir))
+	if err != nil {
+		return nil, err
+	}
+	if !exists(s.KeyFile(dir)) {
+		what := "it cannot be re-signed"
+		if s.IsCA {
+			what = "the CA is external: konnect cannot sign with it, renew with whoever holds its key"
+		}
+		return nil, fmt.Errorf("%s: key %s is missing, so %s", s.CertFile(dir), s.KeyFile(dir), what)
+	}
+	key, _, err := readKey(s.KeyFile(dir))
+	if err != nil {
+		return nil, err
+	}
+	if !samePublicKey(cert.PublicKey, key.Public()) {
+		return nil, fmt.Errorf("%s does not match %s (for a leaf, `konnect init --force` issues a new pair)", s.KeyFile(dir), s.CertFile(dir))
+	}
+	return &loaded{s, cert, key}, nil
+}
+
+// resign signs and writes every certificate to renew, CAs first, so that leaves are signed by the renewed CA
+// certificate.
+func (r *renewal) resign() ([]Result, error) {
+	now := r.cfg.now()
+	var results []Result
+	for _, l := range r.todo {
+		s := l.spec
+		res := Result{Name: s.Name, CertFile: s.CertFile(r.dir), KeyFile: s.KeyFile(r.dir), Action: Renewed, DryRun: r.cfg.DryRun}
+		var cert *x509.Certificate
+		var err error
+		if s.IsCA {
+			old := l.cert
+			// Same subject and key identifier as before, so that certificates it signed still chain to it.
+			cert, err = signCert(s, l.key.Public(), AltNames{}, nil, l.key, now, r.cfg.CAValidity, func(t *x509.Certificate) {
+				t.Subject = old.Subject
+				t.SubjectKeyId = old.SubjectKeyId
+			})
+		} else {
+			ca := r.cas[s.CA]
+			an := AltNames{DNSNames: l.cert.DNSNames, IPs: l.cert.IPAddresses}
+			cert, err = signCert(s, l.key.Public(), an, ca.cert, ca.key, now, r.cfg.CertValidity)
+		}
+		if err != nil {
+			return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)
+		}
+		res.NotAfter = cert.NotAfter
+		if !r.cfg.DryRun {
+			if _, err := WriteFile(res.CertFile, encodeCert(cert), CertMode, DirMode); err != nil {
+				return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)
+			}
+			if s.IsCA {
+				r.cas[s.Name].cert = cert
+			}
+		}
+		results = append(results, res)
+		if s.Name == KonnectivityServerClient {
+			r.clientNotAfter = cert.NotAfter
+		}
+		// The kubeconfig embeds ca.crt as well as the client pair: a renewed CA left out of it would stop
+		// the Konnectivity server from trusting kube-apiserver once the old CA certificate expires.
+		r.kubeconfigStale = r.kubeconfigStale || s.Name == KonnectivityServerClient || s.Name == CA
+	}
+	return results, nil
+}
+
+// kubeconfigDryRun is what a dry run reports for the kubeconfig that a real run would update.
+func (r *renewal) kubeconfigDryRun() []Result {
+	if !exists(r.cfg.KubeconfigPath()) {
+		return nil
+	}
+	notAfter := r.clientNotAfter
+	if notAfter.IsZero() {
+		client, _ := Lookup(r.specs, KonnectivityServerClient)
+		if c, _, err := readCert(client.CertFile(r.dir)); err == nil {
+			notAfter = c.NotAfter
+		}
+	}
+	return []Result{{Name: "kubeconfig", CertFile: r.cfg.KubeconfigPath(), Action: Updated, DryRun: true, NotAfter: notAfter}}
 }
 
 // refreshKubeconfig rewrites an existing kubeconfig's embedded certificates, keeping its server URL.
