@@ -166,53 +166,14 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 	}
 	a = a.withDefaults()
 	labels := map[string]string{"k8s-app": "konnectivity-agent"}
-	caConfigMap := rootCAConfigMap
-	if len(a.CACert) > 0 {
-		caConfigMap = AgentCAConfigMap
-	}
-	probe := func(path string, period, failures int32) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: path, Port: intstr.FromString("health"), Scheme: corev1.URISchemeHTTP,
-			}},
-			PeriodSeconds:    period,
-			TimeoutSeconds:   5,
-			FailureThreshold: failures,
-		}
-	}
-	liveness := probe("/livez", 10, 3)
-	liveness.InitialDelaySeconds = 15
-
 	podSecurity := &corev1.PodSecurityContext{
 		RunAsNonRoot:   ptr.To(true),
 		RunAsUser:      ptr.To[int64](65534),
 		RunAsGroup:     ptr.To[int64](65534),
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
-	credentials := []corev1.VolumeProjection{
-		{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
-			Audience:          Audience,
-			ExpirationSeconds: ptr.To[int64](tokenExpiry),
-			Path:              agentTokenFile,
-		}},
-		{ConfigMap: &corev1.ConfigMapProjection{
-			LocalObjectReference: corev1.LocalObjectReference{Name: caConfigMap},
-			Items:                []corev1.KeyToPath{{Key: agentCAFile, Path: agentCAFile}},
-		}},
-	}
 	if a.clientCertAuth() {
-		// No token: the certificate is the agent's only credential, and a token it does not need
-		// would still let anyone who reads it talk to kube-apiserver as the agent.
-		credentials = []corev1.VolumeProjection{
-			credentials[1],
-			{Secret: &corev1.SecretProjection{
-				LocalObjectReference: corev1.LocalObjectReference{Name: AgentTLSSecret},
-				Items: []corev1.KeyToPath{
-					{Key: corev1.TLSCertKey, Path: agentCertFile},
-					{Key: corev1.TLSPrivateKeyKey, Path: agentKeyFile, Mode: ptr.To[int32](agentKeyMode)},
-				},
-			}},
-		}
+		// The key in the projected Secret is readable by the agent's group only.
 		podSecurity.FSGroup = ptr.To[int64](65534)
 	}
 
@@ -251,47 +212,94 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 						{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
 					},
 					SecurityContext: podSecurity,
-					Containers: []corev1.Container{{
-						Name:            "konnectivity-agent",
-						Image:           a.Image,
-						ImagePullPolicy: corev1.PullIfNotPresent,
-						Command:         []string{a.Binary},
-						Args:            a.Args(),
-						Env: []corev1.EnvVar{
-							{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
-								FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"},
-							}},
-							{Name: "NODE_IP", ValueFrom: &corev1.EnvVarSource{
-								FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.hostIP"},
-							}},
-						},
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi"),
-						}},
-						Ports: []corev1.ContainerPort{
-							{Name: "health", ContainerPort: int32(a.HealthPort), Protocol: corev1.ProtocolTCP},
-						},
-						LivenessProbe:  liveness,
-						ReadinessProbe: probe("/readyz", 5, 3),
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "konnectivity-agent-credentials", MountPath: agentCredentialsDir, ReadOnly: true},
-						},
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: ptr.To(false),
-							ReadOnlyRootFilesystem:   ptr.To(true),
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-					}},
+					Containers:      []corev1.Container{a.container()},
 					Volumes: []corev1.Volume{{
 						Name: "konnectivity-agent-credentials",
 						VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-							Sources: credentials,
+							Sources: a.credentials(),
 						}},
 					}},
 				},
 			},
 		},
 	}, nil
+}
+
+// container is the agent's container: its flags, health port and probes, and a read-only, unprivileged
+// root.
+func (a Agent) container() corev1.Container {
+	probe := func(path string, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("health"), Scheme: corev1.URISchemeHTTP,
+			}},
+			PeriodSeconds:    period,
+			TimeoutSeconds:   5,
+			FailureThreshold: failures,
+		}
+	}
+	liveness := probe("/livez", 10, 3)
+	liveness.InitialDelaySeconds = 15
+	return corev1.Container{
+		Name:            "konnectivity-agent",
+		Image:           a.Image,
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		Command:         []string{a.Binary},
+		Args:            a.Args(),
+		Env: []corev1.EnvVar{
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"},
+			}},
+			{Name: "NODE_IP", ValueFrom: &corev1.EnvVarSource{
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.hostIP"},
+			}},
+		},
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi"),
+		}},
+		Ports: []corev1.ContainerPort{
+			{Name: "health", ContainerPort: int32(a.HealthPort), Protocol: corev1.ProtocolTCP},
+		},
+		LivenessProbe:  liveness,
+		ReadinessProbe: probe("/readyz", 5, 3),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "konnectivity-agent-credentials", MountPath: agentCredentialsDir, ReadOnly: true},
+		},
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+	}
+}
+
+// credentials are the sources of the agent's one projected volume: the CA that signs the server's
+// certificate, and either a bound token for the server to review or the agent's client certificate.
+func (a Agent) credentials() []corev1.VolumeProjection {
+	caConfigMap := rootCAConfigMap
+	if len(a.CACert) > 0 {
+		caConfigMap = AgentCAConfigMap
+	}
+	ca := corev1.VolumeProjection{ConfigMap: &corev1.ConfigMapProjection{
+		LocalObjectReference: corev1.LocalObjectReference{Name: caConfigMap},
+		Items:                []corev1.KeyToPath{{Key: agentCAFile, Path: agentCAFile}},
+	}}
+	if a.clientCertAuth() {
+		// No token: the certificate is the agent's only credential, and a token it does not need
+		// would still let anyone who reads it talk to kube-apiserver as the agent.
+		return []corev1.VolumeProjection{ca, {Secret: &corev1.SecretProjection{
+			LocalObjectReference: corev1.LocalObjectReference{Name: AgentTLSSecret},
+			Items: []corev1.KeyToPath{
+				{Key: corev1.TLSCertKey, Path: agentCertFile},
+				{Key: corev1.TLSPrivateKeyKey, Path: agentKeyFile, Mode: ptr.To[int32](agentKeyMode)},
+			},
+		}}}
+	}
+	return []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+		Audience:          Audience,
+		ExpirationSeconds: ptr.To[int64](tokenExpiry),
+		Path:              agentTokenFile,
+	}}, ca}
 }
 
 // Render renders the cluster-side manifests and a kustomization.yaml listing them, for
