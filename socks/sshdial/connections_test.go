@@ -77,12 +77,14 @@ func killServerSide(t *testing.T, pids []int, local net.Addr) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The server end's remote address is our local one: 127.0.0.1 is 0100007F, the port is hex.
+	// The server end's remote address is our local one: 127.0.0.1 is 0100007F, the port is hex. Only an
+	// established socket (state 01) counts: an earlier connection from the same port may linger in
+	// TIME_WAIT, which no process holds (inode 0).
 	remote := fmt.Sprintf("0100007F:%04X", port)
 	inode := ""
 	for _, line := range strings.Split(string(data), "\n")[1:] {
 		f := strings.Fields(line)
-		if len(f) > 9 && f[2] == remote {
+		if len(f) > 9 && f[2] == remote && f[3] == "01" && f[9] != "0" {
 			inode = f[9]
 		}
 	}
