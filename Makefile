@@ -25,7 +25,8 @@ all: build
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/konnect
 
-# The static binary the image ships, built as upstream's proxy-server and proxy-agent are for `make bench`.
+# The static binary the image ships, and the one `make bench` runs: built with the flags of upstream's
+# proxy-server and proxy-agent there (CGO_ENABLED=0, -trimpath, -s -w).
 static:
 	@mkdir -p bin/image
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '-s -w $(LDFLAGS)' -o bin/image/konnect ./cmd/konnect
