@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -65,6 +66,9 @@ const (
 type Handler struct {
 	mux        *http.ServeMux
 	transports []*http.Transport
+	// target and backend are where and how the API is reached; Probe uses them too.
+	target  *url.URL
+	backend http.RoundTripper
 }
 
 // NewHandler builds the handler and its connections' configuration; it dials nothing yet.
@@ -105,6 +109,29 @@ func (h *Handler) CloseIdleConnections() {
 	}
 }
 
+// Probe asks the API server for its /readyz with the kubeconfig's credentials, over the same connections as
+// the requests it proxies, and returns nil if it answered 200. The error says what failed: the connection,
+// the credentials (401, 403) or the API server's own readiness.
+func (h *Handler) Probe(ctx context.Context) error {
+	u := *h.target
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/readyz"
+	u.RawPath = ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := h.backend.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("the API server at %s: %w", h.target.Host, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so that the connection is reused
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the API server at %s answered %s to GET %s", h.target.Host, resp.Status, u.Path)
+	}
+	return nil
+}
+
 // checkPrefix refuses what http.ServeMux would read as something other than a plain path prefix (a host,
 // a method, a {wildcard}) instead of panicking on it.
 func checkPrefix(p string) error {
@@ -135,6 +162,7 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	h.target, h.backend = target, rt
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/socks"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 )
 
@@ -42,6 +43,9 @@ type Config struct {
 	// ShutdownGrace bounds how long Run lets requests in flight finish once its context ends; 0 closes them
 	// at once. Watches, log follows and upgraded connections are closed at once in any case.
 	ShutdownGrace time.Duration
+	// Registerer receives the proxy's metrics (konnect_proxy_*); nil means none are kept, and requests
+	// pass through no instrumentation.
+	Registerer prometheus.Registerer
 }
 
 // Server is a running proxy: its listener is bound, and Run serves it.
@@ -49,6 +53,7 @@ type Server struct {
 	cfg     Config
 	ln      net.Listener
 	handler *Handler
+	metrics *metrics // nil: none kept
 
 	// streams is cancelled when shutdown starts: long-running requests end then.
 	streams       context.Context
@@ -79,10 +84,20 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, ln: newCappedListener(cfg.Listener, cfg.MaxConnections), handler: h}
+	ln := &cappedListener{Listener: cfg.Listener, limit: socks.NewConnLimit(cfg.MaxConnections)}
+	s := &Server{cfg: cfg, ln: ln, handler: h}
+	if cfg.Registerer != nil {
+		if s.metrics, err = newMetrics(cfg.Registerer, ln.limit); err != nil {
+			return nil, err
+		}
+		ln.refused = s.metrics.refusedConns.Inc
+	}
 	s.streams, s.cancelStreams = context.WithCancel(context.Background())
 	return s, nil
 }
+
+// Probe reports whether the API server answers, as Handler.Probe does.
+func (s *Server) Probe(ctx context.Context) error { return s.handler.Probe(ctx) }
 
 // Addr is the bound address, with the port chosen by the system when the configured port was 0.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
@@ -101,8 +116,12 @@ func (s *Server) Run(ctx context.Context) error {
 
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
+	h := s.track(s.handler)
+	if s.metrics != nil {
+		h = s.metrics.instrument(h)
+	}
 	srv := &http.Server{
-		Handler:           s.track(s.handler),
+		Handler:           h,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
@@ -182,11 +201,8 @@ func longRunning(r *http.Request) bool {
 // connections without end gets a clear answer and the proxy keeps its file descriptors.
 type cappedListener struct {
 	net.Listener
-	limit *socks.ConnLimit
-}
-
-func newCappedListener(ln net.Listener, max int) net.Listener {
-	return &cappedListener{Listener: ln, limit: socks.NewConnLimit(max)}
+	limit   *socks.ConnLimit
+	refused func() // counts a refusal; nil when the proxy keeps no metrics
 }
 
 const tooManyConnections = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n" +
@@ -202,6 +218,9 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 			return &slotConn{Conn: c, release: l.limit.Release}, nil
 		}
 		klog.V(2).InfoS("Connection refused: too many connections", "remote", c.RemoteAddr(), "max", l.limit.Max())
+		if l.refused != nil {
+			l.refused()
+		}
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = c.Write([]byte(tooManyConnections))
 		_ = c.Close()

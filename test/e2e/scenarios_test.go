@@ -73,7 +73,7 @@ func TestLaptop(t *testing.T) {
 	// konnect proxy --via: kubectl proxy's job, with its own SSH connection,
 	// using the plain admin kubeconfig (no proxy-url).
 	proxy := startProcT(t, "konnect-proxy", c.tp.ns(nsLap), c.logDir, append(append(append(lap.env, bins.konnect, "proxy"),
-		lap.sshd.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001")...)
+		lap.sshd.sshArgs()...), "--via", cpLapAddr, "--kubeconfig", c.kubeconfig, "--port", "8001", "--health-listen", "127.0.0.1:8002")...)
 	var body string
 	if err := harness.Poll("curl of flunders through konnect proxy --via", 30*time.Second, 500*time.Millisecond, func() error {
 		if err := proxy.Exited(); err != nil {
@@ -101,6 +101,23 @@ func TestLaptop(t *testing.T) {
 		t.Fatalf("konnect proxy with Host: evil.example: HTTP %s, want 403", code)
 	}
 	t.Logf("konnect proxy --via in lap: curl and kubectl list flunders; Host: evil.example is refused")
+
+	// Its health endpoint: ready because kube-apiserver answers its /readyz over the SSH connection, and
+	// /metrics counts what was served above.
+	ready, err := harness.Run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "--fail", "--max-time", "10", "http://127.0.0.1:8002/readyz?verbose")
+	if err != nil || !strings.Contains(ready, "[+]apiserver ok") || !strings.Contains(ready, "[+]ssh ok") {
+		t.Fatalf("konnect proxy /readyz?verbose: %v\n%s", err, ready)
+	}
+	metrics, err := harness.Run(ctx, c.tp.ns(nsLap), bins.curl, "-sS", "--fail", "--max-time", "10", "http://127.0.0.1:8002/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`konnect_proxy_requests_total{code="200",method="GET"}`, `konnect_proxy_requests_total{code="403",method="GET"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("konnect proxy /metrics has no %s:\n%s", want, tailString(metrics, 2000))
+		}
+	}
+	t.Logf("konnect proxy --health-listen: /readyz reports kube-apiserver and SSH ok; /metrics counts the 200s and the 403")
 }
 
 // laptop is the developer's side in lap: sshd in cp, konnect socks in lap on 127.0.0.1:1080, and the admin

@@ -262,6 +262,7 @@ func TestRemoteBindRefused(t *testing.T) {
 		{"socks-http-listen", []string{"socks", "-F", "none", "--known-hosts", filepath.Join(dir, "kh"), "-D", "127.0.0.1:" + strconv.Itoa(ports[0]), "--http-listen", "0.0.0.0:" + strconv.Itoa(ports[1]), "127.0.0.1"}, "--http-listen"},
 		{"socks-health-listen", []string{"socks", "-F", "none", "--known-hosts", filepath.Join(dir, "kh"), "-D", "127.0.0.1:" + strconv.Itoa(ports[0]), "--health-listen", "0.0.0.0:" + strconv.Itoa(ports[1]), "127.0.0.1"}, "--health-listen"},
 		{"proxy-address", []string{"proxy", "--kubeconfig", kc, "--address", "0.0.0.0", "--port", strconv.Itoa(ports[0])}, "--address"},
+		{"proxy-health-listen", []string{"proxy", "--kubeconfig", kc, "--port", strconv.Itoa(ports[0]), "--health-listen", "0.0.0.0:" + strconv.Itoa(ports[1])}, "--health-listen"},
 		{"server-admin", serverArgs(dir, uds, serverPorts{ports[0], ports[1], ports[2]}, append(mtlsServer(dir), "--admin-bind-address", "0.0.0.0")...), "--admin-bind-address"},
 		{"agent-admin", agentArgs(dir, []int{ports[0]}, ports[1], ports[2], append(mtlsAgent(dir), "--admin-bind-address", "0.0.0.0")...), "--admin-bind-address"},
 	} {

@@ -20,10 +20,11 @@
 //
 // A command's run function is RunCommand: those four steps, the start-up line and SignalContext.
 //
-// A daemon that serves /metrics (server, agent, socks with --health-listen; the proxy has no endpoints, as
-// kubectl proxy has none) makes a fresh registry in New (NewRegistry), so that two daemons in one process
-// (as in tests) never collide. The server adds, read-only, upstream ANP's server metrics, which
-// upstream can only register on the default registry (tunnel.UpstreamMetrics).
+// Every daemon serves /metrics next to its health endpoints: the server and the agent always, socks and
+// the proxy with --health-listen (kubectl proxy has none, so it stays off unless asked for). Each makes a
+// fresh registry in New (NewRegistry), so that two daemons in one process (as in tests) never collide.
+// The server adds, read-only, upstream ANP's server metrics, which upstream can only register on the
+// default registry (tunnel.UpstreamMetrics).
 //
 // The graceful timeout has one meaning in every daemon: after the stop signal, how long open tunnels or
 // connections may continue before they are closed; 0 closes them at once. It is --graceful-timeout for the

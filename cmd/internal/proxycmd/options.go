@@ -53,6 +53,7 @@ type Options struct {
 	AllowRemote    bool
 	MaxConnections int
 	BackendHTTP2   bool
+	HealthListen   string // /healthz /livez /readyz and /metrics; off when empty
 	// Via is the SSH destination ([user@]host) that carries the API traffic; SSH holds the SSH flags.
 	Via string
 	SSH *sshdial.Flags
@@ -99,6 +100,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "Allow --address to be an address that is not loopback. Anyone who can reach it acts with your kubeconfig's credentials; --accept-hosts must then also name the host clients use.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Most client connections open at once; more are answered with 503 and closed.")
+	fs.StringVar(&o.HealthListen, "health-listen", o.HealthListen, "Serve /healthz, /livez and /readyz (the API server answers its /readyz; with --via, the SSH connection is up) and /metrics on this host:port. Off when empty, as kubectl proxy has none.")
 	fs.BoolVar(&o.BackendHTTP2, "backend-http2", o.BackendHTTP2, "Speak HTTP/2 to the API server for plain requests (one connection for everything) instead of a pool of HTTP/1.1 connections.")
 	fs.StringVar(&o.Via, "via", o.Via, "Carry the API traffic over SSH through [user@]host (the API server's name is resolved there); the kubeconfig's proxy-url is then ignored. The SSH flags below apply.")
 	// After the proxy's own flags, so that -p stays --port and SSH's port is --ssh-port.
@@ -128,6 +130,11 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxConnections < 1 {
 		errs = append(errs, fmt.Errorf("--max-connections: %d must be at least 1", o.MaxConnections))
+	}
+	if o.HealthListen != "" {
+		if err := daemon.CheckLoopback(o.HealthListen, o.AllowRemote, "--health-listen"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if !o.DisableFilter {
 		if _, err := o.filterSpec().Compile(); err != nil {
@@ -174,6 +181,8 @@ type Config struct {
 	Network     string
 	Address     string
 	AllowRemote bool
+	// HealthAddr is where the health and metrics endpoints listen; empty: none.
+	HealthAddr string
 	// SSH is set with --via.
 	SSH *sshdial.Config
 }
@@ -188,7 +197,7 @@ func (o *Options) Config() (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := &Config{Proxy: pc, Network: "tcp", Address: net.JoinHostPort(o.Address, strconv.Itoa(o.Port)), AllowRemote: o.AllowRemote}
+	cfg := &Config{Proxy: pc, Network: "tcp", Address: net.JoinHostPort(o.Address, strconv.Itoa(o.Port)), AllowRemote: o.AllowRemote, HealthAddr: o.HealthListen}
 	if o.UnixSocket != "" {
 		cfg.Network, cfg.Address = "unix", o.UnixSocket
 	}

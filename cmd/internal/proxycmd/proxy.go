@@ -8,12 +8,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"time"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
 )
 
@@ -46,6 +50,9 @@ curl, client-go) are not affected.`,
   # Reach an API server that only a bastion can see
   konnect proxy --via alice@bastion.example.com
 
+  # Also serve /livez, /readyz (does the API server answer?) and /metrics
+  konnect proxy --health-listen 127.0.0.1:8002
+
   # Serve the API under /k8s-api/ and static files from ./www under /static/
   konnect proxy --api-prefix=/k8s-api --www=./www`,
 		DisableFlagsInUseLine: true,
@@ -69,15 +76,19 @@ func run(ctx context.Context, o *Options, out io.Writer) error {
 	})
 }
 
-// Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener and, with --via, the SSH
-// connection under it.
+// Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener, with --via the SSH
+// connection under it, and with --health-listen its health and metrics endpoint.
 type Proxy struct {
-	cfg    *Config
-	dialer *sshdial.Dialer
-	server *apiproxy.Server
+	cfg       *Config
+	dialer    *sshdial.Dialer
+	server    *apiproxy.Server
+	endpoints daemon.Endpoints // health only
 }
 
-// New prepares the SSH dialer and the proxy and binds the listener, so that a bad kubeconfig or an address
+// probeTimeout bounds the readiness check's request to the API server.
+const probeTimeout = 5 * time.Second
+
+// New prepares the SSH dialer and the proxy and binds the listeners, so that a bad kubeconfig or an address
 // in use fails the start. Nothing stays bound when New fails.
 func New(cfg *Config) (_ *Proxy, err error) {
 	p := &Proxy{cfg: cfg}
@@ -88,14 +99,41 @@ func New(cfg *Config) (_ *Proxy, err error) {
 		}
 		pc.Dial = p.dialer.DialContext
 	}
+	var reg *prometheus.Registry
+	if cfg.HealthAddr != "" {
+		reg = daemon.NewRegistry()
+		pc.Registerer = reg
+		if p.endpoints.Health, err = daemon.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
+			return nil, err
+		}
+	}
 	if pc.Listener, err = listen(cfg); err != nil {
+		p.endpoints.Close()
 		return nil, err
 	}
 	if p.server, err = apiproxy.New(pc); err != nil {
 		pc.Listener.Close()
+		p.endpoints.Close()
 		return nil, err
 	}
+	if reg != nil {
+		p.endpoints.HealthMux = daemon.NewHealthMux(nil, p.readyChecks(), reg)
+	}
 	return p, nil
+}
+
+// readyChecks are ready while the API server answers its /readyz through the proxy's own connections, and
+// with --via while the SSH connection is up.
+func (p *Proxy) readyChecks() []healthz.HealthChecker {
+	checks := []healthz.HealthChecker{healthz.NamedCheck("apiserver", func(r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		defer cancel()
+		return p.server.Probe(ctx)
+	})}
+	if p.dialer != nil {
+		checks = append(checks, healthz.NamedCheck("ssh", func(*http.Request) error { return p.dialer.Ready() }))
+	}
+	return checks
 }
 
 // listen binds the proxy's address: TCP on loopback unless --allow-remote, or a Unix socket private to the
@@ -117,6 +155,10 @@ func listen(cfg *Config) (net.Listener, error) {
 func (p *Proxy) Run(ctx context.Context) error {
 	// The proxy finishes requests in flight within its own grace; the bound sits above it.
 	g := daemon.Group{StopTimeout: p.cfg.Proxy.ShutdownGrace + daemon.ShutdownGrace}
+	if p.endpoints.Health != nil {
+		klog.InfoS("Serving health endpoints", "addr", p.endpoints.Health.Addr().String())
+	}
+	p.endpoints.AddTo(&g)
 	if p.dialer != nil {
 		klog.InfoS("Carrying API traffic over SSH", "via", p.dialer.Target())
 		g.Add("--via "+p.dialer.Target(), p.dialer.Run)

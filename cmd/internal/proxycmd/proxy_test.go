@@ -15,8 +15,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,7 +62,7 @@ var kubectlGlobalFlags = []string{
 
 // konnectFlags are konnect's additions; a new flag has to be added here on purpose.
 // The SSH flags, shared with konnect socks, are checked where they are defined.
-var konnectFlags = []string{"allow-remote", "max-connections", "backend-http2", "via", "help"}
+var konnectFlags = []string{"allow-remote", "max-connections", "backend-http2", "via", "health-listen", "help"}
 
 func TestFlagsMatchKubectlProxy(t *testing.T) {
 	fs := NewProxyCommand().Flags()
@@ -147,6 +149,9 @@ func TestValidate(t *testing.T) {
 		{"bad reject-paths", []string{"--reject-paths=[z-a]"}, "--reject-paths"},
 		{"bad pattern ignored with the filter off", []string{"--accept-hosts=(", "--disable-filter"}, ""},
 		{"max connections", []string{"--max-connections=0"}, "--max-connections"},
+		{"health endpoint on loopback", []string{"--health-listen=127.0.0.1:8002"}, ""},
+		{"non-loopback health endpoint", []string{"--health-listen=0.0.0.0:8002"}, "--health-listen"},
+		{"health endpoint not host:port", []string{"--health-listen=8002"}, "--health-listen"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := NewOptions()
@@ -172,6 +177,7 @@ type backend struct {
 	url                       string
 	caFile, certFile, keyFile string
 	token                     string
+	unready                   atomic.Bool // /readyz answers 500
 }
 
 func newBackend(t *testing.T) *backend {
@@ -186,6 +192,10 @@ func newBackend(t *testing.T) *backend {
 		certOK := r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "jane"
 		if !certOK && r.Header.Get("Authorization") != "Bearer "+b.token {
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		if r.URL.Path == "/readyz" && b.unready.Load() {
+			http.Error(w, "[-]etcd failed: reason withheld\nreadyz check failed", http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -341,6 +351,55 @@ func TestCommandProxiesWithKubeconfigCredentials(t *testing.T) {
 				t.Fatalf("command returned %v after cancel", err)
 			}
 		})
+	}
+}
+
+// --health-listen serves kube-style health endpoints, ready while the API server answers its /readyz, and the
+// proxy's metrics.
+func TestCommandHealthEndpoints(t *testing.T) {
+	b := newBackend(t)
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0", "--health-listen", health)
+	if code, _ := get(t, "http://"+addr+"/api", ""); code != http.StatusOK {
+		t.Fatalf("GET /api: %d", code)
+	}
+	if code, _ := get(t, "http://"+addr+"/api", "evil.example"); code != http.StatusForbidden {
+		t.Fatalf("Host evil.example: %d, want 403", code)
+	}
+	for _, path := range []string{"/livez?verbose", "/readyz?verbose", "/healthz?verbose"} {
+		code, body := get(t, "http://"+health+path, "")
+		if code != http.StatusOK || !strings.Contains(body, "[+]ping ok") {
+			t.Errorf("GET %s: %d %q", path, code, body)
+		}
+		if path != "/livez?verbose" && !strings.Contains(body, "[+]apiserver ok") {
+			t.Errorf("GET %s: no apiserver check: %q", path, body)
+		}
+	}
+	_, metrics := get(t, "http://"+health+"/metrics", "")
+	for _, want := range []string{
+		`konnect_proxy_requests_total{code="200",method="GET"} 1`,
+		`konnect_proxy_requests_total{code="403",method="GET"} 1`,
+		"konnect_proxy_client_connections ",
+		"go_goroutines ",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics has no %q", want)
+		}
+	}
+
+	b.unready.Store(true)
+	code, body := get(t, "http://"+health+"/readyz?verbose", "")
+	if code != http.StatusInternalServerError || !strings.Contains(body, "[-]apiserver failed: reason withheld") {
+		t.Errorf("/readyz with the API server not ready: %d %q", code, body)
+	}
+	if code, body := get(t, "http://"+health+"/readyz/apiserver", ""); code != http.StatusInternalServerError || !strings.Contains(body, "500") {
+		t.Errorf("/readyz/apiserver with the API server not ready: %d %q, want 500 naming the API server's answer", code, body)
+	}
+	if code, _ := get(t, "http://"+health+"/livez", ""); code != http.StatusOK {
+		t.Errorf("/livez with the API server not ready: %d, want 200: the proxy itself is alive", code)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 
