@@ -119,7 +119,7 @@ func (o *Options) Validate() error {
 		}
 		if net.ParseIP(o.Address) == nil && o.Address != "localhost" {
 			errs = append(errs, fmt.Errorf("--address: %q is not an IP address", o.Address))
-		} else if err := daemon.CheckLoopback(net.JoinHostPort(o.Address, "0"), o.AllowRemote, "--address"); err != nil {
+		} else if err := daemon.CheckLoopback(net.JoinHostPort(o.Address, strconv.Itoa(o.Port)), o.AllowRemote, "--address"); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -143,6 +143,7 @@ func TestValidate(t *testing.T) {
 		{"negative port", []string{"--port=-1"}, "--port"},
 		{"address not an IP", []string{"--address=example.com"}, "--address"},
 		{"non-loopback address", []string{"--address=0.0.0.0"}, "--allow-remote"},
+		{"non-loopback address names the port", []string{"--address=0.0.0.0", "--port=9000"}, "0.0.0.0:9000"},
 		{"non-loopback address allowed", []string{"--address=0.0.0.0", "--allow-remote"}, ""},
 		{"IPv6 loopback", []string{"--address=::1"}, ""},
 		{"bad accept-hosts", []string{"--accept-hosts=("}, "--accept-hosts"},
