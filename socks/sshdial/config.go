@@ -75,9 +75,20 @@ type endpoint struct {
 	port     int
 	user     string
 	identity []string // from the config file (IdentityFile), already expanded
+	// hostKeyAlias (ssh_config HostKeyAlias) replaces the address in known_hosts lookups and records.
+	hostKeyAlias string
 }
 
 func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
+
+// knownHostsAddr is the address the host key is looked up and recorded under: the address dialled, or
+// HostKeyAlias alone, which OpenSSH uses without a port. Port 22 is what knownhosts.Normalize leaves out.
+func (e endpoint) knownHostsAddr() string {
+	if e.hostKeyAlias != "" {
+		return net.JoinHostPort(e.hostKeyAlias, "22")
+	}
+	return e.addr()
+}
 
 func (e endpoint) String() string { return e.user + "@" + e.addr() }
 
@@ -288,6 +299,7 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	for _, id := range sc.getAll(alias, "IdentityFile") {
 		e.identity = append(e.identity, expandPath(id, e))
 	}
+	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
 	return e, nil
 }
 

@@ -398,13 +398,13 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 
 // handshake runs the SSH handshake for one hop over conn, aborting when ctx ends.
 func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*ssh.Client, error) {
-	algos, err := d.known.algorithms(hop.addr())
+	algos, err := d.known.algorithms(hop.knownHostsAddr())
 	if err != nil {
 		return nil, err
 	}
 	cc := &ssh.ClientConfig{
 		User:              hop.user,
-		HostKeyCallback:   d.known.callback(hop.addr()),
+		HostKeyCallback:   d.known.callback(hop.knownHostsAddr()),
 		HostKeyAlgorithms: algos,
 		ClientVersion:     "SSH-2.0-konnect",
 	}

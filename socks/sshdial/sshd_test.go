@@ -533,3 +533,63 @@ func TestCipherChoice(t *testing.T) {
 		t.Errorf("sshd log does not show the chosen cipher")
 	}
 }
+
+// opensshAccepts runs OpenSSH's own client with the same ssh_config and known_hosts and reports whether it
+// trusts the host, so that konnect's reading of both is checked against the real thing.
+func opensshAccepts(t *testing.T, sshConfig, knownHosts, dest string) (bool, string) {
+	t.Helper()
+	harness.RequireSSH(t, "ssh")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ssh", "-F", sshConfig, "-o", "UserKnownHostsFile="+knownHosts,
+		"-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", dest, "true").CombinedOutput()
+	return err == nil, string(out)
+}
+
+// HostKeyAlias from ssh_config names the host in known_hosts instead of its address, without a port, as
+// OpenSSH does: a host reached through a forwarded port or by several names keeps one entry.
+func TestHostKeyAlias(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	sshConfig := filepath.Join(f.dir, "config")
+	os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host target\n  HostName 127.0.0.1\n  Port %d\n  HostKeyAlias bastion-key\n  IdentityFile %s\n  IdentitiesOnly yes\n", f.sshd.Port, f.key)), 0o600)
+	aliasLine := "bastion-key " + f.sshd.HostKeyLine
+	cfg := Config{Destination: "target", ConfigFile: sshConfig, AgentSocket: "none", ConnectTimeout: 5 * time.Second}
+
+	t.Run("the alias's entry is trusted", func(t *testing.T) {
+		cfg := cfg
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		os.WriteFile(cfg.KnownHostsFile, []byte(aliasLine+"\n"), 0o600)
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		get(t, d, be, "/")
+		if ok, out := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target"); !ok {
+			t.Errorf("OpenSSH refuses the same known_hosts: %s", out)
+		}
+	})
+
+	t.Run("the address's entry is not", func(t *testing.T) {
+		cfg := cfg
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		os.WriteFile(cfg.KnownHostsFile, []byte(f.sshd.KnownHostsLine()+"\n"), 0o600)
+		_, done := start(t, cfg)
+		var hk *HostKeyError
+		if err := waitErr(t, done); !errors.As(err, &hk) || hk.Host != "bastion-key" || hk.Line != aliasLine {
+			t.Fatalf("err = %v, want an unknown-host error for bastion-key offering %q", err, aliasLine)
+		}
+		if ok, _ := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target"); ok {
+			t.Errorf("OpenSSH trusts the address's entry although HostKeyAlias is set")
+		}
+	})
+
+	t.Run("accept-new records the alias", func(t *testing.T) {
+		cfg := cfg
+		cfg.AcceptNew = true
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		if b, _ := os.ReadFile(cfg.KnownHostsFile); string(b) != aliasLine+"\n" {
+			t.Fatalf("known_hosts = %q, want %q", b, aliasLine+"\n")
+		}
+	})
+}
