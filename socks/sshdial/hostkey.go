@@ -95,7 +95,8 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 			}
 		}
 	}
-	for _, w := range ke.Want {
+	authorities := certAuthorityLines(k.file)
+	for _, w := range hostKeys(ke.Want, authorities) {
 		switch t := w.Key.Type(); t {
 		case ssh.KeyAlgoRSA:
 			add(ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
@@ -103,7 +104,45 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 			add(t)
 		}
 	}
+	if len(ke.Want) > len(hostKeys(ke.Want, authorities)) {
+		// An @cert-authority line names the host: ask for a certificate first, of any key type, since the
+		// CA's own type says nothing about the host's. A host without one presents a plain key: one of the
+		// recorded types, or any when only the CA is recorded.
+		var certs, plain []string
+		for _, a := range ssh.SupportedAlgorithms().HostKeys {
+			if strings.Contains(a, "-cert-") {
+				certs = append(certs, a)
+			} else {
+				plain = append(plain, a)
+			}
+		}
+		if len(algos) == 0 {
+			algos = plain
+		}
+		algos = slices.Concat(certs, algos)
+	}
 	return algos, nil
+}
+
+// certAuthorityLines returns the numbers of the @cert-authority lines of a known_hosts file. knownhosts
+// lists those lines among a host's keys (KeyError.Want) without saying which they are.
+func certAuthorityLines(file string) map[int]bool {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	lines := map[int]bool{}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "@cert-authority") {
+			lines[i+1] = true
+		}
+	}
+	return lines
+}
+
+// hostKeys drops the CA entries from a host's known keys.
+func hostKeys(want []knownhosts.KnownKey, authorities map[int]bool) []knownhosts.KnownKey {
+	return slices.DeleteFunc(slices.Clone(want), func(w knownhosts.KnownKey) bool { return authorities[w.Line] })
 }
 
 var (
@@ -137,6 +176,17 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 		if err == nil {
 			return nil
 		}
+		// A host certificate that no @cert-authority line vouches for (or that is not valid for this host)
+		// is judged by its plain key, as OpenSSH does: known, unknown (--accept-new records the plain key)
+		// or changed.
+		var re *knownhosts.RevokedError
+		if cert, ok := key.(*ssh.Certificate); ok && !errors.As(err, &re) {
+			klog.V(2).InfoS("Host certificate not trusted; checking its plain key", "host", knownhosts.Normalize(addr), "err", err)
+			key = cert.Key
+			if err = cb(addr, remote, key); err == nil {
+				return nil
+			}
+		}
 		hke := &HostKeyError{
 			Host:           knownhosts.Normalize(addr),
 			KnownHostsFile: k.file,
@@ -145,14 +195,13 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 			Line:           knownhosts.Line([]string{addr}, key),
 		}
 		var ke *knownhosts.KeyError
-		var re *knownhosts.RevokedError
 		switch {
 		case errors.As(err, &re):
 			hke.Revoked = true
 			return hke
-		case errors.As(err, &ke) && len(ke.Want) > 0:
+		case errors.As(err, &ke) && len(hostKeys(ke.Want, certAuthorityLines(k.file))) > 0:
 			hke.Changed = true
-			for _, w := range ke.Want {
+			for _, w := range hostKeys(ke.Want, certAuthorityLines(k.file)) {
 				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", w.Filename, w.Line))
 			}
 			return hke

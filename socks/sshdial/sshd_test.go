@@ -593,3 +593,63 @@ func TestHostKeyAlias(t *testing.T) {
 		}
 	})
 }
+
+// signHostKey signs sshd's host key with the CA key for the given principals and has sshd present the
+// certificate.
+func signHostKey(t *testing.T, s *harness.SSHD, ca string, principals string) {
+	t.Helper()
+	if out, err := exec.Command("ssh-keygen", "-q", "-s", ca, "-I", "test-host", "-h", "-n", principals, "-V", "-5m:+1h", s.HostKeyFile+".pub").CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen -s: %v: %s", err, out)
+	}
+	conf := filepath.Join(s.Dir, "sshd_config")
+	cf, err := os.OpenFile(conf, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(cf, "HostCertificate %s-cert.pub\n", s.HostKeyFile)
+	cf.Close()
+	s.Restart()
+}
+
+// Host certificates: an @cert-authority line trusts every host key its CA signed for the name dialled; a
+// certificate it does not vouch for is judged by its plain key, as OpenSSH does.
+func TestHostCertificates(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	dir := t.TempDir()
+	ca, caPub := harness.SSHKeyPair(t, dir, "host_ca", "")
+	_, otherPub := harness.SSHKeyPair(t, dir, "other_ca", "")
+	signHostKey(t, f.sshd, ca, "127.0.0.1")
+	host := knownhosts.Normalize(f.sshd.Addr())
+	sshConfig := filepath.Join(dir, "config")
+	os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host target\n  HostName 127.0.0.1\n  Port %d\n  User %s\n  IdentityFile %s\n  IdentitiesOnly yes\n", f.sshd.Port, localUser(), f.key)), 0o600)
+	for _, c := range []struct {
+		name, knownHosts string
+		trusted          bool
+	}{
+		{"the CA of the certificate", "@cert-authority " + host + " " + caPub, true},
+		{"another CA", "@cert-authority " + host + " " + otherPub, false},
+		{"another CA, and the plain key", "@cert-authority " + host + " " + otherPub + "\n" + f.sshd.KnownHostsLine(), true},
+		{"the CA for another host", "@cert-authority other.example " + caPub, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := f.config()
+			cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+			os.WriteFile(cfg.KnownHostsFile, []byte(c.knownHosts+"\n"), 0o600)
+			ok, out := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target")
+			if ok != c.trusted {
+				t.Fatalf("OpenSSH trusted=%v, want %v: %s", ok, c.trusted, out)
+			}
+			d, done := start(t, cfg)
+			if !c.trusted {
+				var hk *HostKeyError
+				if err := waitErr(t, done); !errors.As(err, &hk) || hk.Line != host+" "+f.sshd.HostKeyLine {
+					t.Fatalf("err = %v, want an unknown-host error offering the plain key", err)
+				}
+				return
+			}
+			waitReady(t, d, done)
+			get(t, d, be, "/")
+		})
+	}
+}
