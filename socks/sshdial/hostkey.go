@@ -56,24 +56,58 @@ type knownHosts struct {
 	mu        sync.Mutex // serialises reading against appending
 }
 
+// hostDB is one reading of the known_hosts file: knownhosts for plain host keys, and the @cert-authority and
+// @revoked lines matched as OpenSSH matches them.
+type hostDB struct {
+	plain       ssh.HostKeyCallback
+	authorities authorities
+}
+
 // load reads the file afresh, so entries added since (by us or by ssh) are seen. A missing file is empty.
-func (k *knownHosts) load() (ssh.HostKeyCallback, error) {
-	cb, err := knownhosts.New(k.file)
+func (k *knownHosts) load() (*hostDB, error) {
+	data, err := os.ReadFile(k.file)
 	if errors.Is(err, os.ErrNotExist) {
-		return knownhosts.New()
+		cb, err := knownhosts.New()
+		return &hostDB{plain: cb}, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
 	}
-	return cb, nil
+	cb, err := knownhosts.New(k.file)
+	if err != nil {
+		return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
+	}
+	return &hostDB{plain: cb, authorities: parseAuthorities(data)}, nil
+}
+
+// recorded returns the host keys the file records for addr, without the CA lines that knownhosts lists
+// among them (KeyError.Want) as if they were the host's own keys.
+func (db *hostDB) recorded(err error) []knownhosts.KnownKey {
+	var ke *knownhosts.KeyError
+	if !errors.As(err, &ke) {
+		return nil
+	}
+	return slices.DeleteFunc(slices.Clone(ke.Want), func(w knownhosts.KnownKey) bool { return db.authorities.lines[w.Line] })
+}
+
+// check verifies a host key or certificate for addr: a certificate against the CAs the file trusts for addr,
+// a plain key against knownhosts.
+func (db *hostDB) check(addr string, remote net.Addr, key ssh.PublicKey) error {
+	cc := &ssh.CertChecker{
+		IsHostAuthority: func(auth ssh.PublicKey, address string) bool { return db.authorities.vouches(auth, address) },
+		IsRevoked:       db.authorities.revokes,
+		HostKeyFallback: db.plain,
+	}
+	return cc.CheckHostKey(addr, remote, key)
 }
 
 // algorithms returns the host key algorithms to ask for when connecting to addr: the types already recorded
 // for it, so that the server presents the key we know instead of another type we would wrongly call
-// "changed". nil (no entry) leaves the library's default order.
+// "changed", and certificates first when an @cert-authority line covers addr. nil (nothing recorded) leaves
+// the library's default order.
 func (k *knownHosts) algorithms(addr string) ([]string, error) {
 	k.mu.Lock()
-	cb, err := k.load()
+	db, err := k.load()
 	k.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -83,10 +117,6 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ke *knownhosts.KeyError
-	if err := cb(addr, &net.TCPAddr{IP: net.IPv4zero}, probe); !errors.As(err, &ke) {
-		return nil, nil
-	}
 	var algos []string
 	add := func(a ...string) {
 		for _, s := range a {
@@ -95,8 +125,7 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 			}
 		}
 	}
-	authorities := certAuthorityLines(k.file)
-	for _, w := range hostKeys(ke.Want, authorities) {
+	for _, w := range db.recorded(db.plain(addr, &net.TCPAddr{IP: net.IPv4zero}, probe)) {
 		switch t := w.Key.Type(); t {
 		case ssh.KeyAlgoRSA:
 			add(ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
@@ -104,45 +133,23 @@ func (k *knownHosts) algorithms(addr string) ([]string, error) {
 			add(t)
 		}
 	}
-	if len(ke.Want) > len(hostKeys(ke.Want, authorities)) {
-		// An @cert-authority line names the host: ask for a certificate first, of any key type, since the
-		// CA's own type says nothing about the host's. A host without one presents a plain key: one of the
-		// recorded types, or any when only the CA is recorded.
-		var certs, plain []string
-		for _, a := range ssh.SupportedAlgorithms().HostKeys {
-			if strings.Contains(a, "-cert-") {
-				certs = append(certs, a)
-			} else {
-				plain = append(plain, a)
-			}
-		}
-		if len(algos) == 0 {
-			algos = plain
-		}
-		algos = slices.Concat(certs, algos)
+	if !db.authorities.namesHost(addr) {
+		return algos, nil
 	}
-	return algos, nil
-}
-
-// certAuthorityLines returns the numbers of the @cert-authority lines of a known_hosts file. knownhosts
-// lists those lines among a host's keys (KeyError.Want) without saying which they are.
-func certAuthorityLines(file string) map[int]bool {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil
-	}
-	lines := map[int]bool{}
-	for i, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(strings.TrimSpace(l), "@cert-authority") {
-			lines[i+1] = true
+	// Ask for a certificate first, of any key type, since the CA's own type says nothing about the host's.
+	// A host without one presents a plain key: one of the recorded types, or any when only the CA is.
+	var certs, plain []string
+	for _, a := range ssh.SupportedAlgorithms().HostKeys {
+		if strings.Contains(a, "-cert-") {
+			certs = append(certs, a)
+		} else {
+			plain = append(plain, a)
 		}
 	}
-	return lines
-}
-
-// hostKeys drops the CA entries from a host's known keys.
-func hostKeys(want []knownhosts.KnownKey, authorities map[int]bool) []knownhosts.KnownKey {
-	return slices.DeleteFunc(slices.Clone(want), func(w knownhosts.KnownKey) bool { return authorities[w.Line] })
+	if len(algos) == 0 {
+		algos = plain
+	}
+	return slices.Concat(certs, algos), nil
 }
 
 var (
@@ -168,22 +175,25 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 	return func(hostname string, remote net.Addr, key ssh.PublicKey) error {
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		cb, err := k.load()
+		db, err := k.load()
 		if err != nil {
 			return err
 		}
-		err = cb(addr, remote, key)
-		if err == nil {
+		if err = db.check(addr, remote, key); err == nil {
 			return nil
 		}
-		// A host certificate that no @cert-authority line vouches for (or that is not valid for this host)
-		// is judged by its plain key, as OpenSSH does: known, unknown (--accept-new records the plain key)
-		// or changed.
 		var re *knownhosts.RevokedError
-		if cert, ok := key.(*ssh.Certificate); ok && !errors.As(err, &re) {
+		cert, isCert := key.(*ssh.Certificate)
+		switch {
+		case isCert && db.authorities.revokes(cert):
+			key, err = cert.Key, &knownhosts.RevokedError{}
+		case isCert && !errors.As(err, &re):
+			// A host certificate that no @cert-authority line vouches for (or that is not valid for this
+			// host) is judged by its plain key, as OpenSSH does: known, unknown (--accept-new records the
+			// plain key) or changed.
 			klog.V(2).InfoS("Host certificate not trusted; checking its plain key", "host", knownhosts.Normalize(addr), "err", err)
 			key = cert.Key
-			if err = cb(addr, remote, key); err == nil {
+			if err = db.plain(addr, remote, key); err == nil {
 				return nil
 			}
 		}
@@ -199,9 +209,9 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 		case errors.As(err, &re):
 			hke.Revoked = true
 			return hke
-		case errors.As(err, &ke) && len(hostKeys(ke.Want, certAuthorityLines(k.file))) > 0:
+		case len(db.recorded(err)) > 0:
 			hke.Changed = true
-			for _, w := range hostKeys(ke.Want, certAuthorityLines(k.file)) {
+			for _, w := range db.recorded(err) {
 				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", w.Filename, w.Line))
 			}
 			return hke

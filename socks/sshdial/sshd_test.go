@@ -631,6 +631,14 @@ func TestHostCertificates(t *testing.T) {
 		{"another CA", "@cert-authority " + host + " " + otherPub, false},
 		{"another CA, and the plain key", "@cert-authority " + host + " " + otherPub + "\n" + f.sshd.KnownHostsLine(), true},
 		{"the CA for another host", "@cert-authority other.example " + caPub, false},
+		// Patterns match "[host]:port" on ports other than 22, as OpenSSH matches them.
+		{"the CA for every host", "@cert-authority * " + caPub, true},
+		{"the CA for any port of the address", "@cert-authority [127.0.0.1]:* " + caPub, true},
+		// OpenSSH tries the host without the port as well: the negation has to name both.
+		{"the CA for every host but this port", "@cert-authority *,![127.0.0.1]:* " + caPub, true},
+		{"the CA for every host but this one", "@cert-authority *,![127.0.0.1]:*,!127.0.0.1 " + caPub, false},
+		{"the CA for a hashed name", "@cert-authority " + knownhosts.HashHostname(host) + " " + caPub, true},
+		{"a revoked CA", "@cert-authority * " + caPub + "\n@revoked * " + caPub, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := f.config()
@@ -643,8 +651,8 @@ func TestHostCertificates(t *testing.T) {
 			d, done := start(t, cfg)
 			if !c.trusted {
 				var hk *HostKeyError
-				if err := waitErr(t, done); !errors.As(err, &hk) || hk.Line != host+" "+f.sshd.HostKeyLine {
-					t.Fatalf("err = %v, want an unknown-host error offering the plain key", err)
+				if err := waitErr(t, done); !errors.As(err, &hk) || hk.Line != host+" "+f.sshd.HostKeyLine || hk.Revoked != strings.Contains(c.name, "revoked") {
+					t.Fatalf("err = %v, want a HostKeyError offering the plain key (revoked: %v)", err, strings.Contains(c.name, "revoked"))
 				}
 				return
 			}
