@@ -92,6 +92,11 @@ type serverResult struct {
 	Error  string         `json:"error,omitempty"`
 }
 
+// adminClient asks servers' admin ports directly. Those are node or pod addresses, never behind the
+// HTTP(S)_PROXY that a shell or a node may set for the outside world (Go's default client would use it for
+// every address that is not loopback).
+var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
 func fetchStatus(ctx context.Context, admin string, timeout time.Duration) (*tunnel.Status, error) {
 	if _, _, err := net.SplitHostPort(admin); err != nil {
 		return nil, fmt.Errorf("--admin-address %q: %w", admin, err)
@@ -102,7 +107,7 @@ func fetchStatus(ctx context.Context, admin string, timeout time.Duration) (*tun
 	if err != nil {
 		return nil, err
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := adminClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("ask %s: %w", admin, err)
 	}

@@ -293,3 +293,12 @@ func TestTwoServersInOneProcess(t *testing.T) {
 		}
 	}
 }
+
+// The doctor asks admin ports directly: an HTTP(S)_PROXY in the environment must not carry its requests to
+// a server's node or pod address (Go's default transport would, for every address but loopback).
+func TestDoctorIgnoresProxyEnvironment(t *testing.T) {
+	tr, ok := adminClient.Transport.(*http.Transport)
+	if !ok || tr.Proxy != nil {
+		t.Fatalf("the doctor's transport uses a proxy function: %#v", adminClient.Transport)
+	}
+}
