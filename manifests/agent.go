@@ -44,6 +44,12 @@ type Agent struct {
 
 	// HealthPort is the agent's health port (probes); zero means DefaultAgentHealthPort.
 	HealthPort int
+
+	// ServerLeases has agents count the servers' Leases (--count-server-leases, see leases.go), watching
+	// them at APIServerURL, an https URL of kube-apiserver that every node reaches. It also renders the
+	// Roles on Leases for the agents and for the servers' lease controller (Server.LeaseController).
+	ServerLeases bool
+	APIServerURL string
 }
 
 // Paths inside the agent pod.
@@ -112,6 +118,11 @@ func (a Agent) Validate() error {
 	if err := checkPort("konnectivity-agent: --health-server-port", a.HealthPort); err != nil {
 		return err
 	}
+	if a.ServerLeases {
+		if err := CheckAgentAPIServerURL(a.APIServerURL); err != nil {
+			return fmt.Errorf("konnectivity-agent: API server URL for the Leases: %w", err)
+		}
+	}
 	if len(a.CACert) > 0 && !containsPEMCertificate(a.CACert) {
 		return fmt.Errorf("konnectivity-agent: CA certificate: no PEM CERTIFICATE block")
 	}
@@ -149,6 +160,9 @@ func (a Agent) Args() []string {
 			"--agent-key="+agentCredentialsDir+"/"+agentKeyFile)
 	} else {
 		args = append(args, "--service-account-token-path="+agentCredentialsDir+"/"+agentTokenFile)
+	}
+	if a.ServerLeases {
+		args = append(args, a.leaseArgs()...)
 	}
 	return append(args,
 		// The server's destHost strategy sends dials for the node's own address to this agent.
@@ -199,7 +213,8 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 				ObjectMeta: metav1.ObjectMeta{Labels: commonLabels(labels)},
 				Spec: corev1.PodSpec{
 					ServiceAccountName: AgentServiceAccount,
-					// The agent never calls the API; its one credential is in the projected volume below.
+					// Nothing is automounted: the agent's credentials are in the projected volume below, and it
+					// calls the API only with ServerLeases, to watch the Leases.
 					AutomountServiceAccountToken: ptr.To(false),
 					PriorityClassName:            "system-node-critical",
 					NodeSelector:                 map[string]string{"kubernetes.io/os": "linux"},
@@ -274,8 +289,18 @@ func (a Agent) container() corev1.Container {
 }
 
 // credentials are the sources of the agent's one projected volume: the CA that signs the server's
-// certificate, and either a bound token for the server to review or the agent's client certificate.
+// certificate, either a bound token for the server to review or the agent's client certificate, and with
+// ServerLeases what watching the Leases takes.
 func (a Agent) credentials() []corev1.VolumeProjection {
+	sources := a.serverCredentials()
+	if a.ServerLeases {
+		sources = append(sources, a.leaseCredentials()...)
+	}
+	return sources
+}
+
+// serverCredentials are what the agent shows the server and checks it against.
+func (a Agent) serverCredentials() []corev1.VolumeProjection {
 	caConfigMap := rootCAConfigMap
 	if len(a.CACert) > 0 {
 		caConfigMap = AgentCAConfigMap
@@ -305,7 +330,8 @@ func (a Agent) credentials() []corev1.VolumeProjection {
 // Render renders the cluster-side manifests and a kustomization.yaml listing them, for
 // `kubectl apply -k DIR`: the CA ConfigMap (only with CACert), the agents' certificate Secret (only
 // with ClientCert; mode 0600), the agents' ServiceAccount, the ClusterRoleBinding that lets the server
-// review the agents' tokens (only without ClientCert), and the DaemonSet.
+// review the agents' tokens (only without ClientCert), with ServerLeases the agents' kubeconfig and the
+// Roles on Leases, and the DaemonSet.
 func (a Agent) Render() ([]File, error) {
 	ds, err := a.DaemonSet()
 	if err != nil {
@@ -341,6 +367,13 @@ func (a Agent) Render() ([]File, error) {
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
 		}})
+	}
+	if a.ServerLeases {
+		leases, err := a.leaseObjects()
+		if err != nil {
+			return nil, err
+		}
+		objs = append(objs, leases...)
 	}
 	objs = append(objs, namedObject{name: "konnectivity-agent.yaml", obj: ds})
 	return renderAll(objs)

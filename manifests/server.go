@@ -36,9 +36,12 @@ type Server struct {
 
 	// ClusterCert and ClusterKey are the agent-facing serving certificate.
 	ClusterCert, ClusterKey string
-	// Kubeconfig lets the server review agents' tokens (TokenReview) as ServerUser. It is required
-	// unless AgentClientCA is set, and must then be empty: nothing else in the pod uses the API.
+	// Kubeconfig lets the server review agents' tokens (TokenReview) and keep its Lease as ServerUser. It
+	// is required unless AgentClientCA is set, and must then be empty unless LeaseController is set.
 	Kubeconfig string
+	// LeaseController has the server keep a Lease in Namespace for agents to count
+	// (--enable-lease-controller, see leases.go). It needs Kubeconfig, also with AgentClientCA.
+	LeaseController bool
 	// AgentClientCA switches agent authentication from service-account tokens to client certificates:
 	// the server requires every agent to present a certificate signed by this CA (upstream's
 	// --cluster-ca-cert) and reviews no tokens. Upstream refuses --cluster-ca-cert together with the
@@ -89,11 +92,12 @@ func (s Server) Validate() error {
 	}
 	files := []struct{ what, path string }{{"--cluster-cert", s.ClusterCert}, {"--cluster-key", s.ClusterKey}}
 	if s.AgentClientCA != "" {
-		if s.Kubeconfig != "" {
+		if s.Kubeconfig != "" && !s.LeaseController {
 			return fmt.Errorf("konnectivity-server: --kubeconfig is not used with --cluster-ca-cert: agents are authenticated by certificate, not by TokenReview")
 		}
 		files = append(files, struct{ what, path string }{"--cluster-ca-cert", s.AgentClientCA})
-	} else {
+	}
+	if s.AgentClientCA == "" || s.LeaseController {
 		files = append(files, struct{ what, path string }{"--kubeconfig", s.Kubeconfig})
 	}
 	if s.UDSName != "" {
@@ -174,14 +178,22 @@ func (s Server) Args() []string {
 		"--health-port="+strconv.Itoa(s.HealthPort),
 	)
 	if s.AgentClientCA != "" {
-		return append(args, "--cluster-ca-cert="+s.AgentClientCA)
+		args = append(args, "--cluster-ca-cert="+s.AgentClientCA)
+		if s.Kubeconfig != "" { // for the lease controller only
+			args = append(args, "--kubeconfig="+s.Kubeconfig)
+		}
+	} else {
+		args = append(args,
+			"--agent-namespace="+Namespace,
+			"--agent-service-account="+AgentServiceAccount,
+			"--kubeconfig="+s.Kubeconfig,
+			"--authentication-audience="+Audience,
+		)
 	}
-	return append(args,
-		"--agent-namespace="+Namespace,
-		"--agent-service-account="+AgentServiceAccount,
-		"--kubeconfig="+s.Kubeconfig,
-		"--authentication-audience="+Audience,
-	)
+	if s.LeaseController {
+		args = append(args, "--enable-lease-controller")
+	}
+	return args
 }
 
 // Pod builds the static pod.
