@@ -309,6 +309,9 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", "/nonexistent/kube-apiserver.yaml"}, "--apiserver-manifest"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:99999"}, "--apiserver-url"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", notAPod(t)}, "not a v1 Pod"},
+		// Agents on other nodes watch the Leases at --apiserver-url.
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://127.0.0.1:6443", "--server-leases"}, "--apiserver-url (with --server-leases)"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--server-leases"}, "--server-leases needs --apiserver-url"},
 	} {
 		dir := t.TempDir()
 		out, err := run(t, append(tc.args, "--dir", dir)...)
@@ -665,5 +668,40 @@ func TestInitAgentMTLS(t *testing.T) {
 	}
 	if strings.Contains(out, "PRIVATE KEY") || strings.Contains(out, base64.StdEncoding.EncodeToString(wantKey)[:40]) {
 		t.Errorf("dry run prints key material:\n%s", out)
+	}
+}
+
+// --server-leases turns on the server's lease controller and the agents' lease counting, with the Roles both
+// need; with client-certificate agents too, where the server then keeps its kubeconfig for the Leases alone.
+func TestInitServerLeases(t *testing.T) {
+	for _, auth := range []string{"token", "mtls"} {
+		dir := filepath.Join(t.TempDir(), "D")
+		mustRun(t, initArgs(dir, "--agent-auth", auth, "--key-algorithm", "ecdsa-p256", "--server-leases")...)
+		pod, err := os.ReadFile(filepath.Join(dir, "manifests/konnectivity-server.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"--enable-lease-controller", "--kubeconfig=" + filepath.Join(dir, "konnectivity-server.conf")} {
+			if !strings.Contains(string(pod), want) {
+				t.Errorf("%s: the server pod lacks %s", auth, want)
+			}
+		}
+		agentDir := filepath.Join(dir, "manifests/konnectivity-agent")
+		ds, err := os.ReadFile(filepath.Join(agentDir, "konnectivity-agent.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(ds), "--count-server-leases") {
+			t.Errorf("%s: the DaemonSet lacks --count-server-leases", auth)
+		}
+		kc, err := os.ReadFile(filepath.Join(agentDir, "konnectivity-agent-kubeconfig.yaml"))
+		if err != nil || !strings.Contains(string(kc), "https://198.18.0.1:6443") {
+			t.Errorf("%s: the agents' kubeconfig does not name --apiserver-url: %v\n%s", auth, err, kc)
+		}
+		for _, f := range []string{"konnectivity-server-leases-role.yaml", "konnectivity-agent-leases-rolebinding.yaml"} {
+			if _, err := os.Stat(filepath.Join(agentDir, f)); err != nil {
+				t.Errorf("%s: %v", auth, err)
+			}
+		}
 	}
 }

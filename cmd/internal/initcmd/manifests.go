@@ -42,9 +42,11 @@ func (r *runner) manifests([]string) error {
 	if mtls {
 		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
 		srv.AgentClientCA = path(pki.CA, false)
-	} else {
+	}
+	if !mtls || o.ServerLeases {
 		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
 	}
+	srv.LeaseController = o.ServerLeases
 	if o.Transport == egress.TransportTCP {
 		srv.FrontendBindAddress = "127.0.0.1"
 		srv.FrontendPort = o.FrontendPort
@@ -64,7 +66,8 @@ func (r *runner) manifests([]string) error {
 	if err != nil && !(o.DryRun && os.IsNotExist(err)) {
 		return err
 	}
-	agent := manifests.Agent{Image: o.Image, ProxyServerHost: o.ControlPlaneAddresses[0], CACert: caPEM}
+	agent := manifests.Agent{Image: o.Image, ProxyServerHost: o.ControlPlaneAddresses[0], CACert: caPEM,
+		ServerLeases: o.ServerLeases, APIServerURL: o.APIServerURL}
 	// A dry run on a fresh directory cannot render the Secret: the key it would hold does not exist yet.
 	pending := false
 	if mtls {

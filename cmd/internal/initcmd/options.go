@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
 )
@@ -53,6 +54,8 @@ type Options struct {
 	UDSName      string
 	FrontendPort int
 	AgentAuth    string
+	// ServerLeases: servers keep Leases that agents count (upstream's lease flags).
+	ServerLeases bool
 
 	// Manifests.
 	Image string
@@ -97,6 +100,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
 	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
 	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
+	fs.BoolVar(&o.ServerLeases, "server-leases", o.ServerLeases, "servers keep a Lease each in "+manifests.Namespace+" and agents count them (upstream's --enable-lease-controller and --count-server-leases), for a number of servers that changes; agents watch the Leases at --apiserver-url, which every node must reach, and the manifests add the Roles on Leases")
 	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet; the default is the image that make image builds (bin/konnect-image.tar) for this binary's version")
 	fs.StringSliceVar(&o.APIAudiences, "api-audiences", o.APIAudiences, "token audiences kube-apiserver accepts besides system:konnectivity-server; include the service-account issuer, or ordinary service-account tokens stop working")
 	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
@@ -162,6 +166,13 @@ func (o *Options) Validate(n needs) error {
 	if o.APIServerURL != "" {
 		if err := pki.ValidateAPIServerURL(o.APIServerURL); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-url: %w", err))
+		}
+	}
+	if o.ServerLeases && n.addresses {
+		if o.APIServerURL == "" {
+			errs = append(errs, errors.New("--server-leases needs --apiserver-url: agents watch the Leases there"))
+		} else if err := manifests.CheckAgentAPIServerURL(o.APIServerURL); err != nil {
+			errs = append(errs, fmt.Errorf("--apiserver-url (with --server-leases): %w", err))
 		}
 	}
 	if o.AgentAuth != AgentAuthToken && o.AgentAuth != AgentAuthMTLS {

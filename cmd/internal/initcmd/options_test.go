@@ -29,6 +29,7 @@ func TestFlagDefaults(t *testing.T) {
 		"uds-name":                  "/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
 		"frontend-port":             "8090",
 		"agent-auth":                "token",
+		"server-leases":             "false",
 		"image":                     "IMAGE",
 		"api-audiences":             "[https://kubernetes.default.svc.cluster.local]",
 		"enable-aggregator-routing": "false",
