@@ -204,7 +204,7 @@ func newCluster(mode egressMode, name string) (*cluster, error) {
 
 // konnectInit runs `konnect init` for this cluster and returns the
 // kube-apiserver flags it wrote.
-func (c *cluster) konnectInit(ctx context.Context) ([]string, error) {
+func (c *cluster) konnectInit(ctx context.Context, extra ...string) ([]string, error) {
 	args := []string{bins.konnect, "init",
 		"--dir", c.konnectDir,
 		"--control-plane-address", cpAddr,
@@ -215,7 +215,7 @@ func (c *cluster) konnectInit(ctx context.Context) ([]string, error) {
 		// The harness's service-account issuer; konnect adds system:konnectivity-server.
 		"--api-audiences=https://kubernetes.default.svc",
 	}
-	if out, err := harness.Run(ctx, "", args...); err != nil {
+	if out, err := harness.Run(ctx, "", append(args, extra...)...); err != nil {
 		return nil, fmt.Errorf("konnect init: %w\n%s", err, out)
 	}
 	flags, err := readFlagsFile(filepath.Join(c.konnectDir, "kube-apiserver.flags"))

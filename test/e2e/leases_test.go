@@ -21,64 +21,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/test/harness"
 )
 
-// leaseRBAC is the least privilege that upstream's lease flags need, bound to the identities konnect init
-// gives the server (its kubeconfig's user) and the agents (their ServiceAccount). konnect init turns
-// neither flag on, so it grants none of this; README.md lists the same rules for those who do.
-//   - The server's lease controller gets, creates and renews its own Lease, deletes it on shutdown, and
-//     lists and deletes the expired Leases of other servers (garbage collection), so neither get, update
-//     nor delete can be limited to its own name.
-//   - An agent with --count-server-leases lists and watches the Leases (an informer).
-const leaseRBAC = `apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata:
-  name: konnectivity-server-leases
-  namespace: kube-system
-rules:
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "list", "create", "update", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: konnectivity-server-leases
-  namespace: kube-system
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: Role
-  name: konnectivity-server-leases
-subjects:
-- apiGroup: rbac.authorization.k8s.io
-  kind: User
-  name: system:konnectivity-server
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata:
-  name: konnectivity-agent-leases
-  namespace: kube-system
-rules:
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: konnectivity-agent-leases
-  namespace: kube-system
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: Role
-  name: konnectivity-agent-leases
-subjects:
-- kind: ServiceAccount
-  name: konnectivity-agent
-  namespace: kube-system
-`
+// leaseRBAC is the Roles on Leases that konnect init --server-leases renders for the server and the agents,
+// so that this test runs with exactly the privileges the manifests grant.
+func leaseRBAC() (string, error) {
+	files, err := manifests.Agent{Image: manifests.Image("e2e"), ProxyServerHost: cpAddr, ServerLeases: true,
+		APIServerURL: fmt.Sprintf("https://%s:%d", cpAddr, apiPort)}.Render()
+	if err != nil {
+		return "", err
+	}
+	var docs []string
+	for _, f := range files {
+		if strings.HasSuffix(f.Name, "-leases-role.yaml") || strings.HasSuffix(f.Name, "-leases-rolebinding.yaml") {
+			docs = append(docs, string(f.Data))
+		}
+	}
+	if len(docs) != 4 {
+		return "", fmt.Errorf("konnect's manifests rendered %d lease Roles and RoleBindings, want 4", len(docs))
+	}
+	return strings.Join(docs, "---\n"), nil
+}
 
 const leaseSelector = "k8s-app=konnectivity-server"
 
@@ -94,7 +59,11 @@ func TestServerLeases(t *testing.T) {
 	c.expectAPIServiceDown(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	if err := c.applyYAML(ctx, leaseRBAC); err != nil {
+	rbac, err := leaseRBAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.applyYAML(ctx, rbac); err != nil {
 		t.Fatalf("lease RBAC: %v", err)
 	}
 	t.Cleanup(func() {

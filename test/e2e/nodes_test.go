@@ -151,7 +151,9 @@ func newNodeCluster(t *testing.T, name string) (*nodeCluster, error) {
 	go func() { imgErr <- nc.buildImages(ctx) }()
 
 	step := time.Now()
-	flags, err := c.konnectInit(ctx)
+	// The servers keep Leases and the agents count them, as an HA control plane whose server count changes
+	// would run: TestNodes/server-leases checks both.
+	flags, err := c.konnectInit(ctx, "--server-leases")
 	if err != nil {
 		return nc, err
 	}

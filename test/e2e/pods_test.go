@@ -68,6 +68,7 @@ func TestNodes(t *testing.T) {
 	t.Run("doctor-extensions", func(t *testing.T) { nc.checkDoctorExtensions(t) })
 	t.Run("least-privilege", func(t *testing.T) { nc.checkLeastPrivilege(t) })
 	t.Run("honest-streams", func(t *testing.T) { nc.checkHonestStreams(t) })
+	t.Run("server-leases", func(t *testing.T) { nc.checkServerLeases(t) })
 	t.Run("drop-in-agent", func(t *testing.T) { nc.swapAgents(t) })
 	t.Run("drop-in-server", func(t *testing.T) { nc.swapServer(t) })
 }
@@ -573,4 +574,84 @@ func (nc *nodeCluster) swapServer(t *testing.T) {
 			t.Fatalf("exec on w1 after %s: %v", step.what, err)
 		}
 	}
+}
+
+// phantomLease is a second server's Lease, valid for an hour, that no server renews.
+const phantomLease = `apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: konnectivity-e2e-phantom
+  namespace: kube-system
+  labels:
+    k8s-app: konnectivity-server
+spec:
+  holderIdentity: e2e-phantom
+  leaseDurationSeconds: 3600
+  renewTime: "%s"
+`
+
+// checkServerLeases: konnect init --server-leases on real kubelets. The server's lease controller keeps its
+// Lease with the server's kubeconfig, and every agent pod counts the Leases with its own kubeconfig, token
+// and Role: a phantom server's Lease raises each agent's count to 2, and deleting it brings it back to 1.
+func (nc *nodeCluster) checkServerLeases(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	harness.Eventually(t, time.Minute, "the server's own Lease in kube-system", func() error {
+		out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "leases", "-l", "k8s-app=konnectivity-server", "-o", "name")
+		if err != nil {
+			return err
+		}
+		if n := len(strings.Fields(out)); n != 1 {
+			return fmt.Errorf("%d Leases: %q", n, out)
+		}
+		return nil
+	})
+	counts := func(want int) {
+		t.Helper()
+		for _, n := range nc.nodes {
+			harness.Eventually(t, time.Minute, fmt.Sprintf("the agent on %s to count %d servers", n.name, want), func() error {
+				got, err := nc.agentKnownServers(ctx, n)
+				if err == nil && got != want {
+					err = fmt.Errorf("it counts %d", got)
+				}
+				return err
+			})
+		}
+	}
+	counts(1)
+	lease := fmt.Sprintf(phantomLease, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"))
+	if err := nc.applyYAML(ctx, lease); err != nil {
+		t.Fatalf("the phantom Lease: %v", err)
+	}
+	counts(2)
+	if _, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "delete", "lease", "konnectivity-e2e-phantom"); err != nil {
+		t.Fatal(err)
+	}
+	counts(1)
+	t.Logf("the server keeps its Lease; the agents on %d nodes counted 1, 2 with a phantom server's Lease, and 1 again", len(nc.nodes))
+}
+
+// agentKnownServers reads known_server_count from the metrics of the agent pod on node n, from n's network
+// namespace, where the pod's address is routed.
+func (nc *nodeCluster) agentKnownServers(ctx context.Context, n *node) (int, error) {
+	pod, err := nc.agentPod(ctx, n.name)
+	if err != nil {
+		return 0, err
+	}
+	ip, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pod", pod, "-o", "jsonpath={.status.podIP}")
+	if err != nil {
+		return 0, err
+	}
+	var body string
+	client := nsHTTPClient(n.ns, nil, 5*time.Second)
+	if err := httpGetOK(ctx, client, "http://"+net.JoinHostPort(strings.TrimSpace(ip), "8093")+"/metrics", &body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, "konnectivity_network_proxy_agent_known_server_count "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err
+		}
+	}
+	return 0, errors.New("no konnectivity_network_proxy_agent_known_server_count in the agent's /metrics")
 }
