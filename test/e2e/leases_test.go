@@ -183,7 +183,12 @@ func (c *cluster) agentKnownServers(a *tunnelAgent) (int, error) {
 	if err := httpGetOK(ctx, client, "http://127.0.0.1:8093/metrics", &body); err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(strings.NewReader(body))
+	return knownServerCount(body)
+}
+
+// knownServerCount reads the known_server_count gauge from an agent's /metrics.
+func knownServerCount(metrics string) (int, error) {
+	sc := bufio.NewScanner(strings.NewReader(metrics))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "konnectivity_network_proxy_agent_known_server_count "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
