@@ -6,6 +6,7 @@ import (
 	"crypto/sha1"
 	"encoding/base64"
 	"net"
+	"slices"
 	"strings"
 
 	"golang.org/x/crypto/ssh"
@@ -63,6 +64,11 @@ func (a authorities) vouches(key ssh.PublicKey, addr string) bool {
 		}
 	}
 	return false
+}
+
+// isCA reports whether some @cert-authority line names key, for any host.
+func (a authorities) isCA(key ssh.PublicKey) bool {
+	return slices.ContainsFunc(a.cas, func(ca authority) bool { return bytes.Equal(ca.key.Marshal(), key.Marshal()) })
 }
 
 // covers reports whether the line's patterns match addr under one of the names OpenSSH tries for a

@@ -1,6 +1,7 @@
 package sshdial
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -91,14 +92,33 @@ func (db *hostDB) recorded(err error) []knownhosts.KnownKey {
 }
 
 // check verifies a host key or certificate for addr: a certificate against the CAs the file trusts for addr,
-// a plain key against knownhosts.
+// a plain key against the plain lines.
 func (db *hostDB) check(addr string, remote net.Addr, key ssh.PublicKey) error {
 	cc := &ssh.CertChecker{
 		IsHostAuthority: func(auth ssh.PublicKey, address string) bool { return db.authorities.vouches(auth, address) },
 		IsRevoked:       db.authorities.revokes,
-		HostKeyFallback: db.plain,
+		HostKeyFallback: db.plainKey,
 	}
 	return cc.CheckHostKey(addr, remote, key)
+}
+
+// plainKey verifies a plain host key. knownhosts also accepts a key that only an @cert-authority line names
+// for addr; OpenSSH looks plain keys up among the plain lines alone, and so does this: a CA key is not the
+// host's key.
+func (db *hostDB) plainKey(addr string, remote net.Addr, key ssh.PublicKey) error {
+	err := db.plain(addr, remote, key)
+	if err != nil || !db.authorities.isCA(key) {
+		return err
+	}
+	probe, err := probeKey()
+	if err != nil {
+		return err
+	}
+	recorded := db.recorded(db.plain(addr, remote, probe))
+	if slices.ContainsFunc(recorded, func(w knownhosts.KnownKey) bool { return bytes.Equal(w.Key.Marshal(), key.Marshal()) }) {
+		return nil
+	}
+	return &knownhosts.KeyError{Want: recorded}
 }
 
 // algorithms returns the host key algorithms to ask for when connecting to addr: the types already recorded
@@ -193,7 +213,7 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 			// plain key) or changed.
 			klog.V(2).InfoS("Host certificate not trusted; checking its plain key", "host", knownhosts.Normalize(addr), "err", err)
 			key = cert.Key
-			if err = db.plain(addr, remote, key); err == nil {
+			if err = db.plainKey(addr, remote, key); err == nil {
 				return nil
 			}
 		}
@@ -205,13 +225,14 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 			Line:           knownhosts.Line([]string{addr}, key),
 		}
 		var ke *knownhosts.KeyError
+		recorded := db.recorded(err)
 		switch {
 		case errors.As(err, &re):
 			hke.Revoked = true
 			return hke
-		case len(db.recorded(err)) > 0:
+		case len(recorded) > 0:
 			hke.Changed = true
-			for _, w := range db.recorded(err) {
+			for _, w := range recorded {
 				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", w.Filename, w.Line))
 			}
 			return hke

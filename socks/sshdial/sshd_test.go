@@ -639,6 +639,8 @@ func TestHostCertificates(t *testing.T) {
 		{"the CA for every host but this one", "@cert-authority *,![127.0.0.1]:*,!127.0.0.1 " + caPub, false},
 		{"the CA for a hashed name", "@cert-authority " + knownhosts.HashHostname(host) + " " + caPub, true},
 		{"a revoked CA", "@cert-authority * " + caPub + "\n@revoked * " + caPub, false},
+		// A CA key is not a host key: OpenSSH looks the plain key up among the plain lines alone.
+		{"the host's own key, as a CA", "@cert-authority " + host + " " + f.sshd.HostKeyLine, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := f.config()
