@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // Environment variables understood by the tests.
@@ -25,8 +27,7 @@ const (
 	// proxy-server and proxy-agent; without it tools/build.sh is run (a cache hit
 	// when nothing changed).
 	envBin = "KONNECT_E2E_BIN"
-	// envKonnect points at a konnect binary; without it ./cmd/konnect is built.
-	envKonnect = "KONNECT_BIN"
+	// harness.EnvKonnect (KONNECT_BIN) points at a konnect binary; without it one is built.
 )
 
 // tools holds the paths of every program the tests run.
@@ -124,25 +125,8 @@ func checkHost() error {
 	return nil
 }
 
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", fmt.Errorf("cannot find the konnect module root from %s", mustGetwd())
-	}
-	return filepath.Dir(mod), nil
-}
-
-func mustGetwd() string {
-	wd, _ := os.Getwd()
-	return wd
-}
-
 func findTools() error {
-	root, err := repoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -169,17 +153,7 @@ func findTools() error {
 		}
 	}
 
-	bins.konnect = os.Getenv(envKonnect)
-	if bins.konnect == "" {
-		// Built as `make build` does, so that it carries the Makefile's VERSION: konnect init's default
-		// --image is the image `make image` tags with that VERSION.
-		bins.konnect = filepath.Join(workRoot, "konnect")
-		cmd := exec.Command("make", "-s", "build", "BIN="+bins.konnect)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("make build: %w\n%s", err, out)
-		}
-	} else if bins.konnect, err = filepath.Abs(bins.konnect); err != nil {
+	if bins.konnect, err = harness.KonnectBinary(workRoot); err != nil {
 		return err
 	}
 

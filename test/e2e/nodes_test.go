@@ -273,7 +273,7 @@ func (nc *nodeCluster) buildImages(ctx context.Context) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		root, err := repoRoot()
+		root, err := harness.RepoRoot()
 		if err != nil {
 			return err
 		}

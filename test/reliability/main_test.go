@@ -23,9 +23,6 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// envKonnect points at a konnect binary to test instead of building ./cmd/konnect.
-const envKonnect = "KONNECT_BIN"
-
 // konnectBin is the binary under test, built once by TestMain; runDir holds what the whole run shares
 // and is removed at its end.
 var konnectBin, runDir string
@@ -53,37 +50,10 @@ func run(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(tmp)
 	runDir = tmp
-	if konnectBin = os.Getenv(envKonnect); konnectBin == "" {
-		root, err := repoRoot()
-		if err != nil {
-			return 0, err
-		}
-		konnectBin = filepath.Join(tmp, "konnect")
-		cmd := exec.Command("go", "build", "-o", konnectBin, "./cmd/konnect")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("go build ./cmd/konnect: %w\n%s", err, out)
-		}
+	if konnectBin, err = harness.KonnectBinary(tmp); err != nil {
+		return 0, err
 	}
 	return m.Run(), nil
-}
-
-// repoRoot walks up from the working directory to the directory holding go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // result is what one finished konnect command left behind.
