@@ -3,8 +3,7 @@ package reliability
 import (
 	"bytes"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -97,16 +96,6 @@ func parseKeyFile(path string) (crypto.Signer, error) {
 	return s, nil
 }
 
-func samePublic(a, b crypto.PublicKey) bool {
-	switch a := a.(type) {
-	case *rsa.PublicKey:
-		return a.Equal(b)
-	case *ecdsa.PublicKey:
-		return a.Equal(b)
-	}
-	return false
-}
-
 // inspectPKI checks every file in dir/pki: each pair complete and valid, key-only, or absent.
 func inspectPKI(dir string) pkiState {
 	pkiDir := filepath.Join(dir, "pki")
@@ -164,13 +153,12 @@ func inspectPKI(dir string) pkiState {
 			st.problems = append(st.problems, "torn certificate: "+err.Error())
 			continue
 		}
-		key, err := parseKeyFile(keyPath)
-		if err != nil {
+		if _, err := parseKeyFile(keyPath); err != nil {
 			st.problems = append(st.problems, "torn key: "+err.Error())
 			continue
 		}
-		if !samePublic(cert.PublicKey, key.Public()) {
-			st.problems = append(st.problems, fmt.Sprintf("%s.key does not match %s.crt", name, name))
+		if _, err := tls.LoadX509KeyPair(certPath, keyPath); err != nil {
+			st.problems = append(st.problems, fmt.Sprintf("%s.key does not match %s.crt: %v", name, name, err))
 			continue
 		}
 		if err := verifyChain(cert, issuers[name], certs); err != nil {
@@ -214,31 +202,12 @@ func checkServerConf(dir string) error {
 		return err
 	}
 	for name, ai := range cfg.AuthInfos {
-		blk, _ := pem.Decode(ai.ClientCertificateData)
-		if blk == nil {
-			return fmt.Errorf("%s: user %s: no client certificate", path, name)
-		}
-		cert, err := x509.ParseCertificate(blk.Bytes)
+		// X509KeyPair parses both halves and checks that the key matches the certificate.
+		pair, err := tls.X509KeyPair(ai.ClientCertificateData, ai.ClientKeyData)
 		if err != nil {
 			return fmt.Errorf("%s: user %s: %w", path, name, err)
 		}
-		kb, _ := pem.Decode(ai.ClientKeyData)
-		if kb == nil {
-			return fmt.Errorf("%s: user %s: no client key", path, name)
-		}
-		var pub crypto.PublicKey
-		if k, err := x509.ParsePKCS1PrivateKey(kb.Bytes); err == nil {
-			pub = k.Public()
-		} else if k, err := x509.ParseECPrivateKey(kb.Bytes); err == nil {
-			pub = k.Public()
-		} else if k, err := x509.ParsePKCS8PrivateKey(kb.Bytes); err == nil {
-			pub = k.(crypto.Signer).Public()
-		} else {
-			return fmt.Errorf("%s: user %s: unparsable key", path, name)
-		}
-		if !samePublic(cert.PublicKey, pub) {
-			return fmt.Errorf("%s: user %s: key does not match certificate", path, name)
-		}
+		cert := pair.Leaf
 		if err := verifyChain(cert, "ca", map[string]*x509.Certificate{"ca": ca}); err != nil {
 			return fmt.Errorf("%s: user %s: %w", path, name, err)
 		}
