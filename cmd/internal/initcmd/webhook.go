@@ -8,12 +8,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 )
 
 func newWebhookCommand() *cobra.Command {
@@ -223,26 +223,37 @@ func servingRef(dir string) (manifests.ServiceRef, error) {
 	return manifests.ServiceRef{Name: parts[0], Namespace: parts[1]}, nil
 }
 
-// rewriteServing sets bundle as the caBundle in every manifest of dir and re-renders the Secret.
+// rewriteServing sets bundle as the caBundle in every manifest of dir and re-renders the Secret. The
+// manifests are those kustomization.yaml lists: certs webhook keeps each input's own name, whatever its
+// extension.
 func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.ServingBundle) error {
 	secret, err := manifests.RenderServingSecret(ref, manifests.ServingCerts{CA: bundle.CA, Cert: bundle.Cert, Key: bundle.Key})
 	if err != nil {
 		return err
 	}
-	paths, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	kpath := filepath.Join(dir, "kustomization.yaml")
+	kdata, err := os.ReadFile(kpath)
 	if err != nil {
-		return err
+		return fmt.Errorf("--out %s: %w", dir, err)
 	}
-	sort.Strings(paths)
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal(kdata, &k); err != nil {
+		return fmt.Errorf("%s: %w", kpath, err)
+	}
 	files := []manifests.File{secret}
-	for _, p := range paths {
-		base := filepath.Base(p)
-		if base == manifests.ServingSecretFile || base == "kustomization.yaml" {
+	for _, base := range k.Resources {
+		if base == manifests.ServingSecretFile {
 			continue
 		}
+		if base != filepath.Base(base) {
+			return fmt.Errorf("%s: resource %q is not a file of %s", kpath, base, dir)
+		}
+		p := filepath.Join(dir, base)
 		data, err := os.ReadFile(p)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s lists %s: %w", kpath, base, err)
 		}
 		patched, found, err := manifests.SetCABundle(data, ref, bundle.CA)
 		if err != nil {

@@ -61,7 +61,8 @@ func caBundleOf(t *testing.T, file string) []*x509.Certificate {
 
 func TestCertsWebhookAndRotateCA(t *testing.T) {
 	in := t.TempDir()
-	hooks := filepath.Join(in, "hooks.yaml")
+	// .yml: rotate-ca must find a manifest by kustomization.yaml, not by its extension.
+	hooks := filepath.Join(in, "hooks.yml")
 	if err := os.WriteFile(hooks, []byte(testWebhooks), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +72,12 @@ func TestCertsWebhookAndRotateCA(t *testing.T) {
 	if !strings.Contains(stdout, "ValidatingWebhookConfiguration pizzas/validate.pizza.example.com") {
 		t.Fatalf("output does not name the patched webhook:\n%s", stdout)
 	}
-	for _, f := range []string{"pki/ca.crt", "pki/ca.key", "pki/tls.crt", "pki/tls.key", "secret.yaml", "hooks.yaml", "kustomization.yaml"} {
+	for _, f := range []string{"pki/ca.crt", "pki/ca.key", "pki/tls.crt", "pki/tls.key", "secret.yaml", "hooks.yml", "kustomization.yaml"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := len(caBundleOf(t, filepath.Join(out, "hooks.yaml"))); n != 1 {
+	if n := len(caBundleOf(t, filepath.Join(out, "hooks.yml"))); n != 1 {
 		t.Fatalf("caBundle holds %d CAs", n)
 	}
 	before := sums(t, out)
@@ -122,7 +123,7 @@ func TestCertsWebhookAndRotateCA(t *testing.T) {
 		if err != nil || !strings.Contains(stdout, "Step "+tc.step+" written") || !strings.Contains(stdout, tc.next) || !strings.Contains(stdout, "kubectl apply -k "+out) {
 			t.Fatalf("step %s: %v\n%s", tc.step, err, stdout)
 		}
-		if n := len(caBundleOf(t, filepath.Join(out, "hooks.yaml"))); n != tc.cas {
+		if n := len(caBundleOf(t, filepath.Join(out, "hooks.yml"))); n != tc.cas {
 			t.Fatalf("after step %s the caBundle holds %d CAs, want %d", tc.step, n, tc.cas)
 		}
 	}
