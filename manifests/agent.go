@@ -87,7 +87,7 @@ func (a Agent) withDefaults() Agent {
 // Validate reports the first problem with a, or nil.
 func (a Agent) Validate() error {
 	a = a.withDefaults()
-	if err := checkImage(a.Image); err != nil {
+	if err := CheckImage(a.Image); err != nil {
 		return fmt.Errorf("konnectivity-agent: %w", err)
 	}
 	if err := checkAbs("konnectivity-agent: binary", a.Binary); err != nil {

@@ -154,7 +154,8 @@ func checkHost(what, host string) error {
 	return nil
 }
 
-func checkImage(image string) error {
+// CheckImage refuses an empty image reference or one with white space.
+func CheckImage(image string) error {
 	if image == "" {
 		return fmt.Errorf("image: an image reference is required")
 	}

@@ -79,7 +79,7 @@ func (s Server) withDefaults() Server {
 // Validate reports the first problem with s, or nil.
 func (s Server) Validate() error {
 	s = s.withDefaults()
-	if err := checkImage(s.Image); err != nil {
+	if err := CheckImage(s.Image); err != nil {
 		return fmt.Errorf("konnectivity-server: %w", err)
 	}
 	if err := checkAbs("konnectivity-server: binary", s.Binary); err != nil {

@@ -61,7 +61,7 @@ func phases() []phase {
 		{name: "kubeconfig", short: "Write DIR/" + pki.KubeconfigFile + " for the Konnectivity server", needs: needs{apiserverURL: true}, run: (*runner).kubeconfig},
 		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
 		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
-		{name: "manifests", short: "Write DIR/" + ManifestsSubdir + "/: Konnectivity server static pod, agent DaemonSet, RBAC, kustomization.yaml", needs: needs{addresses: true}, run: (*runner).manifests},
+		{name: "manifests", short: "Write DIR/" + ManifestsSubdir + "/: Konnectivity server static pod, agent DaemonSet, RBAC, kustomization.yaml", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
 	}
 }
 
@@ -88,6 +88,7 @@ With ca.crt but no ca.key (an external CA), the certificates it signs must alrea
 			for _, p := range phases() {
 				all.addresses = all.addresses || p.needs.addresses
 				all.apiserverURL = all.apiserverURL || p.needs.apiserverURL
+				all.manifests = all.manifests || p.needs.manifests
 			}
 			r, err := newRunner(cmd, o, all)
 			if err != nil {

@@ -312,6 +312,9 @@ func TestInitBadFlags(t *testing.T) {
 		// Agents on other nodes watch the Leases at --apiserver-url.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://127.0.0.1:6443", "--server-leases"}, "--apiserver-url (with --server-leases)"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--server-leases"}, "--server-leases needs --apiserver-url"},
+		// The server's static pod is checked before any phase writes.
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--image", "registry.example/konnect v1"}, "--image"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "http-connect", "--transport", "tcp", "--frontend-port", "8133"}, "--frontend-port 8133"},
 	} {
 		dir := t.TempDir()
 		out, err := run(t, append(tc.args, "--dir", dir)...)
@@ -436,6 +439,15 @@ spec:
 	}
 	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
 		t.Fatalf("refused patch changed %v", c)
+	}
+
+	// A bad input of a later phase is refused before kube-apiserver is patched to dial a server that
+	// would never be set up.
+	if _, err := run(t, initArgs(fresh, "--apiserver-manifest", manifest, "--image", "registry.example/konnect v1")...); err == nil || !strings.Contains(err.Error(), "--image") {
+		t.Fatalf("bad --image: %v", err)
+	}
+	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
+		t.Fatalf("a run refused for --image changed %v", c)
 	}
 }
 

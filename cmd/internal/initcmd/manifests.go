@@ -23,46 +23,15 @@ func defaultImage() string { return manifests.Image(buildinfo.Version) }
 
 func (r *runner) manifests([]string) error {
 	o := r.o
-	pkiDir := o.pkiDir()
-	specs := pki.Specs()
-	path := func(name string, key bool) string {
-		s, _ := pki.Lookup(specs, name)
-		if key {
-			return s.KeyFile(pkiDir)
-		}
-		return s.CertFile(pkiDir)
-	}
 	mtls := o.AgentAuth == AgentAuthMTLS
-	srv := manifests.Server{
-		Image:       o.Image,
-		Mode:        string(o.Mode),
-		ClusterCert: path(pki.KonnectivityServer, false),
-		ClusterKey:  path(pki.KonnectivityServer, true),
-	}
-	if mtls {
-		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
-		srv.AgentClientCA = path(pki.CA, false)
-	}
-	if !mtls || o.ServerLeases {
-		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
-	}
-	srv.LeaseController = o.ServerLeases
-	if o.Transport == egress.TransportTCP {
-		srv.FrontendBindAddress = "127.0.0.1"
-		srv.FrontendPort = o.FrontendPort
-		srv.ServerCert = path(pki.KonnectivityFrontend, false)
-		srv.ServerKey = path(pki.KonnectivityFrontend, true)
-		srv.ServerCACert = path(pki.CA, false)
-	} else {
-		srv.UDSName = o.UDSName
-	}
+	srv := o.serverManifest()
 	pod, err := srv.Render()
 	if err != nil {
 		return err
 	}
 	// Agents check the server's certificate against the CA that signed it, which need not be the CA that
 	// kube-controller-manager publishes in kube-root-ca.crt.
-	caPEM, err := os.ReadFile(path(pki.CA, false))
+	caPEM, err := os.ReadFile(o.pkiPath(pki.CA, false))
 	if err != nil && !(o.DryRun && os.IsNotExist(err)) {
 		return err
 	}
@@ -72,7 +41,7 @@ func (r *runner) manifests([]string) error {
 	pending := false
 	if mtls {
 		var missing bool
-		agent.ClientCert, agent.ClientKey, missing, err = readPair(path(pki.KonnectivityAgent, false), path(pki.KonnectivityAgent, true))
+		agent.ClientCert, agent.ClientKey, missing, err = readPair(o.pkiPath(pki.KonnectivityAgent, false), o.pkiPath(pki.KonnectivityAgent, true))
 		pending = err != nil && o.DryRun && missing
 		if err != nil && !pending {
 			return fmt.Errorf("--agent-auth %s: %w (the certs phase creates it)", AgentAuthMTLS, err)
@@ -91,10 +60,47 @@ func (r *runner) manifests([]string) error {
 	}
 	if pending {
 		r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: agentDir + string(filepath.Separator),
-			note: "rendered once " + filepath.Base(path(pki.KonnectivityAgent, false)) + " and its key exist"})
+			note: "rendered once " + filepath.Base(o.pkiPath(pki.KonnectivityAgent, false)) + " and its key exist"})
 		return nil
 	}
 	return r.writeFiles(agentDir, files)
+}
+
+// serverManifest is the Konnectivity server's static pod as the options describe it.
+func (o *Options) serverManifest() manifests.Server {
+	srv := manifests.Server{
+		Image:       o.Image,
+		Mode:        string(o.Mode),
+		ClusterCert: o.pkiPath(pki.KonnectivityServer, false),
+		ClusterKey:  o.pkiPath(pki.KonnectivityServer, true),
+	}
+	if o.AgentAuth == AgentAuthMTLS {
+		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
+		srv.AgentClientCA = o.pkiPath(pki.CA, false)
+	}
+	if o.AgentAuth != AgentAuthMTLS || o.ServerLeases {
+		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
+	}
+	srv.LeaseController = o.ServerLeases
+	if o.Transport == egress.TransportTCP {
+		srv.FrontendBindAddress = "127.0.0.1"
+		srv.FrontendPort = o.FrontendPort
+		srv.ServerCert = o.pkiPath(pki.KonnectivityFrontend, false)
+		srv.ServerKey = o.pkiPath(pki.KonnectivityFrontend, true)
+		srv.ServerCACert = o.pkiPath(pki.CA, false)
+	} else {
+		srv.UDSName = o.UDSName
+	}
+	return srv
+}
+
+// pkiPath is the certificate (or with key, the key) of the named pki spec under DIR/pki.
+func (o *Options) pkiPath(name string, key bool) string {
+	s, _ := pki.Lookup(pki.Specs(), name)
+	if key {
+		return s.KeyFile(o.pkiDir())
+	}
+	return s.CertFile(o.pkiDir())
 }
 
 // readPair reads a certificate and its key; missing says whether either file does not exist.

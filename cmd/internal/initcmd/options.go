@@ -121,6 +121,7 @@ func joinAlgorithms() string {
 type needs struct {
 	addresses    bool
 	apiserverURL bool
+	manifests    bool // the manifests phase runs: its inputs are checked before any phase writes
 }
 
 // Complete fills defaults that depend on other flags.
@@ -168,7 +169,7 @@ func (o *Options) Validate(n needs) error {
 			errs = append(errs, fmt.Errorf("--apiserver-url: %w", err))
 		}
 	}
-	if o.ServerLeases && n.addresses {
+	if o.ServerLeases && n.manifests {
 		if o.APIServerURL == "" {
 			errs = append(errs, errors.New("--server-leases needs --apiserver-url: agents watch the Leases there"))
 		} else if err := manifests.CheckAgentAPIServerURL(o.APIServerURL); err != nil {
@@ -197,7 +198,32 @@ func (o *Options) Validate(n needs) error {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
 		}
 	}
+	if n.manifests && len(errs) == 0 {
+		errs = append(errs, o.validateServerManifest())
+	}
 	return errors.Join(errs...)
+}
+
+// validateServerManifest checks the server's static pod before any phase writes: a bad --image found only by
+// the manifests phase would come after kube-apiserver was patched to dial a server that was never set up.
+func (o *Options) validateServerManifest() error {
+	if err := manifests.CheckImage(o.Image); err != nil {
+		return fmt.Errorf("--image: %w", err)
+	}
+	if o.Transport == egress.TransportTCP {
+		for _, p := range []struct {
+			what string
+			port int
+		}{{"agent", manifests.DefaultAgentPort}, {"admin", manifests.DefaultAdminPort}, {"health", manifests.DefaultHealthPort}} {
+			if o.FrontendPort == p.port {
+				return fmt.Errorf("--frontend-port %d is the Konnectivity server's %s port; pick another", o.FrontendPort, p.what)
+			}
+		}
+	}
+	if err := o.serverManifest().Validate(); err != nil {
+		return fmt.Errorf("the Konnectivity server's static pod: %w", err)
+	}
+	return nil
 }
 
 // PKI is the certificate configuration.
