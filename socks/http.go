@@ -184,6 +184,8 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 	cl.lr.n = -1
 	c.SetReadDeadline(time.Time{})
 	out, err := s.dial(ctx, "tcp", target)
+	// As for SOCKS5: the reply's deadline starts after the dial.
+	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
 		klog.V(1).InfoS("HTTP CONNECT dial failed", "remote", c.RemoteAddr(), "dest", target, "err", err)
 		writeHTTPError(c, httpStatus(err), dialReason(target, err))

@@ -494,6 +494,55 @@ func TestDialErrors(t *testing.T) {
 	}
 }
 
+// TestSlowDialGetsItsReply: a dial may take longer than the handshake's write deadline (an SSH reconnect
+// waits up to its connect timeout); its reply, success or failure, still reaches the client.
+func TestSlowDialGetsItsReply(t *testing.T) {
+	be := httpBackend(t)
+	target := be.Listener.Addr().(*net.TCPAddr)
+	for _, refuse := range []bool{false, true} {
+		s := &Server{HandshakeTimeout: 200 * time.Millisecond, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			select { // three times the handshake timeout
+			case <-time.After(600 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if refuse {
+				return nil, syscall.ECONNREFUSED
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}}
+		addr := serve(t, s, Auto)
+		exchange := func(in []byte, n int) []byte {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c.Write(in)
+			out := make([]byte, n)
+			got, err := io.ReadFull(c, out)
+			if err != nil {
+				t.Fatalf("refused=%v: %d bytes of the reply (%q), then %v", refuse, got, out[:got], err)
+			}
+			return out
+		}
+		wantCode, wantStatus := byte(ReplySucceeded), "HTTP/1.1 200 "
+		if refuse {
+			wantCode, wantStatus = ReplyConnectionRefused, "HTTP/1.1 502 "
+		}
+		req := append([]byte{5, 1, 0, 5, 1, 0, 1}, target.IP.To4()...)
+		req = append(req, byte(target.Port>>8), byte(target.Port))
+		if got := exchange(req, 2+10); got[3] != wantCode {
+			t.Errorf("refused=%v: SOCKS5 reply %v, want code %d", refuse, got[2:], wantCode)
+		}
+		if got := string(exchange([]byte("CONNECT "+target.String()+" HTTP/1.1\r\n\r\n"), len(wantStatus))); got != wantStatus {
+			t.Errorf("refused=%v: CONNECT reply %q, want %q", refuse, got, wantStatus)
+		}
+	}
+}
+
 // TestHalfClose checks that a client's EOF reaches the backend while the backend can still answer.
 func TestHalfClose(t *testing.T) {
 	be, err := net.Listen("tcp", "127.0.0.1:0")

@@ -254,6 +254,9 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 	cl.lr.n = -1
 	c.SetReadDeadline(time.Time{})
 	out, err := s.dial(ctx, "tcp", addr)
+	// The dial may outlast the handshake's write deadline (an SSH reconnect waits up to its connect
+	// timeout): the reply gets a deadline of its own.
+	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
 		code := replyCode(err)
 		klog.V(1).InfoS("SOCKS5 dial failed", "remote", c.RemoteAddr(), "dest", addr, "reply", code, "err", err)
