@@ -236,6 +236,12 @@ func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) boo
 	defer resp.Body.Close()
 	removeHopHeaders(resp.Header)
 	resp.Close = resp.Close || clientClose
+	if !req.ProtoAtLeast(1, 1) {
+		// An HTTP/1.0 client cannot read chunked framing (RFC 9112, 6.1): the body ends when the
+		// connection closes instead.
+		resp.TransferEncoding = nil
+		resp.Close = true
+	}
 	if resp.ContentLength < 0 && !slices.Contains(resp.TransferEncoding, "chunked") {
 		// resp.Write delimits such a body by closing; say so here too, so the connection is not reused.
 		resp.Close = true

@@ -543,6 +543,23 @@ func TestSlowDialGetsItsReply(t *testing.T) {
 	}
 }
 
+// TestHTTP10ClientGetsNoChunks: a body of unknown length goes to an HTTP/1.0 client unframed, ended by the
+// close, since it cannot read chunked encoding.
+func TestHTTP10ClientGetsNoChunks(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("part1"))
+		w.(http.Flusher).Flush() // the origin answers chunked: no Content-Length
+		w.Write([]byte("part2"))
+	}))
+	t.Cleanup(origin.Close)
+	addr := serve(t, &Server{}, Auto)
+	resp := string(rawExchange(t, addr, []byte("GET "+origin.URL+"/ HTTP/1.0\r\n\r\n"), false))
+	head, body, _ := strings.Cut(resp, "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 200 ") || strings.Contains(strings.ToLower(head), "transfer-encoding") || body != "part1part2" {
+		t.Fatalf("HTTP/1.0 client got %q", resp)
+	}
+}
+
 // TestHalfClose checks that a client's EOF reaches the backend while the backend can still answer.
 func TestHalfClose(t *testing.T) {
 	be, err := net.Listen("tcp", "127.0.0.1:0")
