@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,8 +458,14 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	default:
 		return nil, fmt.Errorf("ssh dial %s %s: network not supported", network, addr)
 	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
 		return nil, fmt.Errorf("ssh dial %s: %w", addr, err)
+	}
+	// Checked here as x/crypto/ssh checks it: its error would otherwise look like a dead session, and
+	// close a healthy one.
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil, fmt.Errorf("ssh dial %s: port %q: want a number 0-65535", addr, port)
 	}
 	wait := time.NewTimer(d.plan.connectTimeout)
 	defer wait.Stop()

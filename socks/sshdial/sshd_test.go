@@ -153,6 +153,19 @@ func TestDialErrorsCarryErrno(t *testing.T) {
 	if _, err := d.DialContext(context.Background(), "udp", "127.0.0.1:53"); err == nil {
 		t.Fatal("udp dial succeeded")
 	}
+	// A port that SSH cannot carry is the request's fault: the SSH connection stays up.
+	logins := strings.Count(f.sshd.Log(), "Accepted publickey")
+	for _, addr := range []string{"127.0.0.1:70000", "127.0.0.1:http"} {
+		if _, err := d.DialContext(context.Background(), "tcp", addr); err == nil || !strings.Contains(err.Error(), "port") {
+			t.Fatalf("dial %s: err = %v, want one naming the port", addr, err)
+		}
+	}
+	if _, err := d.DialContext(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", closed)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial after the bad ports: err = %v, want ECONNREFUSED", err)
+	}
+	if n := strings.Count(f.sshd.Log(), "Accepted publickey"); n != logins {
+		t.Fatalf("the bad ports cost %d new SSH logins", n-logins)
+	}
 }
 
 func TestHostKeys(t *testing.T) {
