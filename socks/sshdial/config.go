@@ -383,8 +383,9 @@ func resolve(cfg Config) (*plan, error) {
 		}
 		p.identityFiles = append(p.identityFiles, f)
 	}
+	// Each hop without an identity of its own (-i or IdentityFile) tries these, as OpenSSH does per host.
 	home, _ := os.UserHomeDir()
-	if len(target.identity) == 0 && home != "" {
+	if home != "" {
 		for _, n := range []string{"id_ed25519", "id_ecdsa", "id_rsa"} {
 			p.defaultIDs = append(p.defaultIDs, filepath.Join(home, ".ssh", n))
 		}

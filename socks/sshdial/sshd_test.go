@@ -348,6 +348,27 @@ func TestJumpChain(t *testing.T) {
 	}
 }
 
+// A jump host without an IdentityFile of its own gets the default identities (~/.ssh/id_*), as with OpenSSH,
+// also when the target names one.
+func TestJumpHostDefaultIdentity(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
+	_, defaultPub := harness.SSHKeyPair(t, filepath.Join(home, ".ssh"), "id_ed25519", "")
+	dir := t.TempDir()
+	key, pub := harness.SSHKeyPair(t, dir, "id_target", "")
+	jump := harness.StartSSHD(t, defaultPub)
+	target := harness.StartSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	sshConfig := filepath.Join(dir, "config")
+	os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host bastion\n  HostName 127.0.0.1\n  Port %d\n\nHost inner\n  HostName 127.0.0.1\n  Port %d\n  ProxyJump bastion\n  IdentityFile %s\n",
+		jump.Port, target.Port, key)), 0o600)
+	d, done := start(t, Config{Destination: "inner", ConfigFile: sshConfig, KnownHostsFile: kh, AgentSocket: "none", ConnectTimeout: 5 * time.Second})
+	waitReady(t, d, done)
+	get(t, d, backend(t), "/")
+}
+
 func TestJumpFromSSHConfig(t *testing.T) {
 	dir := t.TempDir()
 	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
