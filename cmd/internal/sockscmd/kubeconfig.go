@@ -119,17 +119,23 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("encode kubeconfig: %w", err)
 	}
-	st, err := os.Stat(path)
+	// Write through a symlink (a kubeconfig kept with one's dotfiles), as kubectl does, instead of
+	// replacing the link with a file.
+	file, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	st, err := os.Stat(file)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
 	mode := st.Mode().Perm()
-	backup := path + ".konnect-backup"
+	backup := file + ".konnect-backup"
 	// The directory exists (path was just read), so the directory mode is never used.
 	if _, err := pki.WriteFile(backup, orig, mode, pki.DirMode); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	if _, err := pki.WriteFile(path, data, mode, pki.DirMode); err != nil {
+	if _, err := pki.WriteFile(file, data, mode, pki.DirMode); err != nil {
 		return err
 	}
 	if o.ProxyURL == "" {

@@ -85,6 +85,29 @@ func TestKubeconfigSetProxy(t *testing.T) {
 	}
 }
 
+// A kubeconfig that is a symlink stays one: the file it points at is edited, and backed up beside it.
+func TestKubeconfigSetProxyThroughSymlink(t *testing.T) {
+	dotfiles, home := t.TempDir(), t.TempDir()
+	target := filepath.Join(dotfiles, "kubeconfig")
+	os.WriteFile(target, []byte(testKubeconfig), 0o600)
+	link := filepath.Join(home, "config")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setProxy(t, "--kubeconfig", link, "--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Lstat(link); err != nil || st.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("%s is no longer a symlink: %v", link, err)
+	}
+	if cfg, err := clientcmd.LoadFromFile(target); err != nil || cfg.Clusters["prod"].ProxyURL != "socks5://127.0.0.1:1080" {
+		t.Fatalf("the file the link points at was not edited: %v", err)
+	}
+	if backup, err := os.ReadFile(target + ".konnect-backup"); err != nil || string(backup) != testKubeconfig {
+		t.Fatalf("backup = %q, %v; want the original beside the file", backup, err)
+	}
+}
+
 func TestKubeconfigSetProxyErrors(t *testing.T) {
 	dir := t.TempDir()
 	kc := filepath.Join(dir, "config")
