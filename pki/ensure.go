@@ -360,9 +360,10 @@ func (e *engine) planLeaf(s *Spec) {
 		e.fail("%s: %s (run with --force to renew it)", certFile, detail)
 		return
 	}
-	// Re-sign the existing key when it is sound: one atomic write, and the key is never lost.
+	// Re-sign the existing key when it is sound, also when the certificate is for another key: one atomic
+	// write, and a key that parses is never replaced.
 	reuse := key
-	if keyErr != nil || (certErr == nil && !samePublicKey(cert.PublicKey, key.Public())) {
+	if keyErr != nil {
 		reuse = nil
 	}
 	r.Action = Renewed

@@ -502,10 +502,16 @@ func TestBadInputs(t *testing.T) {
 			if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
 				t.Fatalf("failed run changed %v", changed)
 			}
+			// --force re-signs a key that parses: a sound key is never replaced.
+			keyFile := leaf.KeyFile(cfg.PKIDir())
+			_, soundKey, keyErr := readKey(keyFile)
 			cfg.Force = true
 			_, err = Ensure(cfg)
 			if tc.force != (err == nil) {
 				t.Fatalf("with --force: %v", err)
+			}
+			if after, _ := os.ReadFile(keyFile); keyErr == nil && string(after) != string(soundKey) {
+				t.Fatalf("--force replaced the sound key %s", keyFile)
 			}
 			if err == nil {
 				mustEnsure(t, Config{Dir: cfg.Dir, ControlPlaneAddresses: cfg.ControlPlaneAddresses, Hostname: cfg.Hostname, AgentMTLS: true, FrontendTLS: true})

@@ -155,7 +155,7 @@ func loadPair(s *Spec, dir string) (*loaded, error) {
 		return nil, err
 	}
 	if !samePublicKey(cert.PublicKey, key.Public()) {
-		return nil, fmt.Errorf("%s does not match %s (for a leaf, `konnect init --force` issues a new pair)", s.KeyFile(dir), s.CertFile(dir))
+		return nil, fmt.Errorf("%s does not match %s (for a leaf, `konnect init --force` re-signs the key)", s.KeyFile(dir), s.CertFile(dir))
 	}
 	return &loaded{s, cert, key}, nil
 }
