@@ -359,14 +359,21 @@ func (a Agent) Render() ([]File, error) {
 		ObjectMeta: metav1.ObjectMeta{Name: AgentServiceAccount, Namespace: Namespace, Labels: commonLabels(nil)},
 	}})
 	if !a.clientCertAuth() {
-		// The server authenticates agents with TokenReview, which needs system:auth-delegator; with
-		// client certificates it reviews nothing and gets no such grant.
-		objs = append(objs, namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
-			ObjectMeta: metav1.ObjectMeta{Name: ServerUser, Labels: commonLabels(nil)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
-		}})
+		// The server authenticates agents with TokenReview and needs nothing else: not system:auth-delegator,
+		// whose SubjectAccessReviews would let it ask what any user may do. With client certificates it
+		// reviews nothing and gets no grant.
+		objs = append(objs,
+			namedObject{name: "konnectivity-server-clusterrole.yaml", obj: &rbacv1.ClusterRole{
+				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+				ObjectMeta: metav1.ObjectMeta{Name: ServerTokenReviewRole, Labels: commonLabels(nil)},
+				Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}}},
+			}},
+			namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
+				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+				ObjectMeta: metav1.ObjectMeta{Name: ServerUser, Labels: commonLabels(nil)},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ServerTokenReviewRole},
+				Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
+			}})
 	}
 	if a.ServerLeases {
 		leases, err := a.leaseObjects()

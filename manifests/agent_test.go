@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"io/fs"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,13 +35,13 @@ func TestAgentManifests(t *testing.T) {
 		{
 			name:      "cluster CA from kube-root-ca.crt",
 			agent:     Agent{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1"},
-			files:     []string{"konnectivity-agent-serviceaccount.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			files:     []string{"konnectivity-agent-serviceaccount.yaml", "konnectivity-server-clusterrole.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
 			configMap: "kube-root-ca.crt",
 		},
 		{
 			name:      "own CA ConfigMap",
 			agent:     Agent{Image: "registry.example/konnect@sha256:0123", ProxyServerHost: "konnectivity.example.com,10.0.0.2:8132,[fd00::1]:8132", ProxyServerPort: 443, CACert: ca},
-			files:     []string{"konnectivity-agent-ca.yaml", "konnectivity-agent-serviceaccount.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
+			files:     []string{"konnectivity-agent-ca.yaml", "konnectivity-agent-serviceaccount.yaml", "konnectivity-server-clusterrole.yaml", "konnectivity-server-rbac.yaml", "konnectivity-agent.yaml", "kustomization.yaml"},
 			configMap: "konnectivity-agent-ca",
 		},
 	}
@@ -72,8 +73,12 @@ func TestAgentManifests(t *testing.T) {
 			if sa.Name != "konnectivity-agent" || sa.Namespace != "kube-system" {
 				t.Errorf("ServiceAccount %s/%s", sa.Namespace, sa.Name)
 			}
+			cr := decode(t, byName(t, files, "konnectivity-server-clusterrole.yaml")).(*rbacv1.ClusterRole)
+			if want := []rbacv1.PolicyRule{{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}}}; cr.Name != "konnectivity-server-tokenreview" || !reflect.DeepEqual(cr.Rules, want) {
+				t.Errorf("ClusterRole %+v, want only create on tokenreviews", cr)
+			}
 			crb := decode(t, byName(t, files, "konnectivity-server-rbac.yaml")).(*rbacv1.ClusterRoleBinding)
-			if crb.Name != "system:konnectivity-server" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:auth-delegator"}) ||
+			if crb.Name != "system:konnectivity-server" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "konnectivity-server-tokenreview"}) ||
 				!slices.Equal(crb.Subjects, []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "system:konnectivity-server"}}) {
 				t.Errorf("ClusterRoleBinding %+v", crb)
 			}

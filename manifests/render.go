@@ -45,6 +45,8 @@ const (
 	Audience = konnectivity.Audience
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
 	ServerUser = konnectivity.ServerUser
+	// ServerTokenReviewRole is the ClusterRole that lets ServerUser create TokenReviews, and nothing more.
+	ServerTokenReviewRole = "konnectivity-server-tokenreview"
 )
 
 // Default ports: the server's are those the Kubernetes documentation uses, the agent's are upstream

@@ -414,7 +414,7 @@ func (s *Server) ReadyChecks() []healthz.HealthChecker {
 }
 
 // checkTokenReview sends a TokenReview for a token that cannot be valid. Any TokenReview answer proves that
-// kube-apiserver is reachable and that this server may create TokenReviews (system:auth-delegator); an
+// kube-apiserver is reachable and that this server may create TokenReviews (the manifests grant just that); an
 // error (refused, unauthorized, forbidden) is what would make every agent fail to authenticate.
 func (s *Server) checkTokenReview(ctx context.Context) error {
 	s.tokenMu.Lock()

@@ -539,6 +539,10 @@ func TestManifests(t *testing.T) {
 	if out, err := c.kubectl(ctx, nsCP, "auth", "can-i", "create", "tokenreviews.authentication.k8s.io", "--as=system:konnectivity-server"); err != nil || strings.TrimSpace(out) != "yes" {
 		t.Fatalf("system:konnectivity-server may not create TokenReviews: %q %v", out, err)
 	}
+	// Least privilege: TokenReviews only, no SubjectAccessReviews (system:auth-delegator would grant them).
+	if out, _ := c.kubectl(ctx, nsCP, "auth", "can-i", "create", "subjectaccessreviews.authorization.k8s.io", "--as=system:konnectivity-server"); strings.TrimSpace(out) != "no" {
+		t.Fatalf("system:konnectivity-server may create SubjectAccessReviews: %q", out)
+	}
 	c.kubectlT(t, "-n", "kube-system", "get", "serviceaccount", "konnectivity-agent")
 
 	// Run konnect server exactly as the static pod would.

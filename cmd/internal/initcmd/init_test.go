@@ -652,8 +652,10 @@ func TestInitAgentMTLS(t *testing.T) {
 			}
 		}
 	}
-	if _, err := os.Stat(filepath.Join(agentDir, "konnectivity-server-rbac.yaml")); !os.IsNotExist(err) {
-		t.Errorf("TokenReview RBAC rendered for client-certificate agents: %v", err)
+	for _, f := range []string{"konnectivity-server-clusterrole.yaml", "konnectivity-server-rbac.yaml"} {
+		if _, err := os.Stat(filepath.Join(agentDir, f)); !os.IsNotExist(err) {
+			t.Errorf("TokenReview RBAC %s rendered for client-certificate agents: %v", f, err)
+		}
 	}
 
 	// Not t.Skip: the idempotence and key-hiding checks below must run without kubectl too.
