@@ -98,6 +98,22 @@ func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, Servi
 	if err != nil {
 		return nil, ServingBundle{}, 0, err
 	}
+	// A step 1 cut short left the new CA's key without its certificate: step 1 again finishes it.
+	if nextSpec := ServingSpecs("x", "x", ServingFromNext)[1]; phase == BundleBoth && !exists(nextSpec.CertFile(cfg.Dir)) {
+		if n != 1 {
+			return nil, ServingBundle{}, phase, fmt.Errorf("pki: %w: step 1 was interrupted (%s has no %s), so the next step is 1 again, not %d",
+				ErrRotationOrder, nextSpec.KeyFile(cfg.Dir), filepath.Base(nextSpec.CertFile(cfg.Dir)), n)
+		}
+		if cfg.DryRun {
+			return []Result{{Name: "rotate-ca", CertFile: cfg.Dir, Action: Updated, DryRun: true, Reason: "step 1, interrupted before"}}, ServingBundle{}, phase, nil
+		}
+		res, err := runServing(cfg, name, namespace, BundleBoth)
+		if err != nil {
+			return res, ServingBundle{}, phase, err
+		}
+		b, err := readServingBundle(cfg.Dir, BundleBoth)
+		return res, b, BundleBoth, err
+	}
 	// The files of the phase reached must be sound before anything moves on.
 	check := cfg
 	check.DryRun, check.Force = true, false

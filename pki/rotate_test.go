@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -128,6 +129,39 @@ func TestRotateServingCAFinishesInterruptedPromotion(t *testing.T) {
 	}
 	if _, b, err := EnsureServing(cfg, "hook", "pizza"); err != nil || !trusts(t, b.CA, b) {
 		t.Fatalf("after the finished promotion: %v", err)
+	}
+}
+
+// A crash in step 1 after the new CA's key was written, before its certificate, is finished by running step 1
+// again; any other step says so.
+func TestRotateServingCAResumesInterruptedStep1(t *testing.T) {
+	cfg := Config{Dir: t.TempDir(), KeyAlgorithm: ECDSAP256}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", 1); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := os.ReadFile(filepath.Join(cfg.Dir, "ca-next.key"))
+	if err := os.Remove(filepath.Join(cfg.Dir, "ca-next.crt")); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int{2, 3} {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); !errors.Is(err, ErrRotationOrder) || !strings.Contains(err.Error(), "step 1 was interrupted") {
+			t.Fatalf("step %d after an interrupted step 1: %v", step, err)
+		}
+	}
+	_, b, phase, err := RotateServingCA(cfg, "hook", "pizza", 1)
+	if err != nil || phase != BundleBoth || len(parseCerts(t, b.CA)) != 2 || !trusts(t, b.CA, b) {
+		t.Fatalf("step 1 again: phase %v, %d CAs in the bundle, %v", phase, len(parseCerts(t, b.CA)), err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(cfg.Dir, "ca-next.key")); string(after) != string(key) {
+		t.Fatal("step 1 again replaced the new CA's key")
+	}
+	for _, step := range []int{2, 3} {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
 	}
 }
 
