@@ -209,17 +209,24 @@ func (e *engine) planCA(s *Spec) {
 		e.steps = append(e.steps, step{spec: s, result: r})
 	case !hasCert && hasKey:
 		// Keys are written before certificates, so this is what an interrupted creation leaves; it may also
-		// be all that is left of a CA whose certificate was lost. Either way the key is kept and a new
-		// self-signed certificate is made for it: same key and subject, so every certificate the key ever
-		// signed still verifies, and a kill -9 during the first init never blocks the next run.
+		// be all that is left of a CA whose certificate was lost (kubeadm's, say). Either way the key is kept
+		// and a new self-signed certificate is made for it, with the subject and key id that the certificates
+		// it signed name as their issuer, so that they still verify; and a kill -9 during the first init
+		// never blocks the next run.
 		key, _, err := readKey(keyFile)
 		if err != nil {
 			e.fail("%s exists without %s and cannot be read (%v): restore %s, or remove %s to create a new CA",
 				keyFile, certFile, err, certFile, keyFile)
 			return
 		}
+		var asIssuer []func(*x509.Certificate)
+		if leaf := signedBy(e.dir, key.Public()); leaf != nil {
+			asIssuer = append(asIssuer, func(c *x509.Certificate) {
+				c.RawSubject, c.SubjectKeyId = leaf.RawIssuer, leaf.AuthorityKeyId
+			})
+		}
 		// Signed now rather than when written, so that the leaves it signed are checked against it and kept.
-		cert, err := signCert(s, key.Public(), AltNames{}, nil, key, e.now, e.cfg.CAValidity)
+		cert, err := signCert(s, key.Public(), AltNames{}, nil, key, e.now, e.cfg.CAValidity, asIssuer...)
 		if err != nil {
 			e.fail("re-create %s for %s: %w", certFile, keyFile, err)
 			return
@@ -369,6 +376,20 @@ func (e *engine) planLeaf(s *Spec) {
 	r.Action = Renewed
 	r.Reason = detail
 	e.steps = append(e.steps, step{spec: s, result: r, key: reuse, altNames: want})
+}
+
+// signedBy returns a certificate in dir that the key of pub signed, or nil: the first by file name, since the
+// leaves of one CA all name the same issuer.
+func signedBy(dir string, pub crypto.PublicKey) *x509.Certificate {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.crt"))
+	signer := &x509.Certificate{PublicKey: pub}
+	for _, f := range files {
+		c, _, err := readCert(f)
+		if err == nil && signer.CheckSignature(c.SignatureAlgorithm, c.RawTBSCertificate, c.Signature) == nil {
+			return c
+		}
+	}
+	return nil
 }
 
 // checkLeaf lists what is wrong with an existing leaf; empty means it is kept.

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"net"
 	"os"
@@ -706,6 +707,53 @@ func TestLeafNeverOutlivesCA(t *testing.T) {
 	}
 	if r := resultByName(t, res, KonnectivityServer); !strings.Contains(r.Reason, "cut to the CA's expiry") {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// TestCAKeyWithoutCertificateKeepsItsSubject: a lost ca.crt of someone else's CA (kubeadm's "kubernetes") is
+// re-created with the subject its leaves name as their issuer, so that they still verify.
+func TestCAKeyWithoutCertificateKeepsItsSubject(t *testing.T) {
+	cfg := testConfig(t)
+	dir := cfg.PKIDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	key, err := generateKey(ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := specByName(t, CA)
+	kubeadm := func(c *x509.Certificate) { c.Subject = pkix.Name{CommonName: "kubernetes"} }
+	caCert, err := signCert(ca, key.Public(), AltNames{}, nil, key, time.Now(), time.Hour, kubeadm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet := *specByName(t, KonnectivityServerClient)
+	kubelet.CommonName = "kube-apiserver-kubelet-client"
+	kubeletKey, _ := generateKey(ECDSAP256)
+	leaf, err := signCert(&kubelet, kubeletKey.Public(), AltNames{}, caCert, key, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writePair(filepath.Join(dir, "apiserver-kubelet-client.crt"), filepath.Join(dir, "apiserver-kubelet-client.key"), leaf, kubeletKey, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePair(ca.CertFile(dir), ca.KeyFile(dir), caCert, key, true); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(ca.CertFile(dir))
+	mustEnsure(t, cfg, CA)
+	recreated, _, err := readCert(ca.CertFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recreated.Subject.CommonName != "kubernetes" {
+		t.Errorf("re-created CA subject %q, want the leaves' issuer CN=kubernetes", recreated.Subject)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(recreated)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Fatalf("a leaf of the lost CA certificate does not verify against the re-created one: %v", err)
 	}
 }
 
