@@ -57,16 +57,18 @@ wait_ready() { # name url pid
 
 rm -rf "$DEMO" && mkdir -p "$DEMO/logs"
 DEMO=$(cd "$DEMO" && pwd) # absolute, for the socket path; DEMO_DIR may be either
+# konnect init's default for this --dir: a directory of its own, since kube-apiserver mounts it read-write.
+SOCK="$DEMO/konnectivity-server/konnectivity-server.socket"
 step "konnect init: PKI, kubeconfig, egress selector, kube-apiserver flags and manifests into $DEMO"
 # There is no kube-apiserver here to review agent tokens, so the demo's agent authenticates with a client
 # certificate (--agent-auth mtls: the server's --cluster-ca-cert, the agent's --agent-cert/--agent-key).
 "$KONNECT" init --dir "$DEMO" --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 \
-	--agent-auth mtls --key-algorithm ecdsa-p256 --uds-name "$DEMO/konnectivity-server.socket"
+	--agent-auth mtls --key-algorithm ecdsa-p256
 echo; echo "kube-apiserver would be started with:"; sed 's/^/    /' "$DEMO/kube-apiserver.flags"
 "$KONNECT" certs check-expiration --dir "$DEMO"
 
 step "konnect server: gRPC frontend on the UDS, agents over mutual TLS on 127.0.0.1:$AGENT_PORT"
-"$KONNECT" server --mode grpc --uds-name "$DEMO/konnectivity-server.socket" --delete-existing-uds-file --server-port 0 \
+"$KONNECT" server --mode grpc --uds-name "$SOCK" --delete-existing-uds-file --server-port 0 \
 	--cluster-cert "$DEMO/pki/konnectivity-server.crt" --cluster-key "$DEMO/pki/konnectivity-server.key" \
 	--cluster-ca-cert "$DEMO/pki/ca.crt" --agent-port "$AGENT_PORT" --admin-port "$SERVER_ADMIN" \
 	--health-port "$SERVER_HEALTH" --agent-bind-address 127.0.0.1 --health-bind-address 127.0.0.1 \
@@ -99,7 +101,7 @@ step "konnect doctor status: the agents the server holds"
 "$KONNECT" doctor status --admin-address "127.0.0.1:$SERVER_ADMIN"
 
 step "konnect doctor dial $backend: through the UDS, as kube-apiserver does"
-"$KONNECT" doctor dial "$backend" --uds-name "$DEMO/konnectivity-server.socket" --request "GET /through-the-tunnel"
+"$KONNECT" doctor dial "$backend" --uds-name "$SOCK" --request "GET /through-the-tunnel"
 
 step "SIGTERM to the agent and the server: both must drain and exit 0"
 kill -TERM "$agent_pid"; wait "$agent_pid"; echo "agent exited with status $?"

@@ -312,12 +312,19 @@ func TestInitBadFlags(t *testing.T) {
 		// Agents on other nodes watch the Leases at --apiserver-url.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://127.0.0.1:6443", "--server-leases"}, "--apiserver-url (with --server-leases)"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--server-leases"}, "--server-leases needs --apiserver-url"},
+		// The socket's directory is mounted read-write into kube-apiserver and the server: not DIR or above.
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--uds-name", "DIR/konnectivity-server.socket"}, "--uds-name"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--uds-name", "/konnectivity-server.socket"}, "--uds-name"},
 		// The server's static pod is checked before any phase writes.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--image", "registry.example/konnect v1"}, "--image"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "http-connect", "--transport", "tcp", "--frontend-port", "8133"}, "--frontend-port 8133"},
 	} {
 		dir := t.TempDir()
-		out, err := run(t, append(tc.args, "--dir", dir)...)
+		args := slices.Clone(tc.args)
+		for i := range args {
+			args[i] = strings.Replace(args[i], "DIR/", dir+"/", 1)
+		}
+		out, err := run(t, append(args, "--dir", dir)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error naming %s\n%s", tc.args, err, tc.want, out)
 		}

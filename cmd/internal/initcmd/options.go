@@ -185,6 +185,11 @@ func (o *Options) Validate(n needs) error {
 	if err := o.selector().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("--mode/--transport/--uds-name: %w", err))
 	}
+	if o.Transport != egress.TransportTCP && o.UDSName != "" && o.Dir != "" {
+		if err := o.checkSocketDir(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, a := range o.APIAudiences {
 		if strings.ContainsAny(a, ", \t\n") {
 			errs = append(errs, fmt.Errorf("--api-audiences: %q contains a comma or white space", a))
@@ -202,6 +207,23 @@ func (o *Options) Validate(n needs) error {
 		errs = append(errs, o.validateServerManifest())
 	}
 	return errors.Join(errs...)
+}
+
+// checkSocketDir refuses a socket directory that holds konnect's keys, kubeconfig or static pods: kube-apiserver
+// and the server's pod both mount the socket's directory read-write.
+func (o *Options) checkSocketDir() error {
+	sock, err := filepath.Abs(o.UDSName)
+	if err != nil {
+		return fmt.Errorf("--uds-name: %w", err)
+	}
+	dir := filepath.Dir(sock)
+	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir)} {
+		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
+			return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
+				o.UDSName, dir, held, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))))
+		}
+	}
+	return nil
 }
 
 // validateServerManifest checks the server's static pod before any phase writes: a bad --image found only by
