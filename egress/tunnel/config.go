@@ -24,18 +24,22 @@ type Config struct {
 	UDSName           string
 	DeleteExistingUDS bool
 	// ServerAddr is the mTLS TCP frontend address (host:port), used when UDSName is empty, with
-	// ServerCert/ServerKey and ServerCA verifying kube-apiserver's client certificate.
-	ServerAddr string
-	ServerCert string
-	ServerKey  string
-	ServerCA   string
+	// ServerCert/ServerKey and ServerCA verifying kube-apiserver's client certificate, whose common name
+	// must be one of ServerAllowedNames when any are given.
+	ServerAddr         string
+	ServerCert         string
+	ServerKey          string
+	ServerCA           string
+	ServerAllowedNames []string
 
 	// AgentAddr is where agents connect (host:port), over TLS with ClusterCert/ClusterKey. With ClusterCA
-	// set, agents must present a client certificate signed by it.
-	AgentAddr   string
-	ClusterCert string
-	ClusterKey  string
-	ClusterCA   string
+	// set, agents must present a client certificate signed by it, with a common name from
+	// ClusterAllowedNames when any are given.
+	AgentAddr           string
+	ClusterCert         string
+	ClusterKey          string
+	ClusterCA           string
+	ClusterAllowedNames []string
 
 	// CipherSuites and MinTLSVersion apply to both TLS listeners; zero values mean Go's defaults (TLS 1.2).
 	CipherSuites  []uint16

@@ -199,6 +199,32 @@ func TestWrongCARejected(t *testing.T) {
 	}
 }
 
+// TestClusterAllowedNames: with allowed names, a client certificate from the cluster CA is not enough; its
+// common name must be one of them (a kubelet's certificate from kubeadm's CA is not an agent's).
+func TestClusterAllowedNames(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.ClusterCA = e.ca.file
+	cfg.ClusterAllowedNames = []string{"agent"} // the CN of e.agentCert
+	s := start(t, cfg)
+	nodeCert, nodeKey, _ := e.ca.issue(t, e.dir, "system:node:w1", true)
+	startUpstreamAgent(t, e, "impostor", s.agentPort(), "--agent-cert="+nodeCert, "--agent-key="+nodeKey)
+	startUpstreamAgent(t, e, "good", s.agentPort())
+	s.waitAgents(t, 1)
+	time.Sleep(500 * time.Millisecond) // give the impostor several retries
+	for _, a := range s.Status().Agents {
+		if a.ID == "impostor" && a.Connected {
+			t.Fatal("an agent whose certificate CN is not allowed is connected")
+		}
+	}
+
+	bad := e.config("grpc")
+	bad.ClusterAllowedNames = []string{"agent"}
+	if _, err := New(bad); err == nil || !strings.Contains(err.Error(), "ClusterAllowedNames") {
+		t.Fatalf("allowed names without a CA: %v", err)
+	}
+}
+
 func servedSerial(t *testing.T, addr string) *big.Int {
 	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})

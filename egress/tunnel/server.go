@@ -86,6 +86,12 @@ func New(c *Config) (_ *Server, err error) {
 	if cfg.Mode != server.ModeGRPC && cfg.Mode != server.ModeHTTPConnect {
 		return nil, &FieldError{"Mode", fmt.Errorf("must be grpc or http-connect, not %q", cfg.Mode)}
 	}
+	if len(cfg.ClusterAllowedNames) > 0 && cfg.ClusterCA == "" {
+		return nil, &FieldError{"ClusterAllowedNames", errors.New("apply only to agents' client certificates, which need a CA to verify them")}
+	}
+	if len(cfg.ServerAllowedNames) > 0 && (cfg.ServerCA == "" || cfg.UDSName != "") {
+		return nil, &FieldError{"ServerAllowedNames", errors.New("apply only to kube-apiserver's client certificate on the mTLS TCP frontend")}
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: register metrics: %w", err)
@@ -138,7 +144,7 @@ func New(c *Config) (_ *Server, err error) {
 // newAgentServer binds the agent listener and builds its gRPC server: mutual TLS with batched records.
 func (s *Server) newAgentServer() error {
 	cfg := s.cfg
-	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, cfg.ClusterAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 	if err != nil {
 		return &FieldError{"ClusterCert", err}
 	}
@@ -202,7 +208,7 @@ func (s *Server) newFrontendGRPC() error {
 	cfg := s.cfg
 	creds := insecure.NewCredentials()
 	if cfg.UDSName == "" {
-		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
 			return &FieldError{"ServerCert", err}
 		}
@@ -235,7 +241,7 @@ func (s *Server) newFrontendHTTP() error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	if cfg.UDSName == "" {
-		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
 			return &FieldError{"ServerCert", err}
 		}

@@ -39,6 +39,10 @@ type Options struct {
 	MaxFrontendMessage int
 	// MaxPendingDials bounds the dials waiting for an agent's answer; 0 means no bound (upstream's behaviour).
 	MaxPendingDials int
+	// ClusterAllowedNames and ServerAllowedNames: see tunnel.Config; empty accepts any certificate the CA
+	// signed, as upstream does.
+	ClusterAllowedNames []string
+	ServerAllowedNames  []string
 }
 
 // NewOptions returns the defaults: upstream's for upstream's flags (but --backend-dial-timeout), and
@@ -68,6 +72,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 	fs.IntVar(&o.MaxPendingDials, "max-pending-dials", o.MaxPendingDials,
 		"konnect: how many dials may wait for an agent's answer at once; further dials are refused with an error naming this flag. 0 means no bound (upstream's behaviour).")
+	fs.StringSliceVar(&o.ClusterAllowedNames, "cluster-allowed-names", o.ClusterAllowedNames,
+		"konnect: with --cluster-ca-cert, the common names an agent's client certificate may have; empty accepts any certificate that CA signed (upstream's behaviour).")
+	fs.StringSliceVar(&o.ServerAllowedNames, "server-allowed-names", o.ServerAllowedNames,
+		"konnect: with --server-ca-cert, the common names kube-apiserver's client certificate may have; empty accepts any certificate that CA signed (upstream's behaviour).")
 	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
 		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when set, wins.")
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
@@ -329,6 +337,8 @@ func (o *Options) Config() (*Config, error) {
 		ClusterCert:           u.ClusterCert,
 		ClusterKey:            u.ClusterKey,
 		ClusterCA:             u.ClusterCaCert,
+		ClusterAllowedNames:   o.ClusterAllowedNames,
+		ServerAllowedNames:    o.ServerAllowedNames,
 		CipherSuites:          ciphers,
 		MinTLSVersion:         minVersion,
 		KeepaliveTime:         u.KeepaliveTime,

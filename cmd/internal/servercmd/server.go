@@ -123,12 +123,14 @@ func flagError(err error) error {
 		return err
 	}
 	flags := map[string]string{
-		"Mode":        "--mode",
-		"AgentAddr":   "--agent-bind-address/--agent-port",
-		"ServerAddr":  "--server-bind-address/--server-port",
-		"UDSName":     "--uds-name",
-		"ClusterCert": "--cluster-cert/--cluster-key/--cluster-ca-cert",
-		"ServerCert":  "--server-cert/--server-key/--server-ca-cert",
+		"Mode":                "--mode",
+		"AgentAddr":           "--agent-bind-address/--agent-port",
+		"ServerAddr":          "--server-bind-address/--server-port",
+		"UDSName":             "--uds-name",
+		"ClusterCert":         "--cluster-cert/--cluster-key/--cluster-ca-cert",
+		"ServerCert":          "--server-cert/--server-key/--server-ca-cert",
+		"ClusterAllowedNames": "--cluster-allowed-names (with --cluster-ca-cert)",
+		"ServerAllowedNames":  "--server-allowed-names (with --server-ca-cert)",
 	}[fe.Field]
 	if flags == "" {
 		return err
