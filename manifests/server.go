@@ -3,7 +3,9 @@ package manifests
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -47,6 +49,10 @@ type Server struct {
 	// --cluster-ca-cert) and reviews no tokens. Upstream refuses --cluster-ca-cert together with the
 	// token flags, so those are then left out.
 	AgentClientCA string
+	// AgentAllowedNames (--cluster-allowed-names) and FrontendAllowedNames (--server-allowed-names) are the
+	// common names that the client certificates checked against AgentClientCA and ServerCACert may have: a
+	// cluster CA also signs kubelets' and users' certificates.
+	AgentAllowedNames, FrontendAllowedNames []string
 
 	// Ports; zero means the Default* constant.
 	AgentPort, AdminPort, HealthPort int
@@ -89,6 +95,17 @@ func (s Server) Validate() error {
 	case "grpc", "http-connect":
 	default:
 		return fmt.Errorf("konnectivity-server: --mode %q: must be grpc or http-connect", s.Mode)
+	}
+	if len(s.AgentAllowedNames) > 0 && s.AgentClientCA == "" {
+		return fmt.Errorf("konnectivity-server: --cluster-allowed-names needs --cluster-ca-cert")
+	}
+	if len(s.FrontendAllowedNames) > 0 && (s.UDSName != "" || s.ServerCACert == "") {
+		return fmt.Errorf("konnectivity-server: --server-allowed-names needs the TCP frontend's --server-ca-cert")
+	}
+	for _, n := range append(slices.Clone(s.AgentAllowedNames), s.FrontendAllowedNames...) {
+		if n == "" || strings.Contains(n, ",") {
+			return fmt.Errorf("konnectivity-server: allowed name %q: must be non-empty and have no comma", n)
+		}
 	}
 	files := []struct{ what, path string }{{"--cluster-cert", s.ClusterCert}, {"--cluster-key", s.ClusterKey}}
 	if s.AgentClientCA != "" {
@@ -177,8 +194,14 @@ func (s Server) Args() []string {
 		"--health-bind-address=127.0.0.1",
 		"--health-port="+strconv.Itoa(s.HealthPort),
 	)
+	if len(s.FrontendAllowedNames) > 0 {
+		args = append(args, "--server-allowed-names="+strings.Join(s.FrontendAllowedNames, ","))
+	}
 	if s.AgentClientCA != "" {
 		args = append(args, "--cluster-ca-cert="+s.AgentClientCA)
+		if len(s.AgentAllowedNames) > 0 {
+			args = append(args, "--cluster-allowed-names="+strings.Join(s.AgentAllowedNames, ","))
+		}
 		if s.Kubeconfig != "" { // for the lease controller only
 			args = append(args, "--kubeconfig="+s.Kubeconfig)
 		}

@@ -235,6 +235,9 @@ func TestServerRefusesBadInput(t *testing.T) {
 		{"port clash", func(s *Server) { s.AdminPort = 8132 }, "both 8132"},
 		{"port range", func(s *Server) { s.HealthPort = 70000 }, "--health-port"},
 		{"bad bind address", func(s *Server) { *s = tcpServer(); s.FrontendBindAddress = "not an address" }, "--server-bind-address"},
+		{"allowed agent names without a CA", func(s *Server) { s.AgentAllowedNames = []string{"konnectivity-agent"} }, "--cluster-allowed-names"},
+		{"allowed frontend names with uds", func(s *Server) { s.FrontendAllowedNames = []string{"apiserver-egress-client"} }, "--server-allowed-names"},
+		{"allowed name with a comma", func(s *Server) { *s = tcpServer(); s.FrontendAllowedNames = []string{"a,b"} }, "comma"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

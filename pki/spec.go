@@ -229,7 +229,7 @@ func Specs() []*Spec {
 			Description: "serving certificate of the Konnectivity server's kube-apiserver port (only HTTPConnect over TCP)",
 		},
 		{
-			Name: APIServerEgressClient, BaseName: "apiserver-egress-client", CA: CA, CommonName: "apiserver-egress-client",
+			Name: APIServerEgressClient, BaseName: "apiserver-egress-client", CA: CA, CommonName: konnectivity.EgressClientUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.FrontendTLS },
 			Description: "client certificate kube-apiserver presents to the Konnectivity server (only HTTPConnect over TCP)",

@@ -14,6 +14,9 @@ const (
 	AgentServiceAccount = "konnectivity-agent"
 	// AgentUser is the common name of the agents' client certificate (--agent-auth mtls).
 	AgentUser = "konnectivity-agent"
+	// EgressClientUser is the common name of kube-apiserver's client certificate towards the server's TCP
+	// frontend.
+	EgressClientUser = "apiserver-egress-client"
 	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
 	Audience = "system:konnectivity-server"
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.

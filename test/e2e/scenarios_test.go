@@ -403,6 +403,8 @@ func TestAgentMTLS(t *testing.T) {
 		// No token authentication: every flag of it emptied (pflag keeps the last value).
 		"--agent-namespace=", "--agent-service-account=", "--authentication-audience=", "--kubeconfig=",
 		"--cluster-ca-cert=" + filepath.Join(c.pki, "ca.crt"),
+		// As konnect init renders it: the cluster CA signs other client certificates too.
+		"--cluster-allowed-names=konnectivity-agent",
 	}
 	agentCert := []string{
 		"--service-account-token-path=",
@@ -413,12 +415,16 @@ func TestAgentMTLS(t *testing.T) {
 		t.Run("konnect-server+"+string(agent)+"-agent", func(t *testing.T) {
 			c.expectAPIServiceDown(t)
 			s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0", extra: certOnly})
-			// A token alone is not enough for this server.
+			// A token alone is not enough for this server, nor a certificate of the cluster CA for another name
+			// (the harness's admin, signed by the same CA).
 			tokenOnly := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2, noWait: true})
+			c.startAgent(t, agentOpts{impl: agent, role: nsW2, id: "impostor-w2", noWait: true, extra: []string{
+				"--service-account-token-path=", "--health-server-port=8095", "--admin-server-port=8096",
+				"--agent-cert=" + filepath.Join(c.dir, "harness", "admin.crt"), "--agent-key=" + filepath.Join(c.dir, "harness", "admin.key")}})
 			c.startAgent(t, agentOpts{impl: agent, role: nsW1, extra: agentCert})
 			c.checkChain(t)
 			if got, want := c.doctorAgents(t, s.adminPort), map[string][]string{"cp-0": {"agent-w1"}}; !reflect.DeepEqual(got, want) {
-				t.Fatalf("connected agents %v, want %v (the token-only agent must be refused)", got, want)
+				t.Fatalf("connected agents %v, want %v (the token-only agent and the impostor must be refused)", got, want)
 			}
 			if err := tokenOnly.p.Exited(); err != nil {
 				t.Fatalf("the refused agent should keep retrying: %v", err)

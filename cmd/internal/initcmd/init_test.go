@@ -533,6 +533,8 @@ func TestInitTCPStaticPod(t *testing.T) {
 		"--server-cert=" + filepath.Join(dir, "pki/konnectivity-frontend.crt"),
 		"--server-key=" + filepath.Join(dir, "pki/konnectivity-frontend.key"),
 		"--server-ca-cert=" + filepath.Join(dir, "pki/ca.crt"),
+		// The cluster CA also signs kubelets' and users' certificates: only kube-apiserver's is let in.
+		"--server-allowed-names=apiserver-egress-client",
 	} {
 		if !strings.Contains(args, want) {
 			t.Errorf("static pod lacks %s: %s", want, args)
@@ -639,6 +641,10 @@ func TestInitAgentMTLS(t *testing.T) {
 	}
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("agent certificate against --cluster-ca-cert: %v", err)
+	}
+	// And its common name is the one the server allows: the cluster CA signs kubelets' certificates too.
+	if allowed := server["--cluster-allowed-names"]; allowed != cert.Subject.CommonName || allowed != "konnectivity-agent" {
+		t.Errorf("--cluster-allowed-names=%q, agent certificate CN %q", allowed, cert.Subject.CommonName)
 	}
 
 	ds := decode("manifests/konnectivity-agent/konnectivity-agent.yaml").(*appsv1.DaemonSet)

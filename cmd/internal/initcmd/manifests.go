@@ -7,6 +7,7 @@ import (
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 )
@@ -77,6 +78,7 @@ func (o *Options) serverManifest() manifests.Server {
 	if o.AgentAuth == AgentAuthMTLS {
 		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
 		srv.AgentClientCA = o.pkiPath(pki.CA, false)
+		srv.AgentAllowedNames = []string{konnectivity.AgentUser}
 	}
 	if o.AgentAuth != AgentAuthMTLS || o.ServerLeases {
 		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
@@ -88,6 +90,7 @@ func (o *Options) serverManifest() manifests.Server {
 		srv.ServerCert = o.pkiPath(pki.KonnectivityFrontend, false)
 		srv.ServerKey = o.pkiPath(pki.KonnectivityFrontend, true)
 		srv.ServerCACert = o.pkiPath(pki.CA, false)
+		srv.FrontendAllowedNames = []string{konnectivity.EgressClientUser}
 	} else {
 		srv.UDSName = o.UDSName
 	}
