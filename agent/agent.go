@@ -535,10 +535,17 @@ func (a *Agent) Connected() (connected, known int) {
 func (a *Agent) OpenConnections() int { return int(a.openConns.Load()) }
 
 // ReadyChecks are the agent's readiness checks: "server-connected" (at least one server, upstream's
-// readiness) and "all-servers-connected" (every server it knows of; /readyz?exclude=all-servers-connected
-// gives upstream's behaviour).
+// readiness), "all-servers-connected" (every server it knows of; /readyz?exclude=all-servers-connected
+// gives upstream's behaviour) and "shutdown" (not draining: a draining agent refuses new dials while its
+// sessions stay up).
 func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{
+		healthz.NamedCheck("shutdown", func(*http.Request) error {
+			if a.draining.Load() {
+				return errors.New("draining: new dials are refused")
+			}
+			return nil
+		}),
 		healthz.NamedCheck("server-connected", func(*http.Request) error {
 			if n, _ := a.Connected(); n == 0 {
 				return errors.New("no servers connected")

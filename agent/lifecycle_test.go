@@ -356,6 +356,10 @@ func TestDrainingAgentRefusesDials(t *testing.T) {
 	if n := echo.Accepted.Load(); n != 1 {
 		t.Fatalf("backend saw %d connections, want 1", n)
 	}
+	// And it says so on /readyz, although its sessions are still up.
+	if err := readyErr(ra, "shutdown"); err == nil || !strings.Contains(err.Error(), "draining") {
+		t.Fatalf("readiness of a draining agent: %v", err)
+	}
 	held.Close()
 }
 
