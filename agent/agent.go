@@ -344,6 +344,9 @@ func (a *Agent) resolve(ctx context.Context) {
 	for addr, st := range a.endpoints {
 		if !keep[addr] && st.sessions == 0 && !st.busy {
 			delete(a.endpoints, addr)
+			// Server addresses change with every rollout behind a name: a series per address ever seen
+			// would grow without bound.
+			a.m.connectFailures.DeleteLabelValues(addr)
 		}
 	}
 }

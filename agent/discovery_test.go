@@ -231,6 +231,9 @@ func TestLostServerReresolves(t *testing.T) {
 	if q := dns.queries.Load(); q > 2 { // one lookup: A and AAAA for the name
 		t.Fatalf("%d DNS queries while connected; want one lookup", q)
 	}
+	// A failure counted against the old address: its series goes when the address does.
+	old := ra.Status()[0].Address
+	ra.m.connectFailures.WithLabelValues(old).Inc()
 	dns.set(netip.MustParseAddr("127.0.0.3"))
 	s2.stop()
 	harness.EventuallyTrue(t, 10*time.Second, "agent on 127.0.0.3", func() bool { return s3.backends() == 1 })
@@ -238,6 +241,9 @@ func TestLostServerReresolves(t *testing.T) {
 		st := ra.Status()
 		return len(st) == 1 && st[0].ServerID == "s3"
 	})
+	if ra.m.connectFailures.DeleteLabelValues(old) {
+		t.Errorf("konnect_agent_server_connect_failures_total{address=%q} outlived the address", old)
+	}
 }
 
 // TestStopDuringLookup: a server name whose DNS server never answers does not hold up Run once its context
