@@ -161,7 +161,8 @@ func (a *Agent) drain() {
 	quietFrom := time.NewTimer(a.cfg.GracefulTimeout - a.cfg.GracefulTimeout/4)
 	defer quietFrom.Stop()
 	var tick <-chan time.Time
-	seen := map[*conn]uint64{}
+	seen := map[*conn]quietSince{}
+	quietFor := min(time.Second, a.cfg.GracefulTimeout/10) // a tenth: still well within the last quarter
 	for a.openConns.Load() > 0 {
 		select {
 		case <-deadline.C:
@@ -173,34 +174,44 @@ func (a *Agent) drain() {
 			defer t.Stop()
 			tick = t.C
 		case <-tick:
-			a.closeQuietConns(seen)
+			a.closeQuietConns(seen, quietFor)
 		}
 	}
 }
 
-// quietTick is how long a connection must move no byte, in the last quarter of the graceful timeout, for the
-// drain to close it.
+// quietTick is how often the drain looks for quiet connections in the last quarter of the graceful timeout.
 const quietTick = 50 * time.Millisecond
 
-// closeQuietConns closes every connection that moved no byte and queued none since the previous call.
+// quietSince is a connection's activity count when it was first seen at rest.
+type quietSince struct {
+	activity uint64
+	at       time.Time
+}
+
+// closeQuietConns closes every connection that has been at rest for quietFor: no byte moved and none queued.
 //
 // A connection still open in the last quarter of the graceful timeout would be cut at the deadline, wherever
 // it is. Most such connections are kept-alive ones that kube-apiserver reuses for request after request (an
 // HTTP/2 connection to an aggregated API server or a webhook), and a cut in the middle of a request fails that
 // request. Closed between requests instead, the client sees an idle connection end and sends its next request
-// on a new one, through another agent.
-func (a *Agent) closeQuietConns(seen map[*conn]uint64) {
+// on a new one, through another agent. A backend still working on a request looks just as quiet, and which
+// side spoke last does not tell (an HTTP/2 client acknowledges a response with WINDOW_UPDATE): so the rest
+// must last quietFor, up to a second, which a request that would finish before the deadline rarely takes.
+func (a *Agent) closeQuietConns(seen map[*conn]quietSince, quietFor time.Duration) {
 	a.mu.Lock()
 	sessions := slices.Collect(maps.Values(a.sessions))
 	a.mu.Unlock()
+	now := time.Now()
 	for _, s := range sessions {
 		s.mu.Lock()
 		conns := slices.Collect(maps.Values(s.conns))
 		s.mu.Unlock()
 		for _, c := range conns {
 			n := c.activity.Load()
-			if last, ok := seen[c]; !ok || last != n || !c.quiet() {
-				seen[c] = n
+			if last, ok := seen[c]; !ok || last.activity != n || !c.quiet() {
+				seen[c] = quietSince{n, now}
+				continue
+			} else if now.Sub(last.at) < quietFor {
 				continue
 			}
 			delete(seen, c)

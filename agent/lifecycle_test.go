@@ -339,6 +339,56 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 	}
 }
 
+// TestDrainWaitsForAnAnswer: in the last quarter of the graceful timeout, a kept-alive connection whose
+// backend is still working on a request looks quiet, but is not closed before the answer comes.
+func TestDrainWaitsForAnAnswer(t *testing.T) {
+	const think = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b := make([]byte, 1)
+		for { // one byte in, one byte out after thinking about it, as long as the connection lasts
+			if _, err := c.Read(b); err != nil {
+				return
+			}
+			time.Sleep(think)
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 4 * time.Second })
+	conn, err := srv.dial(context.Background(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- ra.Stop(t) }()
+	// A request in the last quarter (from 3 s), after a rest: answered 300 ms later, well before the deadline.
+	time.Sleep(ra.cfg.GracefulTimeout - ra.cfg.GracefulTimeout/4 + 100*time.Millisecond - time.Since(start))
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	b := []byte{7}
+	if _, err := conn.Write(b); err != nil {
+		t.Fatalf("request %v after the stop: %v", time.Since(start), err)
+	}
+	if _, err := io.ReadFull(conn, b); err != nil {
+		t.Fatalf("the answer to a request sent in the last quarter of the graceful timeout was lost: %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestDrainingAgentRefusesDials(t *testing.T) {
 	echo := harness.StartEcho(t)
 	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 5 * time.Second })
