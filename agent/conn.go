@@ -27,7 +27,7 @@ const closeFlushTimeout = 5 * time.Second
 // scheduled on a loaded node (20 ms was not, 1 run in 6 under a saturated 2-core machine).
 const firstDataHold = 100 * time.Millisecond
 
-// writeBatch is the most written to a backend in one writev.
+// writeBatch is the most the queue hands the backend writer at once; it writes flow.Piece at a time.
 const writeBatch = 256 << 10
 
 // Read buffers grow with the traffic: a connection starts with 4 KiB (idle and interactive connections, the
@@ -93,7 +93,6 @@ type conn struct {
 func newConn(s *session, id int64, nc net.Conn) *conn {
 	c := &conn{s: s, id: id, nc: nc, done: make(chan struct{}), heard: make(chan struct{})}
 	c.q = flow.New(s.a.cfg.ConnectionBuffer, s.a.cfg.StallTimeout, func(b []byte) int { return len(b) })
-	// Progress is reported per batch, which is what tells a slow backend from a stalled one.
 	c.q.MaxBatch = writeBatch
 	c.q.Hooks.Stalled = c.stalled
 	c.data.ConnectID = id
@@ -140,17 +139,16 @@ func (c *conn) closeRequested() {
 	c.q.Close()
 }
 
-// writeBatch writes a batch from the queue to the backend.
+// writeBatch writes a batch from the queue to the backend, a piece at a time, so that a backend that reads
+// slowly but steadily is not taken for a stalled one.
 func (c *conn) writeBatch(batch [][]byte) error {
-	n := 0
-	for _, b := range batch {
-		n += len(b)
-	}
-	bufs := net.Buffers(batch)
-	_, err := bufs.WriteTo(c.nc) // writev: one syscall for the whole batch
-	c.activity.Add(1)
-	c.s.a.m.bytesFromServer.Add(float64(n))
-	return err
+	return flow.Pieces(batch, func(piece [][]byte) error {
+		bufs := net.Buffers(piece)
+		n, err := bufs.WriteTo(c.nc) // writev: one syscall per piece
+		c.activity.Add(1)
+		c.s.a.m.bytesFromServer.Add(float64(n))
+		return err
+	}, c.q.Progress)
 }
 
 // writerEnded runs once the queue has ended, on its writer goroutine.

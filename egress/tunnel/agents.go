@@ -30,7 +30,7 @@ func (a agentStream) SendMsg(m any) error {
 	if !ok {
 		return a.ServerStream.SendMsg(m)
 	}
-	return sendChunked(a.ServerStream.SendMsg, p, a.split)
+	return sendChunked(a.ServerStream.SendMsg, p, maxChunk, a.split)
 }
 
 // AgentStatus is what the server knows about one agent, for `konnect doctor status`.

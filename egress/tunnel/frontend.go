@@ -24,6 +24,10 @@ const (
 	// keep gRPC's default 4 MiB receive limit (upstream's agent, kube-apiserver's konnectivity client), and
 	// 1 MiB messages already amortise the per-message cost.
 	maxChunk = 1 << 20
+	// frontendChunk is the largest DATA payload sent to kube-apiserver in one message. gRPC lets a send
+	// return once the message before has mostly gone out, so a message is how finely the queue sees a slow
+	// reader's progress: 256 KiB in the stall timeout (5 s) is 51 KB/s.
+	frontendChunk = 256 << 10
 	// flushTimeout bounds how long a finished connection may take to flush what is queued for its reader.
 	flushTimeout = 5 * time.Second
 )
@@ -35,15 +39,15 @@ func packetSize(p *client.Packet) int {
 	return 64
 }
 
-// sendChunked sends p with send, split into DATA packets of at most maxChunk bytes.
-func sendChunked(send func(any) error, p *client.Packet, split prometheus.Counter) error {
+// sendChunked sends p with send, split into DATA packets of at most chunk bytes.
+func sendChunked(send func(any) error, p *client.Packet, chunk int, split prometheus.Counter) error {
 	d := p.GetData()
-	if d == nil || len(d.Data) <= maxChunk {
+	if d == nil || len(d.Data) <= chunk {
 		return send(p)
 	}
 	split.Inc()
-	for off := 0; off < len(d.Data); off += maxChunk {
-		end := min(off+maxChunk, len(d.Data))
+	for off := 0; off < len(d.Data); off += chunk {
+		end := min(off+chunk, len(d.Data))
 		if err := send(&client.Packet{
 			Type:    client.PacketType_DATA,
 			Payload: &client.Packet_Data{Data: &client.Data{ConnectID: d.ConnectID, Data: d.Data[off:end]}},
@@ -98,7 +102,13 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		closeTunnelConn(ss.Context())
 	})
 	writerDone := make(chan struct{})
-	q.Start(func(batch []*client.Packet) error { return s.sendPackets(ss.SendMsg, batch) },
+	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out.
+	send := func(m any) error {
+		err := ss.SendMsg(m)
+		q.Progress()
+		return err
+	}
+	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch) },
 		func(error) { close(writerDone) })
 	err := handler(srv, &frontendStream{ServerStream: ss, q: q})
 	if stalled.Load() {
@@ -154,11 +164,11 @@ func closeTunnelConn(ctx context.Context) {
 // bytes, and larger ones split.
 func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error {
 	for i := 0; i < len(batch); {
-		p, k := mergeData(batch[i:])
+		p, k := mergeData(batch[i:], frontendChunk)
 		if k > 1 {
 			s.metrics.mergedPackets.Add(float64(k))
 		}
-		if err := sendChunked(send, p, s.metrics.chunkedPackets); err != nil {
+		if err := sendChunked(send, p, frontendChunk, s.metrics.chunkedPackets); err != nil {
 			return err
 		}
 		i += k
@@ -211,8 +221,11 @@ func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
 	s.trackConn(qc, true)
 	s.frontends.Add(1)
 	qc.q.Start(func(batch [][]byte) error {
-		_, err := c.Write(joinBytes(batch))
-		return err
+		// A piece at a time: a reader that keeps reading, however slowly, is not taken for a stalled one.
+		return flow.Pieces(batch, func(piece [][]byte) error {
+			_, err := c.Write(joinBytes(piece))
+			return err
+		}, qc.q.Progress)
 	}, func(error) {
 		c.Close()
 		s.trackConn(qc, false)
@@ -256,7 +269,7 @@ func (c *queuedConn) forceClose() {
 // mergeData combines consecutive DATA packets of one connection, up to maxChunk bytes, into one packet.
 // Upstream's agent sends 4 KiB packets; kube-apiserver's client pays per message (a receive, a channel
 // hand-off and a copy), so a backlog goes out as fewer, larger messages.
-func mergeData(batch []*client.Packet) (*client.Packet, int) {
+func mergeData(batch []*client.Packet, chunk int) (*client.Packet, int) {
 	first := batch[0].GetData()
 	if first == nil || len(batch) == 1 {
 		return batch[0], 1
@@ -264,7 +277,7 @@ func mergeData(batch []*client.Packet) (*client.Packet, int) {
 	total, k := len(first.Data), 1
 	for ; k < len(batch); k++ {
 		d := batch[k].GetData()
-		if d == nil || d.ConnectID != first.ConnectID || total+len(d.Data) > maxChunk {
+		if d == nil || d.ConnectID != first.ConnectID || total+len(d.Data) > chunk {
 			break
 		}
 		total += len(d.Data)
@@ -282,7 +295,7 @@ func mergeData(batch []*client.Packet) (*client.Packet, int) {
 	}, k
 }
 
-// joinBytes makes a batch of queued writes (at most maxChunk bytes, or one larger write) one write.
+// joinBytes makes a piece of queued writes (at most flow.Piece bytes) one write.
 func joinBytes(batch [][]byte) []byte {
 	if len(batch) == 1 {
 		return batch[0]

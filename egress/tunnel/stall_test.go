@@ -119,6 +119,45 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 	download(t, f, web, 1<<20)
 }
 
+// TestSlowReaderIsNotCutOff: a reader that keeps taking 320 KB/s is slow, not stalled, although one of the
+// queue's batches (up to 1 MiB) takes it three stall timeouts to read.
+func TestSlowReaderIsNotCutOff(t *testing.T) {
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(mode)
+			cfg.ConnectionBuffer = 2 << 20
+			cfg.StallTimeout = time.Second
+			s := start(t, cfg)
+			startUpstreamAgent(t, e, "agent-1", s.agentPort())
+			s.waitAgents(t, 1)
+			web := startHTTPBackend(t)
+			before := counterValue(s.metrics.stalledClosed)
+
+			c := dial(t, s.frontend(mode), web)
+			defer c.Close()
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/bytes?n=%d", web, 64<<20), nil)
+			if err := req.Write(c); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 32<<10)
+			read := 0
+			for began := time.Now(); time.Since(began) < 4*cfg.StallTimeout; {
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				n, err := io.ReadFull(c, buf)
+				read += n
+				if err != nil {
+					t.Fatalf("after %d bytes in %v: %v", read, time.Since(began), err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if n := counterValue(s.metrics.stalledClosed); n != before {
+				t.Fatalf("a slow reader was cut off as stalled (%v)", n-before)
+			}
+		})
+	}
+}
+
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
 	if err := c.Write(&m); err != nil {

@@ -165,6 +165,44 @@ func (q *Queue[T]) Close() {
 	signal(q.space)
 }
 
+// Progress tells waiting pushes that the writer moved data within a batch, which restarts their stall
+// clock. A batch may be large: a megabyte takes ten seconds to a reader that keeps taking 100 KB/s, and such
+// a reader is slow, not stalled. Only a writer that moves nothing for the stall timeout is stalled.
+func (q *Queue[T]) Progress() { signal(q.space) }
+
+// Piece is the most a writer hands to its peer between two calls of Progress: a reader that takes less than
+// Piece bytes per stall timeout is taken for a stalled one.
+const Piece = 64 << 10
+
+// Pieces calls write with bufs in order, in groups of at most Piece bytes (a larger buffer is cut), and
+// progress after each group that write took.
+func Pieces(bufs [][]byte, write func([][]byte) error, progress func()) error {
+	var group [][]byte
+	n := 0
+	for _, b := range bufs {
+		for len(b) > 0 {
+			k := min(len(b), Piece-n)
+			group, n, b = append(group, b[:k]), n+k, b[k:]
+			if n < Piece {
+				continue
+			}
+			if err := write(group); err != nil {
+				return err
+			}
+			progress()
+			group, n = group[:0], 0
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := write(group); err != nil {
+		return err
+	}
+	progress()
+	return nil
+}
+
 // Len is how many bytes wait for the writer.
 func (q *Queue[T]) Len() int {
 	q.mu.Lock()

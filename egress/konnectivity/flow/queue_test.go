@@ -109,6 +109,31 @@ func TestSlowWriterIsNotStalled(t *testing.T) {
 	q.Fail(ErrClosed)
 }
 
+// TestSlowPiecesAreProgress: one batch that takes longer than the stall timeout, written in pieces at a
+// steady pace, is progress: pushes wait for it instead of failing the queue.
+func TestSlowPiecesAreProgress(t *testing.T) {
+	q := New(1<<20, 200*time.Millisecond, size)
+	q.Start(func(batch [][]byte) error {
+		return Pieces(batch, func(piece [][]byte) error {
+			time.Sleep(50 * time.Millisecond) // 16 pieces of a 1 MiB batch: 800 ms, four stall timeouts
+			for _, b := range piece {
+				if len(b) > Piece {
+					t.Errorf("a piece holds %d bytes, more than Piece", len(b))
+				}
+			}
+			return nil
+		}, q.Progress)
+	}, nil)
+	if err := q.Push(context.Background(), make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	// The queue is full until the whole batch is written.
+	if err := q.Push(context.Background(), make([]byte, 1<<20)); err != nil {
+		t.Fatalf("a push behind a slow but steady writer: %v", err)
+	}
+	q.Fail(ErrClosed)
+}
+
 // TestPushEndsWithContextAndFail: a waiting push returns when its context ends, or when the queue fails.
 func TestPushEndsWithContextAndFail(t *testing.T) {
 	q := New(1, time.Minute, size)
