@@ -77,6 +77,9 @@ type endpoint struct {
 	identity []string // from the config file (IdentityFile), already expanded
 	// hostKeyAlias (ssh_config HostKeyAlias) replaces the address in known_hosts lookups and records.
 	hostKeyAlias string
+	// hashKnownHosts (ssh_config HashKnownHosts, yes in Debian's /etc/ssh/ssh_config) records a new host
+	// under a hashed name, so that known_hosts does not list where one connects.
+	hashKnownHosts bool
 }
 
 func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
@@ -300,6 +303,7 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 		e.identity = append(e.identity, expandPath(id, e))
 	}
 	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
+	e.hashKnownHosts = strings.EqualFold(sc.get(alias, "HashKnownHosts"), "yes")
 	return e, nil
 }
 

@@ -405,7 +405,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 	}
 	cc := &ssh.ClientConfig{
 		User:              hop.user,
-		HostKeyCallback:   d.known.callback(hop.knownHostsAddr()),
+		HostKeyCallback:   d.known.callback(hop.knownHostsAddr(), hop.hashKnownHosts),
 		HostKeyAlgorithms: algos,
 		ClientVersion:     "SSH-2.0-konnect",
 	}

@@ -190,8 +190,9 @@ func probeKey() (ssh.PublicKey, error) {
 	return probe, probeErr
 }
 
-// callback returns the HostKeyCallback for one hop, dialled as addr ("host:port").
-func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
+// callback returns the HostKeyCallback for one hop, dialled as addr ("host:port"); with hash, a host key that
+// --accept-new records is recorded under a hashed name.
+func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 	return func(hostname string, remote net.Addr, key ssh.PublicKey) error {
 		k.mu.Lock()
 		defer k.mu.Unlock()
@@ -240,7 +241,11 @@ func (k *knownHosts) callback(addr string) ssh.HostKeyCallback {
 			if !k.acceptNew {
 				return hke
 			}
-			if err := k.appendLine(hke.Line); err != nil {
+			line := hke.Line
+			if hash {
+				line = knownhosts.Line([]string{knownhosts.HashHostname(hke.Host)}, key)
+			}
+			if err := k.appendLine(line); err != nil {
 				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.file, err)
 			}
 			klog.InfoS("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,

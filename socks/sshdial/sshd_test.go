@@ -241,6 +241,26 @@ func TestHostKeys(t *testing.T) {
 		get(t, d2, be, "/")
 	})
 
+	t.Run("accept-new with HashKnownHosts records a hashed name", func(t *testing.T) {
+		cfg := f.config()
+		cfg.AcceptNew = true
+		cfg.ConfigFile = filepath.Join(t.TempDir(), "config")
+		os.WriteFile(cfg.ConfigFile, []byte("Host *\n  HashKnownHosts yes\n"), 0o600)
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		b, _ := os.ReadFile(cfg.KnownHostsFile)
+		if strings.Contains(string(b), "127.0.0.1") || !strings.HasPrefix(string(b), "|1|") || !strings.HasSuffix(string(b), " "+f.sshd.HostKeyLine+"\n") {
+			t.Fatalf("known_hosts = %q, want one hashed line", b)
+		}
+		// OpenSSH trusts it.
+		sshConfig := filepath.Join(t.TempDir(), "ssh_config")
+		os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host target\n  HostName 127.0.0.1\n  Port %d\n  User %s\n  IdentityFile %s\n  IdentitiesOnly yes\n", f.sshd.Port, localUser(), f.key)), 0o600)
+		if ok, out := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target"); !ok {
+			t.Fatalf("OpenSSH does not trust the hashed line: %s", out)
+		}
+	})
+
 	t.Run("hashed entry", func(t *testing.T) {
 		cfg := f.config()
 		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
