@@ -20,9 +20,9 @@ import (
 )
 
 const (
-	// maxChunk is the largest DATA payload sent in one gRPC message, to agents and to the frontend. Peers
-	// keep gRPC's default 4 MiB receive limit (upstream's agent, kube-apiserver's konnectivity client), and
-	// 1 MiB messages already amortise the per-message cost.
+	// maxChunk is the largest DATA payload sent in one gRPC message to agents, and the most one frontend
+	// batch holds. Peers keep gRPC's default 4 MiB receive limit (upstream's agent, kube-apiserver's
+	// konnectivity client), and 1 MiB messages already amortise the per-message cost.
 	maxChunk = 1 << 20
 	// frontendChunk is the largest DATA payload sent to kube-apiserver in one message. gRPC lets a send
 	// return once the message before has mostly gone out, so a message is how finely the queue sees a slow
@@ -62,7 +62,7 @@ func sendChunked(send func(any) error, p *client.Packet, chunk int, split promet
 // metrics. stalled closes the connection when its reader stalled.
 func newFrontendQueue[T any](s *Server, size func(T) int, stalled func()) *flow.Queue[T] {
 	q := flow.New(s.cfg.ConnectionBuffer, s.cfg.StallTimeout, size)
-	// One batch is at most one message to the frontend.
+	// One batch is at most 1 MiB, sent as messages of up to frontendChunk (or written flow.Piece at a time).
 	q.MaxBatch = maxChunk
 	q.Hooks = flow.Hooks{
 		Queued: func(d int) { s.metrics.queuedBytes.Add(float64(d)) },
