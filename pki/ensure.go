@@ -268,7 +268,17 @@ func (e *engine) planCA(s *Spec) {
 		}
 		a.key = key
 		e.authorities[s.Name] = a
+		r.Reason = openKeyNote(keyFile)
 	}
+}
+
+// openKeyNote says so when a kept key can be read by others than its owner: konnect writes keys 0600, and
+// changes no existing file to fix another's, but the user should know.
+func openKeyNote(keyFile string) string {
+	if fi, err := os.Stat(keyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Sprintf("WARNING: the key is mode %04o, readable by others: chmod 600 %s", fi.Mode().Perm(), keyFile)
+	}
+	return ""
 }
 
 // checkDistinctCAs refuses CAs that share a key, in the plan or on disk. The same CA in
@@ -356,6 +366,7 @@ func (e *engine) planLeaf(s *Spec) {
 	if len(problems) == 0 {
 		r.Action = Kept
 		r.NotAfter = cert.NotAfter
+		r.Reason = openKeyNote(keyFile)
 		return
 	}
 	detail := strings.Join(problems, "; ")

@@ -710,6 +710,27 @@ func TestLeafNeverOutlivesCA(t *testing.T) {
 	}
 }
 
+// TestOpenKeyIsReported: a key that others can read is kept, as every existing file is, but the result says
+// so and how to fix it.
+func TestOpenKeyIsReported(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	for _, name := range []string{CA, KonnectivityServer} {
+		if err := os.Chmod(specByName(t, name).KeyFile(cfg.PKIDir()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range mustEnsure(t, cfg) {
+		open := r.Name == CA || r.Name == KonnectivityServer
+		if r.Action != Kept || open != strings.Contains(r.Reason, "chmod 600 "+r.KeyFile) {
+			t.Errorf("%s: %s %q", r.Name, r.Action, r.Reason)
+		}
+	}
+	if fi, _ := os.Stat(specByName(t, CA).KeyFile(cfg.PKIDir())); fi.Mode().Perm() != 0o644 {
+		t.Errorf("an existing key's mode was changed to %v", fi.Mode().Perm())
+	}
+}
+
 // TestCAKeyWithoutCertificateKeepsItsSubject: a lost ca.crt of someone else's CA (kubeadm's "kubernetes") is
 // re-created with the subject its leaves name as their issuer, so that they still verify.
 func TestCAKeyWithoutCertificateKeepsItsSubject(t *testing.T) {
