@@ -507,12 +507,8 @@ func describe(s *Spec, an AltNames) string {
 // removeStaleTemps deletes temporary files that a killed run left behind; they may hold key material.
 func (e *engine) removeStaleTemps() {
 	for _, s := range e.specs {
-		for _, f := range []string{s.CertFile(e.dir), s.KeyFile(e.dir)} {
-			stale, _ := filepath.Glob(filepath.Join(e.dir, "."+filepath.Base(f)+".tmp-*"))
-			for _, p := range stale {
-				_ = os.Remove(p)
-			}
-		}
+		RemoveStaleTemps(s.CertFile(e.dir))
+		RemoveStaleTemps(s.KeyFile(e.dir))
 	}
 }
 

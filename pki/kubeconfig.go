@@ -95,6 +95,7 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 		res.DryRun = res.Action != Kept
 		return res, nil
 	}
+	RemoveStaleTemps(path)
 	if res.Action != Kept {
 		// The kubeconfig carries a private key.
 		if _, err := WriteFile(path, data, KeyMode, 0o755); err != nil {

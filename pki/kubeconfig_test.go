@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,17 @@ func TestKubeconfig(t *testing.T) {
 		t.Errorf("context %q", kc.CurrentContext)
 	}
 
+	// A killed write's temporary file holds the key too: the next run removes it.
+	stale := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-1234")
+	if err := os.WriteFile(stale, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureKubeconfig(cfg, url); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the stale temporary file %s is still there: %v", stale, err)
+	}
 	before := snapshot(t, cfg.Dir)
 	if r, err := EnsureKubeconfig(cfg, url); err != nil || r.Action != Kept {
 		t.Fatalf("second run %+v %v", r, err)

@@ -17,6 +17,18 @@ const (
 	DirMode  fs.FileMode = 0o700
 )
 
+// tempPattern names WriteFile's temporary files for path.
+func tempPattern(path string) string { return "." + filepath.Base(path) + ".tmp-*" }
+
+// RemoveStaleTemps deletes the temporary files that a WriteFile of path, killed before its rename, left
+// beside it; for a key or a kubeconfig they hold key material.
+func RemoveStaleTemps(path string) {
+	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
+	for _, p := range stale {
+		_ = os.Remove(p)
+	}
+}
+
 // WriteFile writes data to path atomically: a temporary file in the same directory is written, synced,
 // renamed over path, and the directory is synced, so that a crash leaves either the old file or the new
 // one. A file that already holds exactly data (with mode perm) is not touched; changed reports whether
@@ -31,7 +43,7 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 	if err := os.MkdirAll(dir, dirPerm); err != nil {
 		return false, fmt.Errorf("create directory for %s: %w", path, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, tempPattern(path))
 	if err != nil {
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
