@@ -76,9 +76,40 @@ func (k *knownHosts) load() (*hostDB, error) {
 	}
 	cb, err := knownhosts.New(k.file)
 	if err != nil {
-		return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
+		// knownhosts refuses the whole file for one line it cannot parse (a key type it does not know, such
+		// as XMSS); OpenSSH skips such a line, and so does this.
+		if cb, err = k.loadParsable(data); err != nil {
+			return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
+		}
 	}
 	return &hostDB{plain: cb, authorities: parseAuthorities(data)}, nil
+}
+
+// loadParsable loads the file with every line that does not parse blanked, so that line numbers still hold.
+func (k *knownHosts) loadParsable(data []byte) (ssh.HostKeyCallback, error) {
+	lines := bytes.Split(data, []byte("\n"))
+	for i, line := range lines {
+		if t := bytes.TrimSpace(line); len(t) == 0 || t[0] == '#' {
+			continue
+		}
+		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err != nil {
+			klog.V(1).InfoS("Skipping a known_hosts line that cannot be parsed", "file", k.file, "line", i+1, "err", err)
+			lines[i] = nil
+		}
+	}
+	f, err := os.CreateTemp("", "konnect-known_hosts-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(bytes.Join(lines, []byte("\n")))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return knownhosts.New(f.Name())
 }
 
 // recorded returns the host keys the file records for addr, without the CA lines that knownhosts lists
@@ -234,7 +265,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 		case len(recorded) > 0:
 			hke.Changed = true
 			for _, w := range recorded {
-				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", w.Filename, w.Line))
+				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", k.file, w.Line))
 			}
 			return hke
 		case errors.As(err, &ke):

@@ -2,6 +2,7 @@ package sshdial
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -259,6 +260,22 @@ func TestHostKeys(t *testing.T) {
 		if ok, out := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target"); !ok {
 			t.Fatalf("OpenSSH does not trust the hashed line: %s", out)
 		}
+	})
+
+	t.Run("a line of an unknown key type is skipped", func(t *testing.T) {
+		cfg := f.config()
+		cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
+		blob := ssh.Marshal(struct{ Name, Params string }{"ssh-xmss@openssh.com", "XMSS_SHA2-256_W16_H10"})
+		xmss := "other.example ssh-xmss@openssh.com " + base64.StdEncoding.EncodeToString(blob)
+		os.WriteFile(cfg.KnownHostsFile, []byte(xmss+"\n"+knownhosts.Normalize(addr)+" "+f.sshd.HostKeyLine+"\n"), 0o600)
+		sshConfig := filepath.Join(t.TempDir(), "ssh_config")
+		os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host target\n  HostName 127.0.0.1\n  Port %d\n  User %s\n  IdentityFile %s\n  IdentitiesOnly yes\n", f.sshd.Port, localUser(), f.key)), 0o600)
+		if ok, out := opensshAccepts(t, sshConfig, cfg.KnownHostsFile, "target"); !ok {
+			t.Fatalf("OpenSSH refuses the file: %s", out)
+		}
+		d, done := start(t, cfg)
+		waitReady(t, d, done)
+		get(t, d, be, "/")
 	})
 
 	t.Run("hashed entry", func(t *testing.T) {
