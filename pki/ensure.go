@@ -168,12 +168,13 @@ func (e *engine) run(sel map[string]bool) ([]Result, error) {
 		}
 		return e.flatten(), nil
 	}
+	// Also when nothing is to be written: a killed run's temporary files may hold keys.
+	e.removeStaleTemps()
 	if len(e.steps) > 0 {
 		// Only the pki directory itself is private; its parent is shared with other readers.
 		if err := os.MkdirAll(filepath.Dir(e.dir), 0o755); err != nil {
 			return nil, fmt.Errorf("pki: create %s: %w", filepath.Dir(e.dir), err)
 		}
-		e.removeStaleTemps()
 	}
 	for _, st := range e.steps {
 		if err := e.apply(st); err != nil {

@@ -351,6 +351,8 @@ func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path})
 		return nil
 	}
+	// A killed run's temporary file may hold a key (the agent's Secret): gone before the new write.
+	pki.RemoveStaleTemps(path)
 	changed, err := pki.WriteFile(path, data, mode, 0o755)
 	if err != nil {
 		return err

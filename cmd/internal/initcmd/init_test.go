@@ -288,6 +288,27 @@ func TestInitTCPAndMTLS(t *testing.T) {
 	}
 }
 
+// TestInitRemovesStaleTemps: the temporary files of a killed run (they may hold a key) are gone after the
+// next run, wherever konnect init writes.
+func TestInitRemovesStaleTemps(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir)...)
+	var stale []string
+	for _, f := range []string{FlagsFile, "manifests/konnectivity-server.yaml", "manifests/konnectivity-agent/konnectivity-agent.yaml", "pki/ca.key"} {
+		p := filepath.Join(dir, filepath.Dir(f), "."+filepath.Base(f)+".tmp-12345")
+		if err := os.WriteFile(p, []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		stale = append(stale, p)
+	}
+	mustRun(t, initArgs(dir)...)
+	for _, p := range stale {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there: %v", p, err)
+		}
+	}
+}
+
 func TestInitBadFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
