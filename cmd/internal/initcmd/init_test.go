@@ -366,6 +366,10 @@ func TestInitDryRun(t *testing.T) {
 			t.Errorf("dry run does not list %s:\n%s", f, out)
 		}
 	}
+	// The agents' files need the CA: the dry run says so rather than list a set the real run would not write.
+	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "manifests/konnectivity-agent")+"/ (rendered once the certs phase has written ca.crt)") {
+		t.Errorf("dry run does not say the agent manifests wait for ca.crt:\n%s", out)
+	}
 	mustRun(t, initArgs(dir)...)
 	before := sums(t, dir)
 	out = mustRun(t, initArgs(dir, "--dry-run", "--control-plane-address", "198.18.0.2", "--force")...)

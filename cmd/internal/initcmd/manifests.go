@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/egress"
@@ -38,16 +39,23 @@ func (r *runner) manifests([]string) error {
 	}
 	agent := manifests.Agent{Image: o.Image, ProxyServerHost: o.ControlPlaneAddresses[0], CACert: caPEM,
 		ServerLeases: o.ServerLeases, APIServerURL: o.APIServerURL}
-	// A dry run on a fresh directory cannot render the Secret: the key it would hold does not exist yet.
-	pending := false
+	// A dry run on a fresh directory cannot render the agents' files: the CA ConfigMap needs ca.crt, and the
+	// Secret (--agent-auth mtls) a key, which do not exist yet.
+	waitingFor := ""
+	if caPEM == nil {
+		waitingFor = filepath.Base(o.pkiPath(pki.CA, false))
+	}
 	if mtls {
 		var missing bool
 		agent.ClientCert, agent.ClientKey, missing, err = readPair(o.pkiPath(pki.KonnectivityAgent, false), o.pkiPath(pki.KonnectivityAgent, true))
-		pending = err != nil && o.DryRun && missing
-		if err != nil && !pending {
+		if err != nil && !(o.DryRun && missing) {
 			return fmt.Errorf("--agent-auth %s: %w (the certs phase creates it)", AgentAuthMTLS, err)
 		}
+		if err != nil {
+			waitingFor = strings.TrimPrefix(waitingFor+" and "+filepath.Base(o.pkiPath(pki.KonnectivityAgent, false))+" with its key", " and ")
+		}
 	}
+	pending := waitingFor != ""
 	var files []manifests.File
 	if !pending {
 		if files, err = agent.Render(); err != nil {
@@ -61,7 +69,7 @@ func (r *runner) manifests([]string) error {
 	}
 	if pending {
 		r.outcomes = append(r.outcomes, outcome{action: pki.Created, dryRun: true, file: agentDir + string(filepath.Separator),
-			note: "rendered once " + filepath.Base(o.pkiPath(pki.KonnectivityAgent, false)) + " and its key exist"})
+			note: "rendered once the certs phase has written " + waitingFor})
 		return nil
 	}
 	return r.writeFiles(agentDir, files)
