@@ -184,7 +184,7 @@ selector does (a single-use konnectivity-client gRPC tunnel, or HTTP CONNECT), t
 the precise failure: no agent connected, dial timeout, refused connection, no route, or a server that is
 not there. With --request, it sends one HTTP/1.1 request through the tunnel and prints the status line.`,
 		Example: `  konnect doctor dial 10.96.0.1:443 --uds-name /etc/kubernetes/konnectivity-server/konnectivity-server.socket
-  konnect doctor dial 127.0.0.1:8080 --uds-name _demo/konnectivity-server.socket --mode http-connect --request 'GET /'`,
+  konnect doctor dial 127.0.0.1:8080 --uds-name _demo/konnectivity-server/konnectivity-server.socket --request 'GET /'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			addr := args[0]

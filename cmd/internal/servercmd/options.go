@@ -70,6 +70,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"and without a goroutine per pending dial. A DIAL_REQ send blocked behind an agent that stops reading is not cut, " +
 			"but keeps its --max-pending-dials slot until it returns."
 	}
+	if f := fs.Lookup("health-bind-address"); f != nil {
+		f.Usage = "The IP address on which to listen for the --health-port. konnect: empty means 127.0.0.1, where upstream binds every interface; give an address (or 0.0.0.0) to probe it from elsewhere."
+	}
 	fs.IntVar(&o.MaxPendingDials, "max-pending-dials", o.MaxPendingDials,
 		"konnect: how many dials may wait for an agent's answer at once; further dials are refused with an error naming this flag. 0 means no bound (upstream's behaviour).")
 	fs.StringSliceVar(&o.ClusterAllowedNames, "cluster-allowed-names", o.ClusterAllowedNames,
