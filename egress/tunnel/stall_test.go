@@ -78,15 +78,21 @@ func TestSlowReaderDoesNotStallOthers(t *testing.T) {
 
 // TestStalledReaderIsCutOff: a reader that never reads, with more data coming than its buffer holds, is
 // closed after the stall timeout, and the other connections on the agent carry on.
-func TestStalledReaderIsCutOff(t *testing.T) {
+// stallServer runs a server in mode with an upstream agent, a per-connection buffer and a stall timeout,
+// and a backend.
+func stallServer(t *testing.T, mode string, buffer int, stall time.Duration) (*running, string) {
+	t.Helper()
 	e := newEnv(t)
-	cfg := e.config("grpc")
-	cfg.ConnectionBuffer = 1 << 20
-	cfg.StallTimeout = time.Second
+	cfg := e.config(mode)
+	cfg.ConnectionBuffer, cfg.StallTimeout = buffer, stall
 	s := start(t, cfg)
 	startUpstreamAgent(t, e, "agent-1", s.agentPort())
 	s.waitAgents(t, 1)
-	web := startHTTPBackend(t)
+	return s, startHTTPBackend(t)
+}
+
+func TestStalledReaderIsCutOff(t *testing.T) {
+	s, web := stallServer(t, "grpc", 1<<20, time.Second)
 	f := s.frontend("grpc")
 	before := counterValue(s.metrics.stalledClosed)
 
@@ -119,19 +125,13 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 	download(t, f, web, 1<<20)
 }
 
-// TestSlowReaderIsNotCutOff: a reader that keeps taking 320 KB/s is slow, not stalled, although one of the
-// queue's batches (up to 1 MiB) takes it three stall timeouts to read.
+// TestSlowReaderIsNotCutOff: a reader that keeps taking 640 KB/s is slow, not stalled, although one of the
+// queue's batches (up to 1 MiB) takes it more than the stall timeout to read.
 func TestSlowReaderIsNotCutOff(t *testing.T) {
 	for _, mode := range []string{"grpc", "http-connect"} {
 		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t)
-			cfg := e.config(mode)
-			cfg.ConnectionBuffer = 2 << 20
-			cfg.StallTimeout = time.Second
-			s := start(t, cfg)
-			startUpstreamAgent(t, e, "agent-1", s.agentPort())
-			s.waitAgents(t, 1)
-			web := startHTTPBackend(t)
+			const stall = time.Second
+			s, web := stallServer(t, mode, 2<<20, stall)
 			before := counterValue(s.metrics.stalledClosed)
 
 			c := dial(t, s.frontend(mode), web)
@@ -140,9 +140,9 @@ func TestSlowReaderIsNotCutOff(t *testing.T) {
 			if err := req.Write(c); err != nil {
 				t.Fatal(err)
 			}
-			buf := make([]byte, 32<<10)
+			buf := make([]byte, 64<<10)
 			read := 0
-			for began := time.Now(); time.Since(began) < 4*cfg.StallTimeout; {
+			for began := time.Now(); time.Since(began) < 4*stall; {
 				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				n, err := io.ReadFull(c, buf)
 				read += n

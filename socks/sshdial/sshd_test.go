@@ -394,10 +394,7 @@ func TestJumpHostDefaultIdentity(t *testing.T) {
 	_, defaultPub := harness.SSHKeyPair(t, filepath.Join(home, ".ssh"), "id_ed25519", "")
 	dir := t.TempDir()
 	key, pub := harness.SSHKeyPair(t, dir, "id_target", "")
-	jump := harness.StartSSHD(t, defaultPub)
-	target := harness.StartSSHD(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	jump, target, kh := startJumpPair(t, dir, defaultPub, pub)
 	sshConfig := filepath.Join(dir, "config")
 	os.WriteFile(sshConfig, []byte(fmt.Sprintf("Host bastion\n  HostName 127.0.0.1\n  Port %d\n\nHost inner\n  HostName 127.0.0.1\n  Port %d\n  ProxyJump bastion\n  IdentityFile %s\n",
 		jump.Port, target.Port, key)), 0o600)
@@ -406,13 +403,20 @@ func TestJumpHostDefaultIdentity(t *testing.T) {
 	get(t, d, backend(t), "/")
 }
 
+// startJumpPair starts a jump host that trusts jumpPub and a target that trusts targetPub, and writes
+// dir/known_hosts with both.
+func startJumpPair(t *testing.T, dir, jumpPub, targetPub string) (jump, target *harness.SSHD, knownHosts string) {
+	t.Helper()
+	jump, target = harness.StartSSHD(t, jumpPub), harness.StartSSHD(t, targetPub)
+	knownHosts = filepath.Join(dir, "known_hosts")
+	os.WriteFile(knownHosts, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	return jump, target, knownHosts
+}
+
 func TestJumpFromSSHConfig(t *testing.T) {
 	dir := t.TempDir()
 	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
-	jump := harness.StartSSHD(t, pub)
-	target := harness.StartSSHD(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
+	jump, target, kh := startJumpPair(t, dir, pub, pub)
 	sshConfig := filepath.Join(dir, "config")
 	os.WriteFile(sshConfig, []byte(fmt.Sprintf(`Host bastion
   HostName 127.0.0.1
