@@ -51,15 +51,16 @@ func run(ctx context.Context, o *Options) error {
 // Agent is a `konnect agent` ready to run: the tunnel agent, its bound health and admin endpoints and, with
 // --count-server-leases, the lease watch.
 type Agent struct {
-	cfg        *Config
-	agent      *agent.Agent
-	endpoints  daemon.Endpoints
-	stopLeases context.CancelFunc
+	cfg          *Config
+	agent        *agent.Agent
+	endpoints    daemon.Endpoints
+	stopLeases   context.CancelFunc
+	leasesSynced func(context.Context) error // nil without --count-server-leases
 }
 
 // New binds the health and admin endpoints, starts the lease watch and builds the agent, so that a port in
-// use, an unreadable certificate or leases that do not sync fail the start. Nothing stays bound or running
-// when New fails.
+// use or an unreadable certificate fails the start. Nothing stays bound or running when New fails. It does
+// not wait: Run waits for the leases, where a signal can end the wait.
 func New(cfg *Config) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, stopLeases: func() {}}
 	defer func() {
@@ -85,7 +86,7 @@ func New(cfg *Config) (_ *Agent, err error) {
 		// The lease watch must outlive the agent's drain: Run stops it when it returns.
 		var leaseCtx context.Context
 		leaseCtx, a.stopLeases = context.WithCancel(context.Background())
-		if ac.ServerCount, err = agent.StartLeaseCounter(leaseCtx, l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
+		if ac.ServerCount, a.leasesSynced, err = agent.StartLeaseCounter(leaseCtx, l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
 			return nil, fmt.Errorf("--count-server-leases: %w", err)
 		}
 	}
@@ -108,6 +109,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.stopLeases()
 	g := daemon.Group{StopTimeout: a.cfg.Agent.GracefulTimeout + daemon.ShutdownGrace}
 	a.endpoints.AddTo(&g)
-	g.Add("", a.agent.Run)
+	g.Add("", func(ctx context.Context) error {
+		if a.leasesSynced != nil {
+			// The count means nothing before the watch has synced. Leases that do not sync fail the start;
+			// a signal during the wait is a clean stop.
+			if err := a.leasesSynced(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("--count-server-leases: %w", err)
+			}
+		}
+		return a.agent.Run(ctx)
+	})
 	return g.Run(ctx)
 }

@@ -183,3 +183,53 @@ func TestAgentCommandSIGTERM(t *testing.T) {
 		t.Fatal("agent did not stop on SIGTERM")
 	}
 }
+
+// TestAgentCommandSIGTERMWhileWaitingForLeases: a SIGTERM while the agent waits for its lease watch to sync
+// (here, against an API server that accepts connections and never answers) stops it at once and cleanly.
+func TestAgentCommandSIGTERMWhileWaitingForLeases(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://"+silent.Addr().String()+
+		"\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\ncurrent-context: c\n"), 0o600)
+	addr, caFile, _, _ := testServer(t)
+	host, port, _ := net.SplitHostPort(addr)
+	health := freePort(t)
+	cmd := NewAgentCommand()
+	cmd.SetArgs([]string{"--ca-cert=" + caFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
+		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + freePort(t),
+		"--count-server-leases", "--kubeconfig=" + kubeconfig})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	// The health port answers once Run serves it; the agent is then waiting for the leases.
+	for code, _ := get("http://127.0.0.1:" + health + "/livez"); code != 200; code, _ = get("http://127.0.0.1:" + health + "/livez") {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent's health port never answered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the agent did not stop on SIGTERM while waiting for its leases")
+	}
+}
