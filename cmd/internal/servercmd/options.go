@@ -29,8 +29,10 @@ type Options struct {
 	Upstream *upstream.ProxyRunOptions
 
 	// GracefulTimeout bounds how long Run waits for open tunnels to finish after its context ends, unless
-	// --graceful-shutdown-timeout (upstream's, default 0) is set.
+	// --graceful-shutdown-timeout (upstream's, default 0) is given, even as 0.
 	GracefulTimeout time.Duration
+	// shutdownTimeoutGiven reports whether --graceful-shutdown-timeout was on the command line.
+	shutdownTimeoutGiven func() bool
 	// AllowRemoteAdmin permits a non-loopback --admin-bind-address (pprof and agent status live there).
 	AllowRemoteAdmin bool
 	// ConnectionBuffer, StallTimeout and MaxFrontendMessage: see tunnel.Config.
@@ -64,6 +66,13 @@ func NewOptions() *Options {
 // AddFlags registers upstream's flags and konnect's on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.AddFlagSet(o.Upstream.Flags())
+	if f := fs.Lookup("graceful-shutdown-timeout"); f != nil {
+		o.shutdownTimeoutGiven = func() bool { return f.Changed }
+		f.Usage = "Timeout duration for graceful shutdown of the server; 0 closes open tunnels at once. konnect: when not given, --graceful-timeout applies."
+	}
+	if f := fs.Lookup("admin-bind-address"); f != nil {
+		f.Usage = "The IP address on which to bind the --admin-port (pprof and agent status). konnect: it must be loopback unless --allow-remote-admin is given."
+	}
 	if f := fs.Lookup("backend-dial-timeout"); f != nil {
 		f.Usage = "How long a dial may wait for the agent's answer (DIAL_RSP) before it fails; 0 disables the timeout. " +
 			"konnect: on by default (30s, kube-apiserver's own dial timeout) where upstream proxy-server's default is 0 (off), " +
@@ -80,7 +89,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.ServerAllowedNames, "server-allowed-names", o.ServerAllowedNames,
 		"konnect: with --server-ca-cert, the common names kube-apiserver's client certificate may have; empty accepts any certificate that CA signed (upstream's behaviour).")
 	fs.DurationVar(&o.GracefulTimeout, "graceful-timeout", o.GracefulTimeout,
-		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when set, wins.")
+		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when given, wins.")
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
 		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
 	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
@@ -313,8 +322,8 @@ func (o *Options) Config() (*Config, error) {
 		ciphers = append(ciphers, accepted[c])
 	}
 	graceful := o.GracefulTimeout
-	if u.GracefulShutdownTimeout > 0 {
-		graceful = u.GracefulShutdownTimeout
+	if u.GracefulShutdownTimeout > 0 || (o.shutdownTimeoutGiven != nil && o.shutdownTimeoutGiven()) {
+		graceful = u.GracefulShutdownTimeout // upstream's flag, also as an explicit 0 (no graceful shutdown)
 	}
 	healthHost := u.HealthBindAddress
 	if healthHost == "" {

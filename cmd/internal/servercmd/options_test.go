@@ -134,6 +134,16 @@ func TestConfigGracefulTimeout(t *testing.T) {
 	if cfg, _ = o.Config(); cfg.Tunnel.GracefulTimeout != 3e9 {
 		t.Fatalf("--graceful-shutdown-timeout not honoured: %v", cfg.Tunnel.GracefulTimeout)
 	}
+	// An explicit 0 is upstream's "no graceful shutdown", not "unset".
+	o = NewOptions()
+	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file, "--graceful-shutdown-timeout=0"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = o.Config(); err != nil || cfg.Tunnel.GracefulTimeout != 0 {
+		t.Fatalf("--graceful-shutdown-timeout=0: %v, %v", cfg.Tunnel.GracefulTimeout, err)
+	}
 }
 
 // TestQueueFlagAliases: the server takes the agent's names for the per-connection queue and its stall bound,
