@@ -25,6 +25,8 @@ type Flags struct {
 	// Connections is --ssh-connections, registered by AddConnectionsFlag for the commands that carry many
 	// streams at once.
 	Connections int
+
+	registered []*pflag.Flag // by AddFlags and AddConnectionsFlag, for Given
 }
 
 // NewFlags returns the defaults: everything from the SSH config file or OpenSSH's defaults.
@@ -55,6 +57,21 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
 	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 15s; negative disables.")
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
+	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher"} {
+		f.registered = append(f.registered, fs.Lookup(n))
+	}
+}
+
+// Given returns the SSH flags set on the command line, as "--name": for a command where SSH is optional,
+// to refuse them when it is off rather than ignore them.
+func (f *Flags) Given() []string {
+	var given []string
+	for _, fl := range f.registered {
+		if fl.Changed {
+			given = append(given, "--"+fl.Name)
+		}
+	}
+	return given
 }
 
 // AddConnectionsFlag registers --ssh-connections.
@@ -62,6 +79,7 @@ func (f *Flags) AddConnectionsFlag(fs *pflag.FlagSet) {
 	fs.IntVar(&f.Connections, "ssh-connections", f.Connections, fmt.Sprintf("SSH connections to keep to the destination, 1 to %d. "+
 		"OpenSSH encrypts each connection on one core at each end; with more than one, concurrent proxied connections are spread over them "+
 		"(each new one to the connection carrying the fewest), each SSH connection reconnects on its own, and host keys are checked on every one.", MaxConnections))
+	f.registered = append(f.registered, fs.Lookup("ssh-connections"))
 }
 
 // Config checks the flags and builds a Config for destination, naming the flag in every error.

@@ -127,6 +127,9 @@ func (o *Options) Validate() error {
 		if _, err := o.SSH.Config(o.Via); err != nil {
 			errs = append(errs, fmt.Errorf("--via: %w", err))
 		}
+	} else if given := o.SSH.Given(); len(given) > 0 {
+		// Without --via there is no SSH: a --jump or --identity meant for it would be silently ignored.
+		errs = append(errs, fmt.Errorf("%s: applies only with --via [user@]host", strings.Join(given, ", ")))
 	}
 	if o.MaxConnections < 1 {
 		errs = append(errs, fmt.Errorf("--max-connections: %d must be at least 1", o.MaxConnections))

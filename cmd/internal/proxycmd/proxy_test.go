@@ -153,6 +153,10 @@ func TestValidate(t *testing.T) {
 		{"health endpoint on loopback", []string{"--health-listen=127.0.0.1:8002"}, ""},
 		{"non-loopback health endpoint", []string{"--health-listen=0.0.0.0:8002"}, "--health-listen"},
 		{"health endpoint not host:port", []string{"--health-listen=8002"}, "--health-listen"},
+		// SSH flags without --via would be silently ignored.
+		{"jump without via", []string{"--jump=bastion.example"}, "--jump: applies only with --via"},
+		{"SSH flags without via", []string{"-i", "/nonexistent", "--ssh-port=2222", "--accept-new"}, "--ssh-port, --identity, --accept-new: applies only with --via"},
+		{"SSH flags with via", []string{"--via=bastion.example", "--jump=j.example", "--ssh-config=none"}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := NewOptions()
