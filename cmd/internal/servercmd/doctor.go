@@ -9,10 +9,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/cobra"
 )
@@ -80,7 +82,8 @@ the agents it knows: connected or not, identifiers, remote address, connection a
 			return nil
 		},
 	}
-	cmd.Flags().StringSliceVar(&admins, "admin-address", []string{"127.0.0.1:8095"}, "Admin address(es) (host:port) of the servers to ask; upstream's default admin port is 8095.")
+	cmd.Flags().StringSliceVar(&admins, "admin-address", []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(konnectivity.AdminPort))},
+		"Admin address(es) (host:port) of the servers to ask. The default is the admin port of the static pod konnect init writes; a server left at upstream proxy-server's default admin port answers on 8095.")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "Output format: table or json.")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "How long to wait for each server.")
 	return cmd

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -300,5 +302,17 @@ func TestDoctorIgnoresProxyEnvironment(t *testing.T) {
 	tr, ok := adminClient.Transport.(*http.Transport)
 	if !ok || tr.Proxy != nil {
 		t.Fatalf("the doctor's transport uses a proxy function: %#v", adminClient.Transport)
+	}
+}
+
+// TestStatusAsksTheStaticPodByDefault: konnect doctor status with no flags asks the admin port that the static
+// pod konnect init writes uses.
+func TestStatusAsksTheStaticPodByDefault(t *testing.T) {
+	want := net.JoinHostPort("127.0.0.1", strconv.Itoa(manifests.DefaultAdminPort))
+	if got := newStatusCommand().Flags().Lookup("admin-address").Value.String(); got != "["+want+"]" {
+		t.Fatalf("default --admin-address %s, want %s", got, want)
+	}
+	if args := strings.Join((manifests.Server{}).Args(), " "); !strings.Contains(args, "--admin-port="+strconv.Itoa(manifests.DefaultAdminPort)) {
+		t.Fatalf("static pod args %s", args)
 	}
 }
