@@ -191,6 +191,9 @@ func Reason(err error) string {
 			return "nothing listens on the server's socket or port: the server is down or still starting"
 		case is(konnectivity.ErrPermissionDenied):
 			return "no permission on the server's socket: run as its owner or group"
+		case strings.Contains(err.Error(), "frame too large") || strings.Contains(err.Error(), "malformed HTTP response"):
+			// HTTP/2 frames read as an HTTP/1.1 response, or an HTTP/1.1 response read as a frame.
+			return "the server speaks the other protocol: use its --mode (grpc or http-connect)"
 		}
 		return "cannot reach the konnectivity server"
 	case is(konnectivity.ErrNoAgent):

@@ -128,3 +128,21 @@ func TestProxyStrategies(t *testing.T) {
 		})
 	}
 }
+
+// TestWrongModeIsNamed: dialling a server in the other --mode is explained as that, not as an unreachable
+// server.
+func TestWrongModeIsNamed(t *testing.T) {
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run("server "+mode, func(t *testing.T) {
+			e := newEnv(t)
+			s := start(t, e.config(mode))
+			other := map[string]string{"grpc": "http-connect", "http-connect": "grpc"}[mode]
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := s.frontend(other).Dial(ctx, "127.0.0.1:80")
+			if r := Reason(err); !strings.Contains(r, "--mode") {
+				t.Fatalf("dial with --mode %s: %v; reason %q", other, err, r)
+			}
+		})
+	}
+}
