@@ -105,6 +105,9 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	)
 	if err != nil {
 		cancel()
+		if f.speaksHTTP1() {
+			err = fmt.Errorf("%w: %w", errOtherMode, err)
+		}
 		return nil, &FrontendError{Where: f.where(), Err: err}
 	}
 	c, err := tun.DialContext(ctx, "tcp", addr)
@@ -113,6 +116,29 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 		return nil, err
 	}
 	return &cancelConn{Conn: c, cancel: cancel}, nil
+}
+
+// errOtherMode: the server answered in the other protocol of --mode.
+var errOtherMode = errors.New("the server speaks HTTP/1.1 (--mode http-connect), not gRPC")
+
+// speaksHTTP1 reports whether the server answers an HTTP/2 connection preface in HTTP/1.1, as an http-connect
+// server does. Asked after a failed gRPC dial, it tells a --mode mismatch from a server that is down: the
+// gRPC dial's own error depends on a race (a frame read as HTTP, or a write to a closed connection).
+func (f Frontend) speaksHTTP1() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := f.rawDial(ctx)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
+		return false
+	}
+	b := make([]byte, len("HTTP/1."))
+	n, _ := io.ReadFull(c, b)
+	return string(b[:n]) == "HTTP/1."
 }
 
 type cancelConn struct {
@@ -191,8 +217,9 @@ func Reason(err error) string {
 			return "nothing listens on the server's socket or port: the server is down or still starting"
 		case is(konnectivity.ErrPermissionDenied):
 			return "no permission on the server's socket: run as its owner or group"
-		case strings.Contains(err.Error(), "frame too large") || strings.Contains(err.Error(), "malformed HTTP response"):
-			// HTTP/2 frames read as an HTTP/1.1 response, or an HTTP/1.1 response read as a frame.
+		case is(errOtherMode) || strings.Contains(err.Error(), "malformed HTTP response"):
+			// An http-connect server answered gRPC's preface in HTTP/1.1, or a gRPC server's frames were read as
+			// an HTTP/1.1 response.
 			return "the server speaks the other protocol: use its --mode (grpc or http-connect)"
 		}
 		return "cannot reach the konnectivity server"
