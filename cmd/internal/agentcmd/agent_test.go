@@ -152,22 +152,18 @@ func TestAgentCommandRefusals(t *testing.T) {
 	}
 }
 
-// TestAgentCommandSIGTERM: the first SIGTERM stops the agent cleanly (drain, then exit 0).
-func TestAgentCommandSIGTERM(t *testing.T) {
-	addr, caFile, _, _ := testServer(t)
-	host, port, _ := net.SplitHostPort(addr)
-	health := freePort(t)
+// sigtermStops runs `konnect agent args...` with its health port on health, waits until path answers 200
+// there, sends the process SIGTERM and checks that the agent stops cleanly within stopWithin.
+func sigtermStops(t *testing.T, health, path string, stopWithin time.Duration, args ...string) {
+	t.Helper()
 	cmd := NewAgentCommand()
-	cmd.SetArgs([]string{"--ca-cert=" + caFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + freePort(t),
-		"--graceful-timeout=2s"})
+	cmd.SetArgs(append(args, "--health-server-host=127.0.0.1", "--health-server-port="+health, "--admin-server-port="+freePort(t)))
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(context.Background()) }()
 	deadline := time.Now().Add(10 * time.Second)
-	// Ready means the signal handler is installed (it is set up before the listeners).
-	for code, _ := get("http://127.0.0.1:" + health + "/readyz"); code != 200; code, _ = get("http://127.0.0.1:" + health + "/readyz") {
+	for code, _ := get("http://127.0.0.1:" + health + path); code != 200; code, _ = get("http://127.0.0.1:" + health + path) {
 		if time.Now().After(deadline) {
-			t.Fatal("agent never became ready")
+			t.Fatalf("the agent's %s never answered 200", path)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -179,9 +175,17 @@ func TestAgentCommandSIGTERM(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent did not stop on SIGTERM")
+	case <-time.After(stopWithin):
+		t.Fatalf("the agent did not stop within %v of SIGTERM", stopWithin)
 	}
+}
+
+// TestAgentCommandSIGTERM: the first SIGTERM stops the agent cleanly (drain, then exit 0).
+func TestAgentCommandSIGTERM(t *testing.T) {
+	addr, caFile, _, _ := testServer(t)
+	host, port, _ := net.SplitHostPort(addr)
+	sigtermStops(t, freePort(t), "/readyz", 10*time.Second,
+		"--ca-cert="+caFile, "--proxy-server-host="+host, "--proxy-server-port="+port, "--graceful-timeout=2s")
 }
 
 // TestAgentCommandSIGTERMWhileWaitingForLeases: a SIGTERM while the agent waits for its lease watch to sync
@@ -206,30 +210,8 @@ func TestAgentCommandSIGTERMWhileWaitingForLeases(t *testing.T) {
 		"\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\ncurrent-context: c\n"), 0o600)
 	addr, caFile, _, _ := testServer(t)
 	host, port, _ := net.SplitHostPort(addr)
-	health := freePort(t)
-	cmd := NewAgentCommand()
-	cmd.SetArgs([]string{"--ca-cert=" + caFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + freePort(t),
-		"--count-server-leases", "--kubeconfig=" + kubeconfig})
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(context.Background()) }()
-	deadline := time.Now().Add(10 * time.Second)
-	// The health port answers once Run serves it; the agent is then waiting for the leases.
-	for code, _ := get("http://127.0.0.1:" + health + "/livez"); code != 200; code, _ = get("http://127.0.0.1:" + health + "/livez") {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent's health port never answered")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the agent did not stop on SIGTERM while waiting for its leases")
-	}
+	// /livez answers once Run serves it; the agent is then waiting for the leases.
+	sigtermStops(t, freePort(t), "/livez", 5*time.Second,
+		"--ca-cert="+caFile, "--proxy-server-host="+host, "--proxy-server-port="+port,
+		"--count-server-leases", "--kubeconfig="+kubeconfig)
 }
