@@ -69,7 +69,13 @@ func TestServerMetrics(t *testing.T) {
 	srv, _ := runServer(t, Config{HandlerConfig: HandlerConfig{REST: rc, Filter: mustFilter(t, DefaultFilterSpec())}, MaxConnections: 1, Registerer: reg})
 	base := "http://" + srv.Addr().String()
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	// The connection cap is 1: the client's previous connection may still hold the slot for a moment, and a
+	// connection over the cap is answered 503 before its request is read.
+	slotFree := func() {
+		harness.EventuallyTrue(t, 5*time.Second, "the slot to be free", func() bool { return sample(t, reg, "konnect_proxy_client_connections") == 0 })
+	}
 	get := func(host string) int {
+		slotFree()
 		req, _ := http.NewRequest(http.MethodGet, base+"/api", nil)
 		req.Host = host
 		resp, err := client.Do(req)
@@ -86,8 +92,7 @@ func TestServerMetrics(t *testing.T) {
 	if code := get("evil.example"); code != http.StatusForbidden {
 		t.Fatalf("GET /api with Host evil.example: %d, want 403", code)
 	}
-	// The connection cap is 1: the client's previous connection may still hold the slot for a moment.
-	harness.EventuallyTrue(t, 5*time.Second, "the slot to be free", func() bool { return sample(t, reg, "konnect_proxy_client_connections") == 0 })
+	slotFree()
 
 	// An upgraded connection holds the only slot while it is open: it is in flight, and another client is
 	// refused.
