@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -81,13 +82,16 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	if f.UDSName == "" {
 		creds = credentials.NewTLS(f.TLS)
 	}
-	// A socket that is missing or refusing is a definite answer; do not let gRPC retry it until the timeout.
+	// A socket that is missing or refusing, or a server in the other --mode, is a definite answer; do not let
+	// gRPC retry it until the timeout.
 	if f.UDSName != "" {
-		probe, err := f.rawDial(ctx)
+		http1, err := f.speaksHTTP1(ctx)
 		if err != nil {
 			return nil, &FrontendError{Where: f.where(), Err: err}
 		}
-		probe.Close()
+		if http1 {
+			return nil, &FrontendError{Where: f.where(), Err: errOtherMode}
+		}
 	}
 	// The tunnel lives as long as the connection; cancelling tunnelCtx on Close releases it.
 	tunnelCtx, cancel := context.WithCancel(context.Background())
@@ -105,7 +109,7 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	)
 	if err != nil {
 		cancel()
-		if f.speaksHTTP1() {
+		if http1, _ := f.speaksHTTP1(context.Background()); http1 {
 			err = fmt.Errorf("%w: %w", errOtherMode, err)
 		}
 		return nil, &FrontendError{Where: f.where(), Err: err}
@@ -122,23 +126,24 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 var errOtherMode = errors.New("the server speaks HTTP/1.1 (--mode http-connect), not gRPC")
 
 // speaksHTTP1 reports whether the server answers an HTTP/2 connection preface in HTTP/1.1, as an http-connect
-// server does. Asked after a failed gRPC dial, it tells a --mode mismatch from a server that is down: the
-// gRPC dial's own error depends on a race (a frame read as HTTP, or a write to a closed connection).
-func (f Frontend) speaksHTTP1() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// server does; the error is that of reaching the server at all. It tells a --mode mismatch from a server that
+// is down, which a failed gRPC dial cannot: its error depends on a race (a frame read as HTTP, or a write to a
+// closed connection), and with a socket it retries until the timeout.
+func (f Frontend) speaksHTTP1(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	c, err := f.rawDial(ctx)
 	if err != nil {
-		return false
+		return false, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
-		return false
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		return false, nil
 	}
 	b := make([]byte, len("HTTP/1."))
 	n, _ := io.ReadFull(c, b)
-	return string(b[:n]) == "HTTP/1."
+	return string(b[:n]) == "HTTP/1.", nil
 }
 
 type cancelConn struct {
