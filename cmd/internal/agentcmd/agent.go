@@ -29,7 +29,7 @@ proxy-server as well as to 'konnect server'. Beyond upstream it connects to ever
 and --service-account-token-path when they change, can restrict destinations with --allow-destination, and
 on SIGTERM sends DRAIN and lets open connections finish for up to --graceful-timeout.
 
-Health: /livez, /readyz (checks server-connected and all-servers-connected), /healthz and /metrics on
+Health: /livez and /healthz (liveness), /readyz (checks server-connected and all-servers-connected) and /metrics on
 --health-server-host:--health-server-port; pprof on the loopback admin port with --enable-profiling.`,
 		Example: `  konnect agent --ca-cert=ca.crt --proxy-server-host=10.0.0.1,10.0.0.2 --proxy-server-port=8132 \
     --service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token \

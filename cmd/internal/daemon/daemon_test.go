@@ -126,8 +126,8 @@ func TestHealthEndpoints(t *testing.T) {
 	if code, _ := get(t, base+"/readyz/tunnel"); code != 500 {
 		t.Errorf("/readyz/tunnel = %d, want 500", code)
 	}
-	if code, _ := get(t, base+"/healthz"); code != 500 {
-		t.Errorf("/healthz = %d, want 500 while not ready", code)
+	if code, _ := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d, want 200 while alive but not ready: it is upstream's liveness endpoint", code)
 	}
 	tunnelErr = nil
 	if code, _ := get(t, base+"/readyz"); code != 200 {

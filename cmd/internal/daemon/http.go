@@ -25,7 +25,7 @@ const (
 	ShutdownGrace     = 5 * time.Second
 )
 
-// NewHealthMux serves /healthz, /livez and /readyz (with ?verbose, ?exclude=NAME and /livez/NAME,
+// NewHealthMux serves /livez, /readyz and /healthz (with ?verbose, ?exclude=NAME and /livez/NAME,
 // /readyz/NAME for each check, in the format kube-apiserver uses) and /metrics from gatherer, the daemon's
 // own registry (NewRegistry).
 func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gatherer) *http.ServeMux {
@@ -35,8 +35,10 @@ func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gathe
 	ready = append([]healthz.HealthChecker{healthz.PingHealthz}, ready...)
 	healthz.InstallLivezHandler(mux, live...)
 	healthz.InstallReadyzHandler(mux, ready...)
-	// /healthz is kept for tools that predate /livez and /readyz; like kube-apiserver, it reports readiness.
-	healthz.InstallHandler(mux, ready...)
+	// /healthz reports liveness, as upstream proxy-server's and proxy-agent's do: their manifests point
+	// livenessProbes at it, and a server restarted whenever kube-apiserver cannot answer a TokenReview, or an
+	// agent whenever one server is down, would drop every open tunnel.
+	healthz.InstallHandler(mux, live...)
 	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	return mux
 }

@@ -376,7 +376,7 @@ func TestCommandHealthEndpoints(t *testing.T) {
 		if code != http.StatusOK || !strings.Contains(body, "[+]ping ok") {
 			t.Errorf("GET %s: %d %q", path, code, body)
 		}
-		if path != "/livez?verbose" && !strings.Contains(body, "[+]apiserver ok") {
+		if path == "/readyz?verbose" && !strings.Contains(body, "[+]apiserver ok") {
 			t.Errorf("GET %s: no apiserver check: %q", path, body)
 		}
 	}

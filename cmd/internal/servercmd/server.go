@@ -34,7 +34,7 @@ is replaced but a live one refused; SIGTERM drains within --graceful-timeout (or
 --graceful-shutdown-timeout when set) and then exits even with tunnels open; --health-bind-address ""
 means 127.0.0.1; port 0 picks a free port.
 
-Endpoints: health port /livez /readyz /healthz /metrics; admin port (loopback) /metrics, /debug/agents
+Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin port (loopback) /metrics, /debug/agents
 (JSON status for konnect doctor) and, with --enable-profiling, /debug/pprof/.`,
 		Example: `  konnect server --uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket \
     --cluster-cert=/etc/kubernetes/pki/apiserver.crt --cluster-key=/etc/kubernetes/pki/apiserver.key \
