@@ -262,7 +262,10 @@ func (a *Agent) sync(stopCtx, ctx context.Context) {
 			working = append(working, st)
 			continue
 		}
-		if !a.coveredLocked(st) {
+		// An address still being tried may be the server that is missing; one that failed (the IPv6 address
+		// of a dual-stack name without an IPv6 route, a dead address of a load balancer) must not stop the
+		// search through the addresses that work.
+		if !a.coveredLocked(st) && (st.busy || st.lastErr == nil) {
 			all = false
 		}
 		if st.busy || now.Before(st.retry.next) {
@@ -476,16 +479,21 @@ func (a *Agent) serverCount() int {
 	return max(n, 1)
 }
 
-// knownServersLocked is the number of servers the agent should be connected to: what the servers say, but
-// at least one per configured address.
+// knownServersLocked is the number of servers the agent should be connected to: what the servers say, but at
+// least the servers it is connected to, and one more for each --proxy-server-host entry that leads to none of
+// them. An address of a name is not a server of its own: the name's other address may be the same server (a
+// dual-stack name whose IPv6 address has no route), and the servers behind a name say how many they are.
 func (a *Agent) knownServersLocked() int {
-	distinct := 0
-	for _, st := range a.endpoints {
-		if st.sessions > 0 || !a.coveredLocked(st) {
-			distinct++
+	known := len(a.sessions)
+	for _, eps := range a.resolved {
+		if !slices.ContainsFunc(eps, func(ep endpoint) bool {
+			st := a.endpoints[ep.addr]
+			return st != nil && (st.sessions > 0 || a.coveredLocked(st))
+		}) {
+			known++
 		}
 	}
-	return max(a.serverCount(), distinct)
+	return max(a.serverCount(), known)
 }
 
 // coveredLocked reports whether st has no stream of its own but leads to a server that is connected.

@@ -24,7 +24,7 @@ type dnsResponder struct {
 	received atomic.Int64 // all queries
 }
 
-// dnsServer answers A queries for name with addrs (and nothing else) on a loopback UDP port.
+// dnsServer answers A and AAAA queries for name with addrs (and nothing else) on a loopback UDP port.
 func dnsServer(t *testing.T, name string, addrs ...netip.Addr) *net.Resolver {
 	return startDNS(t, name, true, addrs...).resolver()
 }
@@ -65,10 +65,16 @@ func startDNS(t *testing.T, name string, answer bool, addrs ...netip.Addr) *dnsR
 			_ = b.StartQuestions()
 			_ = b.Question(q)
 			_ = b.StartAnswers()
-			if strings.EqualFold(q.Name.String(), name+".") && q.Type == dnsmessage.TypeA {
+			if strings.EqualFold(q.Name.String(), name+".") {
+				rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}
 				r.mu.Lock()
 				for _, a := range r.addrs {
-					_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, dnsmessage.AResource{A: a.As4()})
+					switch {
+					case q.Type == dnsmessage.TypeA && a.Is4():
+						_ = b.AResource(rh, dnsmessage.AResource{A: a.As4()})
+					case q.Type == dnsmessage.TypeAAAA && a.Is6():
+						_ = b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: a.As16()})
+					}
 				}
 				r.mu.Unlock()
 			}
@@ -149,6 +155,45 @@ func TestTwoAddressesOneServer(t *testing.T) {
 	if s1.backends() != 1 {
 		t.Fatalf("server has %d streams from the agent, want 1", s1.backends())
 	}
+}
+
+// TestDualStackNameWithoutIPv6Route: a name with an A and an AAAA record for one server, reachable only over
+// IPv4, is one server: the agent is ready, not waiting for a second server at the IPv6 address.
+func TestDualStackNameWithoutIPv6Route(t *testing.T) {
+	const name = "server.konnect.test"
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, serverHost: name})
+	_, port, _ := net.SplitHostPort(s1.agentAddr) // nothing listens on [::1]:port
+	cfg := pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
+	ra := startAgent(t, cfg)
+	harness.EventuallyTrue(t, 10*time.Second, "the IPv6 address tried and failed", func() bool {
+		st := ra.Status()
+		return len(st) == 2 && st[0].Connected && st[1].LastError != "" // sorted: 127.0.0.1 before [::1]
+	})
+	if n, known := ra.Connected(); n != 1 || known != 1 {
+		t.Fatalf("Connected() = %d, %d; want 1, 1; status %+v", n, known, ra.Status())
+	}
+	if err := readyErr(ra, "all-servers-connected"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLoadBalancerWithDeadAddress: two servers behind a load balancer whose name has an address that never
+// answers (here the AAAA record of a dual-stack name without an IPv6 route). The agent still dials through
+// the address that works until it has reached both servers.
+func TestLoadBalancerWithDeadAddress(t *testing.T) {
+	const name = "lb.konnect.test"
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca, serverHost: name})
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca, serverHost: name})
+	_, port, _ := net.SplitHostPort(tcpBalancer(t, s1.agentAddr, s2.agentAddr))
+	cfg := pki.config(net.JoinHostPort(name, port))
+	cfg.Resolver = dnsServer(t, name, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
+	ra := startAgent(t, cfg)
+	harness.EventuallyTrue(t, 10*time.Second, "the agent on both servers behind the load balancer, and ready", func() bool {
+		return s1.backends() == 1 && s2.backends() == 1 && readyErr(ra, "all-servers-connected") == nil
+	})
 }
 
 // TestAgentIdentifiers: the identifiers reach the server, whose destHost strategy routes by them.
