@@ -13,6 +13,11 @@ import (
 const (
 	metricsNamespace = "konnectivity_network_proxy"
 	metricsSubsystem = "agent"
+
+	// UpstreamLeaseMetricsPrefix names the families that upstream's lease informer (--count-server-leases)
+	// keeps in prometheus' default registry: lease_lists_total, lease_watches_total and
+	// lease_list_latency_seconds.
+	UpstreamLeaseMetricsPrefix = metricsNamespace + "_" + metricsSubsystem + "_lease_"
 )
 
 type metrics struct {

@@ -2,8 +2,9 @@
 // kube-apiserver and konnect's manifests and certificates must agree on, as kubeadm's constants package does.
 //
 // It is a leaf: it imports nothing of konnect's, so that pki, egress, agent, manifests and cmd can all use it.
-// It holds no logic beyond reading the refusal reasons that a tunnel carries as text. Its subpackage wire
-// holds the one gRPC codec that the server and the agent speak, and flow the one per-connection queue.
+// It holds no logic beyond reading the refusal reasons that a tunnel carries as text, and reading upstream's
+// metrics from prometheus' default registry. Its subpackage wire holds the one gRPC codec that the server
+// and the agent speak, and flow the one per-connection queue.
 package konnectivity
 
 // Identities.

@@ -1,10 +1,8 @@
 package tunnel
 
 import (
-	"strings"
-
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	servermetrics "sigs.k8s.io/apiserver-network-proxy/pkg/server/metrics"
 )
 
@@ -69,26 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // UpstreamMetrics gathers upstream's konnectivity_network_proxy_server_* metrics, which the ProxyServer at
-// the heart of every Server updates. Upstream's pkg/server/metrics registers them on
-// prometheus.DefaultRegisterer when the package loads and exports neither the collectors nor a way to
-// register them elsewhere, so the default registry is the only place to read them from. This gatherer reads
-// it and keeps only upstream's server families, so that the rest of the default registry (Go and process
-// collectors, upstream's agent metrics) neither shows up nor collides with a daemon's own registry. They
-// are process-wide: servers in one process share them, as they share upstream's package state.
+// the heart of every Server updates in prometheus' default registry.
 func UpstreamMetrics() prometheus.Gatherer {
-	return upstreamGatherer{}
-}
-
-type upstreamGatherer struct{}
-
-func (upstreamGatherer) Gather() ([]*dto.MetricFamily, error) {
-	prefix := servermetrics.Namespace + "_" + servermetrics.Subsystem + "_"
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	out := mfs[:0]
-	for _, mf := range mfs {
-		if strings.HasPrefix(mf.GetName(), prefix) {
-			out = append(out, mf)
-		}
-	}
-	return out, err
+	return konnectivity.UpstreamMetrics(servermetrics.Namespace + "_" + servermetrics.Subsystem + "_")
 }

@@ -99,6 +99,13 @@ func TestServerLeases(t *testing.T) {
 	c.waitAgentServers(t, ag, 2, time.Minute)
 	c.waitDoctor(t, both, a.adminPort, b.adminPort)
 	t.Logf("agent counts 2 server leases (both servers say --server-count=1) and is connected to both")
+	// Upstream's lease informer counts its lists of the real kube-apiserver's Leases, and /metrics shows them
+	// under upstream's name.
+	if metrics, err := c.agentMetrics(ag); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(metrics, `konnectivity_network_proxy_agent_lease_lists_total{http_response_code="200"`) {
+		t.Errorf("the agent's /metrics has no successful lease list (konnectivity_network_proxy_agent_lease_lists_total)")
+	}
 
 	// SIGTERM: the server deletes its lease on the way out, and the agent stops counting it.
 	start := time.Now()
@@ -174,13 +181,20 @@ func (c *cluster) agentReady(a *tunnelAgent) error {
 	return httpGetOK(ctx, client, "http://127.0.0.1:8093/readyz/all-servers-connected", nil)
 }
 
-// agentKnownServers reads the agent's known_server_count gauge.
-func (c *cluster) agentKnownServers(a *tunnelAgent) (int, error) {
+// agentMetrics reads the agent's /metrics.
+func (c *cluster) agentMetrics(a *tunnelAgent) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	client := nsHTTPClient(c.tp.ns(a.opts.role), nil, 3*time.Second)
 	var body string
-	if err := httpGetOK(ctx, client, "http://127.0.0.1:8093/metrics", &body); err != nil {
+	err := httpGetOK(ctx, client, "http://127.0.0.1:8093/metrics", &body)
+	return body, err
+}
+
+// agentKnownServers reads the agent's known_server_count gauge.
+func (c *cluster) agentKnownServers(a *tunnelAgent) (int, error) {
+	body, err := c.agentMetrics(a)
+	if err != nil {
 		return 0, err
 	}
 	return knownServerCount(body)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
@@ -93,7 +95,10 @@ func New(cfg *Config) (_ *Agent, err error) {
 	if a.agent, err = agent.New(ac); err != nil {
 		return nil, err
 	}
-	health := daemon.NewHealthMux(a.agent.LiveChecks(), a.agent.ReadyChecks(), reg)
+	// The lease informer of --count-server-leases is upstream's, which counts its lists and watches in
+	// prometheus' default registry.
+	health := daemon.NewHealthMux(a.agent.LiveChecks(), a.agent.ReadyChecks(),
+		prometheus.Gatherers{reg, konnectivity.UpstreamMetrics(agent.UpstreamLeaseMetricsPrefix)})
 	// /ready is upstream's deprecated readiness path, kept for probes that still use it.
 	healthz.InstallPathHandler(health, "/ready", append([]healthz.HealthChecker{healthz.PingHealthz}, a.agent.ReadyChecks()...)...)
 	a.endpoints.HealthMux = health
