@@ -154,14 +154,14 @@ func SplitServers(hosts string, port int) ([]string, error) {
 			if err != nil || n <= 0 || n > 65535 || host == "" {
 				return nil, fmt.Errorf("%q: bad host:port", h)
 			}
-			if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+			if err := validateServerHost(host); err != nil {
 				return nil, err
 			}
 			out = append(out, h)
 			continue
 		}
 		host := strings.Trim(h, "[]")
-		if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+		if err := validateServerHost(host); err != nil {
 			return nil, err
 		}
 		out = append(out, net.JoinHostPort(host, strconv.Itoa(port)))
@@ -170,4 +170,10 @@ func SplitServers(hosts string, port int) ([]string, error) {
 		return nil, errors.New("no host given")
 	}
 	return out, nil
+}
+
+// validateServerHost checks one server host. A fully qualified name may end in a dot, as in
+// konnectivity-server.kube-system.svc.cluster.local., which skips the resolver's search domains.
+func validateServerHost(host string) error {
+	return pki.ValidateAddress(strings.TrimSuffix(strings.ToLower(host), "."))
 }

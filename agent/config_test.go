@@ -58,6 +58,7 @@ func TestSplitServers(t *testing.T) {
 		{"a:0", "", true},
 		{" , ", "", true},
 		{"999.1.1.1", "", true},
+		{"a.example.", "a.example.:8091", false},
 		{"a.example,999.1.1.1:9", "", true},
 	} {
 		got, err := SplitServers(tc.in, 8091)

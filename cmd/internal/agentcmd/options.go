@@ -7,10 +7,12 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
@@ -129,8 +131,10 @@ func (o *Options) Validate() error {
 	if u.AdminServerPort <= 0 || u.AdminServerPort > 65535 {
 		add("admin-server-port", "port %d out of range 1-65535", u.AdminServerPort)
 	}
-	if u.HealthServerHost != "" && net.ParseIP(u.HealthServerHost) == nil && u.HealthServerHost != "localhost" {
-		add("health-server-host", "%q is not an IP address", u.HealthServerHost)
+	if u.HealthServerHost != "" {
+		if err := pki.ValidateAddress(strings.ToLower(u.HealthServerHost)); err != nil {
+			add("health-server-host", "%v", err)
+		}
 	}
 	if u.XfrChannelSize <= 0 {
 		add("xfr-channel-size", "must be greater than 0, got %d", u.XfrChannelSize)

@@ -116,7 +116,9 @@ func TestValidate(t *testing.T) {
 		{"allow bad cidr", []string{"--allow-destination=10.0.0.0/33:1"}, "--allow-destination"},
 		{"xfr", []string{"--xfr-channel-size=0"}, "--xfr-channel-size"},
 		{"read buffer", []string{"--read-buffer-bytes=100"}, "--read-buffer-bytes"},
-		{"health host", []string{"--health-server-host=not-an-ip"}, "--health-server-host"},
+		{"health host", []string{"--health-server-host=999.1.1.1"}, "--health-server-host"},
+		{"health host name", []string{"--health-server-host=node-1.example"}, ""},
+		{"server name with a final dot", []string{"--proxy-server-host=konnectivity-server.kube-system.svc.cluster.local."}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := NewOptions()
