@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
@@ -240,21 +241,25 @@ func (o *Options) checkTunnel() error {
 	return nil
 }
 
-// checkKubernetes: what needs kube-apiserver has a kubeconfig.
+// checkKubernetes: what needs kube-apiserver has a kubeconfig, or, as upstream allows, runs in a pod with
+// in-cluster config.
 func (o *Options) checkKubernetes() error {
 	u := o.Upstream
 	if u.EnableLeaseController {
-		if u.KubeconfigPath == "" {
-			return fmt.Errorf("--enable-lease-controller needs --kubeconfig")
-		}
 		if _, err := util.ParseLabels(u.LeaseLabel); err != nil {
 			return fmt.Errorf("--lease-label: %w", err)
 		}
 	}
-	if u.AgentNamespace != "" && u.KubeconfigPath == "" {
-		// Upstream falls back to in-cluster config; konnect runs on the host and says so instead.
+	var needs []string
+	if u.AgentNamespace != "" {
+		needs = append(needs, "agents authenticate by token (--agent-namespace)")
+	}
+	if u.EnableLeaseController {
+		needs = append(needs, "--enable-lease-controller")
+	}
+	if len(needs) > 0 && u.KubeconfigPath == "" {
 		if _, err := clientcmd.BuildConfigFromFlags("", ""); err != nil {
-			return fmt.Errorf("--kubeconfig is required when agents authenticate by token (no in-cluster config: %w)", err)
+			return fmt.Errorf("--kubeconfig is required when %s, outside a pod (no in-cluster config: %w)", strings.Join(needs, " and "), err)
 		}
 	}
 	return nil

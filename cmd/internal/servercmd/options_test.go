@@ -101,6 +101,8 @@ func TestValidate(t *testing.T) {
 		{"buffer", func(o *Options) { o.ConnectionBuffer = 10 }, "--frontend-buffer-bytes"},
 		{"max message", func(o *Options) { o.MaxFrontendMessage = 1024 }, "--max-frontend-message-bytes"},
 		{"kubeconfig absent", func(o *Options) { o.Upstream.KubeconfigPath = filepath.Join(dir, "kc") }, "--kubeconfig"},
+		// Outside a pod, with no in-cluster config to fall back on as upstream does.
+		{"lease controller", func(o *Options) { o.Upstream.EnableLeaseController = true }, "--kubeconfig is required when --enable-lease-controller"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := NewOptions()
