@@ -20,9 +20,11 @@ type Config struct {
 	Mode string
 
 	// UDSName, when set, is the Unix socket the frontend listens on. DeleteExistingUDS allows a stale
-	// socket file (nobody answering) to be replaced; a live one is always refused.
+	// socket file (nobody answering) to be replaced; a live one is always refused. UDSSharedDir accepts a
+	// socket directory that everyone may write to (see uds.Options.SharedDir).
 	UDSName           string
 	DeleteExistingUDS bool
+	UDSSharedDir      bool
 	// ServerAddr is the mTLS TCP frontend address (host:port), used when UDSName is empty, with
 	// ServerCert/ServerKey and ServerCA verifying kube-apiserver's client certificate, whose common name
 	// must be one of ServerAllowedNames when any are given.

@@ -335,6 +335,13 @@ func TestUDS(t *testing.T) {
 		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "writable by everyone") {
 			t.Fatalf("world-writable dir: %v", err)
 		}
+		// Unless the config says the directory is shared (an emptyDir volume of one pod).
+		cfg.UDSSharedDir = true
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatalf("world-writable dir with UDSSharedDir: %v", err)
+		}
+		s.closeListeners()
 	})
 	t.Run("agent-port-in-use", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

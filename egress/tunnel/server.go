@@ -193,7 +193,7 @@ func (s *Server) listenFrontend() error {
 		s.frontendLn = ln
 		return nil
 	}
-	ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS)
+	ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS, cfg.UDSSharedDir)
 	if err != nil {
 		return err
 	}

@@ -18,9 +18,9 @@ const (
 )
 
 // listenUDS binds the frontend socket by package uds's policy. A stale socket is replaced when replaceStale
-// is set; otherwise the error is uds.ErrStale.
-func listenUDS(path string, replaceStale bool) (*net.UnixListener, error) {
-	ln, err := uds.Listen(path, uds.Options{Mode: socketMode, DirMode: socketDirMode, ReplaceStale: replaceStale})
+// is set; otherwise the error is uds.ErrStale. sharedDir accepts a directory that everyone may write to.
+func listenUDS(path string, replaceStale, sharedDir bool) (*net.UnixListener, error) {
+	ln, err := uds.Listen(path, uds.Options{Mode: socketMode, DirMode: socketDirMode, ReplaceStale: replaceStale, SharedDir: sharedDir})
 	if err != nil {
 		return nil, &FieldError{"UDSName", err}
 	}

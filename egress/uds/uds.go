@@ -24,8 +24,13 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// ErrStale is returned, wrapped, for a stale socket in the way when Options.ReplaceStale is not set.
-var ErrStale = errors.New("a stale socket is in the way")
+var (
+	// ErrStale is returned, wrapped, for a stale socket in the way when Options.ReplaceStale is not set.
+	ErrStale = errors.New("a stale socket is in the way")
+	// ErrSharedDir is returned, wrapped, for a directory that everyone may write to when Options.SharedDir
+	// is not set.
+	ErrSharedDir = errors.New("writable by everyone without the sticky bit; anyone could replace the socket")
+)
 
 // Options say how to bind.
 type Options struct {
@@ -35,11 +40,14 @@ type Options struct {
 	DirMode fs.FileMode
 	// ReplaceStale removes a socket file that nobody answers on.
 	ReplaceStale bool
+	// SharedDir accepts a directory that everyone may write to without the sticky bit, such as an emptyDir
+	// volume that containers of one pod share: anyone who can write there could replace the socket.
+	SharedDir bool
 }
 
 // Listen binds path by the package's policy.
 func Listen(path string, o Options) (*net.UnixListener, error) {
-	if err := ensureDir(filepath.Dir(path), o.DirMode); err != nil {
+	if err := ensureDir(filepath.Dir(path), o.DirMode, o.SharedDir); err != nil {
 		return nil, err
 	}
 	fi, err := os.Lstat(path)
@@ -78,8 +86,8 @@ func Listen(path string, o Options) (*net.UnixListener, error) {
 }
 
 // ensureDir creates dir with mode, or checks that an existing one cannot be used to swap the socket
-// (writable by others without the sticky bit).
-func ensureDir(dir string, mode fs.FileMode) error {
+// (writable by others without the sticky bit), unless shared says it may.
+func ensureDir(dir string, mode fs.FileMode, shared bool) error {
 	fi, err := os.Stat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, mode); err != nil {
@@ -97,8 +105,8 @@ func ensureDir(dir string, mode fs.FileMode) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory", dir)
 	}
-	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-		return fmt.Errorf("directory %s is writable by everyone; anyone could replace the socket", dir)
+	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0 && !shared {
+		return fmt.Errorf("directory %s: %w", dir, ErrSharedDir)
 	}
 	return nil
 }

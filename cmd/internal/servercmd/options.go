@@ -36,6 +36,8 @@ type Options struct {
 	shutdownTimeoutGiven func() bool
 	// AllowRemoteAdmin permits a non-loopback --admin-bind-address (pprof and agent status live there).
 	AllowRemoteAdmin bool
+	// AllowSharedUDSDir permits a --uds-name directory that everyone may write to (an emptyDir volume).
+	AllowSharedUDSDir bool
 	// ConnectionBuffer, StallTimeout and MaxFrontendMessage: see tunnel.Config.
 	ConnectionBuffer   int
 	StallTimeout       time.Duration
@@ -93,6 +95,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"konnect: on SIGTERM, how long open tunnels may finish before they are closed (0: at once); --graceful-shutdown-timeout, when given, wins.")
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
 		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
+	fs.BoolVar(&o.AllowSharedUDSDir, "allow-shared-uds-dir", o.AllowSharedUDSDir,
+		"konnect: accept a --uds-name directory that everyone may write to without the sticky bit, such as an emptyDir volume that kube-apiserver and the server share in one pod; anyone who can write there could replace the socket.")
 	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
 	// on the other end of the tunnel; the server's first names stay as deprecated aliases.
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
@@ -348,6 +352,7 @@ func (o *Options) Config() (*Config, error) {
 		Mode:                  u.Mode,
 		UDSName:               u.UdsName,
 		DeleteExistingUDS:     u.DeleteUDSFile,
+		UDSSharedDir:          o.AllowSharedUDSDir,
 		ServerCert:            u.ServerCert,
 		ServerKey:             u.ServerKey,
 		ServerCA:              u.ServerCaCert,

@@ -28,11 +28,13 @@ ServiceAccount token (--agent-namespace, --agent-service-account, --authenticati
 or by client certificate (--cluster-ca-cert).
 
 It takes every flag of upstream proxy-server v0.36.0, so a manifest keeps its args, with upstream's
-defaults but one: --backend-dial-timeout is 30s (upstream: 0, off), and --max-pending-dials (default 2000)
-bounds the dials waiting for agents. Other differences: every listener is bound before serving ("address in use" fails the start); a stale socket
-is replaced but a live one refused; SIGTERM drains within --graceful-timeout (or
---graceful-shutdown-timeout when set) and then exits even with tunnels open; --health-bind-address ""
-means 127.0.0.1; port 0 picks a free port.
+defaults but two: --backend-dial-timeout is 30s (upstream: 0, off), and -v is 0 (upstream: 4). Also
+konnect's own: --max-pending-dials (default 2000) bounds the dials waiting for agents. Other differences:
+every listener is bound before serving ("address in use" fails the start); --server-count must be at
+least 1; a stale socket is replaced but a live one refused, a file that is not a socket is never
+replaced, and a socket directory that everyone may write to is refused unless --allow-shared-uds-dir;
+SIGTERM drains within --graceful-timeout (or --graceful-shutdown-timeout when set) and then exits even
+with tunnels open; --health-bind-address "" means 127.0.0.1; port 0 picks a free port.
 
 Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin port (loopback) /metrics, /debug/agents
 (JSON status for konnect doctor) and, with --enable-profiling, /debug/pprof/.`,
@@ -137,6 +139,9 @@ func flagError(err error) error {
 	}
 	if errors.Is(err, uds.ErrStale) {
 		return fmt.Errorf("%s: %w; remove it or pass --delete-existing-uds-file", flags, fe.Err)
+	}
+	if errors.Is(err, uds.ErrSharedDir) {
+		return fmt.Errorf("%s: %w; use a directory of its own, or pass --allow-shared-uds-dir if only kube-apiserver's pod can write there", flags, fe.Err)
 	}
 	return fmt.Errorf("%s: %w", flags, fe.Err)
 }

@@ -232,6 +232,13 @@ func TestServerFlagErrors(t *testing.T) {
 	}
 	staleLn.SetUnlinkOnClose(false)
 	staleLn.Close()
+	shared := filepath.Join(dir, "shared") // as kubelet makes an emptyDir volume
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk,
 		"--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}
 	for _, tc := range []struct {
@@ -244,6 +251,7 @@ func TestServerFlagErrors(t *testing.T) {
 		{"health port in use", []string{"--health-port=" + busyPort, "--health-bind-address=127.0.0.1"}, "address already in use"},
 		{"agent port in use", []string{"--agent-port=" + busyPort, "--agent-bind-address=127.0.0.1"}, "--agent-bind-address/--agent-port"},
 		{"stale socket", []string{"--uds-name=" + stale, "--delete-existing-uds-file=false"}, "--delete-existing-uds-file"},
+		{"shared socket directory", []string{"--uds-name=" + filepath.Join(shared, "s.sock")}, "--allow-shared-uds-dir"},
 		{"unknown flag", []string{"--no-such-flag"}, "unknown flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
