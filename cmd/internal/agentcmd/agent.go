@@ -116,7 +116,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.endpoints.AddTo(&g)
 	g.Add("", func(ctx context.Context) error {
 		if a.leasesSynced != nil {
-			// The count means nothing before the watch has synced. Leases that do not sync fail the start;
+			// The count means nothing before the watch has synced, so the agent waits for it as upstream's
+			// does, rather than failing and waiting out the kubelet's back-off once kube-apiserver is back;
 			// a signal during the wait is a clean stop.
 			if err := a.leasesSynced(ctx); err != nil {
 				if ctx.Err() != nil {
