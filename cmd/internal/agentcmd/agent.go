@@ -6,6 +6,9 @@ package agentcmd
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"strconv"
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
@@ -102,7 +105,20 @@ func New(cfg *Config) (_ *Agent, err error) {
 	// /ready is upstream's deprecated readiness path, kept for probes that still use it.
 	healthz.InstallPathHandler(health, "/ready", append([]healthz.HealthChecker{healthz.PingHealthz}, a.agent.ReadyChecks()...)...)
 	a.endpoints.HealthMux = health
-	a.endpoints.AdminMux = daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
+	admin := daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
+	a.endpoints.AdminMux = admin
+	// Upstream's agent once served /metrics on the admin port, and now sends scrapers there on to the
+	// health port.
+	healthPort := a.endpoints.Health.Addr().(*net.TCPAddr).Port
+	admin.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		dest := *r.URL
+		dest.Scheme, dest.Host = "http", net.JoinHostPort(host, strconv.Itoa(healthPort))
+		http.Redirect(w, r, dest.String(), http.StatusMovedPermanently)
+	})
 	klog.InfoS("Health endpoints listening", "addr", a.endpoints.Health.Addr().String())
 	return a, nil
 }

@@ -106,6 +106,10 @@ func TestAgentCommand(t *testing.T) {
 	if code, _ := get("http://127.0.0.1:" + admin + "/debug/pprof/"); code != 200 {
 		t.Errorf("pprof on the admin port: %d", code)
 	}
+	// As upstream's, the admin port sends /metrics on to the health port (get follows the redirect).
+	if code, body := get("http://127.0.0.1:" + admin + "/metrics"); code != 200 || !strings.Contains(body, "konnectivity_network_proxy_agent_open_server_connections 1") {
+		t.Errorf("/metrics on the admin port: %d %.200q", code, body)
+	}
 	cancel()
 	select {
 	case err := <-done:
