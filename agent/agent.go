@@ -395,8 +395,10 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 			st.lastErr, st.errAt = err, time.Now()
 		}
 		a.resolveSoonLocked(st.ep.addr)
-		a.mu.Unlock()
+		// Under the lock: once it is released, resolve may drop the address and delete its series, which an
+		// increment after that would bring back for good.
 		a.m.connectFailures.WithLabelValues(st.ep.addr).Inc()
+		a.mu.Unlock()
 		if ctx.Err() == nil {
 			klog.ErrorS(err, "Cannot connect to server", "server", st.ep.addr, "serverName", st.ep.serverName)
 		}
