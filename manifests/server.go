@@ -228,7 +228,14 @@ func (s Server) Pod() (*corev1.Pod, error) {
 
 	var volumes []corev1.Volume
 	var mounts []corev1.VolumeMount
+	mounted := map[string]bool{}
 	add := func(name, path string, t corev1.HostPathType, readOnly bool) {
+		// One file may serve two flags (--server-ca-cert and --cluster-ca-cert are both the cluster CA when
+		// agents and kube-apiserver use client certificates): kubelet refuses a pod that mounts a path twice.
+		if mounted[path] {
+			return
+		}
+		mounted[path] = true
 		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(t)},
 		}})

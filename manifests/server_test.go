@@ -86,6 +86,9 @@ func TestServerPod(t *testing.T) {
 	mtls.AgentClientCA, mtls.Kubeconfig = "/etc/kubernetes/pki/ca.crt", ""
 	mtlsTCP := tcpServer()
 	mtlsTCP.AgentClientCA, mtlsTCP.Kubeconfig = "/etc/kubernetes/agent-ca/ca.crt", ""
+	// What konnect init renders for --agent-auth mtls --transport tcp: one CA for both kinds of client.
+	oneCA := tcpServer()
+	oneCA.ServerCACert, oneCA.AgentClientCA, oneCA.Kubeconfig = "/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/ca.crt", ""
 
 	tests := []struct {
 		name   string
@@ -144,6 +147,20 @@ func TestServerPod(t *testing.T) {
 				[]string{"--cluster-ca-cert=/etc/kubernetes/agent-ca/ca.crt"}),
 			mounts: slices.Concat([]mount{clusterCert, clusterKey}, frontend,
 				[]mount{file("cluster-ca-cert", "/etc/kubernetes/agent-ca/ca.crt")}),
+			ports: []int32{8132, 8133, 8134, 8090},
+		},
+		{
+			// kubelet refuses a pod that mounts one path twice.
+			name:   "http-connect over tcp, one CA for kube-apiserver and agents",
+			server: oneCA,
+			args: slices.Concat([]string{"server",
+				"--server-bind-address=127.0.0.1", "--server-port=8090",
+				"--server-cert=/etc/kubernetes/pki/konnectivity-frontend.crt",
+				"--server-key=/etc/kubernetes/pki/konnectivity-frontend.key",
+				"--server-ca-cert=/etc/kubernetes/pki/ca.crt"}, common, []string{"--mode=http-connect", strategies}, ports,
+				[]string{"--cluster-ca-cert=/etc/kubernetes/pki/ca.crt"}),
+			mounts: slices.Concat([]mount{clusterCert, clusterKey}, frontend[:2],
+				[]mount{file("server-ca-cert", "/etc/kubernetes/pki/ca.crt")}),
 			ports: []int32{8132, 8133, 8134, 8090},
 		},
 	}
