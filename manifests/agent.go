@@ -361,7 +361,9 @@ func (a Agent) Render() ([]File, error) {
 	if !a.clientCertAuth() {
 		// The server authenticates agents with TokenReview and needs nothing else: not system:auth-delegator,
 		// whose SubjectAccessReviews would let it ask what any user may do. With client certificates it
-		// reviews nothing and gets no grant.
+		// reviews nothing and gets no grant. The binding is not named system:konnectivity-server, as the
+		// Kubernetes documentation's binding to system:auth-delegator is: a roleRef cannot change, so applying
+		// this bundle over that binding would fail.
 		objs = append(objs,
 			namedObject{name: "konnectivity-server-clusterrole.yaml", obj: &rbacv1.ClusterRole{
 				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
@@ -370,7 +372,7 @@ func (a Agent) Render() ([]File, error) {
 			}},
 			namedObject{name: "konnectivity-server-rbac.yaml", obj: &rbacv1.ClusterRoleBinding{
 				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
-				ObjectMeta: metav1.ObjectMeta{Name: ServerUser, Labels: commonLabels(nil)},
+				ObjectMeta: metav1.ObjectMeta{Name: ServerTokenReviewRole, Labels: commonLabels(nil)},
 				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ServerTokenReviewRole},
 				Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServerUser}},
 			}})

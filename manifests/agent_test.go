@@ -78,7 +78,7 @@ func TestAgentManifests(t *testing.T) {
 				t.Errorf("ClusterRole %+v, want only create on tokenreviews", cr)
 			}
 			crb := decode(t, byName(t, files, "konnectivity-server-rbac.yaml")).(*rbacv1.ClusterRoleBinding)
-			if crb.Name != "system:konnectivity-server" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "konnectivity-server-tokenreview"}) ||
+			if crb.Name != "konnectivity-server-tokenreview" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "konnectivity-server-tokenreview"}) ||
 				!slices.Equal(crb.Subjects, []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "system:konnectivity-server"}}) {
 				t.Errorf("ClusterRoleBinding %+v", crb)
 			}
