@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/version"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
@@ -227,6 +228,12 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
 			return false, fmt.Errorf("bad flag name %q", f.Name)
 		}
+		if f.Name == uidHeadersFlag && !takesUIDHeaders(c.Image) {
+			// Older kube-apiservers refuse the flag and would not start; without it, extension servers see
+			// no user UID, as before 1.33.
+			editFlag(c, f.Name, false, "")
+			continue
+		}
 		if f.Name == "api-audiences" {
 			kept := lookupFlag(c, "api-audiences")
 			if len(kept) == 0 {
@@ -397,12 +404,24 @@ func lookupFlag(c *corev1.Container, name string) []string {
 // setFlag gives f's value to the first occurrence of f in c, removes any later occurrence, and appends f
 // where c keeps its flags if it had none.
 func setFlag(c *corev1.Container, f Flag) {
-	boolean := f.Value == "true" || f.Value == "false"
-	found := false
+	if editFlag(c, f.Name, f.Value == "true" || f.Value == "false", f.String()) {
+		return
+	}
+	// Append where the flags live: kubeadm puts them all in command; other manifests use args.
+	if len(c.Args) > 0 || len(c.Command) == 0 {
+		c.Args = append(c.Args, f.String())
+	} else {
+		c.Command = append(c.Command, f.String())
+	}
+}
+
+// editFlag puts with ("--name=value") in place of the first occurrence of the flag name in c, or nothing when
+// with is empty, removes every later occurrence, and reports whether there was one.
+func editFlag(c *corev1.Container, name string, boolean bool, with string) (found bool) {
 	edit := func(list []string) []string {
 		out := list[:0:0]
 		for i := 0; i < len(list); i++ {
-			match, two := flagAt(list, i, f.Name, boolean)
+			match, two := flagAt(list, i, name, boolean)
 			if !match {
 				out = append(out, list[i])
 				continue
@@ -410,10 +429,10 @@ func setFlag(c *corev1.Container, f Flag) {
 			if two {
 				i++
 			}
-			if !found {
-				out = append(out, f.String())
-				found = true
+			if !found && with != "" {
+				out = append(out, with)
 			}
+			found = true
 		}
 		return out
 	}
@@ -425,15 +444,24 @@ func setFlag(c *corev1.Container, f Flag) {
 	if len(c.Args) > 0 {
 		c.Args = edit(c.Args)
 	}
-	if found {
-		return
+	return found
+}
+
+// uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.
+const uidHeadersFlag = "requestheader-uid-headers"
+
+// takesUIDHeaders reports whether the kube-apiserver of image takes --requestheader-uid-headers: 1.33 and
+// later do (1.32 only behind the RemoteRequestHeaderUID feature gate, off by default; older ones do not know
+// it). An image whose tag is not a version is taken to be recent.
+func takesUIDHeaders(image string) bool {
+	ref := image[strings.LastIndex(image, "/")+1:]
+	ref, _, _ = strings.Cut(ref, "@")
+	_, tag, ok := strings.Cut(ref, ":")
+	if !ok {
+		return true
 	}
-	// Append where the flags live: kubeadm puts them all in command; other manifests use args.
-	if len(c.Args) > 0 || len(c.Command) == 0 {
-		c.Args = append(c.Args, f.String())
-	} else {
-		c.Command = append(c.Command, f.String())
-	}
+	v, err := version.ParseGeneric(tag)
+	return err != nil || v.Major() != 1 || v.Minor() >= 33
 }
 
 // isNumbered reports whether name is numbered(base, k) for some k >= from.

@@ -497,3 +497,33 @@ func TestPatchPodReusesExistingMounts(t *testing.T) {
 		t.Errorf("added %d volumes although existing mounts cover everything: %+v", len(pod.Spec.Volumes)-volumes, pod.Spec.Volumes[volumes:])
 	}
 }
+
+// TestPatchPodUIDHeadersFollowTheImage: kube-apiserver before 1.33 refuses --requestheader-uid-headers and
+// would not start, so the patch leaves it out for such an image, and takes out one an earlier run added.
+func TestPatchPodUIDHeadersFollowTheImage(t *testing.T) {
+	p := ManifestPatch{Flags: []Flag{{"requestheader-uid-headers", "X-Remote-Uid"}}}
+	for _, tc := range []struct {
+		image string
+		want  bool
+	}{
+		{"registry.k8s.io/kube-apiserver:v1.31.4", false},
+		{"registry.k8s.io/kube-apiserver:v1.32.0", false},
+		{"registry.k8s.io/kube-apiserver:v1.33.0", true},
+		{"localhost:5000/kube-apiserver:v1.36.1@sha256:0123", true},
+		{"localhost:5000/kube-apiserver:v1.30.2@sha256:0123", false},
+		{"localhost:5000/kube-apiserver", true},
+		{"registry.example/kube-apiserver:custom-build", true},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "kube-apiserver", Image: tc.image,
+			Command: []string{"kube-apiserver", "--requestheader-uid-headers", "X-Remote-Uid", "--secure-port=6443"},
+		}}}}
+		if _, err := PatchPod(pod, p); err != nil {
+			t.Fatalf("%s: %v", tc.image, err)
+		}
+		has := slices.Contains(pod.Spec.Containers[0].Command, "--requestheader-uid-headers=X-Remote-Uid")
+		if has != tc.want || !slices.Contains(pod.Spec.Containers[0].Command, "--secure-port=6443") {
+			t.Errorf("%s: command %q, want the uid-headers flag: %v", tc.image, pod.Spec.Containers[0].Command, tc.want)
+		}
+	}
+}
