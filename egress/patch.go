@@ -49,12 +49,20 @@ type ManifestPatch struct {
 	// Files are further files kube-apiserver must read, such as the TLS files of a TCP egress selector
 	// (SelectorConfig.Files). The files named by *-file flags in Flags are always included.
 	Files []string
+	// Annotations are set on the pod. A changed annotation changes the static pod, so kubelet restarts
+	// kube-apiserver: that is how a new egress selector configuration, which kube-apiserver reads only when
+	// it starts, takes effect (EgressConfigAnnotation).
+	Annotations map[string]string
 	// BackupDir is where PatchManifestFile keeps the original manifest. Empty means next to it, as a hidden
 	// file: kubelet ignores files whose names start with a dot, so the backup never runs as a second pod.
 	BackupDir string
 	// Now stamps the backup's name; nil means time.Now.
 	Now func() time.Time
 }
+
+// EgressConfigAnnotation holds, on a patched kube-apiserver pod, the SHA-256 of the egress selector
+// configuration it was started with.
+const EgressConfigAnnotation = "konnect.dev/egress-selector-configuration-sha256"
 
 // UDSDir returns the directory to mount into kube-apiserver for c's unix socket, or "" for TCP.
 func (c SelectorConfig) UDSDir() string {
@@ -250,6 +258,13 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			f.Value = strings.Join(merged, ",")
 		}
 		setFlag(c, f)
+	}
+
+	for k, v := range p.Annotations {
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[k] = v
 	}
 
 	if p.UDSDir != "" {

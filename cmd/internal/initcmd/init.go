@@ -20,6 +20,7 @@ package initcmd
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -282,7 +283,12 @@ func (r *runner) flags([]string) error {
 		return nil
 	}
 	sel := r.o.selector()
-	patch := egress.ManifestPatch{Flags: flags, UDSDir: sel.UDSDir(), Files: sel.Files()}
+	config, err := sel.Marshal()
+	if err != nil {
+		return err
+	}
+	patch := egress.ManifestPatch{Flags: flags, UDSDir: sel.UDSDir(), Files: sel.Files(),
+		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}
 	path := r.o.APIServerManifest
 	if !r.o.DryRun {
 		if err := requireFiles(patch); err != nil {

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
@@ -453,6 +454,9 @@ spec:
 			t.Errorf("patched manifest lacks %s", want)
 		}
 	}
+	if !strings.Contains(string(data), egress.EgressConfigAnnotation+": ") {
+		t.Errorf("patched manifest lacks the annotation %s", egress.EgressConfigAnnotation)
+	}
 	before := sums(t, filepath.Dir(manifest))
 	out = mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
 	if !strings.Contains(out, "[kept] "+manifest) {
@@ -461,6 +465,21 @@ spec:
 	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
 		t.Fatalf("second run changed %v", c)
 	}
+
+	// Another --mode changes the egress selector configuration, which kube-apiserver reads only when it
+	// starts: its pod changes too (the configuration's hash), so kubelet restarts it.
+	out = mustRun(t, initArgs(dir, "--apiserver-manifest", manifest, "--mode", "http-connect")...)
+	if !strings.Contains(out, "[updated] "+manifest) {
+		t.Fatalf("a new --mode left kube-apiserver's pod as it was:\n%s", out)
+	}
+	out = mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
+	if !strings.Contains(out, "[updated] "+manifest) {
+		t.Fatalf("the first --mode again left kube-apiserver's pod as it was:\n%s", out)
+	}
+	if back, _ := os.ReadFile(manifest); string(back) != string(data) {
+		t.Fatalf("back at the first --mode, the pod differs from the first patch:\n%s", back)
+	}
+	before = sums(t, filepath.Dir(manifest))
 
 	// The flags phase alone on a fresh directory would point kube-apiserver at files that do not exist:
 	// refused, and the manifest is left alone.
