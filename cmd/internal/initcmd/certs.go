@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -127,12 +128,19 @@ Certificates:
 				return err
 			}
 			res, err := pki.Renew(pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}, args...)
+			var next []string
 			for _, r := range res {
 				verb := string(r.Action)
 				if r.DryRun {
 					verb = "would be " + verb
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339))
+				if step := afterRenewal[r.Name]; step != "" && !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
+					next = append(next, step)
+				}
+			}
+			for _, step := range next {
+				fmt.Fprintf(cmd.OutOrStdout(), "next: %s\n", strings.ReplaceAll(step, "DIR", d))
 			}
 			return err
 		},
@@ -142,6 +150,15 @@ Certificates:
 	cmd.Flags().DurationVar(&certValidity, "cert-validity-period", certValidity, "lifetime of renewed leaf certificates")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", dryRun, "print what would be renewed, and write nothing")
 	return cmd
+}
+
+// afterRenewal is what must happen before a renewed certificate is used, for those that are not read
+// again by whoever holds them.
+var afterRenewal = map[string]string{
+	pki.KonnectivityServer:    "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
+	pki.KonnectivityFrontend:  "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
+	pki.KonnectivityAgent:     "run konnect init again and re-apply DIR/manifests/" + AgentManifestsSubdir + ": its Secret carries the agents' certificate",
+	pki.APIServerEgressClient: "restart kube-apiserver: it loads its egress client certificate only when it starts",
 }
 
 func validities(ca, cert time.Duration) error {

@@ -531,6 +531,16 @@ func TestCertsCommands(t *testing.T) {
 	if !slices.Equal(c, want) {
 		t.Fatalf("renew all changed %v, want %v\n%s", c, want, out)
 	}
+	// The server's static pod pins its certificate files: the output says to restart it, once.
+	if n := strings.Count(out, "next: restart the konnectivity-server static pod"); n != 1 {
+		t.Errorf("renew all says %d times to restart the server pod:\n%s", n, out)
+	}
+	// The agents' certificate reaches them in the bundle's Secret, which only init writes.
+	mtls := t.TempDir()
+	mustRun(t, initArgs(mtls, "--agent-auth", "mtls")...)
+	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, "manifests", AgentManifestsSubdir)) {
+		t.Errorf("renew konnectivity-agent does not say how the agents get it:\n%s", out)
+	}
 	// Everything still passes init's checks.
 	before = sums(t, dir)
 	mustRun(t, initArgs(dir, "--key-algorithm", "ecdsa-p256")...)
