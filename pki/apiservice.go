@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -60,6 +61,22 @@ func ValidateService(name, namespace string) error {
 	return nil
 }
 
+// controlPlaneFiles are files that only a control plane's certificate directory holds (kubeadm's, or konnect
+// init's): a ca.crt beside them is the cluster CA.
+var controlPlaneFiles = []string{"front-proxy-ca.crt", "sa.key", "apiserver.crt", "konnectivity-server.crt"}
+
+// checkServingDir refuses a control plane's certificate directory as an extension server's: its CA would be
+// taken for the serving CA, and rotating that would replace the cluster CA (kubelets, admin credentials
+// and kube-apiserver's own serving certificate would stop verifying).
+func checkServingDir(dir string) error {
+	for _, f := range controlPlaneFiles {
+		if exists(filepath.Join(dir, f)) {
+			return fmt.Errorf("pki: %s holds a control plane's certificates (%s), so its ca.crt is the cluster CA, not an extension server's; give the extension server a directory of its own", dir, f)
+		}
+	}
+	return nil
+}
+
 // ServingBundle is what an extension server's Secret and caBundles carry.
 type ServingBundle struct {
 	CA   []byte // PEM, the caBundle: one CA, or the old and the new one during a rotation
@@ -78,6 +95,9 @@ func EnsureServing(cfg Config, name, namespace string) ([]Result, ServingBundle,
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, ServingBundle{}, fmt.Errorf("pki: %w", err)
+	}
+	if err := checkServingDir(cfg.Dir); err != nil {
+		return nil, ServingBundle{}, err
 	}
 	phase, err := ServingRotationPhase(cfg.Dir)
 	if err != nil {

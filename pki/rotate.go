@@ -94,6 +94,9 @@ func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, Servi
 	if n < 1 || n > 3 {
 		return nil, ServingBundle{}, 0, fmt.Errorf("pki: rotation step %d: must be 1, 2 or 3", n)
 	}
+	if err := checkServingDir(cfg.Dir); err != nil {
+		return nil, ServingBundle{}, 0, err
+	}
 	phase, err := ServingRotationPhase(cfg.Dir)
 	if err != nil {
 		return nil, ServingBundle{}, 0, err

@@ -180,3 +180,30 @@ func parseCerts(t *testing.T, data []byte) []*x509.Certificate {
 		out = append(out, c)
 	}
 }
+
+// TestServingRefusesAControlPlaneDir: pointed at a control plane's certificate directory, the extension
+// server's commands would take the cluster CA for the serving CA, and a rotation would replace it. Both are
+// refused, and nothing there changes.
+func TestServingRefusesAControlPlaneDir(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Ensure(Config{Dir: dir}); err != nil { // the cluster CA, front-proxy CA and konnectivity certificates
+		t.Fatal(err)
+	}
+	dir = filepath.Join(dir, PKISubdir) // where the serving functions keep their files directly
+	before, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := EnsureServing(Config{Dir: dir}, "hook", "pizza"); err == nil || !strings.Contains(err.Error(), "directory of its own") {
+		t.Errorf("EnsureServing in a control plane's directory: %v", err)
+	}
+	if _, _, _, err := RotateServingCA(Config{Dir: dir}, "hook", "pizza", 1); err == nil || !strings.Contains(err.Error(), "directory of its own") {
+		t.Errorf("RotateServingCA in a control plane's directory: %v", err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "ca.crt")); string(after) != string(before) {
+		t.Error("the cluster CA changed")
+	}
+	if exists(filepath.Join(dir, "tls.crt")) || exists(filepath.Join(dir, "ca-next.key")) {
+		t.Error("serving files written beside the cluster CA")
+	}
+}
