@@ -166,6 +166,9 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			// As the client sent it: ReverseProxy has already dropped parameters it cannot parse (a ";" in a
+			// label selector, a stray "%"), which kubectl proxy forwards and the backend may well accept.
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 			// The API server records X-Forwarded-For in its audit log. Only the address this proxy saw is
 			// sent, so that a local client cannot write someone else's address there.
 			if host, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {

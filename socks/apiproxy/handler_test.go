@@ -209,6 +209,7 @@ func TestProxyForwarding(t *testing.T) {
 		{name: "server path not appended", cfg: HandlerConfig{Filter: def, REST: &withPath}, method: "GET", path: "/api", wantCode: 200, wantBody: "GET /api? ", reachBackend: true},
 		{name: "server path appended", cfg: HandlerConfig{Filter: def, REST: &withPath, AppendServerPath: true}, method: "GET", path: "/api", wantCode: 200, wantBody: "GET /prefix/api? ", reachBackend: true},
 		{name: "escaped path kept", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/namespaces/a%2Fb", wantCode: 200, reachBackend: true},
+		{name: "query kept as sent", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/pods?labelSelector=a%3Db;x&limit=5", wantCode: 200, wantBody: "GET /api/v1/pods?labelSelector=a%3Db;x&limit=5 ", reachBackend: true},
 		{name: "escaped path kept under a prefix", cfg: HandlerConfig{Filter: def, APIPrefix: "/k8s/"}, method: "GET", path: "/k8s/api/v1/namespaces/a%2Fb", wantCode: 200, reachBackend: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
