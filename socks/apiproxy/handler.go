@@ -282,8 +282,10 @@ func (h *Handler) newBackendTransport(cfg HandlerConfig) (http.RoundTripper, err
 			TLSHandshakeTimeout: tlsHandshakeTimeout,
 			MaxIdleConnsPerHost: maxIdleConnsPerHost,
 			IdleConnTimeout:     idleConnTimeout,
-			// A proxy passes the client's Accept-Encoding through and the body back untouched.
-			DisableCompression: true,
+			// As kubectl proxy's transport does: ask for gzip when the client did not, and decompress for it,
+			// so that large lists cross SSH or a WAN compressed (--disable-compression turns it off). A
+			// client's own Accept-Encoding passes through, and its body back untouched.
+			DisableCompression: cfg.REST.DisableCompression,
 			WriteBufferSize:    copyBufferSize,
 			ReadBufferSize:     copyBufferSize,
 		}

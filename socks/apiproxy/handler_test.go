@@ -234,6 +234,42 @@ func TestProxyForwarding(t *testing.T) {
 	}
 }
 
+// TestProxyAsksForCompression: as kubectl proxy's transport does, the proxy asks the API server for gzip when
+// the client did not (and decompresses for it), unless the kubeconfig or --disable-compression says not to;
+// a client's own Accept-Encoding passes through.
+func TestProxyAsksForCompression(t *testing.T) {
+	p := newTestPKI(t)
+	var s seen
+	backend := p.newTLSBackend(t, "", echoBackend(&s))
+	_, rc := p.kubeconfig(t, backend.URL, "")
+	plain := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	get := func(base, encoding string) string {
+		req, _ := http.NewRequest(http.MethodGet, base+"/api", nil)
+		if encoding != "" {
+			req.Header.Set("Accept-Encoding", encoding)
+		}
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return s.last(t).Header.Get("Accept-Encoding")
+	}
+	base := startProxy(t, HandlerConfig{REST: rc})
+	if got := get(base, ""); got != "gzip" {
+		t.Errorf("client without Accept-Encoding: the API server saw %q, want gzip", got)
+	}
+	if got := get(base, "identity"); got != "identity" {
+		t.Errorf("client with Accept-Encoding identity: the API server saw %q", got)
+	}
+	off := *rc
+	off.DisableCompression = true
+	if got := get(startProxy(t, HandlerConfig{REST: &off}), ""); got != "" {
+		t.Errorf("with compression disabled: the API server saw %q, want none", got)
+	}
+}
+
 func TestProxyBackendDown(t *testing.T) {
 	p := newTestPKI(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
