@@ -96,7 +96,19 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to the kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config).")
 	names := clientcmd.RecommendedConfigOverrideFlags("")
 	names.Timeout = clientcmd.FlagInfo{} // a proxy does not time out the requests it forwards
+	names.ClusterOverrideFlags.APIServer.ShortName = "s"
 	clientcmd.BindOverrideFlags(&o.Overrides, fs, names)
+	// kubectl's global flags that mean nothing to a proxy are taken and ignored, so that a kubectl proxy
+	// command line runs unchanged: kubectl proxy ignores --request-timeout too (its transport has no
+	// client timeout), and the others concern kubectl's own discovery cache, version check and profiling.
+	for _, name := range []string{"request-timeout", "cache-dir", "profile", "profile-output", "log-flush-frequency"} {
+		fs.String(name, "", "")
+		_ = fs.MarkHidden(name)
+	}
+	for _, name := range []string{"match-server-version", "warnings-as-errors"} {
+		fs.Bool(name, false, "")
+		_ = fs.MarkHidden(name)
+	}
 
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "Allow --address to be an address that is not loopback. Anyone who can reach it acts with your kubeconfig's credentials; --accept-hosts must then also name the host clients use.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Most client connections open at once; more are answered with 503 and closed.")

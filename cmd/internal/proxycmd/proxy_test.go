@@ -58,6 +58,8 @@ var kubectlGlobalFlags = []string{
 	"kubeconfig", "context", "cluster", "user", "namespace", "server", "token", "as", "as-group", "as-uid",
 	"username", "password", "client-certificate", "client-key", "certificate-authority",
 	"insecure-skip-tls-verify", "tls-server-name", "proxy-url", "disable-compression", "v", "vmodule",
+	// Taken and ignored: they mean nothing to a proxy.
+	"request-timeout", "cache-dir", "profile", "profile-output", "log-flush-frequency", "match-server-version", "warnings-as-errors",
 }
 
 // konnectFlags are konnect's additions; a new flag has to be added here on purpose.
@@ -96,6 +98,9 @@ func TestFlagsMatchKubectlProxy(t *testing.T) {
 		if fs.Lookup(n) == nil {
 			t.Errorf("--%s: missing", n)
 		}
+	}
+	if f := fs.Lookup("server"); f == nil || f.Shorthand != "s" {
+		t.Errorf("--server has no -s, as kubectl's has")
 	}
 }
 
@@ -334,6 +339,7 @@ func TestCommandProxiesWithKubeconfigCredentials(t *testing.T) {
 		{"token context", []string{"--kubeconfig", kc, "--context", "token"}},
 		{"token over HTTP/2", []string{"--kubeconfig", kc, "--context", "token", "--backend-http2"}},
 		{"KUBECONFIG and an API prefix", []string{"--api-prefix", "/k8s-api"}},
+		{"kubectl's global flags", []string{"--kubeconfig", kc, "-s", b.url, "--request-timeout=5s", "--match-server-version", "--cache-dir=/nonexistent"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("KUBECONFIG", kc)
