@@ -19,6 +19,10 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
+
+	// kubectl registers client-go's auth-provider plugins, of which oidc is the one still in use (gcp and
+	// azure were replaced by exec plugins): a kubeconfig with auth-provider: oidc works here as there.
+	_ "k8s.io/client-go/plugin/pkg/client/auth/oidc"
 )
 
 // NewProxyCommand returns `konnect proxy`.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -194,7 +195,9 @@ func newBackend(t *testing.T) *backend {
 	t.Helper()
 	dir := t.TempDir()
 	ca := pkitest.NewCA(t, "test-ca")
-	b := &backend{caFile: ca.WriteCert(t, filepath.Join(dir, "ca.crt")), token: "t0ken-for-tests"}
+	enc := base64.RawURLEncoding.EncodeToString
+	jwt := enc([]byte(`{"alg":"RS256","typ":"JWT"}`)) + "." + enc([]byte(`{"iss":"https://issuer.invalid","exp":4102444800}`)) + "." + enc([]byte("signature"))
+	b := &backend{caFile: ca.WriteCert(t, filepath.Join(dir, "ca.crt")), token: jwt}
 	b.certFile, b.keyFile = ca.Issue(t, pkitest.Spec{CN: "jane", Hosts: []string{"127.0.0.1"}, Client: true}).Write(t, dir, "client")
 	serving := ca.Server(t, "apiserver", "127.0.0.1")
 
@@ -219,7 +222,9 @@ func newBackend(t *testing.T) *backend {
 	return b
 }
 
-// kubeconfig writes a kubeconfig with two contexts: "cert" (client certificate) and "token".
+// kubeconfig writes a kubeconfig with three contexts: "cert" (client certificate), "token", and "oidc"
+// (client-go's oidc auth-provider, holding the token as its ID token: it expires in 2100, so the plugin
+// never asks the issuer for a new one).
 func (b *backend) kubeconfig(t *testing.T, current string) string {
 	t.Helper()
 	kc := fmt.Sprintf(`apiVersion: v1
@@ -236,13 +241,23 @@ users:
     client-key: %s
 - name: token
   user:
-    token: %s
+    token: %[5]s
+- name: oidc
+  user:
+    auth-provider:
+      name: oidc
+      config:
+        client-id: konnect-test
+        idp-issuer-url: https://issuer.invalid
+        id-token: %[5]s
 contexts:
 - name: cert
   context: {cluster: test, user: cert}
 - name: token
   context: {cluster: test, user: token}
-current-context: %s
+- name: oidc
+  context: {cluster: test, user: oidc}
+current-context: %[6]s
 `, b.url, b.caFile, b.certFile, b.keyFile, b.token, current)
 	p := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(p, []byte(kc), 0o600); err != nil {
@@ -340,6 +355,7 @@ func TestCommandProxiesWithKubeconfigCredentials(t *testing.T) {
 		{"token over HTTP/2", []string{"--kubeconfig", kc, "--context", "token", "--backend-http2"}},
 		{"KUBECONFIG and an API prefix", []string{"--api-prefix", "/k8s-api"}},
 		{"kubectl's global flags", []string{"--kubeconfig", kc, "-s", b.url, "--request-timeout=5s", "--match-server-version", "--cache-dir=/nonexistent"}},
+		{"auth-provider oidc", []string{"--kubeconfig", kc, "--context", "oidc"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("KUBECONFIG", kc)
