@@ -48,6 +48,8 @@ const (
 	leaseDuration = 30 * time.Second
 	leaseRenew    = 15 * time.Second
 	leaseGC       = 15 * time.Second
+	// leaseDeleteTimeout bounds the deletion of the server's Lease when it stops.
+	leaseDeleteTimeout = 5 * time.Second
 )
 
 // Server is a running Konnectivity server. New binds every listener; Run serves until its context ends.
@@ -321,10 +323,27 @@ func (s *Server) Run(ctx context.Context) error {
 	s.shutdown()
 	stopLeases()
 	if s.leases != nil {
-		s.leases.Stop()
+		s.deleteLease()
 	}
 	wg.Wait()
 	return runErr
+}
+
+// deleteLease has upstream's lease controller delete this server's Lease, so that agents stop counting the
+// server at once, but waits at most leaseDeleteTimeout: the controller asks with no deadline, and a
+// kube-apiserver that does not answer must not hold the exit. A Lease left behind expires by itself.
+func (s *Server) deleteLease() {
+	done := make(chan struct{})
+	go func() {
+		s.leases.Stop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(leaseDeleteTimeout):
+		klog.InfoS("Kube-apiserver did not answer the deletion of the server's Lease; it expires by itself",
+			"waited", leaseDeleteTimeout, "expiresWithin", leaseDuration)
+	}
 }
 
 // shutdown stops the frontend first (no new tunnels; open ones may finish within GracefulTimeout), then the

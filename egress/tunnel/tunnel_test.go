@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/test/harness"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // httpGet sends one HTTP/1.1 request over c and returns the response body.
@@ -308,4 +311,28 @@ func TestSingleWriteSplitForUpstreamAgent(t *testing.T) {
 	c := dial(t, s.frontend("grpc"), echo)
 	defer c.Close()
 	echoRoundTrip(t, c, 16<<20+12345, 0)
+}
+
+// TestStopDoesNotWaitForALeaseDeletion: a kube-apiserver that does not answer the deletion of the server's
+// Lease holds the exit for leaseDeleteTimeout at most.
+func TestStopDoesNotWaitForALeaseDeletion(t *testing.T) {
+	client := fake.NewClientset()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	client.PrependReactor("delete", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		<-release
+		return true, nil, nil
+	})
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.GracefulTimeout = time.Second
+	cfg.Leases = &Leases{Namespace: "kube-system", Labels: map[string]string{"k8s-app": "konnectivity-server"}, Client: client}
+	s := start(t, cfg)
+	began := time.Now()
+	if err := s.Stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > cfg.GracefulTimeout+leaseDeleteTimeout+5*time.Second {
+		t.Errorf("Run returned %v after its context ended", took)
+	}
 }
