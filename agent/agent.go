@@ -257,6 +257,7 @@ func (a *Agent) sync(stopCtx, ctx context.Context) {
 	}
 	all := true
 	var working []*epState
+	want := a.serverCount()
 	for _, st := range a.sortedEndpoints() {
 		if st.sessions > 0 {
 			working = append(working, st)
@@ -271,11 +272,15 @@ func (a *Agent) sync(stopCtx, ctx context.Context) {
 		if st.busy || now.Before(st.retry.next) {
 			continue
 		}
+		// Another address of a connected server: while no server is missing, there is nothing to find
+		// there, and dialling it again every round would cost a TLS handshake per agent and address.
+		if a.coveredLocked(st) && len(a.sessions) >= want {
+			continue
+		}
 		st.busy = true
 		a.wg.Add(1)
 		go a.connect(ctx, st, false)
 	}
-	want := a.serverCount()
 	if all && len(working) > 0 && !a.lbBusy && !now.Before(a.lb.next) &&
 		(len(a.sessions) < want || a.cfg.SyncForever) {
 		st := working[a.lbNext%len(working)]

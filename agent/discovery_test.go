@@ -155,6 +155,15 @@ func TestTwoAddressesOneServer(t *testing.T) {
 	if s1.backends() != 1 {
 		t.Fatalf("server has %d streams from the agent, want 1", s1.backends())
 	}
+	// Once the second address is known to lead to the connected server, it is not dialled again while no
+	// server is missing: five times the longest retry interval brings no new stream.
+	for len(s1.tokens) > 0 {
+		<-s1.tokens
+	}
+	time.Sleep(5 * cfg.SyncIntervalCap)
+	if n := len(s1.tokens); n > 0 {
+		t.Errorf("the alias address was dialled %d more times", n)
+	}
 }
 
 // TestDualStackNameWithoutIPv6Route: a name with an A and an AAAA record for one server, reachable only over
