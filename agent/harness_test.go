@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -12,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"k8s.io/klog/v2"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
@@ -223,33 +220,3 @@ func agentOnServer(t *testing.T, tune func(*Config)) (*testPKI, *upstreamServer,
 	srv.waitBackends(t, 1)
 	return pki, srv, ra
 }
-
-// captureLogs sends klog's output, at the highest verbosity, to a buffer until the test ends, and returns a
-// function that reads it.
-func captureLogs(t *testing.T) func() string {
-	var mu sync.Mutex
-	var buf strings.Builder
-	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "v": "10"} {
-		old := flag.Lookup(name).Value.String()
-		if err := flag.Set(name, v); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = flag.Set(name, old) })
-	}
-	klog.SetOutput(writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return buf.Write(p)
-	}))
-	t.Cleanup(func() { klog.SetOutput(os.Stderr) })
-	return func() string {
-		klog.Flush()
-		mu.Lock()
-		defer mu.Unlock()
-		return buf.String()
-	}
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -511,7 +511,7 @@ func TestWrongServerCA(t *testing.T) {
 }
 
 func TestTokenRejectedIsReported(t *testing.T) {
-	logs := captureLogs(t)
+	logs := harness.CaptureKlog(t)
 	pki := newTestPKI(t)
 	srv := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca, wantToken: "other-token"})
 	ra := startAgent(t, pki.config(srv.agentAddr))
