@@ -146,6 +146,7 @@ func TestTokenReviewReadiness(t *testing.T) {
 	cfg := e.config("grpc")
 	cfg.TokenAuth = &TokenAuth{Namespace: "kube-system", ServiceAccount: "a", Audience: "x", Client: cs}
 	s := start(t, cfg)
+	logs := harness.CaptureKlog(t)
 	var failed bool
 	for _, chk := range s.ReadyChecks() {
 		if chk.Name() == "tokenreview" {
@@ -158,6 +159,10 @@ func TestTokenReviewReadiness(t *testing.T) {
 	}
 	if !failed {
 		t.Error("no failing tokenreview check")
+	}
+	// /readyz?verbose withholds the reason, so the log gives it.
+	if l := logs(); !strings.Contains(l, "agents cannot authenticate") || !strings.Contains(l, "connection refused") {
+		t.Errorf("the failing TokenReview is not logged with its reason:\n%s", l)
 	}
 }
 

@@ -456,6 +456,14 @@ func (s *Server) checkTokenReview(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("TokenReview through --kubeconfig: %w", err)
 	}
+	// /readyz?verbose withholds a check's reason, and kube-style health endpoints log it only at -v=2: say
+	// here, once per change, why agents cannot authenticate, and when they can again.
+	switch {
+	case err != nil && (s.tokenErr == nil || s.tokenErr.Error() != err.Error()):
+		klog.ErrorS(err, "Not ready: agents cannot authenticate while kube-apiserver does not answer TokenReviews")
+	case err == nil && s.tokenErr != nil:
+		klog.InfoS("Ready again: kube-apiserver answers TokenReviews")
+	}
 	s.tokenChecked, s.tokenErr = time.Now(), err
 	return err
 }
