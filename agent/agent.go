@@ -156,6 +156,7 @@ func (a *Agent) drain() {
 		return
 	}
 	klog.InfoS("Draining: waiting for open connections", "connections", open, "timeout", a.cfg.GracefulTimeout)
+	end := time.Now().Add(a.cfg.GracefulTimeout)
 	deadline := time.NewTimer(a.cfg.GracefulTimeout)
 	defer deadline.Stop()
 	quietFrom := time.NewTimer(a.cfg.GracefulTimeout - a.cfg.GracefulTimeout/4)
@@ -174,7 +175,15 @@ func (a *Agent) drain() {
 			defer t.Stop()
 			tick = t.C
 		case <-tick:
-			a.closeQuietConns(seen, quietFor)
+			// In the last stretch, a connection still busy now and then (a request every 100 ms on one
+			// kept-alive connection) never rests quietFor, and would be cut at the deadline, in the middle of
+			// a request or not: take a rest from one tick to the next, so that it ends between two requests
+			// instead (half a tick, as ticks may come a little early).
+			rest := quietFor
+			if time.Until(end) <= quietFor {
+				rest = quietTick / 2
+			}
+			a.closeQuietConns(seen, rest)
 		}
 	}
 }

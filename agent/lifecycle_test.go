@@ -339,6 +339,40 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 	}
 }
 
+// TestDrainClosesBetweenRequests: a kept-alive connection that carries a request every 100 ms never rests
+// for the drain's usual second; in the last stretch before the deadline it is closed in a gap between two
+// requests, not cut at the deadline wherever it is.
+func TestDrainClosesBetweenRequests(t *testing.T) {
+	echo := harness.StartEcho(t)
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 4 * time.Second })
+	conn, err := srv.dial(context.Background(), echo.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- ra.Stop(t) }()
+	var closedAt time.Duration
+	b := []byte{1}
+	for closedAt == 0 && time.Since(start) < 2*ra.cfg.GracefulTimeout {
+		time.Sleep(100 * time.Millisecond)
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write(b); err != nil {
+			closedAt = time.Since(start)
+		} else if _, err := io.ReadFull(conn, b); err != nil {
+			closedAt = time.Since(start)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	quietFor := min(time.Second, ra.cfg.GracefulTimeout/10)
+	if closedAt == 0 || closedAt < ra.cfg.GracefulTimeout-quietFor || closedAt > ra.cfg.GracefulTimeout-20*time.Millisecond {
+		t.Fatalf("connection closed %v after the stop; want in the last %v before the %v deadline, not at it", closedAt, quietFor, ra.cfg.GracefulTimeout)
+	}
+}
+
 // TestDrainWaitsForAnAnswer: in the last quarter of the graceful timeout, a kept-alive connection whose
 // backend is still working on a request looks quiet, but is not closed before the answer comes.
 func TestDrainWaitsForAnAnswer(t *testing.T) {
