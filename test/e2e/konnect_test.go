@@ -15,7 +15,7 @@ import (
 )
 
 // manifestDoc is one YAML document that konnect init wrote under
-// DIR/manifests.
+// DIR/manifests or DIR/konnectivity-agent.
 type manifestDoc struct {
 	file string
 	kind string
@@ -23,12 +23,28 @@ type manifestDoc struct {
 	raw  []byte
 }
 
-// konnectManifests reads every document of every YAML file under
-// DIR/manifests.
+// manifestRoots are the directories of konnect init's manifests: the static pod's and the agents' bundle.
+func (c *cluster) manifestRoots() []string {
+	return []string{filepath.Join(c.konnectDir, "manifests"), filepath.Join(c.konnectDir, "konnectivity-agent")}
+}
+
+// konnectManifests reads every document of every YAML file under the manifest roots.
 func (c *cluster) konnectManifests() ([]manifestDoc, error) {
-	root := filepath.Join(c.konnectDir, "manifests")
 	var docs []manifestDoc
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	for _, root := range c.manifestRoots() {
+		if err := readManifestDocs(root, &docs); err != nil {
+			return nil, fmt.Errorf("konnect init manifests: %w", err)
+		}
+	}
+	if len(docs) == 0 {
+		return nil, fmt.Errorf("konnect init wrote no manifests under %s", c.manifestRoots())
+	}
+	return docs, nil
+}
+
+// readManifestDocs appends every document of every YAML file under root.
+func readManifestDocs(root string, docs *[]manifestDoc) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") {
 			return err
 		}
@@ -47,18 +63,11 @@ func (c *cluster) konnectManifests() ([]manifestDoc, error) {
 				return fmt.Errorf("%s: %w", path, err)
 			}
 			if meta.Kind != "" {
-				docs = append(docs, manifestDoc{file: path, kind: meta.Kind, name: meta.Metadata.Name, raw: []byte(raw)})
+				*docs = append(*docs, manifestDoc{file: path, kind: meta.Kind, name: meta.Metadata.Name, raw: []byte(raw)})
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("konnect init manifests: %w", err)
-	}
-	if len(docs) == 0 {
-		return nil, fmt.Errorf("konnect init wrote no manifests under %s", root)
-	}
-	return docs, nil
 }
 
 // rbacKinds are the objects a cluster needs before any agent connects.
@@ -80,7 +89,7 @@ func (c *cluster) konnectRBACFile() (string, []manifestDoc, error) {
 		}
 	}
 	if len(picked) == 0 {
-		return "", nil, fmt.Errorf("konnect init wrote no ServiceAccount or RBAC under %s/manifests", c.konnectDir)
+		return "", nil, fmt.Errorf("konnect init wrote no ServiceAccount or RBAC under %s", c.manifestRoots())
 	}
 	path := filepath.Join(c.dir, "konnect-rbac.yaml")
 	return path, picked, os.WriteFile(path, []byte(strings.Join(parts, "\n---\n")), 0o644)

@@ -30,7 +30,7 @@ import (
 // The node cluster: etcd, kube-apiserver, kube-controller-manager and kube-scheduler as processes in cp,
 // and a containerd and a kubelet on each of cp, w1 and w2. konnect runs from its own image: the server as
 // the static pod that `konnect init` wrote into cp's manifest directory, the agents as the DaemonSet of
-// `kubectl apply -k DIR/manifests/konnectivity-agent`.
+// `kubectl apply -k DIR/konnectivity-agent`.
 //
 //	           lap 198.18.1.2 ── 198.18.1.1 cp 198.18.0.1 (node IP) ── 198.18.0.2 w1, node IP 198.19.250.1 (lo)
 //	                                         198.18.0.5         ── 198.18.0.6 w2, node IP 198.19.250.2 (lo)
@@ -212,7 +212,7 @@ func newNodeCluster(t *testing.T, name string) (*nodeCluster, error) {
 	step = time.Now()
 	// The kustomization first: it also holds the server's TokenReview permission, which the server's
 	// readiness checks.
-	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", filepath.Join(c.konnectDir, "manifests", "konnectivity-agent")); err != nil {
+	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", filepath.Join(c.konnectDir, "konnectivity-agent")); err != nil {
 		return nc, fmt.Errorf("kubectl apply -k konnectivity-agent: %w", err)
 	}
 	if err := nc.waitServerPod(ctx, implKonnect, 2*time.Minute); err != nil {
@@ -220,6 +220,11 @@ func newNodeCluster(t *testing.T, name string) (*nodeCluster, error) {
 	}
 	if err := nc.waitAgentsRolledOut(ctx, 2*time.Minute); err != nil {
 		return nc, err
+	}
+	// kubelet has scanned the directory konnect init wrote many times by now (every 2 s here).
+	if b, err := os.ReadFile(nc.nodes[0].kubelet.LogPath); err != nil || strings.Contains(string(b), "not recursing into manifest path") {
+		return nc, fmt.Errorf("cp's kubelet complains about what konnect init put in its static-pod directory (%v): %s",
+			err, grepLine(string(b), "not recursing into manifest path"))
 	}
 	t.Logf("server static pod and agent DaemonSet ready in %v", time.Since(step).Round(100*time.Millisecond))
 
@@ -379,8 +384,8 @@ func imageTarball(ref string) string {
 
 // checkDefaultImage proves that `konnect init`, run without --image, names the image `make image` built.
 func (nc *nodeCluster) checkDefaultImage() error {
-	for _, f := range []string{"konnectivity-server.yaml", "konnectivity-agent/konnectivity-agent.yaml"} {
-		b, err := os.ReadFile(filepath.Join(nc.konnectDir, "manifests", f))
+	for _, f := range []string{"manifests/konnectivity-server.yaml", "konnectivity-agent/konnectivity-agent.yaml"} {
+		b, err := os.ReadFile(filepath.Join(nc.konnectDir, f))
 		if err != nil {
 			return err
 		}

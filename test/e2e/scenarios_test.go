@@ -483,33 +483,34 @@ func TestManifests(t *testing.T) {
 
 	// Server-side dry run of everything: a directory with a kustomization.yaml
 	// is applied with -k, any other YAML file with -f.
-	root := filepath.Join(c.konnectDir, "manifests")
 	var applied []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if _, err := os.Stat(filepath.Join(path, "kustomization.yaml")); err == nil {
-				if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-k", path); err != nil {
-					return fmt.Errorf("dry run of kustomization %s: %w\n%s", path, err, out)
-				}
-				applied = append(applied, "-k "+path)
-				return filepath.SkipDir
+	for _, root := range c.manifestRoots() {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
 			}
+			if d.IsDir() {
+				if _, err := os.Stat(filepath.Join(path, "kustomization.yaml")); err == nil {
+					if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-k", path); err != nil {
+						return fmt.Errorf("dry run of kustomization %s: %w\n%s", path, err, out)
+					}
+					applied = append(applied, "-k "+path)
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if !strings.HasSuffix(path, ".yaml") {
+				return nil
+			}
+			if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-f", path); err != nil {
+				return fmt.Errorf("dry run of %s: %w\n%s", path, err, out)
+			}
+			applied = append(applied, "-f "+path)
 			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !strings.HasSuffix(path, ".yaml") {
-			return nil
-		}
-		if out, err := c.kubectl(ctx, nsCP, "apply", "--dry-run=server", "-f", path); err != nil {
-			return fmt.Errorf("dry run of %s: %w\n%s", path, err, out)
-		}
-		applied = append(applied, "-f "+path)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	t.Logf("kubectl apply --dry-run=server accepted: %s", strings.Join(applied, "; "))
 
@@ -523,7 +524,7 @@ func TestManifests(t *testing.T) {
 	}
 	for _, k := range []string{"Pod", "DaemonSet", "ServiceAccount", "ClusterRoleBinding"} {
 		if !kinds[k] {
-			t.Errorf("konnect init wrote no %s under %s", k, root)
+			t.Errorf("konnect init wrote no %s under %s", k, c.manifestRoots())
 		}
 	}
 

@@ -201,6 +201,7 @@ func TestKillDuringInit(t *testing.T) {
 		}
 		os.Remove(filepath.Join(dir, "konnectivity-server.conf"))
 		os.RemoveAll(filepath.Join(dir, "manifests"))
+		os.RemoveAll(filepath.Join(dir, "konnectivity-agent"))
 		killed, _ = killAfter(t, time.Duration(rng.Int64N(int64(d*5/4))), initArgs(dir)...)
 		stats["runs"]++
 		if killed {
@@ -231,7 +232,7 @@ func TestKillDuringInit(t *testing.T) {
 				os.Remove(filepath.Join(dir, "pki", e.Name()))
 			}
 		}
-		for _, e := range []string{"konnectivity-server.conf", "egress-selector-configuration.yaml", "kube-apiserver.flags", "manifests"} {
+		for _, e := range []string{"konnectivity-server.conf", "egress-selector-configuration.yaml", "kube-apiserver.flags", "manifests", "konnectivity-agent"} {
 			os.RemoveAll(filepath.Join(dir, e))
 		}
 		r := konnect(t, time.Minute, initArgs(dir)...)

@@ -12,7 +12,7 @@
 //	DIR/egress-selector-configuration.yaml     kube-apiserver --egress-selector-config-file
 //	DIR/kube-apiserver.flags                   kube-apiserver flags, one --flag=value per line
 //	DIR/manifests/konnectivity-server.yaml     Konnectivity server static pod
-//	DIR/manifests/konnectivity-agent/          agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml
+//	DIR/konnectivity-agent/                    agent DaemonSet, ServiceAccount, RBAC, kustomization.yaml
 //	    (with --agent-auth mtls: the agents' certificate Secret, mode 0600, instead of the TokenReview RBAC)
 //
 // These paths are a stable interface.
@@ -62,7 +62,7 @@ func phases() []phase {
 		{name: "kubeconfig", short: "Write DIR/" + pki.KubeconfigFile + " for the Konnectivity server", needs: needs{apiserverURL: true}, run: (*runner).kubeconfig},
 		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
 		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
-		{name: "manifests", short: "Write DIR/" + ManifestsSubdir + "/: Konnectivity server static pod, agent DaemonSet, RBAC, kustomization.yaml", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
+		{name: "manifests", short: "Write the Konnectivity server static pod to DIR/" + ManifestsSubdir + "/, and the agent DaemonSet, RBAC, kustomization.yaml to DIR/" + AgentBundleDir + "/", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
 	}
 }
 
@@ -186,7 +186,7 @@ func outputList() string {
 		{EgressConfigFile, "EgressSelectorConfiguration for kube-apiserver's --egress-selector-config-file"},
 		{FlagsFile, "kube-apiserver flags, one --flag=value per line"},
 		{ManifestsSubdir + "/konnectivity-server.yaml", "Konnectivity server static pod (kubelet runs it when DIR is /etc/kubernetes)"},
-		{ManifestsSubdir + "/" + AgentManifestsSubdir + "/", "agent DaemonSet, ServiceAccount, RBAC (--agent-auth mtls: certificate Secret), kustomization.yaml: kubectl apply -k"},
+		{AgentBundleDir + "/", "agent DaemonSet, ServiceAccount, RBAC (--agent-auth mtls: certificate Secret), kustomization.yaml: kubectl apply -k"},
 	} {
 		fmt.Fprintf(&b, "  DIR/%-41s %s\n", f[0], f[1])
 	}

@@ -108,7 +108,7 @@ func TestInitAcceptance(t *testing.T) {
 		"pki/konnectivity-server-client.crt", "pki/konnectivity-server-client.key",
 		"pki/konnectivity-server.crt", "pki/konnectivity-server.key",
 		"konnectivity-server.conf", "egress-selector-configuration.yaml", "kube-apiserver.flags",
-		"manifests/konnectivity-server.yaml", "manifests/konnectivity-agent/kustomization.yaml",
+		"manifests/konnectivity-server.yaml", "konnectivity-agent/kustomization.yaml",
 	}
 	first := sums(t, dir)
 	for _, f := range want {
@@ -291,11 +291,65 @@ func TestInitTCPAndMTLS(t *testing.T) {
 
 // TestInitRemovesStaleTemps: the temporary files of a killed run (they may hold a key) are gone after the
 // next run, wherever konnect init writes.
+// TestInitAgentBundleOutsideStaticPodDir: DIR/manifests is kubelet's static-pod directory when DIR is
+// /etc/kubernetes, and kubelet logs an error for each directory there at every scan. A bundle an older
+// konnect wrote there moves out whole, with a file the user added.
+func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir)...)
+	entries, err := os.ReadDir(filepath.Join(dir, ManifestsSubdir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			t.Errorf("DIR/%s/%s is a directory: kubelet logs an error for it at every scan", ManifestsSubdir, e.Name())
+		}
+	}
+
+	bundle := filepath.Join(dir, AgentBundleDir)
+	legacy := filepath.Join(dir, ManifestsSubdir, AgentBundleDir)
+	if err := os.Rename(bundle, legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "user-patch.yaml"), []byte("# the user's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, append(initArgs(dir), "--dry-run")...); !strings.Contains(out, "[would be moved] "+legacy+"/ (to "+bundle+":") {
+		t.Errorf("a dry run does not say the bundle would move:\n%s", out)
+	}
+	if _, err := os.Stat(legacy); err != nil {
+		t.Fatalf("a dry run moved the bundle: %v", err)
+	}
+	if out := mustRun(t, initArgs(dir)...); !strings.Contains(out, "[moved] "+legacy+"/ (to "+bundle+":") {
+		t.Errorf("the move is not reported:\n%s", out)
+	}
+	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
+		t.Errorf("%s is still there: %v", legacy, err)
+	}
+	for _, f := range []string{"user-patch.yaml", "kustomization.yaml"} {
+		if _, err := os.Stat(filepath.Join(bundle, f)); err != nil {
+			t.Errorf("after the move: %v", err)
+		}
+	}
+
+	// Both there: the old copy is named, not deleted.
+	if err := os.Mkdir(legacy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, initArgs(dir)...); !strings.Contains(out, "[kept] "+legacy+"/ (left by an older konnect") {
+		t.Errorf("the old copy is not named:\n%s", out)
+	}
+	if _, err := os.Stat(legacy); err != nil {
+		t.Errorf("the old copy was removed: %v", err)
+	}
+}
+
 func TestInitRemovesStaleTemps(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, initArgs(dir)...)
 	var stale []string
-	for _, f := range []string{FlagsFile, "manifests/konnectivity-server.yaml", "manifests/konnectivity-agent/konnectivity-agent.yaml", "pki/ca.key"} {
+	for _, f := range []string{FlagsFile, "manifests/konnectivity-server.yaml", "konnectivity-agent/konnectivity-agent.yaml", "pki/ca.key"} {
 		p := filepath.Join(dir, filepath.Dir(f), "."+filepath.Base(f)+".tmp-12345")
 		if err := os.WriteFile(p, []byte("partial"), 0o600); err != nil {
 			t.Fatal(err)
@@ -368,7 +422,7 @@ func TestInitDryRun(t *testing.T) {
 		}
 	}
 	// The agents' files need the CA: the dry run says so rather than list a set the real run would not write.
-	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "manifests/konnectivity-agent")+"/ (rendered once the certs phase has written ca.crt)") {
+	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "konnectivity-agent")+"/ (rendered once the certs phase has written ca.crt)") {
 		t.Errorf("dry run does not say the agent manifests wait for ca.crt:\n%s", out)
 	}
 	mustRun(t, initArgs(dir)...)
@@ -538,7 +592,7 @@ func TestCertsCommands(t *testing.T) {
 	// The agents' certificate reaches them in the bundle's Secret, which only init writes.
 	mtls := t.TempDir()
 	mustRun(t, initArgs(mtls, "--agent-auth", "mtls")...)
-	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, "manifests", AgentManifestsSubdir)) {
+	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, AgentBundleDir)) {
 		t.Errorf("renew konnectivity-agent does not say how the agents get it:\n%s", out)
 	}
 	// Everything still passes init's checks.
@@ -627,7 +681,7 @@ func TestInitAgentMTLS(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("dry run created %s", dir)
 	}
-	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "manifests/konnectivity-agent")) {
+	if !strings.Contains(out, "[would be created] "+filepath.Join(dir, "konnectivity-agent")) {
 		t.Errorf("dry run does not list the agent manifests:\n%s", out)
 	}
 
@@ -673,8 +727,8 @@ func TestInitAgentMTLS(t *testing.T) {
 		}
 	}
 
-	agentDir := filepath.Join(dir, "manifests/konnectivity-agent")
-	secret := decode("manifests/konnectivity-agent/konnectivity-agent-tls.yaml").(*corev1.Secret)
+	agentDir := filepath.Join(dir, "konnectivity-agent")
+	secret := decode("konnectivity-agent/konnectivity-agent-tls.yaml").(*corev1.Secret)
 	if info, err := os.Stat(filepath.Join(agentDir, "konnectivity-agent-tls.yaml")); err != nil || info.Mode().Perm() != 0o600 {
 		t.Errorf("Secret file: %v, mode %v", err, info.Mode())
 	}
@@ -701,7 +755,7 @@ func TestInitAgentMTLS(t *testing.T) {
 		t.Errorf("--cluster-allowed-names=%q, agent certificate CN %q", allowed, cert.Subject.CommonName)
 	}
 
-	ds := decode("manifests/konnectivity-agent/konnectivity-agent.yaml").(*appsv1.DaemonSet)
+	ds := decode("konnectivity-agent/konnectivity-agent.yaml").(*appsv1.DaemonSet)
 	agent := flags(ds.Spec.Template.Spec.Containers[0])
 	if _, ok := agent["--service-account-token-path"]; ok {
 		t.Errorf("agent has --service-account-token-path: %q", ds.Spec.Template.Spec.Containers[0].Args)
@@ -767,7 +821,7 @@ func TestInitServerLeases(t *testing.T) {
 				t.Errorf("%s: the server pod lacks %s", auth, want)
 			}
 		}
-		agentDir := filepath.Join(dir, "manifests/konnectivity-agent")
+		agentDir := filepath.Join(dir, "konnectivity-agent")
 		ds, err := os.ReadFile(filepath.Join(agentDir, "konnectivity-agent.yaml"))
 		if err != nil {
 			t.Fatal(err)

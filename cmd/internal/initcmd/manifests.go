@@ -13,10 +13,13 @@ import (
 	"github.com/konnect-dev/konnect/pki"
 )
 
-// AgentManifestsSubdir holds the cluster-side manifests under DIR/manifests. kubelet does not descend
-// into subdirectories of its manifest directory, so with --dir /etc/kubernetes the static pod runs and
-// the DaemonSet, ServiceAccount and RBAC wait for `kubectl apply -k`.
-const AgentManifestsSubdir = "konnectivity-agent"
+// AgentBundleDir holds the cluster-side manifests (DaemonSet, ServiceAccount, RBAC) for `kubectl apply -k`,
+// under --dir beside ManifestsSubdir, not in it: with --dir /etc/kubernetes, DIR/manifests is kubelet's
+// static-pod directory, and kubelet logs an error for every directory it finds there at each scan (20 s).
+const AgentBundleDir = "konnectivity-agent"
+
+// movedTo marks a directory that init moved; the note says where.
+const movedTo pki.Action = "moved"
 
 // defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
 // the konnect that wrote them, never a moving ":latest". A plain `go build` is version "devel", and so is
@@ -62,9 +65,11 @@ func (r *runner) manifests([]string) error {
 			return err
 		}
 	}
-	dir := filepath.Join(o.Dir, ManifestsSubdir)
-	agentDir := filepath.Join(dir, AgentManifestsSubdir)
-	if err := r.writeFiles(dir, []manifests.File{pod}); err != nil {
+	agentDir := filepath.Join(o.Dir, AgentBundleDir)
+	if err := r.writeFiles(filepath.Join(o.Dir, ManifestsSubdir), []manifests.File{pod}); err != nil {
+		return err
+	}
+	if err := r.moveLegacyAgentBundle(agentDir); err != nil {
 		return err
 	}
 	if pending {
@@ -73,6 +78,33 @@ func (r *runner) manifests([]string) error {
 		return nil
 	}
 	return r.writeFiles(agentDir, files)
+}
+
+// moveLegacyAgentBundle moves the agents' bundle out of DIR/manifests, where konnect wrote it before, to
+// agentDir. The directory moves whole, so that files a user added (a kustomize patch) come along, and init
+// then rewrites its own files there as it did in the old place. If both exist, the old one stays and is named.
+func (r *runner) moveLegacyAgentBundle(agentDir string) error {
+	legacy := filepath.Join(r.o.Dir, ManifestsSubdir, AgentBundleDir)
+	if fi, err := os.Lstat(legacy); err != nil || !fi.IsDir() {
+		return nil
+	}
+	const why = "kubelet logs an error for each directory in its static-pod directory"
+	switch _, err := os.Lstat(agentDir); {
+	case err == nil:
+		r.outcomes = append(r.outcomes, outcome{action: pki.Kept, file: legacy + string(filepath.Separator),
+			note: "left by an older konnect: the bundle is now " + agentDir + "; delete this copy: " + why})
+		return nil
+	case !os.IsNotExist(err):
+		return err
+	}
+	if !r.o.DryRun {
+		if err := os.Rename(legacy, agentDir); err != nil {
+			return fmt.Errorf("move the agents' bundle out of %s: %w", filepath.Dir(legacy), err)
+		}
+	}
+	r.outcomes = append(r.outcomes, outcome{action: movedTo, dryRun: r.o.DryRun, file: legacy + string(filepath.Separator),
+		note: "to " + agentDir + ": " + why})
+	return nil
 }
 
 // serverManifest is the Konnectivity server's static pod as the options describe it.

@@ -89,7 +89,7 @@ func NewOptions() *Options {
 
 // AddFlags registers every option with its current value as the default.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir)
+	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir+", DIR/"+AgentBundleDir)
 	fs.StringArrayVar(&o.ControlPlaneAddresses, "control-plane-address", o.ControlPlaneAddresses, "IP address or DNS name under which agents reach this control plane (repeatable); SAN of konnectivity-server.crt")
 	fs.StringVar(&o.KeyAlgorithm, "key-algorithm", o.KeyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
 	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates")
@@ -217,7 +217,7 @@ func (o *Options) checkSocketDir() error {
 		return fmt.Errorf("--uds-name: %w", err)
 	}
 	dir := filepath.Dir(sock)
-	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir)} {
+	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
 		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
 			return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
 				o.UDSName, dir, held, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))))
