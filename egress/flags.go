@@ -49,7 +49,7 @@ type APIServerFlags struct {
 // Flags returns the flags in a fixed order. Every file path must be absolute: kube-apiserver resolves
 // relative paths from its own working directory, which is not the caller's.
 func (c APIServerFlags) Flags() ([]Flag, error) {
-	audiences, err := mergeAudiences(c.APIAudiences, []string{KonnectivityAudience})
+	audiences, err := mergeList("api-audiences", c.APIAudiences, []string{KonnectivityAudience})
 	if err != nil {
 		return nil, err
 	}
@@ -87,9 +87,9 @@ func (c APIServerFlags) Flags() ([]Flag, error) {
 	return flags, nil
 }
 
-// mergeAudiences returns base followed by the members of extra that base lacks, refusing values that
-// cannot sit in a comma-separated flag.
-func mergeAudiences(base, extra []string) ([]string, error) {
+// mergeList returns base followed by the members of extra that base lacks, refusing values that cannot sit
+// in the comma-separated flag --name.
+func mergeList(name string, base, extra []string) ([]string, error) {
 	var out []string
 	seen := map[string]bool{}
 	for _, a := range append(append([]string(nil), base...), extra...) {
@@ -98,7 +98,7 @@ func mergeAudiences(base, extra []string) ([]string, error) {
 			continue
 		}
 		if strings.ContainsAny(a, ", \t\n\r") {
-			return nil, fmt.Errorf("kube-apiserver flags: --api-audiences: audience %q must not contain a comma or white space", a)
+			return nil, fmt.Errorf("kube-apiserver flags: --%s: %q must not contain a comma or white space", name, a)
 		}
 		seen[a] = true
 		out = append(out, a)

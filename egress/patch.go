@@ -242,16 +242,16 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			editFlag(c, f.Name, false, "")
 			continue
 		}
-		if f.Name == "api-audiences" {
-			kept := lookupFlag(c, "api-audiences")
-			if len(kept) == 0 {
+		if sharedLists[f.Name] {
+			kept := lookupFlag(c, f.Name)
+			if f.Name == "api-audiences" && len(kept) == 0 {
 				kept = lookupFlag(c, "service-account-issuer")
 			}
 			var base []string
 			for _, v := range kept {
 				base = append(base, strings.Split(v, ",")...)
 			}
-			merged, err := mergeAudiences(base, strings.Split(f.Value, ","))
+			merged, err := mergeList(f.Name, base, strings.Split(f.Value, ","))
 			if err != nil {
 				return false, err
 			}
@@ -464,6 +464,18 @@ func editFlag(c *corev1.Container, name string, boolean bool, with string) (foun
 
 // uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.
 const uidHeadersFlag = "requestheader-uid-headers"
+
+// sharedLists are kube-apiserver's comma-separated flags that konnect needs entries in but does not own.
+// The patch adds its entries after those the manifest has, so that another issuer's audiences, or another
+// front proxy's name and headers, keep working.
+var sharedLists = map[string]bool{
+	"api-audiences":                      true,
+	"requestheader-allowed-names":        true,
+	"requestheader-extra-headers-prefix": true,
+	"requestheader-group-headers":        true,
+	"requestheader-username-headers":     true,
+	uidHeadersFlag:                       true,
+}
 
 // takesUIDHeaders reports whether the kube-apiserver of image takes --requestheader-uid-headers: 1.33 and
 // later do (1.32 only behind the RemoteRequestHeaderUID feature gate, off by default; older ones do not know

@@ -349,6 +349,37 @@ func TestPatchPodAudiencesAndContainerChoice(t *testing.T) {
 	}
 }
 
+// A kube-apiserver that already serves another front proxy keeps its name and headers: the patch adds
+// konnect's entries to the lists instead of replacing them, and a second patch changes nothing.
+func TestPatchPodKeepsOtherFrontProxies(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Command: []string{"kube-apiserver",
+		"--requestheader-allowed-names=auth-proxy",
+		"--requestheader-username-headers=X-Forwarded-User,X-Remote-User",
+		"--requestheader-group-headers=X-Forwarded-Groups",
+	}}}}}
+	p := ManifestPatch{Flags: []Flag{
+		{"requestheader-allowed-names", "front-proxy-client"},
+		{"requestheader-username-headers", "X-Remote-User"},
+		{"requestheader-group-headers", "X-Remote-Group"},
+		{"requestheader-extra-headers-prefix", "X-Remote-Extra-"},
+	}}
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"kube-apiserver",
+		"--requestheader-allowed-names=auth-proxy,front-proxy-client",
+		"--requestheader-username-headers=X-Forwarded-User,X-Remote-User",
+		"--requestheader-group-headers=X-Forwarded-Groups,X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+	}
+	if got := pod.Spec.Containers[0].Command; !slices.Equal(got, want) {
+		t.Errorf("command:\n got  %q\n want %q", got, want)
+	}
+	if changed, err := PatchPod(pod, p); err != nil || changed {
+		t.Errorf("second PatchPod = %v, %v", changed, err)
+	}
+}
+
 // With --dir outside /etc/kubernetes, nothing kubeadm mounts covers the certificates: their directory is
 // mounted, and moving it later moves the mount instead of adding one.
 func TestPatchPodMountsUncoveredDirectories(t *testing.T) {
