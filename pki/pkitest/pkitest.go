@@ -8,6 +8,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -19,6 +20,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Spec describes one certificate.
@@ -163,6 +167,46 @@ func Load(certFile, keyFile string) (*Cert, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// KubeconfigName names the cluster, user and context of a kubeconfig from WriteKubeconfig.
+const KubeconfigName = "test"
+
+// WriteKubeconfig writes a kubeconfig with one context, for cluster and user, to path with mode 0600.
+func WriteKubeconfig(path string, cluster clientcmdapi.Cluster, user clientcmdapi.AuthInfo) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[KubeconfigName] = &cluster
+	cfg.AuthInfos[KubeconfigName] = &user
+	cfg.Contexts[KubeconfigName] = &clientcmdapi.Context{Cluster: KubeconfigName, AuthInfo: KubeconfigName}
+	cfg.CurrentContext = KubeconfigName
+	b, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return err
+	}
+	return writeFile(path, b)
+}
+
+// User is c as a kubeconfig user, certificate and key embedded.
+func (c *Cert) User() clientcmdapi.AuthInfo {
+	return clientcmdapi.AuthInfo{ClientCertificateData: c.CertPEM, ClientKeyData: c.KeyPEM}
+}
+
+// WriteServiceAccountKeys writes a token signing key pair for kube-apiserver (RSA, which every version
+// accepts) as dir/sa.pub and dir/sa.key, and returns both paths.
+func WriteServiceAccountKeys(dir string) (pub, priv string, err error) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return "", "", err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", "", err
+	}
+	pub, priv = filepath.Join(dir, "sa.pub"), filepath.Join(dir, "sa.key")
+	if err := writeFile(pub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})); err != nil {
+		return "", "", err
+	}
+	return pub, priv, writeFile(priv, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}))
 }
 
 // Write stores c as dir/base.crt and dir/base.key and returns both paths.

@@ -22,7 +22,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 type options struct {
@@ -752,23 +754,9 @@ func (b *bench) apiProxy() error {
 	if err := b.t.waitTCP("cp", cpTLSAddr, 15*time.Second, nil); err != nil {
 		return err
 	}
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: bench
-  cluster:
-    server: https://%s
-    certificate-authority: %s
-users:
-- name: bench
-  user:
-    token: bench-token-not-a-secret
-contexts:
-- name: bench
-  context: {cluster: bench, user: bench}
-current-context: bench
-`, cpTLSAddr, b.path("backend-tls.crt"))
-	if err := os.WriteFile(b.path("bench.kubeconfig"), []byte(kc), 0o600); err != nil {
+	err := pkitest.WriteKubeconfig(b.path("bench.kubeconfig"), clientcmdapi.Cluster{Server: "https://" + cpTLSAddr, CertificateAuthority: b.path("backend-tls.crt")},
+		clientcmdapi.AuthInfo{Token: "bench-token-not-a-secret"})
+	if err != nil {
 		return err
 	}
 	if err := b.proxyPair("static HTTPS backend", b.path("bench.kubeconfig"), 8001, 8002); err != nil {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 )
 
@@ -338,10 +338,10 @@ func (c *cluster) harnessPKI() ([]string, error) {
 		return nil, err
 	}
 	c.kubeconfig = filepath.Join(dir, "admin.conf")
-	if err := writeKubeconfig(c.kubeconfig, fmt.Sprintf("https://%s:%d", cpAddr, apiPort), ca.CertPEM, admin, ""); err != nil {
+	if err := pkitest.WriteKubeconfig(c.kubeconfig, clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", cpAddr, apiPort), CertificateAuthorityData: ca.CertPEM}, admin.User()); err != nil {
 		return nil, err
 	}
-	saPub, saKey, err := writeServiceAccountKeys(dir)
+	saPub, saKey, err := pkitest.WriteServiceAccountKeys(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -353,35 +353,6 @@ func (c *cluster) harnessPKI() ([]string, error) {
 		"--service-account-key-file=" + saPub,
 		"--service-account-signing-key-file=" + saKey,
 	}, nil
-}
-
-// writeKubeconfig writes a kubeconfig with embedded credentials.
-func writeKubeconfig(path, server string, caPEM []byte, client *pkitest.Cert, proxyURL string) error {
-	b64 := base64.StdEncoding.EncodeToString
-	var proxy string
-	if proxyURL != "" {
-		proxy = "\n    proxy-url: " + proxyURL
-	}
-	cfg := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: %s
-    certificate-authority-data: %s%s
-users:
-- name: admin
-  user:
-    client-certificate-data: %s
-    client-key-data: %s
-contexts:
-- name: e2e
-  context:
-    cluster: e2e
-    user: admin
-current-context: e2e
-`, server, b64(caPEM), proxy, b64(client.CertPEM), b64(client.KeyPEM))
-	return os.WriteFile(path, []byte(cfg), 0o600)
 }
 
 func (c *cluster) startEtcd(ctx context.Context) error {

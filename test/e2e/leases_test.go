@@ -5,7 +5,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -22,7 +21,9 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // leaseRBAC is the Roles on Leases that konnect init --server-leases renders for the server and the agents,
@@ -243,25 +244,9 @@ func (c *cluster) agentAPIKubeconfig(t *testing.T) string {
 		t.Fatal(err)
 	}
 	path := filepath.Join(c.dir, "agent-api-"+randHex(2)+".kubeconfig")
-	cfg := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: https://%s:%d
-    certificate-authority-data: %s
-users:
-- name: konnectivity-agent
-  user:
-    token: %s
-contexts:
-- name: e2e
-  context:
-    cluster: e2e
-    user: konnectivity-agent
-current-context: e2e
-`, cpAddr, apiPort, base64.StdEncoding.EncodeToString(caPEM), tok)
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+	err = pkitest.WriteKubeconfig(path, clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", cpAddr, apiPort), CertificateAuthorityData: caPEM},
+		clientcmdapi.AuthInfo{Token: tok})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/konnect-dev/konnect/hack/image/oci"
 	"github.com/konnect-dev/konnect/pki/pkitest"
@@ -420,7 +421,7 @@ func (nc *nodeCluster) startControllers() error {
 			return "", err
 		}
 		path := filepath.Join(harness, name+".conf")
-		return path, writeKubeconfig(path, fmt.Sprintf("https://%s:%d", cpAddr, apiPort), ca.CertPEM, kp, "")
+		return path, pkitest.WriteKubeconfig(path, clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", cpAddr, apiPort), CertificateAuthorityData: ca.CertPEM}, kp.User())
 	}
 	kcmConf, err := kc("controller-manager", "system:kube-controller-manager")
 	if err != nil {
@@ -589,7 +590,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		return err
 	}
 	kubeconfig := filepath.Join(n.dir, "kubelet.conf")
-	if err := writeKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", cpAddr, apiPort), ca.CertPEM, kp, ""); err != nil {
+	if err := pkitest.WriteKubeconfig(kubeconfig, clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", cpAddr, apiPort), CertificateAuthorityData: ca.CertPEM}, kp.User()); err != nil {
 		return err
 	}
 	staticPods := ""

@@ -160,7 +160,7 @@ func (c *cluster) startLaptop(t *testing.T) laptop {
 		t.Fatal(err)
 	}
 	if out, err := harness.Run(ctx, "", bins.konnect, "kubeconfig", "set-proxy", "--kubeconfig", lap.kubeconfig,
-		"--context", "e2e", "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
+		"--context", pkitest.KubeconfigName, "--proxy-url", "socks5://127.0.0.1:1080"); err != nil {
 		t.Fatalf("konnect kubeconfig set-proxy: %v\n%s", err, out)
 	}
 	return lap

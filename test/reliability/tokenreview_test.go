@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"net/http"
@@ -13,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/pkitest"
 	authnv1 "k8s.io/api/authentication/v1"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Identity the fake TokenReview accepts, as konnect server is configured with it.
@@ -96,22 +97,11 @@ func (tr *tokenReviewer) serve(w http.ResponseWriter, r *http.Request) {
 func (tr *tokenReviewer) kubeconfig(t *testing.T, dir string) string {
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tr.srv.Certificate().Raw})
 	path := filepath.Join(dir, "tokenreview.kubeconfig")
-	writeFile(t, path, `apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster:
-    server: `+tr.srv.URL+`
-    certificate-authority-data: `+base64.StdEncoding.EncodeToString(caPEM)+`
-users:
-- name: server
-  user:
-    token: konnectivity-server-token-0123456789
-contexts:
-- name: fake
-  context: {cluster: fake, user: server}
-current-context: fake
-`)
+	err := pkitest.WriteKubeconfig(path, clientcmdapi.Cluster{Server: tr.srv.URL, CertificateAuthorityData: caPEM},
+		clientcmdapi.AuthInfo{Token: "konnectivity-server-token-0123456789"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return path
 }
 
