@@ -3,6 +3,7 @@ package manifests
 import (
 	"encoding/pem"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
@@ -17,8 +18,10 @@ import (
 type APIService struct {
 	// Service and Namespace name the Service in front of the extension API server.
 	Service, Namespace string
-	// Group and Version are the API group and version it serves.
-	Group, Version string
+	// Group is the API group it serves, and Versions its versions: one APIService each, all with the same
+	// caBundle, since one server serves them all.
+	Group    string
+	Versions []string
 
 	// CACert is the PEM of the CA that signed the serving certificate: the APIService's caBundle.
 	CACert []byte
@@ -35,6 +38,9 @@ type APIService struct {
 	// and 15, the values the Kubernetes sample-apiserver registers with.
 	GroupPriorityMinimum, VersionPriority int32
 }
+
+// APIServiceFile is the file of Render that holds the APIServices.
+const APIServiceFile = "apiservice.yaml"
 
 // apiService mirrors the fields of apiregistration.k8s.io/v1 APIService that konnect renders; the real
 // type lives in k8s.io/kube-aggregator, whose dependencies are far larger than these few lines.
@@ -79,8 +85,14 @@ func (a APIService) withDefaults() APIService {
 	return a
 }
 
-// Name is the APIService's object name, VERSION.GROUP, as the aggregator requires.
-func (a APIService) Name() string { return a.Version + "." + a.Group }
+// Names are the APIServices' object names, VERSION.GROUP, as the aggregator requires.
+func (a APIService) Names() []string {
+	var names []string
+	for _, v := range a.Versions {
+		names = append(names, v+"."+a.Group)
+	}
+	return names
+}
 
 // Validate checks a against the rules the aggregator and the core API apply to these objects.
 func (a APIService) Validate() error {
@@ -95,8 +107,16 @@ func (a APIService) Validate() error {
 	if errs := validation.IsDNS1123Subdomain(a.Group); len(errs) > 0 {
 		return fmt.Errorf("--group %q: %s", a.Group, strings.Join(errs, "; "))
 	}
-	if errs := validation.IsDNS1035Label(a.Version); len(errs) > 0 {
-		return fmt.Errorf("--version %q: %s", a.Version, strings.Join(errs, "; "))
+	if len(a.Versions) == 0 {
+		return fmt.Errorf("--version: at least one version is required")
+	}
+	for i, v := range a.Versions {
+		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
+			return fmt.Errorf("--version %q: %s", v, strings.Join(errs, "; "))
+		}
+		if slices.Contains(a.Versions[:i], v) {
+			return fmt.Errorf("--version %q: given twice", v)
+		}
 	}
 	if errs := validation.IsDNS1123Subdomain(a.SecretName); len(errs) > 0 {
 		return fmt.Errorf("secret name %q: %s", a.SecretName, strings.Join(errs, "; "))
@@ -145,7 +165,7 @@ func containsPEM(data []byte, suffix string) bool {
 
 func containsPEMCertificate(data []byte) bool { return containsPEM(data, "CERTIFICATE") }
 
-// Render renders the Secret (0600: it holds the key), the APIService, a ClusterRoleBinding to
+// Render renders the Secret (0600: it holds the key), the APIServices (one file), a ClusterRoleBinding to
 // system:auth-delegator (TokenReview and SubjectAccessReview) and a RoleBinding in kube-system to
 // extension-apiserver-authentication-reader (the front-proxy CA and header names), plus a
 // kustomization.yaml listing them.
@@ -156,20 +176,24 @@ func (a APIService) Render() ([]File, error) {
 	a = a.withDefaults()
 	labels := servingLabels(a.Service)
 	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: a.ServiceAccount, Namespace: a.Namespace}}
-	return renderAll([]namedObject{
-		{name: ServingSecretFile, secret: true, obj: servingSecret(a.SecretName, a.Namespace, labels, ServingCerts{CA: a.CACert, Cert: a.Cert, Key: a.Key})},
-		{name: "apiservice.yaml", obj: &apiService{
+	var apiServices []any
+	for i, name := range a.Names() {
+		apiServices = append(apiServices, &apiService{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "apiregistration.k8s.io/v1", Kind: "APIService"},
-			ObjectMeta: metav1.ObjectMeta{Name: a.Name(), Labels: labels},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Spec: apiServiceSpec{
 				Service:              &serviceReference{Namespace: a.Namespace, Name: a.Service, Port: &a.Port},
 				Group:                a.Group,
-				Version:              a.Version,
+				Version:              a.Versions[i],
 				CABundle:             a.CACert,
 				GroupPriorityMinimum: a.GroupPriorityMinimum,
 				VersionPriority:      a.VersionPriority,
 			},
-		}},
+		})
+	}
+	return renderAll([]namedObject{
+		{name: ServingSecretFile, secret: true, obj: servingSecret(a.SecretName, a.Namespace, labels, ServingCerts{CA: a.CACert, Cert: a.Cert, Key: a.Key})},
+		{name: APIServiceFile, obj: documents(apiServices)},
 		{name: "auth-delegator.yaml", obj: &rbacv1.ClusterRoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
 			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":system:auth-delegator", Labels: labels},

@@ -16,7 +16,7 @@ func wardle(t *testing.T) APIService {
 	t.Helper()
 	ca, _ := testPEM(t, "api.wardle.svc-ca")
 	cert, key := testPEM(t, "api.wardle.svc")
-	return APIService{Service: "api", Namespace: "wardle", Group: "wardle.example.com", Version: "v1alpha1", CACert: ca, Cert: cert, Key: key}
+	return APIService{Service: "api", Namespace: "wardle", Group: "wardle.example.com", Versions: []string{"v1alpha1"}, CACert: ca, Cert: cert, Key: key}
 }
 
 func TestAPIServiceManifests(t *testing.T) {
@@ -102,6 +102,39 @@ func TestAPIServiceManifests(t *testing.T) {
 	}
 }
 
+// TestAPIServiceVersions: a server that serves two versions gets an APIService for each in one file, with
+// the same caBundle, and kubectl kustomize sees both.
+func TestAPIServiceVersions(t *testing.T) {
+	in := wardle(t)
+	in.Versions = []string{"v1alpha1", "v1beta1"}
+	files, err := in.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ran := kustomize(t, files); ran && n != 5 {
+		t.Errorf("kubectl kustomize emitted %d objects, want 5", n)
+	}
+	docs := strings.Split(string(byName(t, files, "apiservice.yaml").Data), "---\n")
+	if len(docs) != 2 {
+		t.Fatalf("apiservice.yaml holds %d documents, want 2", len(docs))
+	}
+	for i, want := range []string{"v1alpha1", "v1beta1"} {
+		var api struct {
+			Metadata struct{ Name string }
+			Spec     struct {
+				Version  string
+				CABundle []byte
+			}
+		}
+		if err := yaml.Unmarshal([]byte(docs[i]), &api); err != nil {
+			t.Fatal(err)
+		}
+		if api.Metadata.Name != want+".wardle.example.com" || api.Spec.Version != want || string(api.Spec.CABundle) != string(in.CACert) {
+			t.Errorf("document %d: %s, version %s, caBundle the serving CA: %v", i, api.Metadata.Name, api.Spec.Version, string(api.Spec.CABundle) == string(in.CACert))
+		}
+	}
+}
+
 func TestAPIServiceRefusesBadInput(t *testing.T) {
 	tests := []struct {
 		name string
@@ -111,7 +144,9 @@ func TestAPIServiceRefusesBadInput(t *testing.T) {
 		{"service not a DNS label", func(a *APIService) { a.Service = "Api.Server" }, "--service"},
 		{"namespace not a DNS label", func(a *APIService) { a.Namespace = "wardle_ns" }, "--namespace"},
 		{"empty group", func(a *APIService) { a.Group = "" }, "--group"},
-		{"version not a DNS label", func(a *APIService) { a.Version = "1.0" }, "--version"},
+		{"version not a DNS label", func(a *APIService) { a.Versions = []string{"v1alpha1", "1.0"} }, "--version"},
+		{"no version", func(a *APIService) { a.Versions = nil }, "--version"},
+		{"version twice", func(a *APIService) { a.Versions = []string{"v1", "v1"} }, "--version"},
 		{"no caBundle", func(a *APIService) { a.CACert = nil }, "CA certificate"},
 		{"key given as certificate", func(a *APIService) { a.Key = a.Cert }, "serving key"},
 		{"certificate not PEM", func(a *APIService) { a.Cert = []byte("-----BEGIN garbage") }, "serving certificate"},

@@ -105,9 +105,20 @@ func kustomization(files []File) (File, error) {
 func renderAll(objs []namedObject) ([]File, error) {
 	var files []File
 	for _, o := range objs {
-		data, err := marshal(o.obj)
-		if err != nil {
-			return nil, fmt.Errorf("render %s: %w", o.name, err)
+		docs, ok := o.obj.(documents)
+		if !ok {
+			docs = documents{o.obj}
+		}
+		var data []byte
+		for i, obj := range docs {
+			b, err := marshal(obj)
+			if err != nil {
+				return nil, fmt.Errorf("render %s: %w", o.name, err)
+			}
+			if i > 0 {
+				data = append(data, "---\n"...)
+			}
+			data = append(data, b...)
 		}
 		mode := publicMode
 		if o.secret {
@@ -124,9 +135,12 @@ func renderAll(objs []namedObject) ([]File, error) {
 
 type namedObject struct {
 	name   string
-	obj    any
+	obj    any // or documents, for a file of several
 	secret bool
 }
+
+// documents are the objects of one multi-document file.
+type documents []any
 
 func checkPort(what string, port int) error {
 	if port < 1 || port > 65535 {

@@ -34,6 +34,13 @@ func (c *cluster) checkChain(t *testing.T) {
 	t.Logf("APIService %s Available after %v", apiServiceName, time.Since(start).Round(100*time.Millisecond))
 	c.checkFlunders(t, ctx, nsCP, "")
 	t.Logf("flunders: list, create, get, delete from cp work")
+	// The second version's APIService, from the same run of konnect certs apiservice, with the same caBundle.
+	if err := harness.Poll("wardle.example.com/v1beta1 served", 30*time.Second, time.Second, func() error {
+		_, err := c.kubectl(ctx, nsCP, "get", "--raw", "/apis/wardle.example.com/v1beta1")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := expectUnreachable(c.tp.ns(nsCP), net.JoinHostPort(podAddr, strconv.Itoa(podPort))); err != nil {
 		t.Fatal(err)
 	}

@@ -109,12 +109,12 @@ func (c *cluster) applyKonnectRBAC(ctx context.Context) error {
 }
 
 // konnectCertsAPIService makes sample-apiserver's serving cert, Secret,
-// APIService and RBAC with konnect certs apiservice, applies them with
+// APIServices (both versions it serves) and RBAC with konnect certs apiservice, applies them with
 // kubectl apply -k, and returns the serving cert and key files.
 func (c *cluster) konnectCertsAPIService(ctx context.Context) (certFile, keyFile string, err error) {
 	out := filepath.Join(c.dir, "wardle")
 	if o, err := harness.Run(ctx, "", bins.konnect, "certs", "apiservice",
-		"--service=api", "--namespace=wardle", "--group=wardle.example.com", "--version=v1alpha1",
+		"--service=api", "--namespace=wardle", "--group=wardle.example.com", "--version=v1alpha1,v1beta1",
 		"--out="+out); err != nil {
 		return "", "", fmt.Errorf("konnect certs apiservice: %w\n%s", err, o)
 	}

@@ -1,16 +1,24 @@
 package initcmd
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 )
 
 // servingOptions are the flags every command that issues an extension server's serving certificate has.
@@ -91,26 +99,29 @@ func (o *servingOptions) ensure(r *runner, out string) (pki.ServingBundle, error
 
 type apiServiceOptions struct {
 	servingOptions
-	group, version string
+	group          string
+	versions       []string
 	serviceAccount string
 }
 
 func newAPIServiceCommand() *cobra.Command {
 	o := &apiServiceOptions{servingOptions: newServingOptions()}
 	cmd := &cobra.Command{
-		Use:   "apiservice --service NAME --namespace NS --group G --version V",
+		Use:   "apiservice --service NAME --namespace NS --group G --version V [--version V2...]",
 		Short: "Issue the serving CA and certificate of an extension API server, with its Secret, APIService and RBAC",
 		Long: `Issue what an extension API server behind the aggregation layer needs, into --out (default
 ./NAME-apiservice):
 
   OUT/pki/ca.{crt,key}     serving CA; its certificate is the APIService's caBundle
   OUT/pki/tls.{crt,key}    serving certificate, CN NAME.NS.svc, SANs NAME.NS.svc and NAME.NS.svc.cluster.local
-  OUT/*.yaml               kubernetes.io/tls Secret, APIService VERSION.GROUP with that caBundle (never
-                           insecureSkipTLSVerify), ClusterRoleBinding to system:auth-delegator, RoleBinding
-                           in kube-system to extension-apiserver-authentication-reader
+  OUT/*.yaml               kubernetes.io/tls Secret, an APIService VERSION.GROUP for each --version with that
+                           caBundle (never insecureSkipTLSVerify), ClusterRoleBinding to system:auth-delegator,
+                           RoleBinding in kube-system to extension-apiserver-authentication-reader
   OUT/kustomization.yaml   so that "kubectl apply -k OUT" applies them
 
-Existing files are checked and kept, as with konnect init.`,
+Give every version the server serves in one run: the directory describes the whole server, and a later
+run with other versions replaces the APIServices it lists. Existing files are checked and kept, as with
+konnect init.`,
 		Example: "  konnect certs apiservice --service api --namespace pizza-apiserver --group restaurant.example.com --version v1alpha1",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -120,17 +131,18 @@ Existing files are checked and kept, as with konnect init.`,
 	fs := cmd.Flags()
 	o.addFlags(fs, "extension API server", "apiservice")
 	fs.StringVar(&o.group, "group", o.group, "API group the extension API server serves (required)")
-	fs.StringVar(&o.version, "version", o.version, "API version it serves (required)")
+	fs.StringSliceVar(&o.versions, "version", o.versions, "API version it serves (required; repeat or separate with commas for several)")
 	fs.StringVar(&o.serviceAccount, "service-account", o.serviceAccount, "ServiceAccount of the extension API server in --namespace (default: --service)")
 	return cmd
 }
 
 func (o *apiServiceOptions) validate() error {
 	errs := o.servingOptions.validate()
-	for _, f := range []struct{ flag, v string }{{"--group", o.group}, {"--version", o.version}} {
-		if f.v == "" {
-			errs = append(errs, fmt.Errorf("%s is required", f.flag))
-		}
+	if o.group == "" {
+		errs = append(errs, fmt.Errorf("--group is required"))
+	}
+	if len(o.versions) == 0 {
+		errs = append(errs, fmt.Errorf("--version is required"))
 	}
 	return errors.Join(errs...)
 }
@@ -144,7 +156,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	spec := manifests.APIService{
-		Service: o.service, Namespace: o.namespace, Group: o.group, Version: o.version,
+		Service: o.service, Namespace: o.namespace, Group: o.group, Versions: o.versions,
 		ServiceAccount: o.serviceAccount,
 	}
 	// Check the manifest inputs before any certificate is written.
@@ -169,7 +181,36 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	return r.writeFiles(out, files)
+	listed := filepath.Join(out, manifests.APIServiceFile)
+	dropped := slices.DeleteFunc(apiServiceNames(listed), func(n string) bool { return slices.Contains(spec.Names(), n) })
+	if err := r.writeFiles(out, files); err != nil {
+		return err
+	}
+	if len(dropped) > 0 {
+		r.outcomes = append(r.outcomes, outcome{action: pki.Updated, dryRun: o.dryRun, file: listed,
+			note: "no longer lists " + strings.Join(dropped, ", ") + ", which a cluster that applied it still has; give every version the server serves with --version"})
+	}
+	return nil
+}
+
+// apiServiceNames are the APIServices a file written by an earlier run lists; none if it cannot be read.
+func apiServiceNames(path string) []string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var names []string
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := docs.Read()
+		if err != nil {
+			return names
+		}
+		var obj metav1.PartialObjectMetadata
+		if yaml.Unmarshal(doc, &obj) == nil && obj.Kind == "APIService" && obj.Name != "" {
+			names = append(names, obj.Name)
+		}
+	}
 }
 
 // writeFiles writes rendered manifests atomically, each only when its content changes.

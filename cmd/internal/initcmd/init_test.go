@@ -614,6 +614,14 @@ func TestCertsCommands(t *testing.T) {
 	if strings.Contains(string(apiservice), "insecureSkipTLSVerify") || !strings.Contains(string(apiservice), "caBundle:") {
 		t.Fatalf("apiservice.yaml:\n%s", apiservice)
 	}
+	// Both versions of a server in one run; a later run with one of them says what it drops.
+	out = mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1,v1beta1", "--out", apiDir)
+	if apiservice, _ = os.ReadFile(filepath.Join(apiDir, "apiservice.yaml")); strings.Count(string(apiservice), "caBundle:") != 2 || !strings.Contains(string(apiservice), "name: v1beta1.restaurant.example.com") {
+		t.Fatalf("two versions: %s\napiservice.yaml:\n%s", out, apiservice)
+	}
+	if out := mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1beta1", "--out", apiDir); !strings.Contains(out, "no longer lists v1alpha1.restaurant.example.com") {
+		t.Errorf("dropping a version is not named:\n%s", out)
+	}
 	if _, err := run(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "Bad_Group", "--version", "v1", "--out", filepath.Join(t.TempDir(), "x")); err == nil || !strings.Contains(err.Error(), "--group") {
 		t.Fatalf("bad group: %v", err)
 	}
