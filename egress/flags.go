@@ -10,8 +10,9 @@ import (
 )
 
 // KonnectivityAudience is the service-account token audience that Konnectivity agents present and the
-// server checks (--authentication-audience); kube-apiserver must list it in --api-audiences or it rejects
-// the agents' tokens.
+// server checks (--authentication-audience). The server names it in each TokenReview, and kube-apiserver
+// checks a review against the audiences it names, so kube-apiserver's --api-audiences must not list it:
+// there it would make every agent's token a credential for kube-apiserver's own API.
 const KonnectivityAudience = konnectivity.Audience
 
 // Flag is one kube-apiserver command-line flag. Name has no leading dashes.
@@ -36,11 +37,6 @@ type APIServerFlags struct {
 	ProxyClientKeyFile  string
 	// EgressSelectorConfigFile is the file SelectorConfig.Marshal rendered.
 	EgressSelectorConfigFile string
-	// APIAudiences are accepted token audiences besides KonnectivityAudience, which is always included.
-	// kube-apiserver defaults --api-audiences to its --service-account-issuer values and setting the flag
-	// replaces that default, so the issuer (e.g. https://kubernetes.default.svc.cluster.local) belongs here
-	// or every ordinary service-account token stops working. PatchPod adds the manifest's own issuers.
-	APIAudiences []string
 	// EnableAggregatorRouting makes the aggregator dial endpoint IPs instead of the service's cluster IP;
 	// needed when no kube-proxy runs on the control-plane node.
 	EnableAggregatorRouting bool
@@ -49,10 +45,6 @@ type APIServerFlags struct {
 // Flags returns the flags in a fixed order. Every file path must be absolute: kube-apiserver resolves
 // relative paths from its own working directory, which is not the caller's.
 func (c APIServerFlags) Flags() ([]Flag, error) {
-	audiences, err := mergeList("api-audiences", c.APIAudiences, []string{KonnectivityAudience})
-	if err != nil {
-		return nil, err
-	}
 	flags := []Flag{
 		{"requestheader-client-ca-file", c.RequestHeaderClientCAFile},
 		// The CN of the front-proxy client certificate; extension API servers refuse any other.
@@ -64,7 +56,6 @@ func (c APIServerFlags) Flags() ([]Flag, error) {
 		{"proxy-client-cert-file", c.ProxyClientCertFile},
 		{"proxy-client-key-file", c.ProxyClientKeyFile},
 		{"egress-selector-config-file", c.EgressSelectorConfigFile},
-		{"api-audiences", strings.Join(audiences, ",")},
 	}
 	if c.EnableAggregatorRouting {
 		flags = append(flags, Flag{"enable-aggregator-routing", "true"})

@@ -14,7 +14,6 @@ func testFlags() APIServerFlags {
 		ProxyClientCertFile:       "/etc/kubernetes/pki/front-proxy-client.crt",
 		ProxyClientKeyFile:        "/etc/kubernetes/pki/front-proxy-client.key",
 		EgressSelectorConfigFile:  "/etc/kubernetes/egress-selector-configuration.yaml",
-		APIAudiences:              []string{"https://kubernetes.default.svc.cluster.local"},
 	}
 }
 
@@ -22,32 +21,10 @@ func TestFlags(t *testing.T) {
 	tests := []struct {
 		name   string
 		edit   func(*APIServerFlags)
-		want   string
 		routed bool
 	}{
-		{
-			name: "issuer first, konnectivity audience added",
-			edit: func(*APIServerFlags) {},
-			want: "https://kubernetes.default.svc.cluster.local,system:konnectivity-server",
-		},
-		{
-			name: "no extra audience",
-			edit: func(f *APIServerFlags) { f.APIAudiences = nil },
-			want: "system:konnectivity-server",
-		},
-		{
-			name: "duplicates and blanks dropped, order kept",
-			edit: func(f *APIServerFlags) {
-				f.APIAudiences = []string{"https://kubernetes.default.svc", " ", "system:konnectivity-server", "https://kubernetes.default.svc", "vault"}
-			},
-			want: "https://kubernetes.default.svc,system:konnectivity-server,vault",
-		},
-		{
-			name:   "aggregator routing",
-			edit:   func(f *APIServerFlags) { f.EnableAggregatorRouting = true },
-			want:   "https://kubernetes.default.svc.cluster.local,system:konnectivity-server",
-			routed: true,
-		},
+		{name: "defaults", edit: func(*APIServerFlags) {}},
+		{name: "aggregator routing", edit: func(f *APIServerFlags) { f.EnableAggregatorRouting = true }, routed: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,7 +44,6 @@ func TestFlags(t *testing.T) {
 				{"proxy-client-cert-file", "/etc/kubernetes/pki/front-proxy-client.crt"},
 				{"proxy-client-key-file", "/etc/kubernetes/pki/front-proxy-client.key"},
 				{"egress-selector-config-file", "/etc/kubernetes/egress-selector-configuration.yaml"},
-				{"api-audiences", tc.want},
 			}
 			if tc.routed {
 				want = append(want, Flag{"enable-aggregator-routing", "true"})
@@ -89,7 +65,6 @@ func TestFlagsRefuseBadInput(t *testing.T) {
 		{"relative proxy client key", func(f *APIServerFlags) { f.ProxyClientKeyFile = "pki/front-proxy-client.key" }, "--proxy-client-key-file"},
 		{"missing egress config", func(f *APIServerFlags) { f.EgressSelectorConfigFile = "" }, "--egress-selector-config-file"},
 		{"newline in path", func(f *APIServerFlags) { f.ProxyClientCertFile = "/a\n--anonymous-auth=true" }, "line break"},
-		{"comma in audience", func(f *APIServerFlags) { f.APIAudiences = []string{"a,b"} }, "--api-audiences"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,10 +78,9 @@ func TestFlagsRefuseBadInput(t *testing.T) {
 }
 
 // The written file parses with the flag types kube-apiserver declares for these flags (string slices for
-// the request-header lists and audiences, a bool for aggregator routing), one flag per line.
+// the request-header lists, a bool for aggregator routing), one flag per line.
 func TestMarshalFlagsParsesAsKubeAPIServerFlags(t *testing.T) {
 	in := testFlags()
-	in.APIAudiences = append(in.APIAudiences, "https://kubernetes.default.svc")
 	in.EnableAggregatorRouting = true
 	flags, err := in.Flags()
 	if err != nil {
@@ -119,9 +93,9 @@ func TestMarshalFlagsParsesAsKubeAPIServerFlags(t *testing.T) {
 
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	var (
-		caFile, certFile, keyFile, egressFile                     string
-		allowedNames, extraPrefix, groups, users, uids, audiences []string
-		routing                                                   bool
+		caFile, certFile, keyFile, egressFile          string
+		allowedNames, extraPrefix, groups, users, uids []string
+		routing                                        bool
 	)
 	fs.StringVar(&caFile, "requestheader-client-ca-file", "", "")
 	fs.StringSliceVar(&allowedNames, "requestheader-allowed-names", nil, "")
@@ -132,7 +106,6 @@ func TestMarshalFlagsParsesAsKubeAPIServerFlags(t *testing.T) {
 	fs.StringVar(&certFile, "proxy-client-cert-file", "", "")
 	fs.StringVar(&keyFile, "proxy-client-key-file", "", "")
 	fs.StringVar(&egressFile, "egress-selector-config-file", "", "")
-	fs.StringSliceVar(&audiences, "api-audiences", nil, "")
 	fs.BoolVar(&routing, "enable-aggregator-routing", false, "")
 	if err := fs.Parse(strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")); err != nil {
 		t.Fatalf("parse %q: %v", data, err)
@@ -153,7 +126,6 @@ func TestMarshalFlagsParsesAsKubeAPIServerFlags(t *testing.T) {
 		{"proxy-client-cert-file", certFile, in.ProxyClientCertFile},
 		{"proxy-client-key-file", keyFile, in.ProxyClientKeyFile},
 		{"egress-selector-config-file", egressFile, in.EgressSelectorConfigFile},
-		{"api-audiences", audiences, []string{"https://kubernetes.default.svc.cluster.local", "https://kubernetes.default.svc", "system:konnectivity-server"}},
 		{"enable-aggregator-routing", routing, true},
 	}
 	for _, c := range checks {

@@ -40,8 +40,7 @@ const (
 type ManifestPatch struct {
 	// Flags are set on the kube-apiserver container: an existing flag of the same name gets the new value
 	// in place (duplicates of it are dropped), a missing one is appended, and every other argument keeps
-	// its value and position. --api-audiences is merged, not replaced: the pod's own audiences (or, when it
-	// sets none, its --service-account-issuer values, which kube-apiserver uses as the default) are kept.
+	// its value and position. The requestheader lists are merged, not replaced (sharedLists).
 	Flags []Flag
 	// UDSDir is the directory of the Konnectivity server's unix socket (SelectorConfig.UDSDir); it is
 	// mounted read-write. Empty with --transport tcp.
@@ -243,12 +242,8 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			continue
 		}
 		if sharedLists[f.Name] {
-			kept := lookupFlag(c, f.Name)
-			if f.Name == "api-audiences" && len(kept) == 0 {
-				kept = lookupFlag(c, "service-account-issuer")
-			}
 			var base []string
-			for _, v := range kept {
+			for _, v := range lookupFlag(c, f.Name) {
 				base = append(base, strings.Split(v, ",")...)
 			}
 			merged, err := mergeList(f.Name, base, strings.Split(f.Value, ","))
@@ -259,6 +254,8 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		}
 		setFlag(c, f)
 	}
+
+	retireAgentAudience(c)
 
 	for k, v := range p.Annotations {
 		if pod.Annotations == nil {
@@ -462,14 +459,40 @@ func editFlag(c *corev1.Container, name string, boolean bool, with string) (foun
 	return found
 }
 
+// retireAgentAudience takes the agents' token audience out of --api-audiences, where konnect put it before:
+// there it made every agent's token a credential for kube-apiserver's API, and the server's TokenReviews,
+// which name the audience themselves, never needed it. A flag left empty is removed, so that kube-apiserver
+// falls back to its issuers.
+func retireAgentAudience(c *corev1.Container) {
+	var kept []string
+	found := false
+	for _, v := range lookupFlag(c, "api-audiences") {
+		for _, a := range strings.Split(v, ",") {
+			switch a = strings.TrimSpace(a); {
+			case a == KonnectivityAudience:
+				found = true
+			case a != "":
+				kept = append(kept, a)
+			}
+		}
+	}
+	if !found {
+		return
+	}
+	with := ""
+	if len(kept) > 0 {
+		with = Flag{"api-audiences", strings.Join(kept, ",")}.String()
+	}
+	editFlag(c, "api-audiences", false, with)
+}
+
 // uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.
 const uidHeadersFlag = "requestheader-uid-headers"
 
 // sharedLists are kube-apiserver's comma-separated flags that konnect needs entries in but does not own.
-// The patch adds its entries after those the manifest has, so that another issuer's audiences, or another
-// front proxy's name and headers, keep working.
+// The patch adds its entries after those the manifest has, so that another front proxy's name and headers
+// keep working.
 var sharedLists = map[string]bool{
-	"api-audiences":                      true,
 	"requestheader-allowed-names":        true,
 	"requestheader-extra-headers-prefix": true,
 	"requestheader-group-headers":        true,

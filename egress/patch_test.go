@@ -90,8 +90,6 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	wantAppended := []string{
 		"--requestheader-uid-headers=X-Remote-Uid",
 		"--egress-selector-config-file=/etc/kubernetes/egress-selector-configuration.yaml",
-		// kubeadm sets no --api-audiences, so its issuer stays accepted.
-		"--api-audiences=https://kubernetes.default.svc.cluster.local,system:konnectivity-server",
 		"--enable-aggregator-routing=true",
 	}
 	if got := cmdAfter[len(cmdBefore):]; !slices.Equal(got, wantAppended) {
@@ -208,8 +206,9 @@ func TestPatchManifestFileBackupAndNoOp(t *testing.T) {
 		t.Errorf("second run left %d files, want %d", len(entries2), len(entries))
 	}
 
-	// A changed input (a new audience) patches again, with a second backup next to the first.
-	p2 := kubeadmPatch(t, func(f *APIServerFlags) { f.APIAudiences = append(f.APIAudiences, "vault") })
+	// A changed input (another egress selector configuration) patches again, with a second backup next to
+	// the first.
+	p2 := kubeadmPatch(t, func(f *APIServerFlags) { f.EgressSelectorConfigFile = "/etc/kubernetes/egress-2.yaml" })
 	p2.Now = p.Now
 	p2.BackupDir = filepath.Join(t.TempDir(), "backups")
 	res, err = PatchManifestFile(path, p2)
@@ -223,8 +222,8 @@ func TestPatchManifestFileBackupAndNoOp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := lookupFlag(apiserverOf(t, pod), "api-audiences"); !slices.Equal(got, []string{"https://kubernetes.default.svc.cluster.local,system:konnectivity-server,vault"}) {
-		t.Errorf("api-audiences = %q", got)
+	if got := lookupFlag(apiserverOf(t, pod), "egress-selector-config-file"); !slices.Equal(got, []string{"/etc/kubernetes/egress-2.yaml"}) {
+		t.Errorf("egress-selector-config-file = %q", got)
 	}
 }
 
@@ -321,24 +320,37 @@ func TestSetFlagForms(t *testing.T) {
 	}
 }
 
-func TestPatchPodAudiencesAndContainerChoice(t *testing.T) {
+// TestPatchPodRetiresAgentAudienceAndContainerChoice: an older konnect put the agents' audience into
+// --api-audiences, which made their tokens credentials for kube-apiserver's API. The patch takes it out and
+// keeps every other audience; a list left empty goes, so that kube-apiserver falls back to its issuers.
+func TestPatchPodRetiresAgentAudienceAndContainerChoice(t *testing.T) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{
 		{Name: "sidecar", Command: []string{"sleep"}},
-		{Name: "apiserver", Command: []string{"/usr/local/bin/kube-apiserver", "--api-audiences=https://issuer,api", "--service-account-issuer=https://other"}},
+		{Name: "apiserver", Command: []string{"/usr/local/bin/kube-apiserver", "--api-audiences=https://issuer,system:konnectivity-server,api", "--service-account-issuer=https://other"}},
 	}}}
-	p := ManifestPatch{Flags: []Flag{{"api-audiences", "system:konnectivity-server,api"}}}
+	p := ManifestPatch{Flags: []Flag{{"enable-aggregator-routing", "true"}}}
 	changed, err := PatchPod(pod, p)
 	if err != nil || !changed {
 		t.Fatalf("PatchPod = %v, %v", changed, err)
 	}
-	if got := pod.Spec.Containers[1].Command[1]; got != "--api-audiences=https://issuer,api,system:konnectivity-server" {
-		t.Errorf("existing audiences not kept first: %s", got)
+	if got := pod.Spec.Containers[1].Command[1]; got != "--api-audiences=https://issuer,api" {
+		t.Errorf("the agents' audience is not retired, or others went with it: %s", got)
 	}
 	if len(pod.Spec.Containers[0].Command) != 1 {
 		t.Errorf("sidecar changed: %q", pod.Spec.Containers[0].Command)
 	}
 	if changed, err := PatchPod(pod, p); err != nil || changed {
 		t.Errorf("second PatchPod = %v, %v", changed, err)
+	}
+
+	only := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{
+		{Name: "kube-apiserver", Command: []string{"kube-apiserver", "--api-audiences", "system:konnectivity-server", "--v=2"}},
+	}}}
+	if _, err := PatchPod(only, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := only.Spec.Containers[0].Command; !slices.Equal(got, []string{"kube-apiserver", "--v=2", "--enable-aggregator-routing=true"}) {
+		t.Errorf("an --api-audiences of the agents' audience alone stays: %q", got)
 	}
 
 	two := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{

@@ -18,7 +18,8 @@ const (
 	// EgressClientUser is the common name of kube-apiserver's client certificate towards the server's TCP
 	// frontend.
 	EgressClientUser = "apiserver-egress-client"
-	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
+	// Audience is the audience of the agents' tokens. The server's TokenReviews name it; kube-apiserver's
+	// --api-audiences must not, or the tokens would also be credentials for its API.
 	Audience = "system:konnectivity-server"
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
 	ServerUser = "system:konnectivity-server"

@@ -212,8 +212,6 @@ func (c *cluster) konnectInit(ctx context.Context, extra ...string) ([]string, e
 		"--mode", c.mode.mode,
 		"--transport", c.mode.transport,
 		"--enable-aggregator-routing",
-		// The harness's service-account issuer; konnect adds system:konnectivity-server.
-		"--api-audiences=https://kubernetes.default.svc",
 	}
 	if out, err := harness.Run(ctx, "", append(args, extra...)...); err != nil {
 		return nil, fmt.Errorf("konnect init: %w\n%s", err, out)

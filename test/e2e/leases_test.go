@@ -236,9 +236,17 @@ func (c *cluster) waitAgentServers(t *testing.T, a *tunnelAgent, n int, timeout 
 
 // agentAPIKubeconfig is a kubeconfig for kube-apiserver with a token of the agents' ServiceAccount (the
 // API audience), which is what an agent pod's in-cluster config would use.
-func (c *cluster) agentAPIKubeconfig(t *testing.T) string {
+func (c *cluster) agentAPIKubeconfig(t *testing.T) string { return c.agentKubeconfig(t) }
+
+// agentKubeconfig is a kubeconfig for kube-apiserver with a token of the agents' ServiceAccount, for the
+// audiences given (none: kube-apiserver's own).
+func (c *cluster) agentKubeconfig(t *testing.T, audiences ...string) string {
 	t.Helper()
-	tok := strings.TrimSpace(c.kubectlT(t, "-n", "kube-system", "create", "token", "konnectivity-agent", "--duration=1h"))
+	args := []string{"-n", "kube-system", "create", "token", "konnectivity-agent", "--duration=1h"}
+	for _, a := range audiences {
+		args = append(args, "--audience", a)
+	}
+	tok := strings.TrimSpace(c.kubectlT(t, args...))
 	caPEM, err := os.ReadFile(filepath.Join(c.pki, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
 	corev1 "k8s.io/api/core/v1"
@@ -551,6 +552,11 @@ func TestManifests(t *testing.T) {
 		t.Fatalf("system:konnectivity-server may create SubjectAccessReviews: %q", out)
 	}
 	c.kubectlT(t, "-n", "kube-system", "get", "serviceaccount", "konnectivity-agent")
+	// An agent's token is for the server alone: the server's TokenReviews name its audience, and
+	// kube-apiserver, whose --api-audiences konnect leaves alone, refuses it for its own API.
+	if out, err := harness.Run(ctx, c.tp.ns(nsCP), bins.kubectl, "--kubeconfig", c.agentKubeconfig(t, konnectivity.Audience), "get", "--raw", "/api"); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Fatalf("kube-apiserver takes an agent's token (audience %s) for its own API: %v\n%s", konnectivity.Audience, err, out)
+	}
 
 	// Run konnect server exactly as the static pod would.
 	var pod corev1.Pod

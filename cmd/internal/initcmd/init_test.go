@@ -196,12 +196,16 @@ func TestInitOutputs(t *testing.T) {
 		"proxy-client-cert-file":             filepath.Join(dir, "pki/front-proxy-client.crt"),
 		"proxy-client-key-file":              filepath.Join(dir, "pki/front-proxy-client.key"),
 		"egress-selector-config-file":        filepath.Join(dir, EgressConfigFile),
-		"api-audiences":                      "https://kubernetes.default.svc.cluster.local,system:konnectivity-server",
 		"enable-aggregator-routing":          "true",
 	} {
 		if got[k] != v {
 			t.Errorf("--%s=%q, want %q", k, got[k], v)
 		}
+	}
+	// The server's TokenReviews name the agents' audience; in kube-apiserver's --api-audiences it would make
+	// their tokens credentials for its API.
+	if v, ok := got["api-audiences"]; ok {
+		t.Errorf("--api-audiences=%s: kube-apiserver's audiences are not konnect's to set", v)
 	}
 
 	// kube-apiserver's own loader and validation accept the egress configuration.

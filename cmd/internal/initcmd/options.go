@@ -30,10 +30,6 @@ const (
 	ManifestsSubdir  = "manifests"
 )
 
-// DefaultAPIAudiences is what kube-apiserver accepts by default under kubeadm (its
-// --service-account-issuer); --api-audiences replaces that default, so it must be listed again.
-var DefaultAPIAudiences = []string{"https://kubernetes.default.svc.cluster.local"}
-
 // Options are the flags of konnect init and its phases.
 type Options struct {
 	// Where everything goes.
@@ -61,7 +57,6 @@ type Options struct {
 	Image string
 
 	// kube-apiserver.
-	APIAudiences            []string
 	EnableAggregatorRouting bool
 	APIServerManifest       string
 
@@ -82,7 +77,6 @@ func NewOptions() *Options {
 		UDSName:      egress.DefaultUDSName,
 		FrontendPort: egress.DefaultFrontendPort,
 		AgentAuth:    AgentAuthToken,
-		APIAudiences: append([]string(nil), DefaultAPIAudiences...),
 		Image:        defaultImage(),
 	}
 }
@@ -102,7 +96,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
 	fs.BoolVar(&o.ServerLeases, "server-leases", o.ServerLeases, "servers keep a Lease each in "+manifests.Namespace+" and agents count them (upstream's --enable-lease-controller and --count-server-leases), for a number of servers that changes; agents watch the Leases at --apiserver-url, which every node must reach, and the manifests add the Roles on Leases")
 	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet; the default is the image that make image builds (bin/konnect-image.tar) for this binary's version")
-	fs.StringSliceVar(&o.APIAudiences, "api-audiences", o.APIAudiences, "token audiences kube-apiserver accepts besides system:konnectivity-server; include the service-account issuer, or ordinary service-account tokens stop working")
+	// kube-apiserver's --api-audiences is no longer touched; a script that still passes this keeps working.
+	fs.StringSlice("api-audiences", nil, "")
+	_ = fs.MarkDeprecated("api-audiences", "it is ignored: kube-apiserver checks the agents' tokens against the audience the server's TokenReviews name, and listing that audience in --api-audiences would make the tokens credentials for its API")
 	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
 	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+egress.DefaultAPIServerManifest+"), keeping a backup")
 	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, and rewrite a kubeconfig that points elsewhere (never a CA)")
@@ -188,11 +184,6 @@ func (o *Options) Validate(n needs) error {
 	if o.Transport != egress.TransportTCP && o.UDSName != "" && o.Dir != "" {
 		if err := o.checkSocketDir(); err != nil {
 			errs = append(errs, err)
-		}
-	}
-	for _, a := range o.APIAudiences {
-		if strings.ContainsAny(a, ", \t\n") {
-			errs = append(errs, fmt.Errorf("--api-audiences: %q contains a comma or white space", a))
 		}
 	}
 	if o.APIServerManifest != "" {
@@ -298,7 +289,6 @@ func (o *Options) apiserverFlags() egress.APIServerFlags {
 		ProxyClientCertFile:       fpc.CertFile(pkiDir),
 		ProxyClientKeyFile:        fpc.KeyFile(pkiDir),
 		EgressSelectorConfigFile:  filepath.Join(o.Dir, EgressConfigFile),
-		APIAudiences:              o.APIAudiences,
 		EnableAggregatorRouting:   o.EnableAggregatorRouting,
 	}
 }

@@ -31,7 +31,7 @@ func TestFlagDefaults(t *testing.T) {
 		"agent-auth":                "token",
 		"server-leases":             "false",
 		"image":                     "IMAGE",
-		"api-audiences":             "[https://kubernetes.default.svc.cluster.local]",
+		"api-audiences":             "[]",
 		"enable-aggregator-routing": "false",
 		"apiserver-manifest":        "",
 		"force":                     "false",
