@@ -14,10 +14,15 @@ import (
 )
 
 // Server leases are upstream's way for agents to learn how many servers there are when the servers sit
-// behind one address and their number changes: each server keeps a Lease in Namespace
-// (--enable-lease-controller, labelled k8s-app=konnectivity-server by default), and agents count the
-// Leases (--count-server-leases) instead of trusting the servers' --server-count. Both keep upstream's
-// defaults for where the Leases are and how they are labelled.
+// behind one address and their number changes: each server keeps a Lease (--enable-lease-controller,
+// labelled k8s-app=konnectivity-server, upstream's default), and agents count the Leases
+// (--count-server-leases) instead of trusting the servers' --server-count.
+
+// LeaseNamespace holds the servers' Leases, instead of upstream's default kube-system: the lease controller
+// must update and delete Leases it did not create (expired ones of other servers), and RBAC can limit that
+// only to a namespace. In kube-system it would reach the leader-election Leases of kube-controller-manager
+// and kube-scheduler, and kube-apiserver's identity Leases.
+const LeaseNamespace = "konnectivity-leases"
 
 // AgentKubeconfigConfigMap holds the agents' kubeconfig for watching the Leases. It names files of the
 // projected volume and holds no credential.
@@ -46,7 +51,7 @@ func CheckAgentAPIServerURL(raw string) error {
 
 // leaseArgs are the agent's flags for counting server Leases with its own kubeconfig.
 func (a Agent) leaseArgs() []string {
-	return []string{"--count-server-leases", "--kubeconfig=" + agentCredentialsDir + "/" + agentKubeconfigFile}
+	return []string{"--count-server-leases", "--lease-namespace=" + LeaseNamespace, "--kubeconfig=" + agentCredentialsDir + "/" + agentKubeconfigFile}
 }
 
 // leaseCredentials are what the agent needs to watch the Leases: its kubeconfig, kube-apiserver's CA, and
@@ -81,17 +86,17 @@ func (a Agent) agentKubeconfig() (string, error) {
 	return string(b), err
 }
 
-// leaseObjects are the agents' kubeconfig and the least privilege on Leases in Namespace: the server's
-// lease controller gets, creates and renews its own Lease, deletes it on shutdown, and lists and deletes
-// the expired Leases of other servers, so none of its verbs can be limited to one name; an agent lists and
-// watches them (an informer).
+// leaseObjects are the agents' kubeconfig, LeaseNamespace, and the least privilege on Leases there: the
+// server's lease controller gets, creates and renews its own Lease, deletes it on shutdown, and lists and
+// deletes the expired Leases of other servers, so none of its verbs can be limited to one name; an agent
+// lists and watches them (an informer).
 func (a Agent) leaseObjects() ([]namedObject, error) {
 	kubeconfig, err := a.agentKubeconfig()
 	if err != nil {
 		return nil, err
 	}
 	role := func(name string, verbs []string, subject rbacv1.Subject) []namedObject {
-		meta := metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: commonLabels(nil)}
+		meta := metav1.ObjectMeta{Name: name, Namespace: LeaseNamespace, Labels: commonLabels(nil)}
 		return []namedObject{
 			{name: name + "-role.yaml", obj: &rbacv1.Role{
 				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
@@ -106,7 +111,10 @@ func (a Agent) leaseObjects() ([]namedObject, error) {
 			}},
 		}
 	}
-	objs := []namedObject{{name: AgentKubeconfigConfigMap + ".yaml", obj: &corev1.ConfigMap{
+	objs := []namedObject{{name: LeaseNamespace + "-namespace.yaml", obj: &corev1.Namespace{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"},
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseNamespace, Labels: commonLabels(nil)},
+	}}, {name: AgentKubeconfigConfigMap + ".yaml", obj: &corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{Name: AgentKubeconfigConfigMap, Namespace: Namespace, Labels: commonLabels(nil)},
 		Data:       map[string]string{agentKubeconfigFile: kubeconfig},

@@ -61,7 +61,7 @@ func TestAgentServerLeases(t *testing.T) {
 		{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1", ServerLeases: true, APIServerURL: "https://198.18.0.1:6443", ClientCert: cert, ClientKey: key},
 	} {
 		args := a.Args()
-		for _, want := range []string{"--count-server-leases", "--kubeconfig=" + agentCredentialsDir + "/kubeconfig"} {
+		for _, want := range []string{"--count-server-leases", "--lease-namespace=konnectivity-leases", "--kubeconfig=" + agentCredentialsDir + "/kubeconfig"} {
 			if !slices.Contains(args, want) {
 				t.Errorf("args %q lack %s", args, want)
 			}
@@ -118,7 +118,8 @@ func TestAgentServerLeases(t *testing.T) {
 		for _, name := range []string{"konnectivity-server-leases", "konnectivity-agent-leases"} {
 			role := decode(t, byName(t, files, name+"-role.yaml")).(*rbacv1.Role)
 			binding := decode(t, byName(t, files, name+"-rolebinding.yaml")).(*rbacv1.RoleBinding)
-			if role.Namespace != Namespace || binding.Namespace != Namespace || binding.RoleRef.Name != name || len(role.Rules) != 1 ||
+			// Not kube-system: there the server's verbs would reach the control plane's leader-election Leases.
+			if role.Namespace != "konnectivity-leases" || binding.Namespace != role.Namespace || binding.RoleRef.Name != name || len(role.Rules) != 1 ||
 				!slices.Equal(role.Rules[0].APIGroups, []string{"coordination.k8s.io"}) || !slices.Equal(role.Rules[0].Resources, []string{"leases"}) {
 				t.Errorf("%s: %+v %+v", name, role, binding)
 			}
@@ -127,7 +128,10 @@ func TestAgentServerLeases(t *testing.T) {
 		if !slices.Equal(verbs["konnectivity-server-leases"], []string{"get", "list", "create", "update", "delete"}) || subjects["konnectivity-server-leases"].Name != ServerUser {
 			t.Errorf("server leases: %v for %+v", verbs["konnectivity-server-leases"], subjects["konnectivity-server-leases"])
 		}
-		if !slices.Equal(verbs["konnectivity-agent-leases"], []string{"list", "watch"}) || subjects["konnectivity-agent-leases"].Name != AgentServiceAccount {
+		if ns := decode(t, byName(t, files, "konnectivity-leases-namespace.yaml")).(*corev1.Namespace); ns.Name != "konnectivity-leases" {
+			t.Errorf("the bundle creates namespace %q for the Leases", ns.Name)
+		}
+		if s := subjects["konnectivity-agent-leases"]; !slices.Equal(verbs["konnectivity-agent-leases"], []string{"list", "watch"}) || s.Name != AgentServiceAccount || s.Namespace != Namespace {
 			t.Errorf("agent leases: %v for %+v", verbs["konnectivity-agent-leases"], subjects["konnectivity-agent-leases"])
 		}
 	}
@@ -153,7 +157,7 @@ func TestServerLeaseController(t *testing.T) {
 	for _, s := range []Server{grpcServer(), tcpServer()} {
 		s.LeaseController = true
 		args := s.Args()
-		if !slices.Contains(args, "--enable-lease-controller") || !slices.Contains(args, "--kubeconfig="+s.Kubeconfig) {
+		if !slices.Contains(args, "--enable-lease-controller") || !slices.Contains(args, "--lease-namespace=konnectivity-leases") || !slices.Contains(args, "--kubeconfig="+s.Kubeconfig) {
 			t.Errorf("args %q", args)
 		}
 		mtls := s

@@ -41,7 +41,7 @@ const (
 	Namespace = konnectivity.Namespace
 	// AgentServiceAccount is the ServiceAccount whose tokens the server accepts from agents.
 	AgentServiceAccount = konnectivity.AgentServiceAccount
-	// Audience is the audience of the agents' tokens; kube-apiserver must accept it (--api-audiences).
+	// Audience is the audience of the agents' tokens, which the server's TokenReviews name.
 	Audience = konnectivity.Audience
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
 	ServerUser = konnectivity.ServerUser

@@ -41,7 +41,7 @@ type Server struct {
 	// Kubeconfig lets the server review agents' tokens (TokenReview) and keep its Lease as ServerUser. It
 	// is required unless AgentClientCA is set, and must then be empty unless LeaseController is set.
 	Kubeconfig string
-	// LeaseController has the server keep a Lease in Namespace for agents to count
+	// LeaseController has the server keep a Lease in LeaseNamespace for agents to count
 	// (--enable-lease-controller, see leases.go). It needs Kubeconfig, also with AgentClientCA.
 	LeaseController bool
 	// AgentClientCA switches agent authentication from service-account tokens to client certificates:
@@ -214,7 +214,7 @@ func (s Server) Args() []string {
 		)
 	}
 	if s.LeaseController {
-		args = append(args, "--enable-lease-controller")
+		args = append(args, "--enable-lease-controller", "--lease-namespace="+LeaseNamespace)
 	}
 	return args
 }

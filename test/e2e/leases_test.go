@@ -26,8 +26,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// leaseRBAC is the Roles on Leases that konnect init --server-leases renders for the server and the agents,
-// so that this test runs with exactly the privileges the manifests grant.
+// leaseRBAC is the namespace and the Roles on Leases that konnect init --server-leases renders for the
+// server and the agents, so that this test runs with exactly the privileges the manifests grant.
 func leaseRBAC() (string, error) {
 	files, err := manifests.Agent{Image: manifests.Image("e2e"), ProxyServerHost: cpAddr, ServerLeases: true,
 		APIServerURL: fmt.Sprintf("https://%s:%d", cpAddr, apiPort)}.Render()
@@ -36,12 +36,12 @@ func leaseRBAC() (string, error) {
 	}
 	var docs []string
 	for _, f := range files {
-		if strings.HasSuffix(f.Name, "-leases-role.yaml") || strings.HasSuffix(f.Name, "-leases-rolebinding.yaml") {
+		if strings.HasSuffix(f.Name, "-leases-namespace.yaml") || strings.HasSuffix(f.Name, "-leases-role.yaml") || strings.HasSuffix(f.Name, "-leases-rolebinding.yaml") {
 			docs = append(docs, string(f.Data))
 		}
 	}
-	if len(docs) != 4 {
-		return "", fmt.Errorf("konnect's manifests rendered %d lease Roles and RoleBindings, want 4", len(docs))
+	if len(docs) != 5 {
+		return "", fmt.Errorf("konnect's manifests rendered %d lease namespaces, Roles and RoleBindings, want 5", len(docs))
 	}
 	return strings.Join(docs, "---\n"), nil
 }
@@ -71,8 +71,9 @@ func TestServerLeases(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for _, args := range [][]string{
-			{"-n", "kube-system", "delete", "--ignore-not-found", "role,rolebinding", "konnectivity-server-leases", "konnectivity-agent-leases"},
-			{"-n", "kube-system", "delete", "--ignore-not-found", "leases", "-l", leaseSelector},
+			// Not the namespace: without kube-controller-manager here, nothing would finish deleting it.
+			{"-n", manifests.LeaseNamespace, "delete", "--ignore-not-found", "role,rolebinding", "konnectivity-server-leases", "konnectivity-agent-leases"},
+			{"-n", manifests.LeaseNamespace, "delete", "--ignore-not-found", "leases", "-l", leaseSelector},
 		} {
 			if out, err := c.kubectl(ctx, nsCP, args...); err != nil {
 				t.Logf("cleanup: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -80,7 +81,7 @@ func TestServerLeases(t *testing.T) {
 		}
 	})
 
-	leaseFlags := []string{"--enable-lease-controller", "--lease-namespace=kube-system", "--lease-label=" + leaseSelector}
+	leaseFlags := []string{"--enable-lease-controller", "--lease-namespace=" + manifests.LeaseNamespace, "--lease-label=" + leaseSelector}
 	a := c.startServer(t, serverOpts{impl: implKonnect, id: "lease-a", serverCount: 1, extra: leaseFlags})
 	b := c.startServer(t, serverOpts{impl: implKonnect, id: "lease-b", serverCount: 1, portOffset: 10,
 		uds: filepath.Join(c.dir, "ks-lease-b", "konnectivity-server.socket"), extra: leaseFlags})
@@ -93,7 +94,7 @@ func TestServerLeases(t *testing.T) {
 
 	ag := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW1, id: "lease-agent", noWait: true, extra: []string{
 		fmt.Sprintf("--proxy-server-port=%d", lbPort),
-		"--count-server-leases", "--lease-namespace=kube-system", "--lease-label=" + leaseSelector,
+		"--count-server-leases", "--lease-namespace=" + manifests.LeaseNamespace, "--lease-label=" + leaseSelector,
 		"--kubeconfig=" + c.agentAPIKubeconfig(t),
 	}})
 	both := map[string][]string{"lease-a": {"lease-agent"}, "lease-b": {"lease-agent"}}
@@ -144,7 +145,7 @@ func TestServerLeases(t *testing.T) {
 	t.Logf("server A's garbage collection deleted the expired lease after %v", time.Since(start).Round(100*time.Millisecond))
 }
 
-// waitLeases waits until the server leases in kube-system are exactly those of the server IDs given.
+// waitLeases waits until the server leases in their namespace are exactly those of the server IDs given.
 func (c *cluster) waitLeases(t *testing.T, ids ...string) {
 	t.Helper()
 	want := make([]string, len(ids))
@@ -156,7 +157,7 @@ func (c *cluster) waitLeases(t *testing.T, ids ...string) {
 	defer cancel()
 	var got string
 	err := harness.Poll("server leases "+strings.Join(want, ","), 90*time.Second, 500*time.Millisecond, func() error {
-		out, err := c.kubectl(ctx, nsCP, "-n", "kube-system", "get", "leases", "-l", leaseSelector,
+		out, err := c.kubectl(ctx, nsCP, "-n", manifests.LeaseNamespace, "get", "leases", "-l", leaseSelector,
 			"-o", `jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}`)
 		if err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/test/harness"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -581,7 +582,7 @@ const phantomLease = `apiVersion: coordination.k8s.io/v1
 kind: Lease
 metadata:
   name: konnectivity-e2e-phantom
-  namespace: kube-system
+  namespace: %s
   labels:
     k8s-app: konnectivity-server
 spec:
@@ -596,8 +597,15 @@ spec:
 func (nc *nodeCluster) checkServerLeases(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	harness.Eventually(t, time.Minute, "the server's own Lease in kube-system", func() error {
-		out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "leases", "-l", "k8s-app=konnectivity-server", "-o", "name")
+	// Least privilege: the server may write the Leases of its own namespace, and none of kube-system's
+	// (kube-controller-manager's and kube-scheduler's leader election, kube-apiserver's identity).
+	for ns, want := range map[string]string{manifests.LeaseNamespace: "yes", "kube-system": "no"} {
+		if out, _ := nc.kubectl(ctx, nsCP, "auth", "can-i", "update", "leases.coordination.k8s.io", "-n", ns, "--as=system:konnectivity-server"); strings.TrimSpace(out) != want {
+			t.Errorf("system:konnectivity-server may update Leases in %s: %q, want %s", ns, out, want)
+		}
+	}
+	harness.Eventually(t, time.Minute, "the server's own Lease in "+manifests.LeaseNamespace, func() error {
+		out, err := nc.kubectl(ctx, nsCP, "-n", manifests.LeaseNamespace, "get", "leases", "-l", "k8s-app=konnectivity-server", "-o", "name")
 		if err != nil {
 			return err
 		}
@@ -623,16 +631,16 @@ func (nc *nodeCluster) checkServerLeases(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if out, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "delete", "--ignore-not-found", "lease", "konnectivity-e2e-phantom"); err != nil {
+		if out, err := nc.kubectl(ctx, nsCP, "-n", manifests.LeaseNamespace, "delete", "--ignore-not-found", "lease", "konnectivity-e2e-phantom"); err != nil {
 			t.Logf("cleanup: delete the phantom Lease: %v\n%s", err, out)
 		}
 	})
-	lease := fmt.Sprintf(phantomLease, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"))
+	lease := fmt.Sprintf(phantomLease, manifests.LeaseNamespace, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"))
 	if err := nc.applyYAML(ctx, lease); err != nil {
 		t.Fatalf("the phantom Lease: %v", err)
 	}
 	counts(2)
-	if _, err := nc.kubectl(ctx, nsCP, "-n", "kube-system", "delete", "lease", "konnectivity-e2e-phantom"); err != nil {
+	if _, err := nc.kubectl(ctx, nsCP, "-n", manifests.LeaseNamespace, "delete", "lease", "konnectivity-e2e-phantom"); err != nil {
 		t.Fatal(err)
 	}
 	counts(1)

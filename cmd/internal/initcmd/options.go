@@ -94,7 +94,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
 	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
 	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
-	fs.BoolVar(&o.ServerLeases, "server-leases", o.ServerLeases, "servers keep a Lease each in "+manifests.Namespace+" and agents count them (upstream's --enable-lease-controller and --count-server-leases), for a number of servers that changes; agents watch the Leases at --apiserver-url, which every node must reach, and the manifests add the Roles on Leases")
+	fs.BoolVar(&o.ServerLeases, "server-leases", o.ServerLeases, "servers keep a Lease each in the namespace "+manifests.LeaseNamespace+" and agents count them (upstream's --enable-lease-controller and --count-server-leases), for a number of servers that changes; agents watch the Leases at --apiserver-url, which every node must reach, and the manifests add the Roles on Leases")
 	fs.StringVar(&o.Image, "image", o.Image, "container image of the Konnectivity server static pod and agent DaemonSet; the default is the image that make image builds (bin/konnect-image.tar) for this binary's version")
 	// kube-apiserver's --api-audiences is no longer touched; a script that still passes this keeps working.
 	fs.StringSlice("api-audiences", nil, "")
