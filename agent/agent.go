@@ -117,8 +117,9 @@ func New(cfg Config) (*Agent, error) {
 }
 
 // Run connects to the servers and serves them until ctx ends. Then it drains: it sends DRAIN to every
-// server, refuses new dials, waits for open connections to finish for at most Config.GracefulTimeout,
-// closes what is left and returns nil.
+// server (which then sends it a dial only when no other agent serves the destination), serves such dials,
+// waits for open connections to finish for at most Config.GracefulTimeout, closes what is left and returns
+// nil.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return errors.New("agent: Run called twice")
@@ -574,13 +575,13 @@ func (a *Agent) OpenConnections() int { return int(a.openConns.Load()) }
 
 // ReadyChecks are the agent's readiness checks: "server-connected" (at least one server, upstream's
 // readiness), "all-servers-connected" (every server it knows of; /readyz?exclude=all-servers-connected
-// gives upstream's behaviour) and "shutdown" (not draining: a draining agent refuses new dials while its
-// sessions stay up).
+// gives upstream's behaviour) and "shutdown" (not draining: a draining agent has told its servers, which
+// send it new dials only when no other agent serves the destination).
 func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{
 		healthz.NamedCheck("shutdown", func(*http.Request) error {
 			if a.draining.Load() {
-				return errors.New("draining: new dials are refused")
+				return errors.New("draining: servers send new dials to other agents first")
 			}
 			return nil
 		}),

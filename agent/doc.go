@@ -20,7 +20,8 @@
 //   - batches TLS records under the server link, so a large gRPC write is a few system calls instead of
 //     one per 16 KiB record;
 //   - can restrict the destinations it dials (--allow-destination);
-//   - drains on shutdown: DRAIN to every server, no new dials, open connections finish within a bound; in
+//   - drains on shutdown: DRAIN to every server, which then sends it only dials no other agent can take;
+//     open connections finish within a bound; in
 //     its last quarter a connection is closed at its first quiet moment rather than cut at the deadline, so
 //     that a kept-alive connection ends between two requests, not in the middle of one.
 //

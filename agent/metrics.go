@@ -43,7 +43,6 @@ const (
 	dialFailureTimeout    = "timeout"
 	dialFailureUnknown    = "unknown"
 	dialFailureNotAllowed = "not_allowed"
-	dialFailureDraining   = "draining"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -55,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		dialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "endpoint_dial_failure_total",
-			Help: "Number of failures dialing the remote endpoint, by reason (timeout, unknown, not_allowed, draining).",
+			Help: "Number of failures dialing the remote endpoint, by reason (timeout, unknown, not_allowed).",
 		}, []string{"reason"}),
 		serverConns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "open_server_connections",

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
-	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -292,10 +291,8 @@ func (s *session) handleDial(req *client.DialRequest) {
 		klog.V(1).InfoS("Dial refused", "serverID", s.serverID, "dialID", random, "dialAddress", addr, "err", err)
 		s.sendAsync(dialRsp(random, 0, err.Error()))
 	}
-	if s.a.draining.Load() {
-		refuse(dialFailureDraining, konnectivity.ErrDraining)
-		return
-	}
+	// A draining agent still dials, as upstream's does: upstream's server sends it a dial only when no other
+	// agent serves the destination (destHost: its node), and a refusal would fail that request for certain.
 	switch req.GetProtocol() {
 	case "tcp", "tcp4", "tcp6":
 	default:

@@ -5,12 +5,13 @@ import (
 	"strings"
 )
 
-// Why a dial through the tunnel failed. The agent returns ErrDraining and ErrNotAllowed itself; the others
+// Why a dial through the tunnel failed. The agent returns ErrNotAllowed itself (and agents of earlier konnect
+// releases ErrDraining, which is still recognised); the others
 // come from upstream's server and client or from the agent's operating system. On the wire they are only
 // text (the error of a DIAL_RSP, an HTTP CONNECT status body), so a caller that receives one gets it back as
 // text and asks Classify which of these it is.
 var (
-	// ErrDraining: the agent is shutting down and takes no new dials.
+	// ErrDraining: the agent is shutting down and takes no new dials (agents of earlier konnect releases).
 	ErrDraining = errors.New("konnect agent is shutting down and accepts no new connections")
 	// ErrNotAllowed: the destination is outside the agent's allow list.
 	ErrNotAllowed = errors.New("destination not in --allow-destination")
