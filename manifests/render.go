@@ -60,9 +60,15 @@ const (
 	defaultKustomizationAPI = "kustomize.config.k8s.io/v1beta1"
 )
 
-// commonLabels mark every object konnect renders, so that `kubectl get -l` finds them.
+// ManagedByLabel and ManagedBy mark every object konnect renders, so that `kubectl get -l` finds them.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedBy      = "konnect"
+)
+
+// commonLabels are ManagedBy and extra.
 func commonLabels(extra map[string]string) map[string]string {
-	l := map[string]string{"app.kubernetes.io/managed-by": "konnect"}
+	l := map[string]string{ManagedByLabel: ManagedBy}
 	for k, v := range extra {
 		l[k] = v
 	}

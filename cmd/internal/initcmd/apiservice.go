@@ -1,12 +1,9 @@
 package initcmd
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,9 +13,6 @@ import (
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 )
 
 // servingOptions are the flags every command that issues an extension server's serving certificate has.
@@ -195,22 +189,14 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 
 // apiServiceNames are the APIServices a file written by an earlier run lists; none if it cannot be read.
 func apiServiceNames(path string) []string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
+	objs, _ := objectsIn(path)
 	var names []string
-	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := docs.Read()
-		if err != nil {
-			return names
-		}
-		var obj metav1.PartialObjectMetadata
-		if yaml.Unmarshal(doc, &obj) == nil && obj.Kind == "APIService" && obj.Name != "" {
+	for _, obj := range objs {
+		if obj.Kind == "APIService" && obj.Name != "" {
 			names = append(names, obj.Name)
 		}
 	}
+	return names
 }
 
 // writeFiles writes rendered manifests atomically, each only when its content changes.

@@ -349,6 +349,50 @@ func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
 	}
 }
 
+// TestInitRemovesStaleBundleFiles: turning --server-leases and --agent-auth mtls off removes the files that
+// only they wrote (the Lease grants, the Secret with the agents' key) and says how to delete their objects;
+// a file the user listed in the kustomization stays.
+func TestInitRemovesStaleBundleFiles(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir, "--server-leases", "--agent-auth", "mtls")...)
+	bundle := filepath.Join(dir, AgentBundleDir)
+	user := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: mine\n  namespace: kube-system\n"
+	if err := os.WriteFile(filepath.Join(bundle, "mine.yaml"), []byte(user), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k, err := os.ReadFile(filepath.Join(bundle, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "kustomization.yaml"), append(k, "- mine.yaml\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out := mustRun(t, append(initArgs(dir), "--dry-run")...)
+	if !strings.Contains(out, "[would be removed] "+filepath.Join(bundle, "konnectivity-agent-tls.yaml")) {
+		t.Errorf("a dry run does not say the Secret would go:\n%s", out)
+	}
+	out = mustRun(t, initArgs(dir)...)
+	for _, f := range []string{"konnectivity-agent-tls.yaml", "konnectivity-leases-namespace.yaml", "konnectivity-server-leases-role.yaml",
+		"konnectivity-server-leases-rolebinding.yaml", "konnectivity-agent-leases-role.yaml", "konnectivity-agent-leases-rolebinding.yaml",
+		"konnectivity-agent-kubeconfig.yaml"} {
+		if _, err := os.Stat(filepath.Join(bundle, f)); !os.IsNotExist(err) {
+			t.Errorf("%s is still there: %v", f, err)
+		}
+		if !strings.Contains(out, "[removed] "+filepath.Join(bundle, f)) {
+			t.Errorf("the removal of %s is not reported", f)
+		}
+	}
+	for _, want := range []string{"kubectl delete secret konnectivity-agent-tls -n kube-system", "kubectl delete role konnectivity-server-leases -n konnectivity-leases", "kubectl delete namespace konnectivity-leases"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the summary does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(bundle, "mine.yaml")); err != nil {
+		t.Errorf("the user's file: %v", err)
+	}
+}
+
 func TestInitRemovesStaleTemps(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, initArgs(dir)...)

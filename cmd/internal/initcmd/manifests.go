@@ -1,9 +1,13 @@
 package initcmd
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
@@ -11,6 +15,9 @@ import (
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 )
 
 // AgentBundleDir holds the cluster-side manifests (DaemonSet, ServiceAccount, RBAC) for `kubectl apply -k`,
@@ -18,8 +25,11 @@ import (
 // static-pod directory, and kubelet logs an error for every directory it finds there at each scan (20 s).
 const AgentBundleDir = "konnectivity-agent"
 
-// movedTo marks a directory that init moved; the note says where.
-const movedTo pki.Action = "moved"
+// What init did to a file or directory besides writing it.
+const (
+	movedTo pki.Action = "moved"   // the note says where
+	removed pki.Action = "removed" // a file an earlier run wrote that this run does not
+)
 
 // defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
 // the konnect that wrote them, never a moving ":latest". A plain `go build` is version "devel", and so is
@@ -77,6 +87,9 @@ func (r *runner) manifests([]string) error {
 			note: "rendered once the certs phase has written " + waitingFor})
 		return nil
 	}
+	if err := r.removeStale(agentDir, files); err != nil {
+		return err
+	}
 	return r.writeFiles(agentDir, files)
 }
 
@@ -105,6 +118,85 @@ func (r *runner) moveLegacyAgentBundle(agentDir string) error {
 	r.outcomes = append(r.outcomes, outcome{action: movedTo, dryRun: r.o.DryRun, file: legacy + string(filepath.Separator),
 		note: "to " + agentDir + ": " + why})
 	return nil
+}
+
+// removeStale removes the files an earlier run wrote into dir that this run does not: a feature turned off
+// (--server-leases, or --agent-auth mtls with the Secret that holds the agents' key) would otherwise leave
+// them there. Only files that the earlier kustomization.yaml listed, and whose objects all carry konnect's
+// managed-by label, go. kubectl apply -k does not delete what they created, so the note says how.
+func (r *runner) removeStale(dir string, files []manifests.File) error {
+	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		return nil
+	}
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	if yaml.Unmarshal(data, &k) != nil {
+		return nil
+	}
+	for _, name := range k.Resources {
+		if name != filepath.Base(name) || slices.ContainsFunc(files, func(f manifests.File) bool { return f.Name == name }) {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		deletes, ok := konnectObjects(path)
+		if !ok {
+			continue
+		}
+		if !r.o.DryRun {
+			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+		}
+		r.outcomes = append(r.outcomes, outcome{action: removed, dryRun: r.o.DryRun, file: path,
+			note: "no longer part of the bundle; kubectl apply -k leaves what it created: " + strings.Join(deletes, "; ")})
+	}
+	return nil
+}
+
+// konnectObjects reads the objects of a file konnect rendered and returns the kubectl commands that delete
+// them; ok is false unless the file holds objects and every one carries konnect's managed-by label.
+func konnectObjects(path string) (deletes []string, ok bool) {
+	objs, err := objectsIn(path)
+	if err != nil || len(objs) == 0 {
+		return nil, false
+	}
+	for _, obj := range objs {
+		if obj.Kind == "" || obj.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
+			return nil, false
+		}
+		cmd := "kubectl delete " + strings.ToLower(obj.Kind) + " " + obj.Name
+		if obj.Namespace != "" {
+			cmd += " -n " + obj.Namespace
+		}
+		deletes = append(deletes, cmd)
+	}
+	return deletes, true
+}
+
+// objectsIn reads the kind and metadata of every object in a YAML file of one or more documents.
+func objectsIn(path string) ([]metav1.PartialObjectMetadata, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var objs []metav1.PartialObjectMetadata
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := docs.Read()
+		if err == io.EOF {
+			return objs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		var obj metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal(doc, &obj); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		objs = append(objs, obj)
+	}
 }
 
 // serverManifest is the Konnectivity server's static pod as the options describe it.
