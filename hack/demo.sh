@@ -70,7 +70,7 @@ echo; echo "kube-apiserver would be started with:"; sed 's/^/    /' "$DEMO/kube-
 step "konnect server: gRPC frontend on the UDS, agents over mutual TLS on 127.0.0.1:$AGENT_PORT"
 "$KONNECT" server --mode grpc --uds-name "$SOCK" --delete-existing-uds-file --server-port 0 \
 	--cluster-cert "$DEMO/pki/konnectivity-server.crt" --cluster-key "$DEMO/pki/konnectivity-server.key" \
-	--cluster-ca-cert "$DEMO/pki/ca.crt" --agent-port "$AGENT_PORT" --admin-port "$SERVER_ADMIN" \
+	--cluster-ca-cert "$DEMO/pki/konnectivity-agent-ca.crt" --agent-port "$AGENT_PORT" --admin-port "$SERVER_ADMIN" \
 	--health-port "$SERVER_HEALTH" --agent-bind-address 127.0.0.1 --health-bind-address 127.0.0.1 \
 	>"$DEMO/logs/server.log" 2>&1 &
 pids+=($!); server_pid=$!

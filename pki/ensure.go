@@ -371,6 +371,13 @@ func (e *engine) planLeaf(s *Spec) {
 		return
 	}
 	detail := strings.Join(problems, "; ")
+	if former := e.formerIssuer(s, cert); former != "" && keyErr == nil && len(problems) == 1 {
+		// Signed by the CA of an earlier release and sound otherwise: moved to its CA without --force.
+		r.Action = Renewed
+		r.Reason = "moved from " + former + " to " + ca.spec.BaseName + ".crt"
+		e.steps = append(e.steps, step{spec: s, result: r, key: key, altNames: want})
+		return
+	}
 	if external {
 		e.fail("%s: %s (signed by the external CA %s, which konnect cannot use to renew it)", certFile, detail, ca.certFile(e.dir))
 		return
@@ -388,6 +395,22 @@ func (e *engine) planLeaf(s *Spec) {
 	r.Action = Renewed
 	r.Reason = detail
 	e.steps = append(e.steps, step{spec: s, result: r, key: reuse, altNames: want})
+}
+
+// formerIssuer is the file of the spec's FormerCA when that CA signed cert, or empty.
+func (e *engine) formerIssuer(s *Spec, cert *x509.Certificate) string {
+	if s.FormerCA == "" || cert == nil {
+		return ""
+	}
+	former, ok := Lookup(e.specs, s.FormerCA)
+	if !ok {
+		return ""
+	}
+	formerCert, _, err := readCert(former.CertFile(e.dir))
+	if err != nil || cert.CheckSignatureFrom(formerCert) != nil {
+		return ""
+	}
+	return former.BaseName + ".crt"
 }
 
 // signedBy returns a certificate in dir that the key of pub signed, or nil: the first by file name, since the

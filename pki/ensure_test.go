@@ -78,7 +78,8 @@ func TestEnsureSpecs(t *testing.T) {
 		{FrontProxyClient, "front-proxy-client", "front-proxy-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil},
 		{KonnectivityServerClient, "system:konnectivity-server", "kubernetes-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil},
 		{KonnectivityServer, "konnectivity-server", "kubernetes-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server},
-		{KonnectivityAgent, "konnectivity-agent", "kubernetes-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil},
+		{KonnectivityAgentCA, "konnectivity-agent-ca", "konnectivity-agent-ca", true, nil, nil},
+		{KonnectivityAgent, "konnectivity-agent", "konnectivity-agent-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil},
 		{KonnectivityFrontend, "konnectivity-frontend", "kubernetes-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, frontend},
 		{APIServerEgressClient, "apiserver-egress-client", "kubernetes-ca", false, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil},
 	} {
@@ -173,7 +174,7 @@ func TestEnsureOptionalSpecs(t *testing.T) {
 		want     []string
 	}{
 		{"token agents, UDS", false, false, []string{CA, FrontProxyCA, FrontProxyClient, KonnectivityServerClient, KonnectivityServer}},
-		{"mTLS agents", true, false, []string{CA, FrontProxyCA, FrontProxyClient, KonnectivityServerClient, KonnectivityServer, KonnectivityAgent}},
+		{"mTLS agents", true, false, []string{CA, FrontProxyCA, KonnectivityAgentCA, FrontProxyClient, KonnectivityServerClient, KonnectivityServer, KonnectivityAgent}},
 		{"HTTPConnect over TCP", false, true, []string{CA, FrontProxyCA, FrontProxyClient, KonnectivityServerClient, KonnectivityServer, KonnectivityFrontend, APIServerEgressClient}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -355,7 +356,7 @@ func TestExternalCA(t *testing.T) {
 	before := snapshot(t, cfg.Dir)
 	res := mustEnsure(t, cfg)
 	for _, r := range res {
-		wantExternal := r.Name != FrontProxyCA && r.Name != FrontProxyClient
+		wantExternal := !slices.Contains([]string{FrontProxyCA, FrontProxyClient, KonnectivityAgentCA, KonnectivityAgent}, r.Name)
 		if r.Action != Kept || r.External != wantExternal {
 			t.Errorf("%s: %s external=%v", r.Name, r.Action, r.External)
 		}
@@ -364,20 +365,20 @@ func TestExternalCA(t *testing.T) {
 		t.Fatalf("changed %v", changed)
 	}
 
-	agent := specByName(t, KonnectivityAgent)
-	os.Remove(agent.CertFile(dir))
-	os.Remove(agent.KeyFile(dir))
+	leaf := specByName(t, KonnectivityFrontend)
+	os.Remove(leaf.CertFile(dir))
+	os.Remove(leaf.KeyFile(dir))
 	before = snapshot(t, cfg.Dir)
 	cfg.Force = true // cannot help: there is no key to sign with
 	_, err := Ensure(cfg)
-	if err == nil || !strings.Contains(err.Error(), agent.CertFile(dir)+" is missing") || !strings.Contains(err.Error(), "external CA") {
+	if err == nil || !strings.Contains(err.Error(), leaf.CertFile(dir)+" is missing") || !strings.Contains(err.Error(), "external CA") {
 		t.Fatalf("missing leaf under external CA: %v", err)
 	}
 	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
 		t.Fatalf("changed %v", changed)
 	}
-	// Without the agent certificate requested, the rest is fine.
-	cfg.AgentMTLS = false
+	// Without the frontend's certificate requested, the rest is fine.
+	cfg.FrontendTLS = false
 	mustEnsure(t, cfg)
 }
 
@@ -587,7 +588,7 @@ func TestExplicitNameNeedsItsCA(t *testing.T) {
 	for _, r := range res {
 		names = append(names, r.Name)
 	}
-	if !slices.Equal(names, []string{CA, KonnectivityAgent}) {
+	if !slices.Equal(names, []string{KonnectivityAgentCA, KonnectivityAgent}) {
 		t.Fatalf("got %v", names)
 	}
 }
@@ -691,6 +692,44 @@ func TestSubjectRules(t *testing.T) {
 	_, err := Ensure(cfg)
 	if err == nil || !strings.Contains(err.Error(), `subject CN is "someone-else"`) || !strings.Contains(err.Error(), `subject O is ["Example Corp"]`) {
 		t.Fatalf("client certificate with another subject: %v", err)
+	}
+}
+
+// TestAgentCertificateMovesToItsCA: earlier releases signed the agents' certificate with the cluster CA,
+// which made it a credential for kube-apiserver. Such a certificate is re-signed by the agents' own CA,
+// keeping its key, without --force; anything else wrong with it still needs --force.
+func TestAgentCertificateMovesToItsCA(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	dir := cfg.PKIDir()
+	ca := specByName(t, CA)
+	caCert := loadCert(t, ca.CertFile(dir))
+	caKey, _, _ := readKey(ca.KeyFile(dir))
+	agent := specByName(t, KonnectivityAgent)
+	key, _, _ := readKey(agent.KeyFile(dir))
+	old, err := signCert(agent, key.Public(), AltNames{}, caCert, caKey, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(agent.CertFile(dir), encodeCert(old), 0o644)
+	keyBefore, _ := os.ReadFile(agent.KeyFile(dir))
+
+	r := resultByName(t, mustEnsure(t, cfg), KonnectivityAgent)
+	if r.Action != Renewed || r.Reason != "moved from ca.crt to konnectivity-agent-ca.crt" {
+		t.Fatalf("result %+v", r)
+	}
+	moved := loadCert(t, agent.CertFile(dir))
+	if err := moved.CheckSignatureFrom(loadCert(t, specByName(t, KonnectivityAgentCA).CertFile(dir))); err != nil {
+		t.Errorf("not signed by the agents' CA: %v", err)
+	}
+	if moved.CheckSignatureFrom(caCert) == nil {
+		t.Error("still signed by the cluster CA")
+	}
+	if keyAfter, _ := os.ReadFile(agent.KeyFile(dir)); string(keyAfter) != string(keyBefore) {
+		t.Error("the key was replaced")
+	}
+	if r := resultByName(t, mustEnsure(t, cfg), KonnectivityAgent); r.Action != Kept {
+		t.Errorf("second run: %+v", r)
 	}
 }
 

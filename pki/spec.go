@@ -29,6 +29,7 @@ const (
 	FrontProxyClient         = "front-proxy-client"
 	KonnectivityServerClient = "konnectivity-server-client"
 	KonnectivityServer       = "konnectivity-server"
+	KonnectivityAgentCA      = "konnectivity-agent-ca"
 	KonnectivityAgent        = "konnectivity-agent"
 	KonnectivityFrontend     = "konnectivity-frontend"
 	APIServerEgressClient    = "apiserver-egress-client"
@@ -149,7 +150,10 @@ type Spec struct {
 	// Description is one line of help text.
 	Description string
 	// CA names the issuing spec; empty for a self-signed CA.
-	CA           string
+	CA string
+	// FormerCA names the spec that issued this certificate in earlier releases. A certificate it signed is
+	// re-signed by CA, keeping its key, without --force.
+	FormerCA     string
 	IsCA         bool
 	CommonName   string
 	Organization []string
@@ -213,7 +217,14 @@ func Specs() []*Spec {
 			},
 		},
 		{
-			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: CA, CommonName: konnectivity.AgentUser,
+			// Not the cluster CA: kube-apiserver trusts that one (--client-ca-file), and the agents' certificate,
+			// with its key in a Secret on every node, would be a credential for kube-apiserver's API.
+			Name: KonnectivityAgentCA, BaseName: "konnectivity-agent-ca", IsCA: true, CommonName: "konnectivity-agent-ca",
+			Enabled:     func(c *Config) bool { return c.AgentMTLS },
+			Description: "CA of the agents' client certificate, which only the Konnectivity server trusts (--cluster-ca-cert; only with mTLS agent authentication)",
+		},
+		{
+			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: KonnectivityAgentCA, FormerCA: CA, CommonName: konnectivity.AgentUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.AgentMTLS },
 			Description: "client certificate of the Konnectivity agents (only with mTLS agent authentication)",

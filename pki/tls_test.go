@@ -42,15 +42,17 @@ func TestTLSHandshakes(t *testing.T) {
 		serverName string
 		ok         bool
 	}{
-		{"agent to server, by address", KonnectivityServer, CA, KonnectivityAgent, CA, "198.18.0.1", true},
-		{"agent to server, by name", KonnectivityServer, CA, KonnectivityAgent, CA, "cp.example.test", true},
-		{"agent to server, by hostname", KonnectivityServer, CA, KonnectivityAgent, CA, "node-1", true},
+		{"agent to server, by address", KonnectivityServer, KonnectivityAgentCA, KonnectivityAgent, CA, "198.18.0.1", true},
+		{"agent to server, by name", KonnectivityServer, KonnectivityAgentCA, KonnectivityAgent, CA, "cp.example.test", true},
+		{"agent to server, by hostname", KonnectivityServer, KonnectivityAgentCA, KonnectivityAgent, CA, "node-1", true},
+		// kube-apiserver's --client-ca-file is the cluster CA: the agents' certificate is no credential there.
+		{"agent certificate where the cluster CA is required", KonnectivityServer, CA, KonnectivityAgent, CA, "localhost", false},
 		{"kube-apiserver to frontend", KonnectivityFrontend, CA, APIServerEgressClient, CA, "127.0.0.1", true},
 		{"kube-apiserver to extension server", KonnectivityServer, FrontProxyCA, FrontProxyClient, CA, "localhost", true},
-		{"wrong name", KonnectivityServer, CA, KonnectivityAgent, CA, "198.18.0.99", false},
+		{"wrong name", KonnectivityServer, KonnectivityAgentCA, KonnectivityAgent, CA, "198.18.0.99", false},
 		{"front-proxy client where the cluster CA is required", KonnectivityServer, CA, FrontProxyClient, CA, "localhost", false},
 		{"cluster client where the front-proxy CA is required", KonnectivityServer, FrontProxyCA, KonnectivityServerClient, CA, "localhost", false},
-		{"server checked against the front-proxy CA", KonnectivityServer, CA, KonnectivityAgent, FrontProxyCA, "localhost", false},
+		{"server checked against the front-proxy CA", KonnectivityServer, KonnectivityAgentCA, KonnectivityAgent, FrontProxyCA, "localhost", false},
 		{"client certificate used to serve", KonnectivityAgent, CA, KonnectivityServerClient, CA, "localhost", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

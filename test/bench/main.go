@@ -233,7 +233,7 @@ func (b *bench) serverArgs(uds string, port int) []string {
 	pki := b.path("k", "pki")
 	return []string{"--mode=grpc", "--uds-name=" + uds, "--delete-existing-uds-file", "--server-port=0",
 		"--cluster-cert=" + filepath.Join(pki, "konnectivity-server.crt"), "--cluster-key=" + filepath.Join(pki, "konnectivity-server.key"),
-		"--cluster-ca-cert=" + filepath.Join(pki, "ca.crt"),
+		"--cluster-ca-cert=" + filepath.Join(pki, "konnectivity-agent-ca.crt"),
 		"--agent-port=" + strconv.Itoa(port), "--admin-port=" + strconv.Itoa(port+1), "--health-port=" + strconv.Itoa(port+2),
 		"--admin-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--v=0"}
 }
@@ -327,11 +327,12 @@ func (b *bench) tunnelBulk() error {
 }
 
 // startCeiling starts the two relays of the ceiling with the tunnel's certificates: the far one in w1
-// presents the server certificate (it is the TLS server here), the near one in cp the agent's.
+// presents the server certificate and checks the agent's against the agents' CA, as the server does; the
+// near one in cp presents the agent's.
 func (b *bench) startCeiling() error {
 	pki := b.path("k", "pki")
 	far, err := b.t.start("ceiling-w1", "w1", b.o.relay, "--listen", "tls:"+w1Addr+":"+relayPort, "--to", "tcp:"+podAddr+":"+podPort,
-		"--ca", filepath.Join(pki, "ca.crt"), "--cert", filepath.Join(pki, "konnectivity-server.crt"), "--key", filepath.Join(pki, "konnectivity-server.key"))
+		"--ca", filepath.Join(pki, "konnectivity-agent-ca.crt"), "--cert", filepath.Join(pki, "konnectivity-server.crt"), "--key", filepath.Join(pki, "konnectivity-server.key"))
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
 	corev1 "k8s.io/api/core/v1"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 )
 
@@ -387,7 +388,7 @@ func TestAgentAuthentication(t *testing.T) {
 }
 
 // TestAgentMTLS authenticates agents by client certificate instead of a
-// token: konnect init issues konnectivity-agent.{crt,key} from the cluster CA
+// token: konnect init issues konnectivity-agent.{crt,key} from the agents' own CA
 // (--agent-auth mtls), the server checks it with --cluster-ca-cert, and an
 // agent that has only a token is refused. Both konnect and upstream agents
 // are used.
@@ -403,8 +404,8 @@ func TestAgentMTLS(t *testing.T) {
 	certOnly := []string{
 		// No token authentication: every flag of it emptied (pflag keeps the last value).
 		"--agent-namespace=", "--agent-service-account=", "--authentication-audience=", "--kubeconfig=",
-		"--cluster-ca-cert=" + filepath.Join(c.pki, "ca.crt"),
-		// As konnect init renders it: the cluster CA signs other client certificates too.
+		"--cluster-ca-cert=" + filepath.Join(c.pki, "konnectivity-agent-ca.crt"),
+		// As konnect init renders it.
 		"--cluster-allowed-names=konnectivity-agent",
 	}
 	agentCert := []string{
@@ -412,12 +413,25 @@ func TestAgentMTLS(t *testing.T) {
 		"--agent-cert=" + filepath.Join(c.pki, "konnectivity-agent.crt"),
 		"--agent-key=" + filepath.Join(c.pki, "konnectivity-agent.key"),
 	}
+	// The agents' certificate is for the server alone: kube-apiserver, which trusts the cluster CA, refuses it.
+	agentKubeconfig := filepath.Join(c.dir, "agent-cert.kubeconfig")
+	caPEM, err := os.ReadFile(filepath.Join(c.pki, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pkitest.WriteKubeconfig(agentKubeconfig, clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", cpAddr, apiPort), CertificateAuthorityData: caPEM},
+		clientcmdapi.AuthInfo{ClientCertificate: filepath.Join(c.pki, "konnectivity-agent.crt"), ClientKey: filepath.Join(c.pki, "konnectivity-agent.key")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := harness.Run(ctx, c.tp.ns(nsCP), bins.kubectl, "--kubeconfig", agentKubeconfig, "get", "--raw", "/api"); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Fatalf("kube-apiserver takes the agents' client certificate: %v", err)
+	}
 	for _, agent := range []impl{implKonnect, implUpstream} {
 		t.Run("konnect-server+"+string(agent)+"-agent", func(t *testing.T) {
 			c.expectAPIServiceDown(t)
 			s := c.startServer(t, serverOpts{impl: implKonnect, id: "cp-0", extra: certOnly})
-			// A token alone is not enough for this server, nor a certificate of the cluster CA for another name
-			// (the harness's admin, signed by the same CA).
+			// A token alone is not enough for this server, nor a certificate of the cluster CA (the harness's
+			// admin, which kube-apiserver takes).
 			tokenOnly := c.startAgent(t, agentOpts{impl: implKonnect, role: nsW2, noWait: true})
 			c.startAgent(t, agentOpts{impl: agent, role: nsW2, id: "impostor-w2", noWait: true, extra: []string{
 				"--service-account-token-path=", "--health-server-port=8095", "--admin-server-port=8096",

@@ -77,9 +77,9 @@ func waitReady(t testing.TB, p *harness.Proc, healthPort int) {
 	})
 }
 
-// mtlsServer makes konnect server authenticate agents by client certificate (the cluster CA of dir).
+// mtlsServer makes konnect server authenticate agents by client certificate (the agents' CA of dir).
 func mtlsServer(dir string) []string {
-	return []string{"--cluster-ca-cert", filepath.Join(dir, "pki", "ca.crt")}
+	return []string{"--cluster-ca-cert", filepath.Join(dir, "pki", "konnectivity-agent-ca.crt")}
 }
 
 // mtlsAgent gives konnect agent its client certificate from dir (konnect init --agent-auth mtls).

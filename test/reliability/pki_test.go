@@ -26,7 +26,8 @@ var issuers = map[string]string{
 	"front-proxy-client":         "front-proxy-ca",
 	"konnectivity-server-client": "ca",
 	"konnectivity-server":        "ca",
-	"konnectivity-agent":         "ca",
+	"konnectivity-agent-ca":      "",
+	"konnectivity-agent":         "konnectivity-agent-ca",
 	"konnectivity-frontend":      "ca",
 	"apiserver-egress-client":    "ca",
 }

@@ -157,6 +157,7 @@ Certificates:
 var afterRenewal = map[string]string{
 	pki.KonnectivityServer:    "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
 	pki.KonnectivityFrontend:  "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
+	pki.KonnectivityAgentCA:   "restart the konnectivity-server static pod: its file mounts keep the CA it started with",
 	pki.KonnectivityAgent:     "run konnect init again and re-apply DIR/" + AgentBundleDir + ": its Secret carries the agents' certificate",
 	pki.APIServerEgressClient: "restart kube-apiserver: it loads its egress client certificate only when it starts",
 }

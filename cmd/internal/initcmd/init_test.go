@@ -765,8 +765,9 @@ func TestInitAgentMTLS(t *testing.T) {
 
 	pod := decode("manifests/konnectivity-server.yaml").(*corev1.Pod)
 	server := flags(pod.Spec.Containers[0])
-	if server["--cluster-ca-cert"] != filepath.Join(dir, "pki/ca.crt") {
-		t.Errorf("--cluster-ca-cert=%q, want %s", server["--cluster-ca-cert"], filepath.Join(dir, "pki/ca.crt"))
+	// The agents' own CA: kube-apiserver trusts the cluster CA, and must not take the agents' certificate.
+	if server["--cluster-ca-cert"] != filepath.Join(dir, "pki/konnectivity-agent-ca.crt") {
+		t.Errorf("--cluster-ca-cert=%q, want %s", server["--cluster-ca-cert"], filepath.Join(dir, "pki/konnectivity-agent-ca.crt"))
 	}
 	for _, f := range []string{"--kubeconfig", "--agent-namespace", "--agent-service-account", "--authentication-audience"} {
 		if _, ok := server[f]; ok {
@@ -806,7 +807,13 @@ func TestInitAgentMTLS(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("agent certificate against --cluster-ca-cert: %v", err)
 	}
-	// And its common name is the one the server allows: the cluster CA signs kubelets' certificates too.
+	clusterCA, _ := os.ReadFile(filepath.Join(dir, "pki/ca.crt"))
+	clusterRoots := x509.NewCertPool()
+	clusterRoots.AppendCertsFromPEM(clusterCA)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: clusterRoots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("the agent certificate verifies against the cluster CA, kube-apiserver's --client-ca-file")
+	}
+	// And its common name is the one the server allows.
 	if allowed := server["--cluster-allowed-names"]; allowed != cert.Subject.CommonName || allowed != "konnectivity-agent" {
 		t.Errorf("--cluster-allowed-names=%q, agent certificate CN %q", allowed, cert.Subject.CommonName)
 	}

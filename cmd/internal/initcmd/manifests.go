@@ -208,8 +208,9 @@ func (o *Options) serverManifest() manifests.Server {
 		ClusterKey:  o.pkiPath(pki.KonnectivityServer, true),
 	}
 	if o.AgentAuth == AgentAuthMTLS {
-		// konnectivity-agent.crt is signed by the cluster CA; the server reviews no tokens then.
-		srv.AgentClientCA = o.pkiPath(pki.CA, false)
+		// konnectivity-agent.crt is signed by a CA of its own, which kube-apiserver does not trust; the server
+		// reviews no tokens then.
+		srv.AgentClientCA = o.pkiPath(pki.KonnectivityAgentCA, false)
 		srv.AgentAllowedNames = []string{konnectivity.AgentUser}
 	}
 	if o.AgentAuth != AgentAuthMTLS || o.ServerLeases {
