@@ -77,6 +77,23 @@ func checkServingDir(dir string) error {
 	return nil
 }
 
+// IsServingDir reports whether dir holds an extension server's serving files, as konnect certs apiservice
+// and konnect certs webhook write them (tls.{crt,key}, or a rotation's ca-next.{crt,key}), and none of a
+// control plane's: its ca.crt is then the serving CA, and its certificates are those of ServingSpecs.
+func IsServingDir(dir string) bool {
+	if checkServingDir(dir) != nil {
+		return false
+	}
+	for _, s := range ServingSpecs("x", "x", ServingFromNext) {
+		if !s.IsCA || s.Name == APIServiceNextCA {
+			if exists(s.CertFile(dir)) || exists(s.KeyFile(dir)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // ServingBundle is what an extension server's Secret and caBundles carry.
 type ServingBundle struct {
 	CA   []byte // PEM, the caBundle: one CA, or the old and the new one during a rotation
@@ -122,6 +139,16 @@ func selectAll(specs []*Spec) map[string]bool {
 		sel[s.Name] = true
 	}
 	return sel
+}
+
+// ReadServingBundle reads what the Secret and the caBundles of the extension server whose files are in dir
+// carry, in the rotation phase reached.
+func ReadServingBundle(dir string) (ServingBundle, error) {
+	phase, err := ServingRotationPhase(dir)
+	if err != nil {
+		return ServingBundle{}, err
+	}
+	return readServingBundle(dir, phase)
 }
 
 // readServingBundle reads the caBundle of phase and the serving pair from dir.

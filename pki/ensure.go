@@ -248,8 +248,9 @@ func (e *engine) planCA(s *Spec) {
 			e.fail("%s is not a CA certificate (basic constraints CA:TRUE and key usage certSign are required)", certFile)
 		}
 		if e.now.After(cert.NotAfter) {
-			e.fail("%s expired on %s; a CA is never replaced automatically: run `konnect certs renew %s` to re-sign it with its key",
-				certFile, cert.NotAfter.UTC().Format(time.RFC3339), s.Name)
+			// --dir is the directory above pki, for the control plane's certificates and an extension server's alike.
+			e.fail("%s expired on %s; a CA is never replaced automatically: run `konnect certs renew %s --dir %s` to re-sign it with its key",
+				certFile, cert.NotAfter.UTC().Format(time.RFC3339), s.Name, filepath.Dir(e.dir))
 		}
 		r.Action = Kept
 		r.NotAfter = cert.NotAfter

@@ -20,9 +20,21 @@ const All = "all"
 // every leaf present on disk. The Konnectivity server's kubeconfig, which embeds both, follows a renewed
 // konnectivity-server-client certificate or cluster CA. Either every problem is reported and nothing is
 // written, or every certificate is renewed.
+//
+// In an extension server's directory (DIR/pki written by konnect certs apiservice or konnect certs
+// webhook, see IsServingDir) the certificates are those of ServingSpecs in the rotation phase reached:
+// apiservice-ca, apiservice-ca-next during a rotation, and apiservice-serving, which keeps its subject.
 func Renew(cfg Config, names ...string) ([]Result, error) {
 	r := &renewal{cfg: cfg.withDefaults(), specs: Specs(), cas: map[string]*loaded{}}
 	r.dir = r.cfg.PKIDir()
+	if IsServingDir(r.dir) {
+		phase, err := ServingRotationPhase(r.dir)
+		if err != nil {
+			return nil, err
+		}
+		// The Service's name only makes the subject of new certificates, and a renewal keeps the old one.
+		r.specs, r.serving = ServingSpecs("x", "x", phase), true
+	}
 	if err := checkTable(r.specs); err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
@@ -50,9 +62,10 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 
 // renewal is one Renew: what it loaded, then what it re-signed.
 type renewal struct {
-	cfg   Config
-	dir   string
-	specs []*Spec
+	cfg     Config
+	dir     string
+	specs   []*Spec
+	serving bool // an extension server's directory: ServingSpecs
 
 	cas  map[string]*loaded // the CAs of the selected certificates, and selected CAs
 	todo []*loaded          // what to re-sign, CAs first
@@ -84,6 +97,9 @@ func (r *renewal) selected(names []string) (map[string]bool, error) {
 			continue
 		}
 		if _, ok := Lookup(r.specs, n); !ok {
+			if _, serving := Lookup(ServingSpecs("x", "x", ServingFromNext), n); serving && !r.serving {
+				return nil, fmt.Errorf("pki: %q is a certificate of an extension server's directory, and %s holds none (no tls.crt): give --dir the directory konnect certs apiservice or konnect certs webhook wrote (its pki subdirectory holds tls.crt)", n, r.dir)
+			}
 			return nil, fmt.Errorf("pki: unknown certificate %q (want %s or one of %s)", n, All, strings.Join(Names(r.specs), ", "))
 		}
 		sel[n] = true
@@ -180,7 +196,12 @@ func (r *renewal) resign() ([]Result, error) {
 		} else {
 			ca := r.cas[s.CA]
 			an := AltNames{DNSNames: l.cert.DNSNames, IPs: l.cert.IPAddresses}
-			cert, err = signCert(s, l.key.Public(), an, ca.cert, ca.key, now, r.cfg.CertValidity)
+			var keep []func(*x509.Certificate)
+			if r.serving { // the table's subject is a placeholder: the extension server's is the old one
+				old := l.cert
+				keep = append(keep, func(t *x509.Certificate) { t.Subject = old.Subject })
+			}
+			cert, err = signCert(s, l.key.Public(), an, ca.cert, ca.key, now, r.cfg.CertValidity, keep...)
 		}
 		if err != nil {
 			return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)

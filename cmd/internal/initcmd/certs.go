@@ -3,12 +3,15 @@ package initcmd
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 )
@@ -98,10 +101,14 @@ func newRenewCommand() *cobra.Command {
 	caValidity, certValidity := pki.DefaultCAValidity, pki.DefaultCertValidity
 	dryRun := false
 	var valid []string
-	var lines []string
+	var lines, servingLines []string
 	for _, s := range pki.Specs() {
 		valid = append(valid, s.Name)
 		lines = append(lines, fmt.Sprintf("  %-28s %s", s.Name, s.Description))
+	}
+	for _, s := range pki.ServingSpecs("NAME", "NS", pki.ServingFromNext) {
+		valid = append(valid, s.Name)
+		servingLines = append(servingLines, fmt.Sprintf("  %-28s %s", s.Name, s.Description))
 	}
 	cmd := &cobra.Command{
 		Use:   "renew NAME|all...",
@@ -116,7 +123,12 @@ konnect init.
 
 Certificates:
   all                          every leaf certificate present in DIR/pki
-` + strings.Join(lines, "\n"),
+` + strings.Join(lines, "\n") + `
+
+In a directory written by konnect certs apiservice or konnect certs webhook (--dir is its --out, with
+DIR/pki/tls.crt), the certificates are the extension server's, and DIR/` + manifests.ServingSecretFile + ` and the
+caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
+` + strings.Join(servingLines, "\n"),
 		Args:      cobra.MinimumNArgs(1),
 		ValidArgs: append([]string{pki.All}, valid...),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -127,8 +139,11 @@ Certificates:
 			if err := validities(caValidity, certValidity); err != nil {
 				return err
 			}
-			res, err := pki.Renew(pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}, args...)
+			cfg := pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}
+			serving := pki.IsServingDir(cfg.PKIDir())
+			res, err := pki.Renew(cfg, args...)
 			var next []string
+			renewed := false
 			for _, r := range res {
 				verb := string(r.Action)
 				if r.DryRun {
@@ -138,6 +153,12 @@ Certificates:
 				if step := afterRenewal[r.Name]; step != "" && !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
 					next = append(next, step)
 				}
+				renewed = renewed || (r.Action == pki.Renewed && !r.DryRun)
+			}
+			if serving && renewed && err == nil {
+				step, rerr := refreshServing(cmd.OutOrStdout(), d)
+				next = append(next, step)
+				err = rerr
 			}
 			for _, step := range next {
 				fmt.Fprintf(cmd.OutOrStdout(), "next: %s\n", strings.ReplaceAll(step, "DIR", d))
@@ -150,6 +171,32 @@ Certificates:
 	cmd.Flags().DurationVar(&certValidity, "cert-validity-period", certValidity, "lifetime of renewed leaf certificates")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", dryRun, "print what would be renewed, and write nothing")
 	return cmd
+}
+
+// refreshServing brings the Secret and the caBundles of the extension server's directory d in line with
+// its renewed certificates, as rotate-ca does, and returns the next step: apply them. A directory without
+// the kustomization.yaml that lists the manifests is left as it is, and the next step is to write them again.
+func refreshServing(w io.Writer, d string) (next string, err error) {
+	rerun := "run konnect certs apiservice or konnect certs webhook again with --out DIR, as when DIR was written: DIR/" +
+		manifests.ServingSecretFile + " and the caBundles still carry the certificates from before the renewal"
+	if _, err := os.Stat(filepath.Join(d, "kustomization.yaml")); err != nil {
+		return rerun, nil
+	}
+	ref, err := servingRef(d)
+	if err != nil {
+		return rerun, fmt.Errorf("--dir %s: certificates renewed, but the manifests were not updated: %w", d, err)
+	}
+	bundle, err := pki.ReadServingBundle(filepath.Join(d, pki.PKISubdir))
+	if err != nil {
+		return rerun, fmt.Errorf("--dir %s: certificates renewed, but the manifests were not updated: %w", d, err)
+	}
+	r := &runner{o: &Options{}, out: w}
+	err = rewriteServing(r, d, ref, bundle)
+	r.print()
+	if err != nil {
+		return rerun, fmt.Errorf("--dir %s: certificates renewed, but the manifests were not updated: %w", d, err)
+	}
+	return "apply DIR again (kubectl apply -k DIR): its Secret and caBundles now carry the renewed certificates", nil
 }
 
 // afterRenewal is what must happen before a renewed certificate is used, for those that are not read

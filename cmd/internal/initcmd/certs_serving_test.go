@@ -1,0 +1,114 @@
+package initcmd
+
+import (
+	"bytes"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/pki"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// secretTLSCert returns tls.crt of the Secret in OUT/secret.yaml.
+func secretTLSCert(t *testing.T, out string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(out, "secret.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s corev1.Secret
+	if err := yaml.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	return string(s.Data[corev1.TLSCertKey])
+}
+
+func readString(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// An expired serving CA: certs webhook (also with --force) and rotate-ca refuse it and name the renew
+// command, and that command works on the directory.
+func TestCertsRenewExpiredServingCA(t *testing.T) {
+	hooks := filepath.Join(t.TempDir(), "hooks.yaml")
+	if err := os.WriteFile(hooks, []byte(testWebhooks), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "hook")
+	past := time.Now().Add(-pki.DefaultCAValidity - 24*time.Hour)
+	cfg := pki.Config{Dir: filepath.Join(out, pki.PKISubdir), KeyAlgorithm: pki.ECDSAP256, Now: func() time.Time { return past }}
+	if _, _, err := pki.EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	webhook := []string{"certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, hooks}
+	advice := "konnect certs renew apiservice-ca --dir " + out
+	for _, args := range [][]string{webhook, append(webhook, "--force"), {"certs", "rotate-ca", "--out", out, "--step", "1"}} {
+		if _, err := run(t, args...); err == nil || !strings.Contains(err.Error(), advice) {
+			t.Fatalf("konnect %s: %v, want %q", strings.Join(args, " "), err, advice)
+		}
+	}
+	stdout := mustRun(t, "certs", "renew", "apiservice-ca", "--dir", out)
+	if !strings.Contains(stdout, "[renewed] "+filepath.Join(out, "pki", "ca.crt")) {
+		t.Fatalf("renew apiservice-ca:\n%s", stdout)
+	}
+	// No manifests yet (the refused run wrote none): the output says how to write them.
+	if !strings.Contains(stdout, "next: run konnect certs apiservice or konnect certs webhook again with --out "+out) {
+		t.Fatalf("renew apiservice-ca without manifests does not say how to write them:\n%s", stdout)
+	}
+	// The serving certificate expired with its CA: --force renews it now.
+	mustRun(t, append(webhook, "--force")...)
+	if cas := caBundleOf(t, filepath.Join(out, "hooks.yaml")); len(cas) != 1 || !cas[0].NotAfter.After(time.Now()) {
+		t.Fatalf("caBundle after renewal: %v", cas)
+	}
+
+	// Renewing again rewrites the Secret and the caBundles to match, and says to apply them.
+	stdout = mustRun(t, "certs", "renew", "apiservice-ca", "all", "--dir", out)
+	if got, want := secretTLSCert(t, out), readString(t, filepath.Join(out, "pki", "tls.crt")); got != want {
+		t.Fatalf("secret.yaml does not carry the renewed tls.crt:\n%s", stdout)
+	}
+	block, _ := pem.Decode([]byte(readString(t, filepath.Join(out, "pki", "ca.crt"))))
+	if cas := caBundleOf(t, filepath.Join(out, "hooks.yaml")); len(cas) != 1 || block == nil || !bytes.Equal(cas[0].Raw, block.Bytes) {
+		t.Fatalf("the caBundle is not the renewed ca.crt:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "next: apply "+out+" again (kubectl apply -k "+out+")") {
+		t.Fatalf("renew does not say to apply the directory:\n%s", stdout)
+	}
+	// certs webhook agrees with what renew wrote.
+	before := sums(t, out)
+	mustRun(t, webhook...)
+	if c := changed(before, sums(t, out)); len(c) > 0 {
+		t.Fatalf("certs webhook after renew changed %v", c)
+	}
+}
+
+// renew all in a certs apiservice directory renews tls.crt and writes the Secret as certs apiservice does.
+func TestCertsRenewAPIServiceDir(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "api")
+	args := []string{"certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", out, "--key-algorithm", "ecdsa-p256"}
+	mustRun(t, args...)
+	tlsBefore := readString(t, filepath.Join(out, "pki", "tls.crt"))
+	keyBefore := readString(t, filepath.Join(out, "pki", "tls.key"))
+	stdout := mustRun(t, "certs", "renew", "all", "--dir", out)
+	tls := readString(t, filepath.Join(out, "pki", "tls.crt"))
+	if tls == tlsBefore || readString(t, filepath.Join(out, "pki", "tls.key")) != keyBefore {
+		t.Fatalf("renew all did not renew tls.crt with its key:\n%s", stdout)
+	}
+	if secretTLSCert(t, out) != tls || !strings.Contains(stdout, "[updated] "+filepath.Join(out, "secret.yaml")) {
+		t.Fatalf("secret.yaml does not carry the renewed tls.crt:\n%s", stdout)
+	}
+	before := sums(t, out)
+	mustRun(t, args...)
+	if c := changed(before, sums(t, out)); len(c) > 0 {
+		t.Fatalf("certs apiservice after renew changed %v", c)
+	}
+}

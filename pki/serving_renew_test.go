@@ -1,0 +1,121 @@
+package pki
+
+import (
+	"crypto/x509"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// servingSpec returns the spec of name in the serving table.
+func servingSpec(t *testing.T, name string) *Spec {
+	t.Helper()
+	s, ok := Lookup(ServingSpecs("hook", "pizza", ServingFromNext), name)
+	if !ok {
+		t.Fatalf("no serving spec %q", name)
+	}
+	return s
+}
+
+// An expired serving CA is refused with advice that works: konnect certs renew apiservice-ca --dir OUT
+// re-signs it with its key in OUT/pki, and then the serving certificate can be renewed too.
+func TestRenewExpiredServingCA(t *testing.T) {
+	out := t.TempDir()
+	dir := filepath.Join(out, PKISubdir)
+	past := time.Now().Add(-DefaultCAValidity - 24*time.Hour)
+	if _, _, err := EnsureServing(Config{Dir: dir, KeyAlgorithm: ECDSAP256, Now: func() time.Time { return past }}, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	caSpec, tlsSpec := servingSpec(t, APIServiceCA), servingSpec(t, APIServiceServing)
+	oldCA, oldTLS := loadCert(t, caSpec.CertFile(dir)), loadCert(t, tlsSpec.CertFile(dir))
+
+	advice := "konnect certs renew " + APIServiceCA + " --dir " + out
+	snap := snapshot(t, out)
+	if _, _, err := EnsureServing(Config{Dir: dir, Force: true}, "hook", "pizza"); err == nil || !strings.Contains(err.Error(), advice) {
+		t.Fatalf("EnsureServing with an expired CA: %v, want %q", err, advice)
+	}
+	if _, _, _, err := RotateServingCA(Config{Dir: dir}, "hook", "pizza", 1); err == nil || !strings.Contains(err.Error(), advice) {
+		t.Fatalf("rotation step 1 with an expired CA: %v, want %q", err, advice)
+	}
+	if d := diffSnapshots(snap, snapshot(t, out)); len(d) > 0 {
+		t.Fatalf("refused calls wrote %v", d)
+	}
+
+	// The names are the serving table's; the control plane's are unknown here.
+	if _, err := Renew(Config{Dir: out}, CA); err == nil || !strings.Contains(err.Error(), `unknown certificate "ca"`) || !strings.Contains(err.Error(), APIServiceCA) {
+		t.Fatalf("Renew(ca) in a serving directory: %v", err)
+	}
+	res, err := Renew(Config{Dir: out}, APIServiceCA)
+	if err != nil || len(res) != 1 || res[0].Name != APIServiceCA || res[0].Action != Renewed {
+		t.Fatalf("Renew(%s): %+v %v", APIServiceCA, res, err)
+	}
+	ca := loadCert(t, caSpec.CertFile(dir))
+	if !ca.NotAfter.After(time.Now()) || ca.Subject.String() != oldCA.Subject.String() || !samePublicKey(ca.PublicKey, oldCA.PublicKey) {
+		t.Fatalf("renewed CA: %v %v", ca.NotAfter, ca.Subject)
+	}
+	// The serving certificate, expired with its CA, still chains to the renewed CA, and is renewed with
+	// its key, SANs and subject.
+	if err := oldTLS.CheckSignatureFrom(ca); err != nil {
+		t.Fatalf("the serving certificate no longer chains to the renewed CA: %v", err)
+	}
+	if _, err := Renew(Config{Dir: out}, All); err != nil {
+		t.Fatal(err)
+	}
+	tls := loadCert(t, tlsSpec.CertFile(dir))
+	if !tls.NotAfter.After(time.Now()) || tls.Subject.String() != oldTLS.Subject.String() || !slices.Equal(tls.DNSNames, oldTLS.DNSNames) ||
+		!samePublicKey(tls.PublicKey, oldTLS.PublicKey) || !slices.Equal(tls.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) {
+		t.Fatalf("renewed serving certificate: %v %v %v", tls.NotAfter, tls.Subject, tls.DNSNames)
+	}
+	res, b, err := EnsureServing(Config{Dir: dir}, "hook", "pizza")
+	if err != nil || !trusts(t, b.CA, b) {
+		t.Fatalf("after renewal: %v", err)
+	}
+	for _, r := range res {
+		if r.Action != Kept {
+			t.Errorf("after renewal, %s %s", r.Name, r.Action)
+		}
+	}
+
+	// A serving certificate's name given with a control plane's directory, or the pki directory itself,
+	// says which directory --dir wants.
+	if _, err := Renew(Config{Dir: dir}, APIServiceCA); err == nil || !strings.Contains(err.Error(), "--dir") {
+		t.Fatalf("Renew(%s) one level too deep: %v", APIServiceCA, err)
+	}
+}
+
+// In the middle of a rotation, renewing the serving certificate signs it with the CA that issued it.
+func TestRenewServingDuringRotation(t *testing.T) {
+	out := t.TempDir()
+	dir := filepath.Join(out, PKISubdir)
+	cfg := Config{Dir: dir, KeyAlgorithm: ECDSAP256}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	for step := 1; step <= 2; step++ {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); err != nil {
+			t.Fatal(err)
+		}
+		before := loadCert(t, servingSpec(t, APIServiceServing).CertFile(dir))
+		res, err := Renew(Config{Dir: out}, All)
+		if err != nil || len(res) != 1 || res[0].Name != APIServiceServing {
+			t.Fatalf("after step %d: %+v %v", step, res, err)
+		}
+		after := loadCert(t, servingSpec(t, APIServiceServing).CertFile(dir))
+		if after.SerialNumber.Cmp(before.SerialNumber) == 0 || after.Issuer.String() != before.Issuer.String() ||
+			!samePublicKey(after.PublicKey, before.PublicKey) {
+			t.Fatalf("after step %d: renewed %v by %v", step, after.SerialNumber, after.Issuer)
+		}
+		phase, err := ServingRotationPhase(dir)
+		if err != nil || phase != RotationPhase(step) {
+			t.Fatalf("after step %d and a renewal: phase %v %v", step, phase, err)
+		}
+		if _, b, err := EnsureServing(cfg, "hook", "pizza"); err != nil || !trusts(t, b.CA, b) {
+			t.Fatalf("after step %d and a renewal: %v", step, err)
+		}
+	}
+	if _, b, _, err := RotateServingCA(cfg, "hook", "pizza", 3); err != nil || !trusts(t, b.CA, b) {
+		t.Fatalf("step 3 after a renewal: %v", err)
+	}
+}
