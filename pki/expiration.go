@@ -22,11 +22,21 @@ type Expiration struct {
 
 // CheckExpiration reports every certificate of the table found in DIR/pki, and the client certificate
 // embedded in DIR/konnectivity-server.conf. Missing certificates are left out; unreadable ones are errors.
+// In an extension server's directory (see IsServingDir) the table is ServingSpecs in the rotation phase
+// reached, and nothing is written.
 func CheckExpiration(cfg Config) ([]Expiration, error) {
 	cfg = cfg.withDefaults()
 	now := cfg.now()
 	dir := cfg.PKIDir()
 	specs := Specs()
+	serving := IsServingDir(dir)
+	if serving {
+		phase, err := servingRotationPhase(dir, false)
+		if err != nil {
+			return nil, err
+		}
+		specs = ServingSpecs("x", "x", phase) // names and files only
+	}
 	var out []Expiration
 	for _, s := range specs {
 		certFile := s.CertFile(dir)
@@ -46,6 +56,9 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		}
 		e.External = !exists(signer.KeyFile(dir))
 		out = append(out, e)
+	}
+	if serving { // no kubeconfig beside an extension server's certificates
+		return out, nil
 	}
 	path := cfg.KubeconfigPath()
 	if data, err := os.ReadFile(path); err == nil {

@@ -40,13 +40,19 @@ const RetiredSubdir = "retired"
 
 // ServingRotationPhase reads the phase from the files in dir, and finishes a step 3 that was interrupted
 // between its two renames.
-func ServingRotationPhase(dir string) (RotationPhase, error) {
+func ServingRotationPhase(dir string) (RotationPhase, error) { return servingRotationPhase(dir, true) }
+
+// servingRotationPhase reads the phase from the files in dir. A step 3 interrupted between its two renames
+// is finished when finish is set, and otherwise reported as the phase before it, with nothing written.
+func servingRotationPhase(dir string, finish bool) (RotationPhase, error) {
 	specs := ServingSpecs("x", "x", ServingFromNext)
 	caSpec, nextSpec, tlsSpec := specs[0], specs[1], specs[2]
 	hasNextCert, hasNextKey := exists(nextSpec.CertFile(dir)), exists(nextSpec.KeyFile(dir))
 	switch {
 	case !hasNextCert && !hasNextKey:
 		return NotRotating, nil
+	case hasNextCert && !hasNextKey && !finish:
+		return ServingFromNext, nil
 	case hasNextCert && !hasNextKey:
 		// Step 3 renames the key first: finish it if ca.key is already the new CA's key.
 		next, _, err := readCert(nextSpec.CertFile(dir))

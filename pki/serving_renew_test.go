@@ -2,6 +2,7 @@ package pki
 
 import (
 	"crypto/x509"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -117,5 +118,62 @@ func TestRenewServingDuringRotation(t *testing.T) {
 	}
 	if _, b, _, err := RotateServingCA(cfg, "hook", "pizza", 3); err != nil || !trusts(t, b.CA, b) {
 		t.Fatalf("step 3 after a renewal: %v", err)
+	}
+}
+
+// check-expiration on an extension server's directory lists its certificates under the serving table's
+// names, the serving certificate included, through a rotation, and writes nothing.
+func TestCheckExpirationServing(t *testing.T) {
+	out := t.TempDir()
+	dir := filepath.Join(out, PKISubdir)
+	cfg := Config{Dir: dir, KeyAlgorithm: ECDSAP256, CAValidity: 720 * time.Hour, CertValidity: 168 * time.Hour}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(want map[string]string) {
+		t.Helper()
+		snap := snapshot(t, out)
+		exp, err := CheckExpiration(Config{Dir: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, e := range exp {
+			if e.External || e.CA != (e.Name != APIServiceServing) {
+				t.Errorf("%+v", e)
+			}
+			got[e.Name] = filepath.Base(e.File) + " " + e.Residual
+		}
+		if len(got) != len(want) {
+			t.Fatalf("check-expiration lists %v, want %v", got, want)
+		}
+		for n, w := range want {
+			if got[n] != w {
+				t.Errorf("%s: %q, want %q", n, got[n], w)
+			}
+		}
+		if d := diffSnapshots(snap, snapshot(t, out)); len(d) > 0 {
+			t.Fatalf("CheckExpiration wrote %v", d)
+		}
+	}
+	check(map[string]string{APIServiceCA: "ca.crt 29d", APIServiceServing: "tls.crt 6d"})
+	if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", 1); err != nil {
+		t.Fatal(err)
+	}
+	check(map[string]string{APIServiceCA: "ca.crt 29d", APIServiceNextCA: "ca-next.crt 29d", APIServiceServing: "tls.crt 6d"})
+
+	// A step 3 cut short between its renames is reported as it is, and left for a writing command to finish.
+	if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "ca-next.key"), filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	snap := snapshot(t, out)
+	if exp, err := CheckExpiration(Config{Dir: out}); err != nil || len(exp) != 3 {
+		t.Fatalf("after an interrupted step 3: %+v %v", exp, err)
+	}
+	if d := diffSnapshots(snap, snapshot(t, out)); len(d) > 0 {
+		t.Fatalf("CheckExpiration wrote %v", d)
 	}
 }

@@ -48,7 +48,11 @@ func newCheckExpirationCommand() *cobra.Command {
 		Long: `List every certificate konnect knows of that exists in DIR/pki, and the client certificate embedded in
 DIR/` + pki.KubeconfigFile + `: name, file, expiry, residual time, whether it is a CA, and whether it is
 externally managed (its CA's key is not on this node, so konnect cannot renew it). No key material is
-printed.`,
+printed.
+
+Given a directory written by konnect certs apiservice or konnect certs webhook (its --out), it lists the
+extension server's certificates: apiservice-ca, apiservice-ca-next during a CA rotation, and
+apiservice-serving (DIR/pki/tls.crt), under the names konnect certs renew takes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {

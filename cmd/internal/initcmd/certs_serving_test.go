@@ -2,6 +2,7 @@ package initcmd
 
 import (
 	"bytes"
+	"encoding/json"
 	"encoding/pem"
 	"os"
 	"path/filepath"
@@ -110,5 +111,32 @@ func TestCertsRenewAPIServiceDir(t *testing.T) {
 	mustRun(t, args...)
 	if c := changed(before, sums(t, out)); len(c) > 0 {
 		t.Fatalf("certs apiservice after renew changed %v", c)
+	}
+}
+
+// check-expiration on a certs webhook directory lists the serving certificate, which expires first, under
+// the name certs renew takes.
+func TestCertsCheckExpirationServingDir(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hook")
+	mustRun(t, "certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, "--key-algorithm", "ecdsa-p256", "--cert-validity-period", "168h")
+	text := mustRun(t, "certs", "check-expiration", "--dir", out)
+	for _, want := range []string{"apiservice-ca ", "apiservice-serving ", filepath.Join(out, "pki", "tls.crt")} {
+		if !strings.Contains(text, want) {
+			t.Errorf("check-expiration does not list %q:\n%s", want, text)
+		}
+	}
+	js := mustRun(t, "certs", "check-expiration", "--dir", out, "-o", "json")
+	var doc struct {
+		Certificates []pki.Expiration `json:"certificates"`
+	}
+	if err := json.Unmarshal([]byte(js), &doc); err != nil || len(doc.Certificates) != 2 {
+		t.Fatalf("%v\n%s", err, js)
+	}
+	if e := doc.Certificates[1]; e.Name != pki.APIServiceServing || e.Residual != "6d" || e.CA || e.External {
+		t.Fatalf("%+v", e)
+	}
+	stdout := mustRun(t, "certs", "renew", doc.Certificates[1].Name, "--dir", out)
+	if !strings.Contains(stdout, "[renewed] "+filepath.Join(out, "pki", "tls.crt")) {
+		t.Fatalf("renew %s:\n%s", doc.Certificates[1].Name, stdout)
 	}
 }
