@@ -1,11 +1,13 @@
 package pki
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // RotationPhase is how far the rotation of an extension server's serving CA has come. Each step is applied
@@ -91,9 +93,10 @@ var ErrRotationOrder = errors.New("rotation step out of order")
 
 // RotateServingCA carries out one step (1, 2 or 3) of the serving CA rotation in dir, for the extension
 // server name.namespace, and returns the phase it reached with the bundle to apply. A step already done
-// changes nothing; a step out of order is refused with ErrRotationOrder and writes nothing.
+// changes nothing; a step out of order is refused with ErrRotationOrder and writes nothing. A key algorithm
+// or lifetime left zero in cfg is the directory's (see inferServing), not the default.
 func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, ServingBundle, RotationPhase, error) {
-	cfg = cfg.withDefaults()
+	cfg = inferServing(cfg).withDefaults()
 	if err := ValidateService(name, namespace); err != nil {
 		return nil, ServingBundle{}, 0, fmt.Errorf("pki: %w", err)
 	}
@@ -172,6 +175,44 @@ func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, Servi
 	}
 	b, err := readServingBundle(cfg.Dir, to)
 	return res, b, to, err
+}
+
+// inferServing fills what cfg leaves zero from the serving directory, so that a rotation replaces the CA
+// and the serving certificate with ones like them, not with the defaults: the key algorithm of the serving
+// CA, the lifetime of the serving CA, and that of the serving certificate (which may be its CA's remaining
+// life, when it was cut to that). What cannot be read is left to the defaults, and to the checks that
+// report it.
+func inferServing(cfg Config) Config {
+	dir := cfg.withDefaults().Dir
+	specs := ServingSpecs("x", "x", NotRotating)
+	caSpec, tlsSpec := specs[0], specs[len(specs)-1]
+	ca, _, err := readCert(caSpec.CertFile(dir))
+	if err != nil {
+		return cfg
+	}
+	if cfg.KeyAlgorithm == "" {
+		if alg, err := keyAlgorithmOf(ca.PublicKey); err == nil {
+			cfg.KeyAlgorithm = alg
+		}
+	}
+	if cfg.CAValidity == 0 {
+		cfg.CAValidity = lifetime(ca)
+	}
+	if cfg.CertValidity == 0 {
+		if tls, _, err := readCert(tlsSpec.CertFile(dir)); err == nil {
+			cfg.CertValidity = min(lifetime(tls), cfg.withDefaults().CAValidity)
+		}
+	}
+	return cfg
+}
+
+// lifetime is the validity a certificate was issued with: signCert backdates NotBefore by clockSkew.
+func lifetime(c *x509.Certificate) time.Duration {
+	d := c.NotAfter.Sub(c.NotBefore)
+	if d > 2*clockSkew {
+		d -= clockSkew
+	}
+	return d
 }
 
 // runServing runs the serving table of phase, creating what is missing.

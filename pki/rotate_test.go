@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // trusts reports whether a client holding caBundle accepts the serving pair of b for the Service name.
@@ -205,5 +206,53 @@ func TestServingRefusesAControlPlaneDir(t *testing.T) {
 	}
 	if exists(filepath.Join(dir, "tls.crt")) || exists(filepath.Join(dir, "ca-next.key")) {
 		t.Error("serving files written beside the cluster CA")
+	}
+}
+
+// A rotation keeps the directory's key algorithm and lifetimes: its new CA and serving certificate are like
+// the ones they replace, not the defaults (RSA 2048, ten years, one year).
+func TestRotateServingCAKeepsAlgorithmAndLifetimes(t *testing.T) {
+	dir := t.TempDir()
+	const caLife, certLife = 720 * time.Hour, 168 * time.Hour
+	if _, _, err := EnsureServing(Config{Dir: dir, KeyAlgorithm: ECDSAP256, CAValidity: caLife, CertValidity: certLife}, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(step int, file string, want time.Duration) {
+		t.Helper()
+		c := loadCert(t, filepath.Join(dir, file+".crt"))
+		if got := lifetime(c); got != want {
+			t.Errorf("after step %d, %s.crt is valid for %s, want %s", step, file, got, want)
+		}
+		key, _, err := readKey(filepath.Join(dir, file+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if alg, _ := keyAlgorithmOf(key.Public()); alg != ECDSAP256 {
+			t.Errorf("after step %d, %s.key is %s, want %s", step, file, alg, ECDSAP256)
+		}
+	}
+	cfg := Config{Dir: dir} // what konnect certs rotate-ca passes
+	for step := 1; step <= 3; step++ {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		switch step {
+		case 1:
+			check(step, "ca-next", caLife)
+		case 2:
+			check(step, "tls", certLife)
+		case 3:
+			check(step, "ca", caLife)
+			check(step, "tls", certLife)
+		}
+	}
+	// Given explicitly, they win.
+	explicit := Config{Dir: dir, KeyAlgorithm: ECDSAP384, CAValidity: 48 * time.Hour, CertValidity: 24 * time.Hour}
+	if _, _, _, err := RotateServingCA(explicit, "hook", "pizza", 1); err != nil {
+		t.Fatal(err)
+	}
+	next := loadCert(t, filepath.Join(dir, "ca-next.crt"))
+	if alg, _ := keyAlgorithmOf(next.PublicKey); alg != ECDSAP384 || lifetime(next) != 48*time.Hour {
+		t.Fatalf("explicit algorithm and lifetime: %s %s", alg, lifetime(next))
 	}
 }

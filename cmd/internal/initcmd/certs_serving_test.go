@@ -2,6 +2,9 @@ package initcmd
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"os"
@@ -138,5 +141,33 @@ func TestCertsCheckExpirationServingDir(t *testing.T) {
 	stdout := mustRun(t, "certs", "renew", doc.Certificates[1].Name, "--dir", out)
 	if !strings.Contains(stdout, "[renewed] "+filepath.Join(out, "pki", "tls.crt")) {
 		t.Fatalf("renew %s:\n%s", doc.Certificates[1].Name, stdout)
+	}
+}
+
+// rotate-ca keeps what certs webhook was given: the key algorithm and the lifetimes.
+func TestRotateCAKeepsAlgorithmAndLifetimes(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hook")
+	mustRun(t, "certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out,
+		"--key-algorithm", "ecdsa-p384", "--ca-validity-period", "720h", "--cert-validity-period", "168h")
+	for _, step := range []string{"1", "2", "3"} {
+		mustRun(t, "certs", "rotate-ca", "--out", out, "--step", step)
+	}
+	for file, life := range map[string]time.Duration{"ca": 720 * time.Hour, "tls": 168 * time.Hour} {
+		block, _ := pem.Decode([]byte(readString(t, filepath.Join(out, "pki", file+".crt"))))
+		if block == nil {
+			t.Fatalf("%s.crt: no PEM", file)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, ok := c.PublicKey.(*ecdsa.PublicKey)
+		if !ok || pub.Curve != elliptic.P384() {
+			t.Errorf("after the rotation %s.crt has a %T key, want ECDSA P-384", file, c.PublicKey)
+		}
+		// NotBefore is backdated by five minutes for clock skew.
+		if got := c.NotAfter.Sub(c.NotBefore) - 5*time.Minute; got != life {
+			t.Errorf("after the rotation %s.crt is valid for %s, want %s", file, got, life)
+		}
 	}
 }

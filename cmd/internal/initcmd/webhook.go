@@ -134,7 +134,9 @@ Apply each step ("kubectl apply -k DIR") and let it take effect before you write
   --step 3   every caBundle holds the new CA alone; the new CA becomes DIR/pki/ca.{crt,key}, and the old
              one is kept in DIR/pki/retired
 
-A step already done changes nothing; a step out of order is refused and writes nothing.`,
+New keys have the algorithm of DIR/pki/ca.key, and the new CA and serving certificate the lifetimes of
+the ones they replace. A step already done changes nothing; a step out of order is refused and writes
+nothing.`,
 		Example: "  konnect certs rotate-ca --out ./pizza-webhook --step 1 && kubectl apply -k ./pizza-webhook",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
