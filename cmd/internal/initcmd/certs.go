@@ -66,6 +66,11 @@ apiservice-serving (DIR/pki/tls.crt), under the names konnect certs renew takes.
 			if err != nil {
 				return err
 			}
+			// The same failure in either format: a script reading JSON must not take an empty or mistyped
+			// --dir for one whose certificates are all fine. Nothing is printed then, not even empty JSON.
+			if len(exp) == 0 {
+				return fmt.Errorf("--dir %s: no certificates found in %s", d, filepath.Join(d, pki.PKISubdir))
+			}
 			w := cmd.OutOrStdout()
 			if output == "json" {
 				b, err := json.MarshalIndent(struct {
@@ -76,9 +81,6 @@ apiservice-serving (DIR/pki/tls.crt), under the names konnect certs renew takes.
 				}
 				_, err = fmt.Fprintln(w, string(b))
 				return err
-			}
-			if len(exp) == 0 {
-				return fmt.Errorf("no certificates found in %s", filepath.Join(d, pki.PKISubdir))
 			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "CERTIFICATE\tEXPIRES\tRESIDUAL TIME\tCA\tEXTERNALLY MANAGED\tFILE")

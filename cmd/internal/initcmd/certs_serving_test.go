@@ -171,3 +171,17 @@ func TestRotateCAKeepsAlgorithmAndLifetimes(t *testing.T) {
 		}
 	}
 }
+
+// check-expiration on a directory without certificates fails in JSON as in text, and prints nothing.
+func TestCheckExpirationNoCertificates(t *testing.T) {
+	dir := t.TempDir()
+	for _, format := range []string{"text", "json"} {
+		stdout, err := run(t, "certs", "check-expiration", "--dir", dir, "-o", format)
+		if err == nil || !strings.Contains(err.Error(), "no certificates found in "+filepath.Join(dir, "pki")) || !strings.Contains(err.Error(), "--dir") {
+			t.Errorf("-o %s: %v", format, err)
+		}
+		if stdout != "" {
+			t.Errorf("-o %s printed %q", format, stdout)
+		}
+	}
+}
