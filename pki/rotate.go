@@ -138,6 +138,12 @@ func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, Servi
 	// Step n starts from phase n-1 and ends in phase n (phase 3 is NotRotating again, with the new CA).
 	from, to := RotationPhase(n-1), RotationPhase(n%3)
 	if phase == to { // already done; for step 3, nothing is in progress and the bundle is one CA
+		// Step 3 is done when a rotation was finished, which retired a CA. Without one, no rotation was ever
+		// started: "done" would tell whoever skipped steps 1 and 2 that the CA was replaced.
+		if n == 3 && !retiredCA(cfg.Dir) {
+			return nil, ServingBundle{}, phase, fmt.Errorf("pki: %w: no rotation was started in %s (step 1 was never run, and %s holds no retired CA), so the next step is 1, not 3",
+				ErrRotationOrder, cfg.Dir, filepath.Join(cfg.Dir, RetiredSubdir))
+		}
 		b, err := readServingBundle(cfg.Dir, phase)
 		return nil, b, phase, err
 	}
@@ -220,6 +226,12 @@ func runServing(cfg Config, name, namespace string, phase RotationPhase) ([]Resu
 	specs := ServingSpecs(name, namespace, phase)
 	e := &engine{dir: cfg.Dir, specs: specs, cfg: &cfg, now: cfg.now(), authorities: map[string]*authority{}}
 	return e.run(selectAll(specs))
+}
+
+// retiredCA reports whether a finished rotation left a CA in dir's RetiredSubdir.
+func retiredCA(dir string) bool {
+	m, _ := filepath.Glob(filepath.Join(dir, RetiredSubdir, "ca-*.crt"))
+	return len(m) > 0
 }
 
 // promoteNextCA makes ca-next the CA. The old pair is first hard-linked into RetiredSubdir, so that no CA

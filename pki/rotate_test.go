@@ -49,6 +49,10 @@ func TestRotateServingCA(t *testing.T) {
 	if _, _, _, err := rotate(4); err == nil {
 		t.Fatal("step 4 accepted")
 	}
+	// Step 3 before any rotation is not "already done": no CA was replaced.
+	if _, _, _, err := rotate(3); !errors.Is(err, ErrRotationOrder) || !strings.Contains(err.Error(), "no rotation was started") {
+		t.Fatalf("step 3 first: %v", err)
+	}
 	if d := diffSnapshots(snap, snapshot(t, cfg.Dir)); len(d) > 0 {
 		t.Fatalf("refused steps wrote %v", d)
 	}

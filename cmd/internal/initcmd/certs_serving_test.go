@@ -185,3 +185,27 @@ func TestCheckExpirationNoCertificates(t *testing.T) {
 		}
 	}
 }
+
+// rotate-ca --step 3 on a directory that never rotated fails and says to start with step 1; after a
+// finished rotation it is done, and says so.
+func TestRotateCAStep3WithoutRotation(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hook")
+	mustRun(t, "certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, "--key-algorithm", "ecdsa-p256")
+	before := sums(t, out)
+	stdout, err := run(t, "certs", "rotate-ca", "--out", out, "--step", "3")
+	if err == nil || !strings.Contains(err.Error(), "--step 3") || !strings.Contains(err.Error(), "no rotation was started") || !strings.Contains(err.Error(), "next step is 1") {
+		t.Fatalf("step 3 first: %v\n%s", err, stdout)
+	}
+	if strings.Contains(stdout, "complete") {
+		t.Fatalf("step 3 first says the rotation is complete:\n%s", stdout)
+	}
+	if c := changed(before, sums(t, out)); len(c) > 0 {
+		t.Fatalf("step 3 first changed %v", c)
+	}
+	for _, step := range []string{"1", "2", "3"} {
+		mustRun(t, "certs", "rotate-ca", "--out", out, "--step", step)
+	}
+	if stdout := mustRun(t, "certs", "rotate-ca", "--out", out, "--step", "3"); !strings.Contains(stdout, "Step 3 was already done") {
+		t.Fatalf("step 3 again after a rotation:\n%s", stdout)
+	}
+}
