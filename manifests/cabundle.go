@@ -3,7 +3,9 @@ package manifests
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 
@@ -25,8 +27,8 @@ type Patched struct {
 
 func (p Patched) String() string { return p.Kind + " " + p.Name }
 
-// docSeparator matches a YAML document start marker on a line of its own.
-var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
+// docSeparator matches a YAML document start marker on a line of its own, ended by "\n" or "\r\n".
+var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#[^\r\n]*)?\r?$`)
 
 // SetCABundle sets caBundle to bundle wherever an object in the YAML stream data reaches its server through
 // the Service ref:
@@ -38,15 +40,16 @@ var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
 //
 // An existing caBundle is replaced. Webhooks that point elsewhere or by URL are left alone, and so is every
 // document without a match, byte for byte; a document with a match keeps its keys, their order and its
-// comments, and is re-indented with two spaces.
+// comments, and is re-indented with two spaces; it keeps "\r\n" line ends when it had them. A document that
+// holds a second one behind a marker that is not a "---" line of its own is an error, not cut short.
 func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched, error) {
 	value := base64.StdEncoding.EncodeToString(bundle)
 	var out bytes.Buffer
 	var patched []Patched
 	docs := splitDocuments(data)
 	for i, doc := range docs {
-		var root yaml.Node
-		if err := yaml.Unmarshal(doc.body, &root); err != nil {
+		root, err := decodeDocument(doc.body)
+		if err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
 		var found []Patched
@@ -62,15 +65,40 @@ func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched,
 		var b bytes.Buffer
 		enc := yaml.NewEncoder(&b)
 		enc.SetIndent(2)
-		if err := enc.Encode(&root); err != nil {
+		if err := enc.Encode(root); err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
 		if err := enc.Close(); err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
-		out.Write(b.Bytes())
+		if bytes.Contains(doc.body, []byte("\r\n")) {
+			// The encoder ends lines with "\n" alone; a line break inside a scalar it writes is read back as
+			// "\n" either way.
+			out.Write(bytes.ReplaceAll(b.Bytes(), []byte("\n"), []byte("\r\n")))
+		} else {
+			out.Write(b.Bytes())
+		}
 	}
 	return out.Bytes(), patched, nil
+}
+
+// decodeDocument parses body, which must hold at most one YAML document. yaml.Unmarshal reads the first
+// and ignores the rest, and the rest would be missing from what SetCABundle writes back.
+func decodeDocument(body []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(body))
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil && err != io.EOF { // io.EOF: empty, or only comments
+		return nil, err
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == io.EOF:
+		return &root, nil
+	case err != nil:
+		return nil, err
+	default:
+		return nil, errors.New(`holds more than one YAML document; separate documents with a line holding only "---"`)
+	}
 }
 
 type document struct {

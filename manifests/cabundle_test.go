@@ -144,3 +144,64 @@ func TestRenderServingSecret(t *testing.T) {
 		t.Fatal("empty certificates accepted")
 	}
 }
+
+// A file written on Windows ends its lines, and its "---" lines, with "\r\n". No document may go missing,
+// the one behind a ConfigMap must be patched too, and the patched one keeps the file's line ends.
+func TestSetCABundleCRLF(t *testing.T) {
+	const configMap = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: untouched # kept\ndata:\n  k: v\n"
+	const hooks = "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: pizzas\nwebhooks:\n- name: validate.pizza.example.com # ours\n  clientConfig:\n    service: {name: hook, namespace: pizza}\n  admissionReviewVersions: [\"v1\"]\n  sideEffects: None\n"
+	crlf := func(s string) string { return strings.ReplaceAll(s, "\n", "\r\n") }
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	for _, order := range [][]string{{hooks, configMap}, {configMap, hooks}} {
+		in := crlf(order[0] + "---\n" + order[1])
+		out, patched, err := SetCABundle([]byte(in), ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(patched) != 1 || patched[0].String() != "ValidatingWebhookConfiguration pizzas/validate.pizza.example.com" {
+			t.Fatalf("patched %v", patched)
+		}
+		if strings.Contains(strings.ReplaceAll(string(out), "\r\n", ""), "\n") {
+			t.Errorf("a line ends with a bare \\n:\n%q", out)
+		}
+		if !strings.Contains(string(out), crlf(configMap)) {
+			t.Errorf("the ConfigMap went missing or changed:\n%q", out)
+		}
+		docs := splitDocuments(out)
+		if len(docs) != 2 {
+			t.Fatalf("%d documents:\n%q", len(docs), out)
+		}
+		var vwc admissionv1.ValidatingWebhookConfiguration
+		body := docs[0].body
+		if order[0] != hooks {
+			body = docs[1].body
+		}
+		if err := yaml.UnmarshalStrict(body, &vwc); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(vwc.Webhooks[0].ClientConfig.CABundle); got != string(bundle) {
+			t.Errorf("caBundle %q", got)
+		}
+		if !strings.Contains(string(body), "# ours\r\n") {
+			t.Errorf("comment lost:\n%q", body)
+		}
+		again, _, err := SetCABundle(out, ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+		if err != nil || !bytes.Equal(again, out) {
+			t.Fatalf("second run changed the output: %v\n%q", err, again)
+		}
+	}
+}
+
+// A second document behind a marker splitDocuments does not cut at would be left out of the output; that
+// must be an error instead.
+func TestSetCABundleSecondDocumentInBody(t *testing.T) {
+	for in, want := range map[string]string{
+		"kind: ConfigMap\n--- {kind: ValidatingWebhookConfiguration, metadata: {name: x}}\n": "document 1: holds more than one YAML document",
+		"kind: ConfigMap\n...\nkind: Secret\n":                                               "document 1: ",
+	} {
+		out, _, err := SetCABundle([]byte(in), ServiceRef{Name: "hook", Namespace: "pizza"}, []byte("x"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %q, %v", in, out, err)
+		}
+	}
+}
