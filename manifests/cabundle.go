@@ -38,6 +38,9 @@ var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#[^\r\n]*)?\r?$`)
 //   - spec.conversion.webhook.clientConfig of a CustomResourceDefinition whose service is ref;
 //   - spec.caBundle of an APIService whose spec.service is ref.
 //
+// An object may also be an item of a List, or of a list of its kind such as a
+// ValidatingWebhookConfigurationList.
+//
 // An existing caBundle is replaced. Webhooks that point elsewhere or by URL are left alone, and so is every
 // document without a match, byte for byte; a document with a match keeps its keys, their order and its
 // comments, and is re-indented with two spaces; it keeps "\r\n" line ends when it had them. A document that
@@ -126,12 +129,31 @@ func splitDocuments(data []byte) []document {
 	}
 }
 
-// setCABundle patches one object and says what it patched.
+// setCABundle patches one object, or each item of a list, and says what it patched.
 func setCABundle(obj *yaml.Node, ref ServiceRef, value string) []Patched {
-	kind, name := scalar(lookup(obj, "kind")), scalar(lookup(obj, "metadata", "name"))
+	return setCABundleOf(obj, scalar(lookup(obj, "kind")), ref, value)
+}
+
+// setCABundleOf is setCABundle for obj of kind.
+func setCABundleOf(obj *yaml.Node, kind string, ref ServiceRef, value string) []Patched {
+	name := scalar(lookup(obj, "metadata", "name"))
 	var found []Patched
-	switch kind {
-	case "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration":
+	switch {
+	case strings.HasSuffix(kind, "List"):
+		// "kubectl get -o yaml" writes a List of the objects it got; the API server's own lists, such as a
+		// ValidatingWebhookConfigurationList, leave out the kind of their items.
+		items := lookup(obj, "items")
+		if items == nil || items.Kind != yaml.SequenceNode {
+			return nil
+		}
+		for _, item := range items.Content {
+			itemKind := scalar(lookup(item, "kind"))
+			if itemKind == "" && kind != "List" {
+				itemKind = strings.TrimSuffix(kind, "List")
+			}
+			found = append(found, setCABundleOf(item, itemKind, ref, value)...)
+		}
+	case kind == "ValidatingWebhookConfiguration" || kind == "MutatingWebhookConfiguration":
 		webhooks := lookup(obj, "webhooks")
 		if webhooks == nil || webhooks.Kind != yaml.SequenceNode {
 			return nil
@@ -143,13 +165,13 @@ func setCABundle(obj *yaml.Node, ref ServiceRef, value string) []Patched {
 				found = append(found, Patched{Kind: kind, Name: name + "/" + scalar(lookup(w, "name"))})
 			}
 		}
-	case "CustomResourceDefinition":
+	case kind == "CustomResourceDefinition":
 		cc := lookup(obj, "spec", "conversion", "webhook", "clientConfig")
 		if cc != nil && servesRef(lookup(cc, "service"), ref) {
 			setScalar(cc, "caBundle", value)
 			found = append(found, Patched{Kind: kind, Name: name})
 		}
-	case "APIService":
+	case kind == "APIService":
 		spec := lookup(obj, "spec")
 		if spec != nil && servesRef(lookup(spec, "service"), ref) {
 			setScalar(spec, "caBundle", value)

@@ -205,3 +205,98 @@ func TestSetCABundleSecondDocumentInBody(t *testing.T) {
 		}
 	}
 }
+
+// "kubectl get -o yaml" of several objects writes a List; the API server's lists leave out their items' kind.
+const listStream = `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: plain
+webhooks:
+- name: plain.pizza.example.com
+  clientConfig:
+    service: {name: hook, namespace: pizza}
+  admissionReviewVersions: ["v1"]
+  sideEffects: None
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: admissionregistration.k8s.io/v1
+  kind: MutatingWebhookConfiguration
+  metadata:
+    name: listed
+  webhooks:
+  - name: mutate.pizza.example.com
+    clientConfig:
+      service: {name: hook, namespace: pizza}
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+- apiVersion: v1
+  kind: ConfigMap
+  metadata:
+    name: listed
+- apiVersion: apiregistration.k8s.io/v1
+  kind: APIService
+  metadata:
+    name: v1.pizza.example.com
+  spec:
+    service: {name: hook, namespace: pizza}
+    group: pizza.example.com
+    version: v1
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfigurationList
+items:
+- metadata:
+    name: typed
+  webhooks:
+  - name: typed.pizza.example.com
+    clientConfig:
+      service: {name: hook, namespace: pizza}
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+`
+
+func TestSetCABundleList(t *testing.T) {
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	out, patched, err := SetCABundle([]byte(listStream), ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range patched {
+		names = append(names, p.String())
+	}
+	if got, want := strings.Join(names, ","), "ValidatingWebhookConfiguration plain/plain.pizza.example.com,"+
+		"MutatingWebhookConfiguration listed/mutate.pizza.example.com,APIService v1.pizza.example.com,"+
+		"ValidatingWebhookConfiguration typed/typed.pizza.example.com"; got != want {
+		t.Fatalf("patched %s, want %s", got, want)
+	}
+	docs := splitDocuments(out)
+	if len(docs) != 3 {
+		t.Fatalf("%d documents:\n%s", len(docs), out)
+	}
+	var list struct {
+		Items []struct {
+			Kind     string
+			Webhooks []admissionv1.MutatingWebhook
+			Spec     struct {
+				CABundle []byte `json:"caBundle"`
+			}
+		}
+	}
+	if err := yaml.Unmarshal(docs[1].body, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 3 || string(list.Items[0].Webhooks[0].ClientConfig.CABundle) != string(bundle) ||
+		list.Items[1].Kind != "ConfigMap" || string(list.Items[2].Spec.CABundle) != string(bundle) {
+		t.Errorf("List:\n%s", docs[1].body)
+	}
+	var typed admissionv1.ValidatingWebhookConfigurationList
+	if err := yaml.UnmarshalStrict(docs[2].body, &typed); err != nil {
+		t.Fatal(err)
+	}
+	if len(typed.Items) != 1 || string(typed.Items[0].Webhooks[0].ClientConfig.CABundle) != string(bundle) {
+		t.Errorf("ValidatingWebhookConfigurationList:\n%s", docs[2].body)
+	}
+}
