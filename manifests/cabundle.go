@@ -3,6 +3,7 @@ package manifests
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -43,8 +44,9 @@ var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#[^\r\n]*)?\r?$`)
 //
 // An existing caBundle is replaced. Webhooks that point elsewhere or by URL are left alone, and so is every
 // document without a match, byte for byte; a document with a match keeps its keys, their order and its
-// comments, and is re-indented with two spaces; it keeps "\r\n" line ends when it had them. A document that
-// holds a second one behind a marker that is not a "---" line of its own is an error, not cut short.
+// comments, and is re-indented with two spaces; it keeps "\r\n" line ends when it had them, and one that was
+// JSON is written as JSON. A document that holds a second one behind a marker that is not a "---" line of
+// its own is an error, not cut short.
 func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched, error) {
 	value := base64.StdEncoding.EncodeToString(bundle)
 	var out bytes.Buffer
@@ -65,24 +67,109 @@ func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched,
 			continue
 		}
 		patched = append(patched, found...)
-		var b bytes.Buffer
-		enc := yaml.NewEncoder(&b)
-		enc.SetIndent(2)
-		if err := enc.Encode(root); err != nil {
-			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
+		var b []byte
+		if json.Valid(doc.body) {
+			b, err = encodeJSON(root)
+		} else {
+			b, err = encodeYAML(root)
 		}
-		if err := enc.Close(); err != nil {
+		if err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
 		if bytes.Contains(doc.body, []byte("\r\n")) {
-			// The encoder ends lines with "\n" alone; a line break inside a scalar it writes is read back as
+			// The encoders end lines with "\n" alone; a line break inside a scalar they write is read back as
 			// "\n" either way.
-			out.Write(bytes.ReplaceAll(b.Bytes(), []byte("\n"), []byte("\r\n")))
-		} else {
-			out.Write(b.Bytes())
+			b = bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))
 		}
+		out.Write(b)
 	}
 	return out.Bytes(), patched, nil
+}
+
+func encodeYAML(root *yaml.Node) ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(root); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// encodeJSON writes a document that was JSON as JSON again, indented with two spaces. The YAML encoder would
+// write it in YAML's flow style, which is not JSON: the key it adds is not quoted, and it has escapes, such
+// as \x01, that JSON lacks; "kubectl apply" reads a file that starts with "{" as JSON and fails on them.
+func encodeJSON(root *yaml.Node) ([]byte, error) {
+	var compact bytes.Buffer
+	if err := writeJSON(&compact, root); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, compact.Bytes(), "", "  "); err != nil {
+		return nil, err
+	}
+	b.WriteByte('\n')
+	return b.Bytes(), nil
+}
+
+// writeJSON writes n as compact JSON, keys in their order. A scalar that is quoted, or a string by its tag, is
+// a JSON string; any other is a number, true, false or null of the JSON it was read from, and is written as
+// it was.
+func writeJSON(b *bytes.Buffer, n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) != 1 {
+			return errors.New("not one JSON value")
+		}
+		return writeJSON(b, n.Content[0])
+	case yaml.MappingNode:
+		b.WriteByte('{')
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if err := writeJSONString(b, n.Content[i].Value); err != nil {
+				return err
+			}
+			b.WriteByte(':')
+			if err := writeJSON(b, n.Content[i+1]); err != nil {
+				return err
+			}
+		}
+		b.WriteByte('}')
+	case yaml.SequenceNode:
+		b.WriteByte('[')
+		for i, c := range n.Content {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if err := writeJSON(b, c); err != nil {
+				return err
+			}
+		}
+		b.WriteByte(']')
+	case yaml.ScalarNode:
+		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0 || n.Tag == "!!str" || !json.Valid([]byte(n.Value)) {
+			return writeJSONString(b, n.Value)
+		}
+		b.WriteString(n.Value)
+	default:
+		return fmt.Errorf("YAML node kind %v has no JSON form", n.Kind)
+	}
+	return nil
+}
+
+func writeJSONString(b *bytes.Buffer, s string) error {
+	enc := json.NewEncoder(b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		return err
+	}
+	b.Truncate(b.Len() - 1) // Encode's newline
+	return nil
 }
 
 // decodeDocument parses body, which must hold at most one YAML document. yaml.Unmarshal reads the first

@@ -2,6 +2,9 @@ package manifests
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -298,5 +301,63 @@ func TestSetCABundleList(t *testing.T) {
 	}
 	if len(typed.Items) != 1 || string(typed.Items[0].Webhooks[0].ClientConfig.CABundle) != string(bundle) {
 		t.Errorf("ValidatingWebhookConfigurationList:\n%s", docs[2].body)
+	}
+}
+
+// A CRD fetched with "kubectl get -o json" is JSON, and "kubectl apply" reads a file that starts with "{" as
+// JSON: the patched file must stay JSON.
+const crdJSON = `{
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "pizzas.restaurant.example.com", "labels": {"a<b": "x&y", "odd": "\u0001 \u2028 \"q\" \\ /"}},
+    "spec": {
+        "group": "restaurant.example.com",
+        "names": {"kind": "Pizza", "plural": "pizzas"},
+        "scope": "Namespaced",
+        "preserveUnknownFields": false,
+        "x-numbers": [443, -1.5e3, 0, null, true, "443"],
+        "conversion": {
+            "strategy": "Webhook",
+            "webhook": {
+                "conversionReviewVersions": ["v1"],
+                "clientConfig": {"service": {"name": "hook", "namespace": "pizza", "port": 443}}
+            }
+        }
+    }
+}
+`
+
+func TestSetCABundleJSON(t *testing.T) {
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	for _, in := range []string{crdJSON, strings.ReplaceAll(crdJSON, `"port": 443}`, `"port": 443}, "caBundle": "b2xk"`)} {
+		out, patched, err := SetCABundle([]byte(in), ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(patched) != 1 {
+			t.Fatalf("patched %v", patched)
+		}
+		if !json.Valid(out) {
+			t.Fatalf("not JSON:\n%s", out)
+		}
+		var got, want map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(in), &want); err != nil {
+			t.Fatal(err)
+		}
+		cc := want["spec"].(map[string]any)["conversion"].(map[string]any)["webhook"].(map[string]any)["clientConfig"].(map[string]any)
+		cc["caBundle"] = base64.StdEncoding.EncodeToString(bundle)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("got\n%s", out)
+		}
+		if !strings.HasPrefix(string(out), "{\n  \"apiVersion\": \"apiextensions.k8s.io/v1\",\n  \"kind\"") {
+			t.Errorf("keys out of order, or not indented with two spaces:\n%s", out)
+		}
+		again, _, err := SetCABundle(out, ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
+		if err != nil || !bytes.Equal(again, out) {
+			t.Fatalf("second run changed the output: %v\n%s", err, again)
+		}
 	}
 }
