@@ -297,11 +297,21 @@ func scalar(n *yaml.Node) string {
 	return strings.TrimSpace(n.Value)
 }
 
-// setScalar sets key to a plain string in mapping m, adding the key when it is missing.
+// setScalar sets key to a plain string in mapping m, adding the key when it is missing. The value it replaces
+// leaves its comments to the new one; one between the key and the value moves above the key, where the
+// encoder keeps it in place.
 func setScalar(m *yaml.Node, key, value string) {
-	if v := lookup(m, key); v != nil {
-		*v = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, LineComment: v.LineComment}
-		return
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if k, v := m.Content[i], m.Content[i+1]; k.Value == key {
+			switch {
+			case k.HeadComment == "":
+				k.HeadComment = v.HeadComment
+			case v.HeadComment != "":
+				k.HeadComment += "\n" + v.HeadComment
+			}
+			*v = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value, LineComment: v.LineComment, FootComment: v.FootComment}
+			return
+		}
 	}
 	m.Content = append(m.Content,
 		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key},

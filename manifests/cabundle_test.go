@@ -361,3 +361,22 @@ func TestSetCABundleJSON(t *testing.T) {
 		}
 	}
 }
+
+// Replacing a caBundle keeps the comments on and around the old value.
+func TestSetCABundleKeepsComments(t *testing.T) {
+	const pre = "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: v1.pizza.example.com\nspec:\n  service:\n    name: hook\n    namespace: pizza\n"
+	for in, want := range map[string]string{
+		pre + "  caBundle: b2xk # set by konnect\n  version: v1\n":                    "  caBundle: eA== # set by konnect\n  version: v1\n",
+		pre + "  # the CA\n  caBundle: b2xk\n  version: v1\n":                         "  # the CA\n  caBundle: eA==\n  version: v1\n",
+		pre + "  caBundle:\n    # the CA\n    b2xk # set by konnect\n  version: v1\n": "  # the CA\n  caBundle: eA== # set by konnect\n  version: v1\n",
+		pre + "  # about\n  caBundle: # set by konnect\n    # the CA\n    b2xk\n":     "  # about\n  # the CA\n  caBundle: eA== # set by konnect\n",
+	} {
+		out, _, err := SetCABundle([]byte(in), ServiceRef{Name: "hook", Namespace: "pizza"}, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != pre+want {
+			t.Errorf("from\n%s\ngot\n%s\nwant\n%s", in, out, pre+want)
+		}
+	}
+}
