@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
 	"crypto/x509"
@@ -673,9 +674,7 @@ func TestSubjectRules(t *testing.T) {
 	cfg := testConfig(t)
 	mustEnsure(t, cfg)
 	dir := cfg.PKIDir()
-	ca := specByName(t, CA)
-	caCert := loadCert(t, ca.CertFile(dir))
-	caKey, _, _ := readKey(ca.KeyFile(dir))
+	caCert, caKey := clusterCA(t, dir)
 	resign := func(name, cn string, an AltNames) {
 		s := specByName(t, name)
 		key, _, _ := readKey(s.KeyFile(dir))
@@ -702,9 +701,7 @@ func TestAgentCertificateMovesToItsCA(t *testing.T) {
 	cfg := testConfig(t)
 	mustEnsure(t, cfg)
 	dir := cfg.PKIDir()
-	ca := specByName(t, CA)
-	caCert := loadCert(t, ca.CertFile(dir))
-	caKey, _, _ := readKey(ca.KeyFile(dir))
+	caCert, caKey := clusterCA(t, dir)
 	agent := specByName(t, KonnectivityAgent)
 	key, _, _ := readKey(agent.KeyFile(dir))
 	old, err := signCert(agent, key.Public(), AltNames{}, caCert, caKey, time.Now(), time.Hour)
@@ -857,4 +854,15 @@ func TestCAKeyWithoutCertificate(t *testing.T) {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		t.Fatalf("a leaf signed before the CA certificate was re-created no longer verifies: %v", err)
 	}
+}
+
+// clusterCA reads the cluster CA's certificate and key from dir.
+func clusterCA(t *testing.T, dir string) (*x509.Certificate, crypto.Signer) {
+	t.Helper()
+	ca := specByName(t, CA)
+	key, _, err := readKey(ca.KeyFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loadCert(t, ca.CertFile(dir)), key
 }
