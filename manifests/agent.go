@@ -327,6 +327,17 @@ func (a Agent) serverCredentials() []corev1.VolumeProjection {
 	}}, ca}
 }
 
+// AgentBundleFiles are the names of every file Render can write, in any variant, besides kustomization.yaml:
+// what a later run may take out of the directory when a variant no longer writes it.
+var AgentBundleFiles = []string{
+	"konnectivity-agent-ca.yaml", AgentTLSSecret + ".yaml", "konnectivity-agent-serviceaccount.yaml",
+	"konnectivity-server-clusterrole.yaml", "konnectivity-server-rbac.yaml",
+	LeaseNamespace + "-namespace.yaml", AgentKubeconfigConfigMap + ".yaml",
+	"konnectivity-server-leases-role.yaml", "konnectivity-server-leases-rolebinding.yaml",
+	"konnectivity-agent-leases-role.yaml", "konnectivity-agent-leases-rolebinding.yaml",
+	"konnectivity-agent.yaml",
+}
+
 // Render renders the cluster-side manifests and a kustomization.yaml listing them, for
 // `kubectl apply -k DIR`: the CA ConfigMap (only with CACert), the agents' certificate Secret (only
 // with ClientCert; mode 0600), the agents' ServiceAccount, the ClusterRoleBinding that lets the server

@@ -174,3 +174,35 @@ func TestServerLeaseController(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentBundleFiles: AgentBundleFiles names every file of every variant, so that a later run can tell
+// konnect's files from the user's.
+func TestAgentBundleFiles(t *testing.T) {
+	cert, key := testPEM(t, "agent")
+	ca, _ := testPEM(t, "ca")
+	seen := map[string]bool{}
+	for _, a := range []Agent{
+		{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1", CACert: ca},
+		{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1", CACert: ca, ClientCert: cert, ClientKey: key, ServerLeases: true, APIServerURL: "https://198.18.0.1:6443"},
+		{Image: Image("v1.2.3"), ProxyServerHost: "198.18.0.1", ServerLeases: true, APIServerURL: "https://198.18.0.1:6443"},
+	} {
+		files, err := a.Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if f.Name == "kustomization.yaml" {
+				continue
+			}
+			seen[f.Name] = true
+			if !slices.Contains(AgentBundleFiles, f.Name) {
+				t.Errorf("%s is not in AgentBundleFiles", f.Name)
+			}
+		}
+	}
+	for _, name := range AgentBundleFiles {
+		if !seen[name] {
+			t.Errorf("AgentBundleFiles names %s, which no variant renders", name)
+		}
+	}
+}

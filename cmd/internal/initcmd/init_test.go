@@ -300,7 +300,7 @@ func TestInitTCPAndMTLS(t *testing.T) {
 // konnect wrote there moves out whole, with a file the user added.
 func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
 	dir := t.TempDir()
-	mustRun(t, initArgs(dir)...)
+	mustRun(t, initArgs(dir, "--server-leases")...)
 	entries, err := os.ReadDir(filepath.Join(dir, ManifestsSubdir))
 	if err != nil {
 		t.Fatal(err)
@@ -319,8 +319,10 @@ func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(legacy, "user-patch.yaml"), []byte("# the user's\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out := mustRun(t, append(initArgs(dir), "--dry-run")...); !strings.Contains(out, "[would be moved] "+legacy+"/ (to "+bundle+":") {
-		t.Errorf("a dry run does not say the bundle would move:\n%s", out)
+	// A dry run reads the earlier bundle where it still is: without --server-leases now, its Lease files go.
+	if out := mustRun(t, append(initArgs(dir), "--dry-run")...); !strings.Contains(out, "[would be moved] "+legacy+"/ (to "+bundle+":") ||
+		!strings.Contains(out, "[would be removed] "+filepath.Join(bundle, "konnectivity-server-leases-role.yaml")) {
+		t.Errorf("a dry run does not say the bundle would move, and what would go:\n%s", out)
 	}
 	if _, err := os.Stat(legacy); err != nil {
 		t.Fatalf("a dry run moved the bundle: %v", err)
@@ -356,8 +358,22 @@ func TestInitRemovesStaleBundleFiles(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, initArgs(dir, "--server-leases", "--agent-auth", "mtls")...)
 	bundle := filepath.Join(dir, AgentBundleDir)
-	user := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: mine\n  namespace: kube-system\n"
+	// The user's own copy of konnect's DaemonSet, labels and all.
+	ds, err := os.ReadFile(filepath.Join(bundle, "konnectivity-agent.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := strings.Replace(string(ds), "name: konnectivity-agent\n", "name: konnectivity-agent-gpu\n", 1)
 	if err := os.WriteFile(filepath.Join(bundle, "mine.yaml"), []byte(user), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// As an earlier release wrote it: the server's Lease Role in kube-system.
+	role := filepath.Join(bundle, "konnectivity-server-leases-role.yaml")
+	data, err := os.ReadFile(role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(role, []byte(strings.ReplaceAll(string(data), "namespace: konnectivity-leases", "namespace: kube-system")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	k, err := os.ReadFile(filepath.Join(bundle, "kustomization.yaml"))
@@ -383,13 +399,23 @@ func TestInitRemovesStaleBundleFiles(t *testing.T) {
 			t.Errorf("the removal of %s is not reported", f)
 		}
 	}
-	for _, want := range []string{"kubectl delete secret konnectivity-agent-tls -n kube-system", "kubectl delete role konnectivity-server-leases -n konnectivity-leases", "kubectl delete namespace konnectivity-leases"} {
+	for _, want := range []string{"kubectl delete secret konnectivity-agent-tls -n kube-system", "kubectl delete role konnectivity-server-leases -n kube-system", "kubectl delete namespace konnectivity-leases"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the summary does not say %q:\n%s", want, out)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(bundle, "mine.yaml")); err != nil {
-		t.Errorf("the user's file: %v", err)
+	if _, err := os.Stat(filepath.Join(bundle, "mine.yaml")); err != nil || strings.Contains(out, "konnectivity-agent-gpu") {
+		t.Errorf("the user's file: %v\n%s", err, out)
+	}
+
+	// With leases on again, a Role that an earlier bundle put in kube-system is named for deletion although
+	// its file stays.
+	mustRun(t, initArgs(dir, "--server-leases")...)
+	if err := os.WriteFile(role, []byte(strings.ReplaceAll(string(data), "namespace: konnectivity-leases", "namespace: kube-system")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, initArgs(dir, "--server-leases")...); !strings.Contains(out, "[left in the cluster] role konnectivity-server-leases -n kube-system") {
+		t.Errorf("the Role left in kube-system is not named:\n%s", out)
 	}
 }
 

@@ -27,8 +27,9 @@ const AgentBundleDir = "konnectivity-agent"
 
 // What init did to a file or directory besides writing it.
 const (
-	movedTo pki.Action = "moved"   // the note says where
-	removed pki.Action = "removed" // a file an earlier run wrote that this run does not
+	movedTo       pki.Action = "moved"               // the note says where
+	removed       pki.Action = "removed"             // a file an earlier run wrote that this run does not
+	leftInCluster pki.Action = "left in the cluster" // an object of an earlier bundle that this one lacks
 )
 
 // defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
@@ -79,7 +80,8 @@ func (r *runner) manifests([]string) error {
 	if err := r.writeFiles(filepath.Join(o.Dir, ManifestsSubdir), []manifests.File{pod}); err != nil {
 		return err
 	}
-	if err := r.moveLegacyAgentBundle(agentDir); err != nil {
+	earlier, err := r.moveLegacyAgentBundle(agentDir)
+	if err != nil {
 		return err
 	}
 	if pending {
@@ -87,7 +89,7 @@ func (r *runner) manifests([]string) error {
 			note: "rendered once the certs phase has written " + waitingFor})
 		return nil
 	}
-	if err := r.removeStale(agentDir, files); err != nil {
+	if err := r.tidyBundle(earlier, agentDir, files); err != nil {
 		return err
 	}
 	return r.writeFiles(agentDir, files)
@@ -96,36 +98,40 @@ func (r *runner) manifests([]string) error {
 // moveLegacyAgentBundle moves the agents' bundle out of DIR/manifests, where konnect wrote it before, to
 // agentDir. The directory moves whole, so that files a user added (a kustomize patch) come along, and init
 // then rewrites its own files there as it did in the old place. If both exist, the old one stays and is named.
-func (r *runner) moveLegacyAgentBundle(agentDir string) error {
+// It returns where the earlier bundle is now: agentDir, or in a dry run the old place.
+func (r *runner) moveLegacyAgentBundle(agentDir string) (string, error) {
 	legacy := filepath.Join(r.o.Dir, ManifestsSubdir, AgentBundleDir)
 	if fi, err := os.Lstat(legacy); err != nil || !fi.IsDir() {
-		return nil
+		return agentDir, nil
 	}
 	const why = "kubelet logs an error for each directory in its static-pod directory"
 	switch _, err := os.Lstat(agentDir); {
 	case err == nil:
 		r.outcomes = append(r.outcomes, outcome{action: pki.Kept, file: legacy + string(filepath.Separator),
 			note: "left by an older konnect: the bundle is now " + agentDir + "; delete this copy: " + why})
-		return nil
+		return agentDir, nil
 	case !os.IsNotExist(err):
-		return err
-	}
-	if !r.o.DryRun {
-		if err := os.Rename(legacy, agentDir); err != nil {
-			return fmt.Errorf("move the agents' bundle out of %s: %w", filepath.Dir(legacy), err)
-		}
+		return "", err
 	}
 	r.outcomes = append(r.outcomes, outcome{action: movedTo, dryRun: r.o.DryRun, file: legacy + string(filepath.Separator),
 		note: "to " + agentDir + ": " + why})
-	return nil
+	if r.o.DryRun {
+		return legacy, nil
+	}
+	if err := os.Rename(legacy, agentDir); err != nil {
+		return "", fmt.Errorf("move the agents' bundle out of %s: %w", filepath.Dir(legacy), err)
+	}
+	return agentDir, nil
 }
 
-// removeStale removes the files an earlier run wrote into dir that this run does not: a feature turned off
-// (--server-leases, or --agent-auth mtls with the Secret that holds the agents' key) would otherwise leave
-// them there. Only files that the earlier kustomization.yaml listed, and whose objects all carry konnect's
-// managed-by label, go. kubectl apply -k does not delete what they created, so the note says how.
-func (r *runner) removeStale(dir string, files []manifests.File) error {
-	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+// tidyBundle compares the bundle an earlier run left in earlier with this run's files for dir. A file of
+// konnect's (manifests.AgentBundleFiles, listed by the earlier kustomization.yaml, every object labelled as
+// konnect's) that this run does not write is removed: a feature turned off (--server-leases, or --agent-auth
+// mtls with the Secret that holds the agents' key) would otherwise leave it there. kubectl apply -k deletes
+// nothing, so each object the earlier files held and this run's do not (also one that moved namespace) is
+// named with the command that deletes it.
+func (r *runner) tidyBundle(earlier, dir string, files []manifests.File) error {
+	data, err := os.ReadFile(filepath.Join(earlier, "kustomization.yaml"))
 	if err != nil {
 		return nil
 	}
@@ -135,44 +141,57 @@ func (r *runner) removeStale(dir string, files []manifests.File) error {
 	if yaml.Unmarshal(data, &k) != nil {
 		return nil
 	}
+	now := map[string]bool{}
+	for _, f := range files {
+		objs, err := objectsInData(f.Data, f.Name)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			now[deleteCommand(obj)] = true
+		}
+	}
+	var gone []string
 	for _, name := range k.Resources {
-		if name != filepath.Base(name) || slices.ContainsFunc(files, func(f manifests.File) bool { return f.Name == name }) {
+		if !slices.Contains(manifests.AgentBundleFiles, name) {
+			continue
+		}
+		objs, err := objectsIn(filepath.Join(earlier, name))
+		if err != nil || len(objs) == 0 || slices.ContainsFunc(objs, func(o metav1.PartialObjectMetadata) bool {
+			return o.Labels[manifests.ManagedByLabel] != manifests.ManagedBy
+		}) {
+			continue
+		}
+		for _, obj := range objs {
+			if cmd := deleteCommand(obj); !now[cmd] {
+				gone = append(gone, cmd)
+			}
+		}
+		if slices.ContainsFunc(files, func(f manifests.File) bool { return f.Name == name }) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		deletes, ok := konnectObjects(path)
-		if !ok {
-			continue
-		}
 		if !r.o.DryRun {
 			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 				return err
 			}
 		}
-		r.outcomes = append(r.outcomes, outcome{action: removed, dryRun: r.o.DryRun, file: path,
-			note: "no longer part of the bundle; kubectl apply -k leaves what it created: " + strings.Join(deletes, "; ")})
+		r.outcomes = append(r.outcomes, outcome{action: removed, dryRun: r.o.DryRun, file: path, note: "no longer part of the bundle"})
+	}
+	for _, cmd := range gone {
+		r.outcomes = append(r.outcomes, outcome{action: leftInCluster, dryRun: r.o.DryRun, file: strings.TrimPrefix(cmd, "kubectl delete "),
+			note: "an earlier bundle created it and kubectl apply -k does not delete it: " + cmd})
 	}
 	return nil
 }
 
-// konnectObjects reads the objects of a file konnect rendered and returns the kubectl commands that delete
-// them; ok is false unless the file holds objects and every one carries konnect's managed-by label.
-func konnectObjects(path string) (deletes []string, ok bool) {
-	objs, err := objectsIn(path)
-	if err != nil || len(objs) == 0 {
-		return nil, false
+// deleteCommand is the kubectl command that deletes obj.
+func deleteCommand(obj metav1.PartialObjectMetadata) string {
+	cmd := "kubectl delete " + strings.ToLower(obj.Kind) + " " + obj.Name
+	if obj.Namespace != "" {
+		cmd += " -n " + obj.Namespace
 	}
-	for _, obj := range objs {
-		if obj.Kind == "" || obj.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
-			return nil, false
-		}
-		cmd := "kubectl delete " + strings.ToLower(obj.Kind) + " " + obj.Name
-		if obj.Namespace != "" {
-			cmd += " -n " + obj.Namespace
-		}
-		deletes = append(deletes, cmd)
-	}
-	return deletes, true
+	return cmd
 }
 
 // objectsIn reads the kind and metadata of every object in a YAML file of one or more documents.
@@ -181,6 +200,11 @@ func objectsIn(path string) ([]metav1.PartialObjectMetadata, error) {
 	if err != nil {
 		return nil, err
 	}
+	return objectsInData(data, path)
+}
+
+// objectsInData is objectsIn for data read from path.
+func objectsInData(data []byte, path string) ([]metav1.PartialObjectMetadata, error) {
 	var objs []metav1.PartialObjectMetadata
 	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
