@@ -710,6 +710,24 @@ func TestAgentCertificateMovesToItsCA(t *testing.T) {
 	}
 	os.WriteFile(agent.CertFile(dir), encodeCert(old), 0o644)
 	keyBefore, _ := os.ReadFile(agent.KeyFile(dir))
+	// As an earlier release left the directory: no agents' CA.
+	agentCA := specByName(t, KonnectivityAgentCA)
+	os.Remove(agentCA.CertFile(dir))
+	os.Remove(agentCA.KeyFile(dir))
+
+	// Before init has moved it, renew says to run init, and check-expiration shows who signed it.
+	if _, err := Renew(cfg, All); err == nil || !strings.Contains(err.Error(), "run konnect init first") {
+		t.Errorf("renew before the move: %v", err)
+	}
+	exps, err := CheckExpiration(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range exps {
+		if e.Name == KonnectivityAgent && (e.External || e.Issuer != caCert.Subject.CommonName) {
+			t.Errorf("check-expiration before the move: %+v", e)
+		}
+	}
 
 	r := resultByName(t, mustEnsure(t, cfg), KonnectivityAgent)
 	if r.Action != Renewed || r.Reason != "moved from ca.crt to konnectivity-agent-ca.crt" {

@@ -53,6 +53,10 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		signer := s
 		if !s.IsCA {
 			signer, _ = Lookup(specs, s.CA)
+			// Not moved to its CA yet (konnect init does that): still the former CA's.
+			if s.FormerCA != "" && !exists(signer.CertFile(dir)) {
+				signer, _ = Lookup(specs, s.FormerCA)
+			}
 		}
 		e.External = !exists(signer.KeyFile(dir))
 		out = append(out, e)

@@ -123,6 +123,12 @@ func (r *renewal) load(sel map[string]bool) error {
 	}
 	for _, s := range r.specs {
 		if s.IsCA && (sel[s.Name] || slices.ContainsFunc(r.specs, func(l *Spec) bool { return sel[l.Name] && l.CA == s.Name })) {
+			if leaf := formerlySigned(r.specs, s, r.dir, sel); leaf != nil && !exists(s.CertFile(r.dir)) {
+				former, _ := Lookup(r.specs, leaf.FormerCA)
+				problems = append(problems, fmt.Errorf("%s is signed by %s, as earlier releases signed it, and %s does not exist yet: run konnect init first, which moves it to its CA",
+					leaf.CertFile(r.dir), former.BaseName+".crt", s.CertFile(r.dir)))
+				continue
+			}
 			if ca := load(s); ca != nil {
 				r.cas[s.Name] = ca
 			}
@@ -149,6 +155,16 @@ func (r *renewal) load(sel map[string]bool) error {
 	problems = append(problems, check.problems...)
 	if len(problems) > 0 {
 		return fmt.Errorf("pki: nothing renewed: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// formerlySigned returns a selected leaf of ca that names a FormerCA, or nil.
+func formerlySigned(specs []*Spec, ca *Spec, dir string, sel map[string]bool) *Spec {
+	for _, l := range specs {
+		if sel[l.Name] && l.CA == ca.Name && l.FormerCA != "" && exists(l.CertFile(dir)) {
+			return l
+		}
 	}
 	return nil
 }

@@ -222,6 +222,13 @@ func (r *runner) add(res pki.Result) {
 	if res.External {
 		note = strings.TrimPrefix(note+"; external CA", "; ")
 	}
+	switch {
+	case res.Name == pki.KonnectivityAgentCA && res.Action == pki.Created:
+		// kubeadm copies ca and front-proxy-ca to joining control-plane nodes, but knows nothing of this one.
+		note = strings.TrimPrefix(note+"; with several control-plane nodes, copy it and its key to the same path on the others before init runs there: every server must trust the agents' certificate", "; ")
+	case res.Name == pki.KonnectivityAgent && res.Action == pki.Renewed && strings.HasPrefix(res.Reason, "moved from"):
+		note += "; re-apply " + filepath.Join(r.o.Dir, AgentBundleDir) + " at once: the server trusts only the new CA"
+	}
 	file := res.CertFile
 	// One line per pair: DIR/pki/NAME.{crt,key}. A renewal re-signs the certificate and keeps the key; an
 	// external CA has no key here.

@@ -767,7 +767,10 @@ func TestInitAgentMTLS(t *testing.T) {
 		t.Errorf("dry run does not list the agent manifests:\n%s", out)
 	}
 
-	mustRun(t, mtls...)
+	// kubeadm does not copy the agents' CA to other control-plane nodes: init says to.
+	if out := mustRun(t, mtls...); !strings.Contains(out, "konnectivity-agent-ca.{crt,key} (with several control-plane nodes, copy it") {
+		t.Errorf("init does not say to copy the agents' CA:\n%s", out)
+	}
 	decode := func(name string) any {
 		t.Helper()
 		data, err := os.ReadFile(filepath.Join(dir, name))
