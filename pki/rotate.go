@@ -205,7 +205,10 @@ func inferServing(cfg Config) Config {
 		cfg.CAValidity = lifetime(ca)
 	}
 	if cfg.CertValidity == 0 {
-		if tls, _, err := readCert(tlsSpec.CertFile(dir)); err == nil {
+		// A certificate that ends with its CA was cut short to fit it (a renewal near the CA's end): its
+		// lifetime is not the one it was asked for, and the default is the better guess.
+		cfg.CertValidity = min(DefaultCertValidity, cfg.withDefaults().CAValidity)
+		if tls, _, err := readCert(tlsSpec.CertFile(dir)); err == nil && tls.NotAfter.Sub(ca.NotAfter).Abs() > time.Minute {
 			cfg.CertValidity = min(lifetime(tls), cfg.withDefaults().CAValidity)
 		}
 	}

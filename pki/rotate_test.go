@@ -260,3 +260,36 @@ func TestRotateServingCAKeepsAlgorithmAndLifetimes(t *testing.T) {
 		t.Fatalf("explicit algorithm and lifetime: %s %s", alg, lifetime(next))
 	}
 }
+
+// A serving certificate cut short to end with its CA (renewed near the CA's end) does not pass its
+// shortened lifetime on to the certificate of the new CA.
+func TestRotateServingCAIgnoresACutLifetime(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := EnsureServing(Config{Dir: dir, KeyAlgorithm: ECDSAP256, CAValidity: 100 * time.Hour, CertValidity: 50 * time.Hour}, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	// Re-signed for longer than the CA has left: it ends with the CA.
+	specs := ServingSpecs("hook", "pizza", NotRotating)
+	caSpec, tlsSpec := specs[0], specs[len(specs)-1]
+	ca, old := loadCert(t, caSpec.CertFile(dir)), loadCert(t, tlsSpec.CertFile(dir))
+	caKey, _, _ := readKey(caSpec.KeyFile(dir))
+	key, _, _ := readKey(tlsSpec.KeyFile(dir))
+	cut, err := signCert(tlsSpec, key.Public(), AltNames{DNSNames: old.DNSNames}, ca, caKey, time.Now(), 1000*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(tlsSpec.CertFile(dir), encodeCert(cut), 0o644)
+	if !cut.NotAfter.Equal(ca.NotAfter) {
+		t.Fatalf("set-up: tls.crt ends %s, its CA %s", cut.NotAfter, ca.NotAfter)
+	}
+	cfg := Config{Dir: dir, CAValidity: 1000 * time.Hour}
+	for step := 1; step <= 2; step++ {
+		if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", step); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+	}
+	// The default, one year, capped by the new CA's thousand hours; not the hundred hours it was cut to.
+	if got := lifetime(loadCert(t, tlsSpec.CertFile(dir))); got < 900*time.Hour {
+		t.Errorf("the new serving certificate is valid for %s", got)
+	}
+}

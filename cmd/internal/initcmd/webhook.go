@@ -187,6 +187,10 @@ func runRotateCA(w io.Writer, dir string, step int, dryRun bool) error {
 	r.print()
 	if res == nil {
 		fmt.Fprintf(w, "Step %d was already done (%s); nothing changed.\n", step, phase)
+		if step == 3 {
+			// The state after a finished rotation is the same whenever it finished.
+			fmt.Fprintf(w, "That is the last rotation, now complete; to replace the CA again, start with --step 1.\n")
+		}
 	} else {
 		fmt.Fprintf(w, "Step %d written.\n", step)
 	}
