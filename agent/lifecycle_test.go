@@ -278,12 +278,7 @@ func TestDrain(t *testing.T) {
 // byte is closed at once, between two exchanges, instead of being cut at the deadline wherever it is; one
 // that keeps moving bytes stays open until the deadline.
 func TestDrainClosesQuietConnections(t *testing.T) {
-	echo := harness.StartEcho(t)
-	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 6 * time.Second })
-	quiet, err := srv.dial(context.Background(), echo.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, ra, echo, quiet := tunnelledEcho(t, 6*time.Second)
 	defer quiet.Close()
 	busy, err := srv.dial(context.Background(), echo.Addr)
 	if err != nil {
@@ -343,12 +338,7 @@ func TestDrainClosesQuietConnections(t *testing.T) {
 // for the drain's usual second; in the last stretch before the deadline it is closed in a gap between two
 // requests, not cut at the deadline wherever it is.
 func TestDrainClosesBetweenRequests(t *testing.T) {
-	echo := harness.StartEcho(t)
-	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 4 * time.Second })
-	conn, err := srv.dial(context.Background(), echo.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ra, _, conn := tunnelledEcho(t, 4*time.Second)
 	defer conn.Close()
 	start := time.Now()
 	stopped := make(chan error, 1)
@@ -426,12 +416,7 @@ func TestDrainWaitsForAnAnswer(t *testing.T) {
 // TestDrainingAgentStillDials: upstream's server sends a draining agent a dial only when no other agent
 // serves the destination; the agent serves it, as upstream's does, and says on /readyz that it is draining.
 func TestDrainingAgentStillDials(t *testing.T) {
-	echo := harness.StartEcho(t)
-	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 5 * time.Second })
-	held, err := srv.dial(context.Background(), echo.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, ra, echo, held := tunnelledEcho(t, 5*time.Second)
 	go ra.Stop(t)
 	harness.EventuallyTrue(t, 5*time.Second, "agent draining", func() bool { return ra.draining.Load() })
 	late, err := srv.dial(context.Background(), echo.Addr)
@@ -453,12 +438,7 @@ func TestDrainingAgentStillDials(t *testing.T) {
 }
 
 func TestGracefulTimeoutBoundsRun(t *testing.T) {
-	echo := harness.StartEcho(t)
-	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = 300 * time.Millisecond })
-	c, err := srv.dial(context.Background(), echo.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ra, _, c := tunnelledEcho(t, 300*time.Millisecond)
 	defer c.Close()
 	start := time.Now()
 	if err := ra.Stop(t); err != nil {
@@ -647,4 +627,17 @@ func TestHealthEndpointsOverHTTP(t *testing.T) {
 			t.Errorf("%s: %d, want %d", path, resp.StatusCode, want)
 		}
 	}
+}
+
+// tunnelledEcho is the set-up of the drain tests: an echo backend, an agent with graceful timeout d on a
+// server, and one connection through both to the backend.
+func tunnelledEcho(t *testing.T, d time.Duration) (*upstreamServer, *runningAgent, *harness.Echo, net.Conn) {
+	t.Helper()
+	echo := harness.StartEcho(t)
+	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = d })
+	conn, err := srv.dial(context.Background(), echo.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, ra, echo, conn
 }
