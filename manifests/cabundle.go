@@ -175,6 +175,9 @@ func writeJSONString(b *bytes.Buffer, s string) error {
 // decodeDocument parses body, which must hold at most one YAML document. yaml.Unmarshal reads the first
 // and ignores the rest, and the rest would be missing from what SetCABundle writes back.
 func decodeDocument(body []byte) (*yaml.Node, error) {
+	if json.Valid(body) {
+		body = yamlSafeJSON(body)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(body))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil && err != io.EOF { // io.EOF: empty, or only comments
@@ -189,6 +192,44 @@ func decodeDocument(body []byte) (*yaml.Node, error) {
 	default:
 		return nil, errors.New(`holds more than one YAML document; separate documents with a line holding only "---"`)
 	}
+}
+
+// yamlSafeJSON rewrites the strings of a JSON document that use escapes JSON has and YAML lacks: "\/", and
+// the surrogate pairs ("\ud83d\ude00") that encoders such as Python's write for characters outside the
+// Basic Multilingual Plane. Each such string is written again as encoding/json writes it, with the same
+// meaning; everything else stays byte for byte.
+func yamlSafeJSON(body []byte) []byte {
+	var out bytes.Buffer
+	for i := 0; i < len(body); {
+		if body[i] != '"' {
+			out.WriteByte(body[i])
+			i++
+			continue
+		}
+		end, escaped := i+1, false
+		for end < len(body) && body[end] != '"' {
+			if body[end] == '\\' {
+				escaped = true
+				end++
+			}
+			end++
+		}
+		lit := body[i:min(end+1, len(body))]
+		if escaped {
+			var str string
+			if json.Unmarshal(lit, &str) == nil {
+				var b bytes.Buffer
+				enc := json.NewEncoder(&b)
+				enc.SetEscapeHTML(false)
+				if enc.Encode(str) == nil {
+					lit = bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+				}
+			}
+		}
+		out.Write(lit)
+		i = end + 1
+	}
+	return out.Bytes()
 }
 
 type document struct {

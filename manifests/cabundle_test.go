@@ -323,7 +323,9 @@ const crdJSON = `{
 
 func TestSetCABundleJSON(t *testing.T) {
 	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-	for _, in := range []string{crdJSON, strings.ReplaceAll(crdJSON, `"port": 443}`, `"port": 443}, "caBundle": "b2xk"`)} {
+	// JSON's escapes that YAML lacks: "\/", and a surrogate pair as Python's json.dumps writes an emoji.
+	escapes := strings.Replace(crdJSON, `"labels": {`, `"annotations": {"docs": "https:\/\/example.com\/pizza", "icon": "\ud83c\udf55"}, "labels": {`, 1)
+	for _, in := range []string{crdJSON, strings.ReplaceAll(crdJSON, `"port": 443}`, `"port": 443}, "caBundle": "b2xk"`), escapes} {
 		out, patched, err := SetCABundle([]byte(in), ServiceRef{Name: "hook", Namespace: "pizza"}, bundle)
 		if err != nil {
 			t.Fatal(err)
