@@ -64,6 +64,18 @@ func TestOpenSSLIssuedFiles(t *testing.T) {
 	// What konnect signed with the openssl CA verifies with openssl.
 	openssl(t, bin, dir, "verify", "-purpose", "sslserver", "-CAfile", "ca.crt", "konnectivity-server.crt")
 
+	// Renewed, the CA keeps its subject as openssl encoded it (UTF8String, where Go writes
+	// PrintableString), so that what it signed still chains to it.
+	if _, err := Renew(cfg, CA); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range mustEnsure(t, cfg) {
+		if r.Action != Kept {
+			t.Errorf("after renewing the openssl CA: %s %s %s", r.Name, r.Action, r.Reason)
+		}
+	}
+	openssl(t, bin, dir, "verify", "-CAfile", "ca.crt", "konnectivity-server-client.crt")
+
 	// The same files with the CA key taken off the node: an external CA.
 	os.Remove(filepath.Join(dir, "ca.key"))
 	res = mustEnsure(t, cfg)

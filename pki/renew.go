@@ -204,9 +204,12 @@ func (r *renewal) resign() ([]Result, error) {
 		var err error
 		if s.IsCA {
 			old := l.cert
-			// Same subject and key identifier as before, so that certificates it signed still chain to it.
+			// Same subject, byte for byte, and key identifier as before, so that certificates it signed
+			// still chain to it: chain building compares a leaf's issuer with the CA's subject as encoded,
+			// and a CA made by another tool may encode the same name differently (UTF8String, not
+			// PrintableString).
 			cert, err = signCert(s, l.key.Public(), AltNames{}, nil, l.key, now, r.cfg.CAValidity, func(t *x509.Certificate) {
-				t.Subject = old.Subject
+				t.Subject, t.RawSubject = old.Subject, old.RawSubject
 				t.SubjectKeyId = old.SubjectKeyId
 			})
 		} else {
