@@ -232,6 +232,43 @@ func TestRenewErrors(t *testing.T) {
 	}
 }
 
+// TestRenewUnderExpiredCA: a leaf is never re-signed to outlive its CA, so under an expired CA it would be
+// expired at once; renew refuses that, writing nothing, unless the CA is renewed in the same run. Under a CA
+// that expires sooner than the leaf's lifetime, the leaf is renewed and the result says it was cut short.
+func TestRenewUnderExpiredCA(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CAValidity, cfg.CertValidity = 2*time.Hour, time.Hour
+	mustEnsure(t, cfg)
+	cfg.CAValidity, cfg.CertValidity = DefaultCAValidity, DefaultCertValidity
+	dir := cfg.PKIDir()
+
+	cut, err := Renew(cfg, FrontProxyClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resultByName(t, cut, FrontProxyClient); r.Reason != "validity cut to the CA's expiry" {
+		t.Errorf("renewed under a CA that expires first: %+v", r)
+	}
+
+	cfg.Now = func() time.Time { return time.Now().Add(3 * time.Hour) }
+	before := snapshot(t, cfg.Dir)
+	_, err = Renew(cfg, All)
+	if err == nil || !strings.Contains(err.Error(), specByName(t, FrontProxyCA).CertFile(dir)+" expired on") ||
+		!strings.Contains(err.Error(), "konnect certs renew "+FrontProxyCA+" first") {
+		t.Fatalf("Renew(all) under expired CAs = %v", err)
+	}
+	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
+		t.Fatalf("Renew changed %v", changed)
+	}
+	res, err := Renew(cfg, FrontProxyCA, FrontProxyClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resultByName(t, res, FrontProxyClient); r.Reason != "" || !r.NotAfter.After(cfg.Now().Add(DefaultCertValidity-time.Hour)) {
+		t.Errorf("renewed with its CA: %+v", r)
+	}
+}
+
 // TestRenewRefusesFrontProxyCAEqualToClusterCA: renew refuses the CA reuse that init refuses, and writes nothing.
 func TestRenewRefusesFrontProxyCAEqualToClusterCA(t *testing.T) {
 	cfg := testConfig(t)

@@ -148,6 +148,15 @@ func (r *renewal) load(sel map[string]bool) error {
 			r.todo = append(r.todo, l)
 		}
 	}
+	// A leaf's lifetime is cut to its CA's: re-signed by an expired CA that this run does not renew first,
+	// it would be expired as soon as it is written.
+	now := r.cfg.now()
+	for _, l := range r.todo {
+		if ca := r.cas[l.spec.CA]; !l.spec.IsCA && ca != nil && !sel[ca.spec.Name] && !now.Before(ca.cert.NotAfter) {
+			problems = append(problems, fmt.Errorf("%s: its CA %s expired on %s, so it cannot be renewed before the CA is: run konnect certs renew %s first, or name both",
+				l.spec.CertFile(r.dir), ca.spec.CertFile(r.dir), ca.cert.NotAfter.UTC().Format(time.RFC3339), ca.spec.Name))
+		}
+	}
 	// The same refusal as init: renewing leaves under a front-proxy CA that is the cluster CA would
 	// entrench the set-up that locks kubelets and users out.
 	check := &engine{dir: r.dir, specs: r.specs, cfg: &r.cfg, authorities: map[string]*authority{}}
@@ -226,6 +235,9 @@ func (r *renewal) resign() ([]Result, error) {
 			return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)
 		}
 		res.NotAfter = cert.NotAfter
+		if !s.IsCA && cert.NotAfter.Before(now.Add(r.cfg.CertValidity-clockSkew)) {
+			res.Reason = "validity cut to the CA's expiry"
+		}
 		if !r.cfg.DryRun {
 			if _, err := WriteFile(res.CertFile, encodeCert(cert), CertMode, DirMode); err != nil {
 				return results, fmt.Errorf("pki: renew %s: %w", s.Name, err)

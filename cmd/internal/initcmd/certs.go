@@ -155,7 +155,11 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 				if r.DryRun {
 					verb = "would be " + verb
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339))
+				note := ""
+				if r.Reason != "" {
+					note = ": " + r.Reason
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)%s\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339), note)
 				if step := afterRenewal[r.Name]; step != "" && !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
 					next = append(next, step)
 				}
