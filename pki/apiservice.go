@@ -116,7 +116,7 @@ func EnsureServing(cfg Config, name, namespace string) ([]Result, ServingBundle,
 	if err := checkServingDir(cfg.Dir); err != nil {
 		return nil, ServingBundle{}, err
 	}
-	phase, err := ServingRotationPhase(cfg.Dir)
+	phase, err := servingPhaseFor(cfg)
 	if err != nil {
 		return nil, ServingBundle{}, err
 	}

@@ -28,7 +28,7 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 	r := &renewal{cfg: cfg.withDefaults(), specs: Specs(), cas: map[string]*loaded{}}
 	r.dir = r.cfg.PKIDir()
 	if IsServingDir(r.dir) {
-		phase, err := ServingRotationPhase(r.dir)
+		phase, err := servingPhaseFor(Config{Dir: r.dir, DryRun: r.cfg.DryRun})
 		if err != nil {
 			return nil, err
 		}

@@ -44,6 +44,22 @@ const RetiredSubdir = "retired"
 // between its two renames.
 func ServingRotationPhase(dir string) (RotationPhase, error) { return servingRotationPhase(dir, true) }
 
+// servingPhaseFor is the phase that cfg's run in cfg.Dir starts from. A real run first finishes a step 3 that
+// was cut short between its two renames; a dry run writes nothing, so it cannot, and says so rather than
+// check files that are about to change.
+func servingPhaseFor(cfg Config) (RotationPhase, error) {
+	if !cfg.DryRun {
+		return servingRotationPhase(cfg.Dir, true)
+	}
+	phase, err := servingRotationPhase(cfg.Dir, false)
+	next := ServingSpecs("x", "x", ServingFromNext)[1]
+	if err == nil && exists(next.CertFile(cfg.Dir)) && !exists(next.KeyFile(cfg.Dir)) {
+		return 0, fmt.Errorf("pki: %s: step 3 of konnect certs rotate-ca was cut short between its two renames (%s is there without its key); a run without --dry-run finishes it first, and a dry run checks nothing before that",
+			cfg.Dir, filepath.Base(next.CertFile(cfg.Dir)))
+	}
+	return phase, err
+}
+
 // servingRotationPhase reads the phase from the files in dir. A step 3 interrupted between its two renames
 // is finished when finish is set, and otherwise reported as the phase before it, with nothing written.
 func servingRotationPhase(dir string, finish bool) (RotationPhase, error) {
@@ -106,7 +122,7 @@ func RotateServingCA(cfg Config, name, namespace string, n int) ([]Result, Servi
 	if err := checkServingDir(cfg.Dir); err != nil {
 		return nil, ServingBundle{}, 0, err
 	}
-	phase, err := ServingRotationPhase(cfg.Dir)
+	phase, err := servingPhaseFor(cfg)
 	if err != nil {
 		return nil, ServingBundle{}, 0, err
 	}

@@ -176,4 +176,23 @@ func TestCheckExpirationServing(t *testing.T) {
 	if d := diffSnapshots(snap, snapshot(t, out)); len(d) > 0 {
 		t.Fatalf("CheckExpiration wrote %v", d)
 	}
+	// Nor does a dry run finish it: it says that a real run will.
+	dry := cfg
+	dry.DryRun = true
+	const says = "a run without --dry-run finishes it"
+	if _, err := Renew(Config{Dir: out, DryRun: true}, All); err == nil || !strings.Contains(err.Error(), says) {
+		t.Errorf("renew --dry-run: %v", err)
+	}
+	if _, _, err := EnsureServing(dry, "hook", "pizza"); err == nil || !strings.Contains(err.Error(), says) {
+		t.Errorf("EnsureServing, dry run: %v", err)
+	}
+	if _, _, _, err := RotateServingCA(dry, "hook", "pizza", 3); err == nil || !strings.Contains(err.Error(), says) {
+		t.Errorf("step 3, dry run: %v", err)
+	}
+	if d := diffSnapshots(snap, snapshot(t, out)); len(d) > 0 {
+		t.Fatalf("a dry run wrote %v", d)
+	}
+	if _, err := Renew(Config{Dir: out}, All); err != nil {
+		t.Fatalf("renew after the dry runs: %v", err)
+	}
 }
