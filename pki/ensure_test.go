@@ -668,6 +668,41 @@ func TestWriteFile(t *testing.T) {
 	}
 }
 
+// TestWriteFileThroughSymlink: a symlinked file (a CA shared by several directories) is written through the
+// link, which stays, and the stale temporary files of a killed write are looked for beside the target.
+func TestWriteFileThroughSymlink(t *testing.T) {
+	tmp := t.TempDir()
+	shared := filepath.Join(tmp, "shared", "ca.crt")
+	if _, err := WriteFile(shared, []byte("old"), 0o644, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(tmp, "pki", "ca.crt")
+	os.MkdirAll(filepath.Dir(link), 0o700)
+	if err := os.Symlink("../shared/ca.crt", link); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := WriteFile(link, []byte("new"), 0o644, 0o700); err != nil || !changed {
+		t.Fatalf("WriteFile through a link: %v %v", changed, err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the link was replaced: %v %v", fi.Mode(), err)
+	}
+	if data, _ := os.ReadFile(shared); string(data) != "new" {
+		t.Fatalf("target holds %q", data)
+	}
+	stale := filepath.Join(filepath.Dir(shared), ".ca.crt.tmp-123")
+	os.WriteFile(stale, []byte("key"), 0o600)
+	RemoveStaleTemps(link)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale temporary file beside the target kept: %v", err)
+	}
+	dangling := filepath.Join(tmp, "pki", "gone.crt")
+	os.Symlink("../nowhere/gone.crt", dangling)
+	if _, err := WriteFile(dangling, []byte("x"), 0o644, 0o700); err == nil || !strings.Contains(err.Error(), dangling) {
+		t.Errorf("dangling link: %v", err)
+	}
+}
+
 // TestSubjectRules: a client certificate's subject is its identity and must be exact; a serving
 // certificate (say, issued by an external CA) may carry any subject as long as its SANs fit.
 func TestSubjectRules(t *testing.T) {

@@ -23,6 +23,9 @@ func tempPattern(path string) string { return "." + filepath.Base(path) + ".tmp-
 // RemoveStaleTemps deletes the temporary files that a WriteFile of path, killed before its rename, left
 // beside it; for a key or a kubeconfig they hold key material.
 func RemoveStaleTemps(path string) {
+	if target, err := resolveLink(path); err == nil {
+		path = target
+	}
 	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
 	for _, p := range stale {
 		_ = os.Remove(p)
@@ -32,8 +35,13 @@ func RemoveStaleTemps(path string) {
 // WriteFile writes data to path atomically: a temporary file in the same directory is written, synced,
 // renamed over path, and the directory is synced, so that a crash leaves either the old file or the new
 // one. A file that already holds exactly data (with mode perm) is not touched; changed reports whether
-// anything was written. Missing parent directories are created with mode dirPerm.
+// anything was written. Missing parent directories are created with mode dirPerm. A symlink at path is
+// written through, as an editor would: replaced by a file, it would leave the file it points to (a
+// certificate shared by several directories, a kubeconfig kept with one's dotfiles) as it was.
 func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed bool, err error) {
+	if path, err = resolveLink(path); err != nil {
+		return false, err
+	}
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		if st, err := os.Stat(path); err == nil && st.Mode().Perm() == perm {
 			return false, nil
@@ -76,6 +84,19 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 		return true, fmt.Errorf("write %s: sync directory: %w", path, err)
 	}
 	return true, nil
+}
+
+// resolveLink returns the file that a symlink at path leads to, or path itself when it is no symlink.
+func resolveLink(path string) (string, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return path, nil
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("write %s: a symlink whose target cannot be resolved: %w", path, err)
+	}
+	return target, nil
 }
 
 // syncDir makes a rename in dir durable.
