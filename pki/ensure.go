@@ -71,6 +71,11 @@ func Ensure(cfg Config, names ...string) ([]Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
+	// The refusal checkServingDir makes the other way round: there, ca.crt is an extension server's
+	// serving CA, which must not become the cluster CA.
+	if IsServingDir(cfg.PKIDir()) {
+		return nil, fmt.Errorf("pki: %s holds an extension server's certificates (tls.crt, as konnect certs apiservice and konnect certs webhook write them), so its ca.crt is that server's serving CA, not a cluster CA; give the control plane a directory of its own", cfg.PKIDir())
+	}
 	specs := Specs()
 	sel, err := selectSpecs(specs, &cfg, names)
 	if err != nil {

@@ -703,6 +703,22 @@ func TestWriteFileThroughSymlink(t *testing.T) {
 	}
 }
 
+// TestEnsureRefusesServingDir: an extension server's directory (konnect certs apiservice --out) holds that
+// server's serving CA as ca.crt, which must not become a control plane's cluster CA.
+func TestEnsureRefusesServingDir(t *testing.T) {
+	cfg := testConfig(t)
+	if _, _, err := EnsureServing(Config{Dir: cfg.PKIDir(), KeyAlgorithm: ECDSAP256}, "api", "wardle"); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, cfg.Dir)
+	if _, err := Ensure(cfg); err == nil || !strings.Contains(err.Error(), "extension server's certificates") {
+		t.Fatalf("Ensure in an extension server's directory: %v", err)
+	}
+	if changed := diffSnapshots(before, snapshot(t, cfg.Dir)); len(changed) > 0 {
+		t.Fatalf("Ensure changed %v", changed)
+	}
+}
+
 // TestSubjectRules: a client certificate's subject is its identity and must be exact; a serving
 // certificate (say, issued by an external CA) may carry any subject as long as its SANs fit.
 func TestSubjectRules(t *testing.T) {
