@@ -218,7 +218,7 @@ func TestRenewErrors(t *testing.T) {
 		{[]string{KonnectivityAgent}, func() {
 			copyFile(t, specByName(t, KonnectivityServer).KeyFile(dir), specByName(t, KonnectivityAgent).KeyFile(dir))
 		}, specByName(t, KonnectivityAgent).KeyFile(dir) + " does not match"},
-		{[]string{All}, func() { os.Remove(specByName(t, CA).KeyFile(dir)) }, "ca.key is missing"},
+		{[]string{KonnectivityServer}, func() { os.Remove(specByName(t, CA).KeyFile(dir)) }, "ca.key is missing"},
 		{[]string{CA}, func() {}, "is external"},
 	} {
 		tc.prep()

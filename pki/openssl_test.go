@@ -82,4 +82,15 @@ func TestOpenSSLIssuedFiles(t *testing.T) {
 	if r := resultByName(t, res, KonnectivityServerClient); r.Action != Kept || !r.External {
 		t.Fatalf("external: %+v", r)
 	}
+	// renew all renews what konnect's own CAs signed, and leaves the rest to whoever holds the CA's key.
+	res, err := Renew(cfg, All)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resultByName(t, res, KonnectivityServerClient); r.Action != Kept || !r.External || !strings.Contains(r.Reason, "external CA") {
+		t.Errorf("renew all, external CA's leaf: %+v", r)
+	}
+	if r := resultByName(t, res, FrontProxyClient); r.Action != Renewed {
+		t.Errorf("renew all, the front-proxy CA's leaf: %+v", r)
+	}
 }

@@ -46,6 +46,7 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 		return nil, err
 	}
 	results, err := r.resign()
+	results = append(r.external, results...)
 	if err != nil || !r.kubeconfigStale {
 		return results, err
 	}
@@ -70,6 +71,7 @@ type renewal struct {
 	cas  map[string]*loaded // the CAs of the selected certificates, and selected CAs
 	todo []*loaded          // what to re-sign, CAs first
 
+	external        []Result  // leaves of an external CA that "all" leaves to whoever holds its key
 	kubeconfigStale bool      // a certificate the kubeconfig embeds was renewed
 	clientNotAfter  time.Time // the renewed konnectivity-server-client certificate's
 }
@@ -90,9 +92,17 @@ func (r *renewal) selected(names []string) (map[string]bool, error) {
 	for _, n := range names {
 		if n == All {
 			for _, s := range r.specs {
-				if !s.IsCA && exists(s.CertFile(r.dir)) {
-					sel[s.Name] = true
+				if s.IsCA || !exists(s.CertFile(r.dir)) {
+					continue
 				}
+				// Whoever holds an external CA's key renews what it signed: "all" is the rest.
+				if ca, ok := Lookup(r.specs, s.CA); ok && exists(ca.CertFile(r.dir)) && !exists(ca.KeyFile(r.dir)) {
+					r.external = append(r.external, Result{Name: s.Name, CertFile: s.CertFile(r.dir), KeyFile: s.KeyFile(r.dir),
+						Action: Kept, External: true, NotAfter: notAfter(s.CertFile(r.dir)),
+						Reason: "signed by the external CA " + ca.CertFile(r.dir) + ": renew it with whoever holds that CA's key"})
+					continue
+				}
+				sel[s.Name] = true
 			}
 			continue
 		}
@@ -104,7 +114,7 @@ func (r *renewal) selected(names []string) (map[string]bool, error) {
 		}
 		sel[n] = true
 	}
-	if len(sel) == 0 {
+	if len(sel) == 0 && len(r.external) == 0 {
 		return nil, fmt.Errorf("pki: no certificates found in %s", r.dir)
 	}
 	return sel, nil
@@ -166,6 +176,14 @@ func (r *renewal) load(sel map[string]bool) error {
 		return fmt.Errorf("pki: nothing renewed: %w", errors.Join(problems...))
 	}
 	return nil
+}
+
+// notAfter is the expiry of the certificate in file, or zero when it cannot be read.
+func notAfter(file string) time.Time {
+	if c, _, err := readCert(file); err == nil {
+		return c.NotAfter
+	}
+	return time.Time{}
 }
 
 // formerlySigned returns a selected leaf of ca that names a FormerCA, or nil.
