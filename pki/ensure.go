@@ -132,6 +132,7 @@ type step struct {
 	key      crypto.Signer // key to reuse; nil means generate one
 	altNames AltNames
 	cert     *x509.Certificate // already signed at planning time; nil means sign when applying
+	retire   *x509.Certificate // the certificate on disk, whose pair is kept in RetiredSubdir before the new one is written
 }
 
 type engine struct {
@@ -378,10 +379,13 @@ func (e *engine) planLeaf(s *Spec) {
 	}
 	detail := strings.Join(problems, "; ")
 	if former := e.formerIssuer(s, cert); former != "" && keyErr == nil && len(problems) == 1 {
-		// Signed by the CA of an earlier release and sound otherwise: moved to its CA without --force.
+		// Signed by the CA of an earlier release and sound otherwise: moved to its CA without --force, with
+		// a new key. With the old one, anyone who later reads the key could pair it with the old certificate,
+		// which is no secret, and log in wherever the former CA is trusted until that certificate expires.
 		r.Action = Renewed
-		r.Reason = "moved from " + former + " to " + ca.spec.BaseName + ".crt"
-		e.steps = append(e.steps, step{spec: s, result: r, key: key, altNames: want})
+		r.Reason = fmt.Sprintf("moved from %s to %s.crt with a new key; the old pair, still accepted where %s is trusted until %s, is kept in %s",
+			former, ca.spec.BaseName, former, cert.NotAfter.UTC().Format(time.RFC3339), filepath.Join(e.dir, RetiredSubdir))
+		e.steps = append(e.steps, step{spec: s, result: r, altNames: want, retire: cert})
 		return
 	}
 	if external {
@@ -545,6 +549,11 @@ func (e *engine) removeStaleTemps() {
 // apply carries out one step: key first, then certificate.
 func (e *engine) apply(st step) error {
 	s := st.spec
+	if st.retire != nil {
+		if err := retirePair(e.dir, s, st.retire); err != nil {
+			return err
+		}
+	}
 	key := st.key
 	newKey := key == nil
 	if newKey {
@@ -578,6 +587,22 @@ func (e *engine) apply(st step) error {
 		st.result.Reason = strings.TrimPrefix(st.result.Reason+"; validity cut to the CA's expiry", "; ")
 	}
 	return nil
+}
+
+// retirePair hard-links the certificate and key of s into RetiredSubdir, under the certificate's serial
+// number, so that replacing them loses no key.
+func retirePair(dir string, s *Spec, cert *x509.Certificate) error {
+	retired := filepath.Join(dir, RetiredSubdir)
+	if err := os.MkdirAll(retired, DirMode); err != nil {
+		return fmt.Errorf("keep the old %s: %w", s.Name, err)
+	}
+	base := s.BaseName + "-" + strings.ToLower(cert.SerialNumber.Text(16))
+	for _, f := range []struct{ from, ext string }{{s.CertFile(dir), ".crt"}, {s.KeyFile(dir), ".key"}} {
+		if err := os.Link(f.from, filepath.Join(retired, base+f.ext)); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("keep the old %s: %w", s.Name, err)
+		}
+	}
+	return syncDir(retired)
 }
 
 // writePair writes the key (when new) before the certificate, so that a crash in between leaves a key

@@ -746,8 +746,9 @@ func TestSubjectRules(t *testing.T) {
 }
 
 // TestAgentCertificateMovesToItsCA: earlier releases signed the agents' certificate with the cluster CA,
-// which made it a credential for kube-apiserver. Such a certificate is re-signed by the agents' own CA,
-// keeping its key, without --force; anything else wrong with it still needs --force.
+// which made it a credential for kube-apiserver. Such a certificate is replaced by one the agents' own CA
+// signs, with a new key, without --force; the old pair is kept in RetiredSubdir. Anything else wrong with
+// it still needs --force.
 func TestAgentCertificateMovesToItsCA(t *testing.T) {
 	cfg := testConfig(t)
 	mustEnsure(t, cfg)
@@ -781,7 +782,8 @@ func TestAgentCertificateMovesToItsCA(t *testing.T) {
 	}
 
 	r := resultByName(t, mustEnsure(t, cfg), KonnectivityAgent)
-	if r.Action != Renewed || r.Reason != "moved from ca.crt to konnectivity-agent-ca.crt" {
+	if r.Action != Renewed || !strings.HasPrefix(r.Reason, "moved from ca.crt to konnectivity-agent-ca.crt with a new key") ||
+		!strings.Contains(r.Reason, old.NotAfter.UTC().Format(time.RFC3339)) {
 		t.Fatalf("result %+v", r)
 	}
 	moved := loadCert(t, agent.CertFile(dir))
@@ -791,8 +793,15 @@ func TestAgentCertificateMovesToItsCA(t *testing.T) {
 	if moved.CheckSignatureFrom(caCert) == nil {
 		t.Error("still signed by the cluster CA")
 	}
-	if keyAfter, _ := os.ReadFile(agent.KeyFile(dir)); string(keyAfter) != string(keyBefore) {
-		t.Error("the key was replaced")
+	if keyAfter, _ := os.ReadFile(agent.KeyFile(dir)); string(keyAfter) == string(keyBefore) {
+		t.Error("the key the old certificate was issued for is still in use")
+	}
+	base := filepath.Join(dir, RetiredSubdir, "konnectivity-agent-"+strings.ToLower(old.SerialNumber.Text(16)))
+	if retiredKey, err := os.ReadFile(base + ".key"); err != nil || string(retiredKey) != string(keyBefore) {
+		t.Errorf("the old key is not kept in %s.key: %v", base, err)
+	}
+	if retired := loadCert(t, base+".crt"); !retired.Equal(old) {
+		t.Errorf("%s.crt is not the old certificate", base)
 	}
 	if r := resultByName(t, mustEnsure(t, cfg), KonnectivityAgent); r.Action != Kept {
 		t.Errorf("second run: %+v", r)
