@@ -56,7 +56,16 @@ type Server struct {
 
 	// Ports; zero means the Default* constant.
 	AgentPort, AdminPort, HealthPort int
+
+	// FilesDigest, when set, goes into the pod's FilesDigestAnnotation: a digest of the files in
+	// MountedFiles, so that a renewed certificate or kubeconfig changes the pod and kubelet restarts it.
+	FilesDigest string
 }
+
+// FilesDigestAnnotation holds, on the server's static pod, a digest of the files it mounts one by one. A file
+// bind mount keeps the inode it was made on, so the server sees a file replaced on the host only when the pod
+// restarts; a changed annotation changes the static pod, and kubelet restarts it.
+const FilesDigestAnnotation = "konnect.dev/mounted-files-sha256"
 
 func (s Server) withDefaults() Server {
 	if s.Binary == "" {
@@ -249,19 +258,13 @@ func (s Server) Pod() (*corev1.Pod, error) {
 	// Each file the server reads is mounted on its own, read-only, and nothing else of its directory:
 	// the certificates' directory also holds the CA keys (ca.key, front-proxy-ca.key), which the server
 	// must not see. A file bind mount pins the inode it was made on, so a certificate renewed by rename
-	// (konnect certs renew) reaches the server when the static pod restarts, not before.
-	for _, f := range []struct{ name, path string }{
-		{"cluster-cert", s.ClusterCert},
-		{"cluster-key", s.ClusterKey},
-		{"server-cert", s.ServerCert},
-		{"server-key", s.ServerKey},
-		{"server-ca-cert", s.ServerCACert},
-		{"cluster-ca-cert", s.AgentClientCA},
-		{"kubeconfig", s.Kubeconfig},
-	} {
-		if f.path != "" {
-			add(f.name, filepath.Clean(f.path), corev1.HostPathFile, true)
-		}
+	// (konnect certs renew) reaches the server when the static pod restarts, not before (FilesDigest).
+	for _, f := range s.fileMounts() {
+		add(f.name, f.path, corev1.HostPathFile, true)
+	}
+	var annotations map[string]string
+	if s.FilesDigest != "" {
+		annotations = map[string]string{FilesDigestAnnotation: s.FilesDigest}
 	}
 
 	probe := func(path string, period, failures int32) *corev1.Probe {
@@ -288,9 +291,10 @@ func (s Server) Pod() (*corev1.Pod, error) {
 	return &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      "konnectivity-server",
-			Namespace: Namespace,
-			Labels:    commonLabels(map[string]string{"component": "konnectivity-server", "tier": "control-plane"}),
+			Name:        "konnectivity-server",
+			Namespace:   Namespace,
+			Labels:      commonLabels(map[string]string{"component": "konnectivity-server", "tier": "control-plane"}),
+			Annotations: annotations,
 		},
 		Spec: corev1.PodSpec{
 			HostNetwork:       true,
@@ -323,6 +327,39 @@ func (s Server) Pod() (*corev1.Pod, error) {
 			Volumes: volumes,
 		},
 	}, nil
+}
+
+// fileMount is a file the pod mounts on its own, and the volume's name.
+type fileMount struct{ name, path string }
+
+// fileMounts are the files the server reads, each mounted on its own.
+func (s Server) fileMounts() []fileMount {
+	var out []fileMount
+	for _, f := range []fileMount{
+		{"cluster-cert", s.ClusterCert},
+		{"cluster-key", s.ClusterKey},
+		{"server-cert", s.ServerCert},
+		{"server-key", s.ServerKey},
+		{"server-ca-cert", s.ServerCACert},
+		{"cluster-ca-cert", s.AgentClientCA},
+		{"kubeconfig", s.Kubeconfig},
+	} {
+		if f.path != "" {
+			out = append(out, fileMount{f.name, filepath.Clean(f.path)})
+		}
+	}
+	return out
+}
+
+// MountedFiles are the host files the pod mounts one by one, in a fixed order: FilesDigest covers them.
+func (s Server) MountedFiles() []string {
+	var out []string
+	for _, f := range s.fileMounts() {
+		if !slices.Contains(out, f.path) {
+			out = append(out, f.path)
+		}
+	}
+	return out
 }
 
 // Render renders the static pod as konnectivity-server.yaml, for kubelet's manifest directory.

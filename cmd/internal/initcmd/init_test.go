@@ -163,7 +163,8 @@ func TestInitAcceptance(t *testing.T) {
 	os.Remove(filepath.Join(dir, "pki/konnectivity-server.crt"))
 	os.Remove(filepath.Join(dir, "pki/konnectivity-server.key"))
 	mustRun(t, initArgs(dir)...)
-	if c := changed(first, sums(t, dir)); !slices.Equal(c, []string{"pki/konnectivity-server.crt", "pki/konnectivity-server.key"}) {
+	// The server's static pod mounts that pair, so it changes with it and kubelet restarts the server.
+	if c := changed(first, sums(t, dir)); !slices.Equal(c, []string{"manifests/konnectivity-server.yaml", "pki/konnectivity-server.crt", "pki/konnectivity-server.key"}) {
 		t.Fatalf("deleting one leaf changed %v", c)
 	}
 }
@@ -669,11 +670,17 @@ func TestCertsCommands(t *testing.T) {
 	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, AgentBundleDir)) {
 		t.Errorf("renew konnectivity-agent does not say how the agents get it:\n%s", out)
 	}
-	// Everything still passes init's checks.
+	// Everything still passes init's checks, and init changes the server's static pod, whose file mounts
+	// still hold the old certificates, so that kubelet restarts it.
+	before = sums(t, dir)
+	mustRun(t, initArgs(dir, "--key-algorithm", "ecdsa-p256")...)
+	if c := changed(before, sums(t, dir)); !slices.Equal(c, []string{"manifests/konnectivity-server.yaml"}) {
+		t.Fatalf("init after renew changed %v, want only the server's static pod", c)
+	}
 	before = sums(t, dir)
 	mustRun(t, initArgs(dir, "--key-algorithm", "ecdsa-p256")...)
 	if c := changed(before, sums(t, dir)); len(c) > 0 {
-		t.Fatalf("init after renew changed %v", c)
+		t.Fatalf("init after init changed %v", c)
 	}
 	if _, err := run(t, "certs", "renew", "--dir", dir); err == nil {
 		t.Fatal("renew without a name")
