@@ -160,8 +160,10 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 					note = ": " + r.Reason
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)%s\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339), note)
-				if step := afterRenewal[r.Name]; step != "" && !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
-					next = append(next, step)
+				for _, step := range afterRenewal[r.Name] {
+					if !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
+						next = append(next, step)
+					}
 				}
 				renewed = renewed || (r.Action == pki.Renewed && !r.DryRun)
 			}
@@ -211,13 +213,19 @@ func refreshServing(w io.Writer, d string) (next string, err error) {
 
 // afterRenewal is what must happen before a renewed certificate is used, for those that are not read
 // again by whoever holds them.
-var afterRenewal = map[string]string{
-	pki.KonnectivityServer:    "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
-	pki.KonnectivityFrontend:  "restart the konnectivity-server static pod: its file mounts keep the certificate it started with",
-	pki.KonnectivityAgentCA:   "restart the konnectivity-server static pod: its file mounts keep the CA it started with",
-	pki.KonnectivityAgent:     "run konnect init again and re-apply DIR/" + AgentBundleDir + ": its Secret carries the agents' certificate",
-	pki.APIServerEgressClient: "restart kube-apiserver: it loads its egress client certificate only when it starts",
+var afterRenewal = map[string][]string{
+	pki.KonnectivityServer:       {restartServer},
+	pki.KonnectivityFrontend:     {restartServer},
+	pki.KonnectivityAgentCA:      {restartServer},
+	pki.KonnectivityServerClient: {restartServer},
+	pki.CA:                       {restartServer, "run konnect init again and re-apply DIR/" + AgentBundleDir + ": its ConfigMap carries ca.crt to the agents"},
+	pki.KonnectivityAgent:        {"run konnect init again and re-apply DIR/" + AgentBundleDir + ": its Secret carries the agents' certificate"},
+	pki.APIServerEgressClient:    {"restart kube-apiserver: it loads its egress client certificate only when it starts"},
 }
+
+// restartServer is the step for what the server's static pod mounts file by file: its certificates, CAs and
+// kubeconfig, which embeds the cluster CA and the server's client certificate.
+const restartServer = "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: its file mounts keep the certificates and kubeconfig it started with"
 
 func validities(ca, cert time.Duration) error {
 	if ca <= 0 {

@@ -670,6 +670,17 @@ func TestCertsCommands(t *testing.T) {
 	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, AgentBundleDir)) {
 		t.Errorf("renew konnectivity-agent does not say how the agents get it:\n%s", out)
 	}
+	// The cluster CA and the server's client certificate reach the server in its kubeconfig, a file mount,
+	// and the CA reaches the agents in the bundle's ConfigMap.
+	for _, name := range []string{"konnectivity-server-client", "ca"} {
+		out := mustRun(t, "certs", "renew", name, "--dir", mtls)
+		if !strings.Contains(out, "next: restart the konnectivity-server static pod") {
+			t.Errorf("renew %s does not say to restart the server:\n%s", name, out)
+		}
+		if agents := strings.Contains(out, "its ConfigMap carries ca.crt to the agents"); agents != (name == "ca") {
+			t.Errorf("renew %s: says to re-apply the agents' ConfigMap: %v\n%s", name, agents, out)
+		}
+	}
 	// Everything still passes init's checks, and init changes the server's static pod, whose file mounts
 	// still hold the old certificates, so that kubelet restarts it.
 	before = sums(t, dir)
