@@ -485,6 +485,31 @@ func TestInitBadFlags(t *testing.T) {
 	}
 }
 
+// TestInitRefusesSharedSocketDir: kube-apiserver and the server's pod, which runs as root, mount the socket's
+// directory read-write, so one that holds anything else (/run, with the container runtime's socket) is
+// refused, naming the flag; one that is empty or holds only the socket (a server runs) is the socket's own.
+func TestInitRefusesSharedSocketDir(t *testing.T) {
+	shared := t.TempDir()
+	if err := os.WriteFile(filepath.Join(shared, "containerd.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	out, err := run(t, initArgs(dir, "--uds-name", filepath.Join(shared, "konnectivity-server.socket"))...)
+	if err == nil || !strings.Contains(err.Error(), "--uds-name") || !strings.Contains(err.Error(), "holds containerd.sock") {
+		t.Fatalf("socket beside containerd.sock: %v\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("the refused run wrote %v", entries)
+	}
+	own := t.TempDir()
+	sock := filepath.Join(own, "konnectivity-server.socket")
+	mustRun(t, initArgs(t.TempDir(), "--uds-name", sock)...)
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, initArgs(t.TempDir(), "--uds-name", sock)...)
+}
+
 func TestInitDryRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "D")
 	out := mustRun(t, initArgs(dir, "--dry-run")...)

@@ -3,6 +3,7 @@ package initcmd
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -200,19 +201,39 @@ func (o *Options) Validate(n needs) error {
 	return errors.Join(errs...)
 }
 
-// checkSocketDir refuses a socket directory that holds konnect's keys, kubeconfig or static pods: kube-apiserver
-// and the server's pod both mount the socket's directory read-write.
+// checkSocketDir refuses a socket directory that holds anything but the socket: kube-apiserver and the
+// server's pod, which runs as root, both mount the socket's directory read-write, so a shared one (/run with
+// the container runtime's socket, or konnect's own keys and static pods) would be theirs to change.
 func (o *Options) checkSocketDir() error {
 	sock, err := filepath.Abs(o.UDSName)
 	if err != nil {
 		return fmt.Errorf("--uds-name: %w", err)
 	}
 	dir := filepath.Dir(sock)
+	refuse := func(what string) error {
+		return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
+			o.UDSName, dir, what, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))))
+	}
 	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
 		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
-			return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
-				o.UDSName, dir, held, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))))
+			return refuse(held)
 		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("--uds-name %s: %w", o.UDSName, err)
+	}
+	var others []string
+	for _, e := range entries {
+		if e.Name() != filepath.Base(sock) {
+			others = append(others, e.Name())
+		}
+	}
+	switch {
+	case len(others) > 3:
+		return refuse(strings.Join(others[:3], ", ") + fmt.Sprintf(" and %d more", len(others)-3))
+	case len(others) > 0:
+		return refuse(strings.Join(others, ", "))
 	}
 	return nil
 }
