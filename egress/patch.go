@@ -235,7 +235,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
 			return false, fmt.Errorf("bad flag name %q", f.Name)
 		}
-		if f.Name == uidHeadersFlag && !takesUIDHeaders(c.Image) {
+		if f.Name == uidHeadersFlag && !takesUIDHeaders(c) {
 			// Older kube-apiservers refuse the flag and would not start; without it, extension servers see
 			// no user UID, as before 1.33.
 			editFlag(c, f.Name, false, "")
@@ -245,6 +245,11 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			var base []string
 			for _, v := range lookupFlag(c, f.Name) {
 				base = append(base, strings.Split(v, ",")...)
+			}
+			if f.Name == allowedNamesFlag && len(base) > 0 && strings.TrimSpace(strings.Join(base, "")) == "" {
+				// Set but empty: every client certificate of the request-header CA may act as a front
+				// proxy, konnect's among them. Adding names would lock the others out.
+				continue
 			}
 			merged, err := mergeList(f.Name, base, strings.Split(f.Value, ","))
 			if err != nil {
@@ -489,29 +494,48 @@ func retireAgentAudience(c *corev1.Container) {
 // uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.
 const uidHeadersFlag = "requestheader-uid-headers"
 
+// allowedNamesFlag lists the front proxies' certificate names; empty means any the request-header CA signed.
+const allowedNamesFlag = "requestheader-allowed-names"
+
 // sharedLists are kube-apiserver's comma-separated flags that konnect needs entries in but does not own.
 // The patch adds its entries after those the manifest has, so that another front proxy's name and headers
 // keep working.
 var sharedLists = map[string]bool{
-	"requestheader-allowed-names":        true,
+	allowedNamesFlag:                     true,
 	"requestheader-extra-headers-prefix": true,
 	"requestheader-group-headers":        true,
 	"requestheader-username-headers":     true,
 	uidHeadersFlag:                       true,
 }
 
-// takesUIDHeaders reports whether the kube-apiserver of image takes --requestheader-uid-headers: 1.33 and
-// later do (1.32 only behind the RemoteRequestHeaderUID feature gate, off by default; older ones do not know
-// it). An image whose tag is not a version is taken to be recent.
-func takesUIDHeaders(image string) bool {
-	ref := image[strings.LastIndex(image, "/")+1:]
+// takesUIDHeaders reports whether the kube-apiserver container c takes --requestheader-uid-headers: 1.33 and
+// later do, 1.32 when its --feature-gates turn RemoteRequestHeaderUID on (it is off by default), and older
+// ones do not know it. An image whose tag is not a version is taken to be recent.
+func takesUIDHeaders(c *corev1.Container) bool {
+	ref := c.Image[strings.LastIndex(c.Image, "/")+1:]
 	ref, _, _ = strings.Cut(ref, "@")
 	_, tag, ok := strings.Cut(ref, ":")
 	if !ok {
 		return true
 	}
 	v, err := version.ParseGeneric(tag)
-	return err != nil || v.Major() != 1 || v.Minor() >= 33
+	if err != nil || v.Major() != 1 || v.Minor() >= 33 {
+		return true
+	}
+	return v.Minor() == 32 && featureGate(c, "RemoteRequestHeaderUID")
+}
+
+// featureGate reports whether c's --feature-gates turn gate on; the last setting wins, as in kube-apiserver.
+func featureGate(c *corev1.Container, gate string) bool {
+	on := false
+	for _, v := range lookupFlag(c, "feature-gates") {
+		for _, kv := range strings.Split(v, ",") {
+			if k, val, _ := strings.Cut(strings.TrimSpace(kv), "="); k == gate {
+				on = strings.EqualFold(strings.TrimSpace(val), "true")
+			}
+		}
+	}
+	return on
 }
 
 // isNumbered reports whether name is numbered(base, k) for some k >= from.

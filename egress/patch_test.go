@@ -392,6 +392,28 @@ func TestPatchPodKeepsOtherFrontProxies(t *testing.T) {
 	}
 }
 
+// An empty --requestheader-allowed-names admits every client certificate of the request-header CA, konnect's
+// front-proxy-client among them: the patch leaves it empty instead of narrowing it to konnect's name.
+func TestPatchPodKeepsEmptyAllowedNames(t *testing.T) {
+	for _, given := range [][]string{{"--requestheader-allowed-names="}, {"--requestheader-allowed-names", ""}} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver",
+			Command: append([]string{"kube-apiserver"}, given...)}}}}
+		if _, err := PatchPod(pod, ManifestPatch{Flags: []Flag{{"requestheader-allowed-names", "front-proxy-client"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := pod.Spec.Containers[0].Command; !slices.Equal(got, append([]string{"kube-apiserver"}, given...)) {
+			t.Errorf("%q became %q", given, got)
+		}
+	}
+	absent := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Command: []string{"kube-apiserver"}}}}}
+	if _, err := PatchPod(absent, ManifestPatch{Flags: []Flag{{"requestheader-allowed-names", "front-proxy-client"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := absent.Spec.Containers[0].Command; !slices.Equal(got, []string{"kube-apiserver", "--requestheader-allowed-names=front-proxy-client"}) {
+		t.Errorf("without the flag: %q", got)
+	}
+}
+
 // With --dir outside /etc/kubernetes, nothing kubeadm mounts covers the certificates: their directory is
 // mounted, and moving it later moves the mount instead of adding one.
 func TestPatchPodMountsUncoveredDirectories(t *testing.T) {
@@ -542,31 +564,37 @@ func TestPatchPodReusesExistingMounts(t *testing.T) {
 }
 
 // TestPatchPodUIDHeadersFollowTheImage: kube-apiserver before 1.33 refuses --requestheader-uid-headers and
-// would not start, so the patch leaves it out for such an image, and takes out one an earlier run added.
+// would not start, so the patch leaves it out for such an image, and takes out one an earlier run added;
+// 1.32 takes it with the RemoteRequestHeaderUID feature gate, and then it stays.
 func TestPatchPodUIDHeadersFollowTheImage(t *testing.T) {
 	p := ManifestPatch{Flags: []Flag{{"requestheader-uid-headers", "X-Remote-Uid"}}}
 	for _, tc := range []struct {
 		image string
 		want  bool
+		gates []string
 	}{
-		{"registry.k8s.io/kube-apiserver:v1.31.4", false},
-		{"registry.k8s.io/kube-apiserver:v1.32.0", false},
-		{"registry.k8s.io/kube-apiserver:v1.33.0", true},
-		{"localhost:5000/kube-apiserver:v1.36.1@sha256:0123", true},
-		{"localhost:5000/kube-apiserver:v1.30.2@sha256:0123", false},
-		{"localhost:5000/kube-apiserver", true},
-		{"registry.example/kube-apiserver:custom-build", true},
+		{"registry.k8s.io/kube-apiserver:v1.31.4", false, nil},
+		{"registry.k8s.io/kube-apiserver:v1.31.4", false, []string{"--feature-gates=RemoteRequestHeaderUID=true"}},
+		{"registry.k8s.io/kube-apiserver:v1.32.0", false, nil},
+		{"registry.k8s.io/kube-apiserver:v1.32.4", true, []string{"--feature-gates=AllAlpha=false,RemoteRequestHeaderUID=true"}},
+		{"registry.k8s.io/kube-apiserver:v1.32.4", true, []string{"--feature-gates", "RemoteRequestHeaderUID=True"}},
+		{"registry.k8s.io/kube-apiserver:v1.32.4", false, []string{"--feature-gates=RemoteRequestHeaderUID=true", "--feature-gates=RemoteRequestHeaderUID=false"}},
+		{"registry.k8s.io/kube-apiserver:v1.33.0", true, nil},
+		{"localhost:5000/kube-apiserver:v1.36.1@sha256:0123", true, nil},
+		{"localhost:5000/kube-apiserver:v1.30.2@sha256:0123", false, nil},
+		{"localhost:5000/kube-apiserver", true, nil},
+		{"registry.example/kube-apiserver:custom-build", true, nil},
 	} {
 		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{
 			Name: "kube-apiserver", Image: tc.image,
-			Command: []string{"kube-apiserver", "--requestheader-uid-headers", "X-Remote-Uid", "--secure-port=6443"},
+			Command: append([]string{"kube-apiserver", "--requestheader-uid-headers", "X-Remote-Uid", "--secure-port=6443"}, tc.gates...),
 		}}}}
 		if _, err := PatchPod(pod, p); err != nil {
 			t.Fatalf("%s: %v", tc.image, err)
 		}
 		has := slices.Contains(pod.Spec.Containers[0].Command, "--requestheader-uid-headers=X-Remote-Uid")
 		if has != tc.want || !slices.Contains(pod.Spec.Containers[0].Command, "--secure-port=6443") {
-			t.Errorf("%s: command %q, want the uid-headers flag: %v", tc.image, pod.Spec.Containers[0].Command, tc.want)
+			t.Errorf("%s %v: command %q, want the uid-headers flag: %v", tc.image, tc.gates, pod.Spec.Containers[0].Command, tc.want)
 		}
 	}
 }
