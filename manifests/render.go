@@ -90,12 +90,8 @@ func marshal(obj any) ([]byte, error) {
 	return yaml.Marshal(m)
 }
 
-// kustomization renders a kustomization.yaml listing files in order.
-func kustomization(files []File) (File, error) {
-	var names []string
-	for _, f := range files {
-		names = append(names, f.Name)
-	}
+// kustomization renders a kustomization.yaml that lists the files called names, in order.
+func kustomization(names []string) (File, error) {
 	data, err := yaml.Marshal(struct {
 		APIVersion string   `json:"apiVersion"`
 		Kind       string   `json:"kind"`
@@ -132,7 +128,11 @@ func renderAll(objs []namedObject) ([]File, error) {
 		}
 		files = append(files, File{Name: o.name, Data: data, Mode: mode})
 	}
-	k, err := kustomization(files)
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name)
+	}
+	k, err := kustomization(names)
 	if err != nil {
 		return nil, fmt.Errorf("render kustomization.yaml: %w", err)
 	}

@@ -2,9 +2,12 @@ package manifests
 
 import (
 	"fmt"
+	"path/filepath"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // ServingSecretFile is the file name of an extension server's serving Secret, in the directories that
@@ -57,5 +60,42 @@ func RenderServingSecret(ref ServiceRef, c ServingCerts) (File, error) {
 	return files[0], nil
 }
 
-// Kustomization renders a kustomization.yaml that lists files, in order.
-func Kustomization(files []File) (File, error) { return kustomization(files) }
+// Kustomization renders the kustomization.yaml of an extension server's directory: the resources that
+// existing, the directory's kustomization.yaml from an earlier run (nil for none), lists, followed by those of
+// files it lacks. So konnect certs apiservice and konnect certs webhook can share a directory, and a rerun
+// with fewer manifests drops none. A kustomization.yaml with more in it than konnect writes (other fields,
+// resources that are not files of the directory) is someone else's, and is refused rather than replaced.
+func Kustomization(existing []byte, files []File) (File, error) {
+	var names []string
+	if existing != nil {
+		var k map[string]any
+		if err := yaml.Unmarshal(existing, &k); err != nil {
+			return File{}, err
+		}
+		for key, v := range k {
+			switch key {
+			case "apiVersion", "kind":
+			case "resources":
+				list, ok := v.([]any)
+				if !ok && v != nil {
+					return File{}, fmt.Errorf("resources is not a list")
+				}
+				for _, r := range list {
+					name, ok := r.(string)
+					if !ok || name == "" || name != filepath.Base(name) || name == "." || name == ".." {
+						return File{}, fmt.Errorf("resource %v is not a file of the directory, so konnect did not write it; konnect would replace this kustomization.yaml: give konnect a directory of its own", r)
+					}
+					names = append(names, name)
+				}
+			default:
+				return File{}, fmt.Errorf("field %q is not one konnect writes, and konnect would replace this kustomization.yaml: give konnect a directory of its own", key)
+			}
+		}
+	}
+	for _, f := range files {
+		if !slices.Contains(names, f.Name) {
+			names = append(names, f.Name)
+		}
+	}
+	return kustomization(names)
+}

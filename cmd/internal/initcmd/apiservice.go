@@ -160,6 +160,9 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if err := probe.Validate(); err != nil {
 		return err // names the flag
 	}
+	if _, err := servingKustomization(out, nil); err != nil {
+		return err
+	}
 	r := &runner{o: &Options{DryRun: o.dryRun}, out: cmd.OutOrStdout()}
 	defer r.print()
 	bundle, err := o.ensure(r, out)
@@ -175,6 +178,13 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	// Render lists its own files only; the directory's kustomization.yaml may list a webhook's too.
+	files = slices.DeleteFunc(files, func(f manifests.File) bool { return f.Name == "kustomization.yaml" })
+	k, err := servingKustomization(out, files)
+	if err != nil {
+		return err
+	}
+	files = append(files, k)
 	listed := filepath.Join(out, manifests.APIServiceFile)
 	dropped := slices.DeleteFunc(apiServiceNames(listed), func(n string) bool { return slices.Contains(spec.Names(), n) })
 	if err := r.writeFiles(out, files); err != nil {

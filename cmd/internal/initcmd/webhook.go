@@ -81,6 +81,10 @@ func runWebhook(w io.Writer, o *servingOptions, manifestFiles []string) error {
 		return fmt.Errorf("no webhook configuration or CustomResourceDefinition in %s reaches its server through Service %s: nothing to set the caBundle on",
 			strings.Join(manifestFiles, ", "), ref)
 	}
+	// Someone else's kustomization.yaml is refused before any certificate is written.
+	if _, err := servingKustomization(out, nil); err != nil {
+		return err
+	}
 	r := &runner{o: &Options{DryRun: o.dryRun}, out: w}
 	defer r.print()
 	bundle, err := o.ensure(r, out)
@@ -105,7 +109,7 @@ func runWebhook(w io.Writer, o *servingOptions, manifestFiles []string) error {
 		patched = append(patched, p...)
 		files = append(files, manifests.File{Name: base, Data: data, Mode: 0o644})
 	}
-	k, err := manifests.Kustomization(files)
+	k, err := servingKustomization(out, files)
 	if err != nil {
 		return err
 	}
@@ -227,6 +231,22 @@ func servingRef(dir string) (manifests.ServiceRef, error) {
 		return manifests.ServiceRef{}, fmt.Errorf("%s: common name %q is not SERVICE.NAMESPACE.svc", path, cert.Subject.CommonName)
 	}
 	return manifests.ServiceRef{Name: parts[0], Namespace: parts[1]}, nil
+}
+
+// servingKustomization is the kustomization.yaml of the extension server's directory out: the resources that
+// an earlier run's lists, then files (see manifests.Kustomization). With no files it checks that out holds no
+// kustomization.yaml of someone else's.
+func servingKustomization(out string, files []manifests.File) (manifests.File, error) {
+	path := filepath.Join(out, "kustomization.yaml")
+	existing, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return manifests.File{}, fmt.Errorf("--out: %w", err)
+	}
+	k, err := manifests.Kustomization(existing, files)
+	if err != nil {
+		return manifests.File{}, fmt.Errorf("--out: %s: %w", path, err)
+	}
+	return k, nil
 }
 
 // rewriteServing sets bundle as the caBundle in every manifest of dir and re-renders the Secret. The

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,5 +160,62 @@ func TestRotateCAAPIService(t *testing.T) {
 	mustRun(t, "certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", dir)
 	if n := countCAs(); n != 2 {
 		t.Fatalf("certs apiservice during the rotation: %d CAs", n)
+	}
+}
+
+// TestServingDirSharedByAPIServiceAndWebhook: an aggregated API server that also serves a webhook has one
+// directory for both commands. Its kustomization.yaml lists what each wrote, a rerun drops nothing, and
+// rotate-ca reaches the webhook's caBundle too. A kustomization.yaml with more than konnect writes is
+// someone else's: it is refused, and nothing is written.
+func TestServingDirSharedByAPIServiceAndWebhook(t *testing.T) {
+	in := t.TempDir()
+	hooks := filepath.Join(in, "hooks.yaml")
+	if err := os.WriteFile(hooks, []byte(strings.ReplaceAll(testWebhooks, "name: hook", "name: api")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "api")
+	apiservice := []string{"certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", dir}
+	mustRun(t, apiservice...)
+	mustRun(t, "certs", "webhook", "--service", "api", "--namespace", "pizza", "--out", dir, hooks)
+	resources := func() []string {
+		data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var k struct{ Resources []string }
+		if err := yaml.Unmarshal(data, &k); err != nil {
+			t.Fatal(err)
+		}
+		return k.Resources
+	}
+	listed := resources()
+	for _, f := range []string{"secret.yaml", "apiservice.yaml", "hooks.yaml"} {
+		if !slices.Contains(listed, f) {
+			t.Fatalf("kustomization.yaml lists %v, without %s", listed, f)
+		}
+	}
+	before := sums(t, dir)
+	mustRun(t, apiservice...)
+	if !maps.Equal(before, sums(t, dir)) {
+		t.Fatalf("certs apiservice again changed the directory; kustomization.yaml lists %v", resources())
+	}
+	mustRun(t, "certs", "rotate-ca", "--out", dir, "--step", "1")
+	if n := len(caBundleOf(t, filepath.Join(dir, "hooks.yaml"))); n != 2 {
+		t.Fatalf("the webhook's caBundle after step 1 holds %d CAs", n)
+	}
+
+	other := filepath.Join(t.TempDir(), "app")
+	os.MkdirAll(other, 0o755)
+	mine := "resources:\n- deployment.yaml\nnamespace: pizza\n"
+	os.WriteFile(filepath.Join(other, "kustomization.yaml"), []byte(mine), 0o644)
+	_, err := run(t, "certs", "webhook", "--service", "api", "--namespace", "pizza", "--out", other, hooks)
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(other, "kustomization.yaml")) || !strings.Contains(err.Error(), `field "namespace"`) {
+		t.Fatalf("a user's kustomization.yaml: %v", err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(other, "kustomization.yaml")); string(data) != mine {
+		t.Fatalf("the user's kustomization.yaml became:\n%s", data)
+	}
+	if entries, _ := os.ReadDir(other); len(entries) != 1 {
+		t.Fatalf("the refused run wrote %v", entries)
 	}
 }
