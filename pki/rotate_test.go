@@ -137,6 +137,37 @@ func TestRotateServingCAFinishesInterruptedPromotion(t *testing.T) {
 	}
 }
 
+// A crash in step 2 after the new serving key was written, before its certificate, is finished by running
+// step 2 again.
+func TestRotateServingCAResumesInterruptedStep2(t *testing.T) {
+	cfg := Config{Dir: t.TempDir(), KeyAlgorithm: ECDSAP256}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := RotateServingCA(cfg, "hook", "pizza", 1); err != nil {
+		t.Fatal(err)
+	}
+	key, err := generateKey(ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemKey, _ := encodeKey(key)
+	if err := os.WriteFile(filepath.Join(cfg.Dir, "tls.key"), pemKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, b, phase, err := RotateServingCA(cfg, "hook", "pizza", 2)
+	if err != nil || phase != ServingFromNext || !trusts(t, b.CA, b) {
+		t.Fatalf("step 2 again: phase %v, %v", phase, err)
+	}
+	tls := loadCert(t, filepath.Join(cfg.Dir, "tls.crt"))
+	if err := tls.CheckSignatureFrom(loadCert(t, filepath.Join(cfg.Dir, "ca-next.crt"))); err != nil {
+		t.Fatalf("tls.crt is not issued by ca-next.crt: %v", err)
+	}
+	if _, _, err := EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatalf("after the resumed step 2: %v", err)
+	}
+}
+
 // A crash in step 1 after the new CA's key was written, before its certificate, is finished by running step 1
 // again; any other step says so.
 func TestRotateServingCAResumesInterruptedStep1(t *testing.T) {
