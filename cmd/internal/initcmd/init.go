@@ -283,11 +283,8 @@ func (r *runner) flags([]string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644); err != nil {
-		return err
-	}
 	if r.o.APIServerManifest == "" {
-		return nil
+		return r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644)
 	}
 	sel := r.o.selector()
 	config, err := sel.Marshal()
@@ -298,9 +295,13 @@ func (r *runner) flags([]string) error {
 		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}
 	path := r.o.APIServerManifest
 	if !r.o.DryRun {
+		// Before kube-apiserver.flags too: a refused phase writes nothing.
 		if err := requireFiles(patch); err != nil {
 			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
 		}
+	}
+	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644); err != nil {
+		return err
 	}
 	if r.o.DryRun {
 		data, err := os.ReadFile(path)

@@ -645,6 +645,9 @@ spec:
 	if c := changed(before, sums(t, filepath.Dir(manifest))); len(c) > 0 {
 		t.Fatalf("refused patch changed %v", c)
 	}
+	if entries, _ := os.ReadDir(fresh); len(entries) > 0 {
+		t.Fatalf("the refused flags phase wrote %v", entries)
+	}
 
 	// A bad input of a later phase is refused before kube-apiserver is patched to dial a server that
 	// would never be set up.
