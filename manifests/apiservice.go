@@ -122,7 +122,7 @@ func (a APIService) Validate() error {
 		return fmt.Errorf("secret name %q: %s", a.SecretName, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Subdomain(a.ServiceAccount); len(errs) > 0 {
-		return fmt.Errorf("service account %q: %s", a.ServiceAccount, strings.Join(errs, "; "))
+		return fmt.Errorf("--service-account %q: %s", a.ServiceAccount, strings.Join(errs, "; "))
 	}
 	if a.Port < 1 || a.Port > 65535 {
 		return fmt.Errorf("service port %d: must be between 1 and 65535", a.Port)
