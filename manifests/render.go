@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
@@ -101,6 +102,46 @@ func kustomization(names []string) (File, error) {
 		return File{}, err
 	}
 	return File{Name: "kustomization.yaml", Data: data, Mode: publicMode}, nil
+}
+
+// KeepUserKustomization returns k, the kustomization.yaml konnect rendered for a directory of its own, with
+// what a user added to the directory's earlier one (existing; nil for none) carried over: its other fields
+// (a patch of the DaemonSet, say) and, after k's, the resources that are neither k's nor konnect's (owned,
+// which a later run may drop). Comments are not carried over.
+func KeepUserKustomization(k File, existing []byte, owned []string) (File, error) {
+	var earlier, out map[string]any
+	if err := yaml.Unmarshal(existing, &earlier); err != nil {
+		return File{}, fmt.Errorf("the earlier kustomization.yaml: %w", err)
+	}
+	if err := yaml.Unmarshal(k.Data, &out); err != nil {
+		return File{}, err
+	}
+	ours, _ := out["resources"].([]any)
+	for key, v := range earlier {
+		if key != "resources" {
+			if _, set := out[key]; !set {
+				out[key] = v
+			}
+			continue
+		}
+		theirs, ok := v.([]any)
+		if !ok && v != nil {
+			return File{}, fmt.Errorf("the earlier kustomization.yaml: resources is not a list")
+		}
+		for _, r := range theirs {
+			if name, ok := r.(string); ok && (slices.Contains(owned, name) || slices.Contains(ours, any(name))) {
+				continue
+			}
+			ours = append(ours, r)
+		}
+	}
+	out["resources"] = ours
+	data, err := yaml.Marshal(out)
+	if err != nil {
+		return File{}, err
+	}
+	k.Data = data
+	return k, nil
 }
 
 // renderAll marshals each named object into a File and appends a kustomization.yaml listing them.

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apiserver/pkg/server/egressselector"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 )
 
 // run executes a command tree in-process, as `konnect ARGS` would.
@@ -417,6 +418,41 @@ func TestInitRemovesStaleBundleFiles(t *testing.T) {
 	}
 	if out := mustRun(t, initArgs(dir, "--server-leases")...); !strings.Contains(out, "[left in the cluster] role konnectivity-server-leases -n kube-system") {
 		t.Errorf("the Role left in kube-system is not named:\n%s", out)
+	}
+}
+
+// TestInitKeepsUserKustomization: what a user adds to the bundle's kustomization.yaml (a patch of the
+// DaemonSet, a manifest of their own) stays through later runs, also one that drops a file of konnect's;
+// konnect's own list is kept up to date, and a run that changes nothing changes no byte.
+func TestInitKeepsUserKustomization(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir, "--server-leases")...)
+	kpath := filepath.Join(dir, AgentBundleDir, "kustomization.yaml")
+	k, err := os.ReadFile(kpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := "- mine.yaml\npatches:\n- path: surge.yaml\n  target:\n    kind: DaemonSet\n"
+	if err := os.WriteFile(kpath, append(k, added...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, initArgs(dir)...) // --server-leases off: its files leave the bundle
+	var got struct {
+		Resources []string
+		Patches   []struct{ Path string }
+	}
+	data, _ := os.ReadFile(kpath)
+	if err := yaml.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Patches) != 1 || got.Patches[0].Path != "surge.yaml" || !slices.Contains(got.Resources, "mine.yaml") ||
+		!slices.Contains(got.Resources, "konnectivity-agent.yaml") || slices.Contains(got.Resources, "konnectivity-agent-kubeconfig.yaml") {
+		t.Fatalf("kustomization.yaml after a rerun:\n%s", data)
+	}
+	before := sums(t, dir)
+	mustRun(t, initArgs(dir)...)
+	if c := changed(before, sums(t, dir)); len(c) > 0 {
+		t.Fatalf("a run that changes nothing changed %v", c)
 	}
 }
 

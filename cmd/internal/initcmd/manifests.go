@@ -98,12 +98,37 @@ func (r *runner) manifests([]string) error {
 	if err := r.tidyBundle(earlier, agentDir, files); err != nil {
 		return err
 	}
+	if files, err = keepUserKustomization(earlier, files); err != nil {
+		return err
+	}
 	return r.writeFiles(agentDir, files)
+}
+
+// keepUserKustomization carries what a user added to the bundle's kustomization.yaml, in the directory
+// earlier, into this run's files.
+func keepUserKustomization(earlier string, files []manifests.File) ([]manifests.File, error) {
+	path := filepath.Join(earlier, "kustomization.yaml")
+	existing, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return files, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i, f := range files {
+		if f.Name == "kustomization.yaml" {
+			if files[i], err = manifests.KeepUserKustomization(f, existing, manifests.AgentBundleFiles); err != nil {
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+		}
+	}
+	return files, nil
 }
 
 // moveLegacyAgentBundle moves the agents' bundle out of DIR/manifests, where konnect wrote it before, to
 // agentDir. The directory moves whole, so that files a user added (a kustomize patch) come along, and init
-// then rewrites its own files there as it did in the old place. If both exist, the old one stays and is named.
+// then rewrites its own files there as it did in the old place (keeping what the user added to
+// kustomization.yaml). If both exist, the old one stays and is named.
 // It returns where the earlier bundle is now: agentDir, or in a dry run the old place.
 func (r *runner) moveLegacyAgentBundle(agentDir string) (string, error) {
 	legacy := filepath.Join(r.o.Dir, ManifestsSubdir, AgentBundleDir)
