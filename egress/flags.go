@@ -42,6 +42,12 @@ type APIServerFlags struct {
 	EnableAggregatorRouting bool
 }
 
+const aggregatorRoutingFlag = "enable-aggregator-routing"
+
+// OptionalFlags are the flags that Flags returns only on request: a patch that no longer asks for one takes
+// it out again where konnect added it (ManifestPatch.Optional).
+var OptionalFlags = []string{aggregatorRoutingFlag}
+
 // Flags returns the flags in a fixed order. Every file path must be absolute: kube-apiserver resolves
 // relative paths from its own working directory, which is not the caller's.
 func (c APIServerFlags) Flags() ([]Flag, error) {
@@ -58,7 +64,7 @@ func (c APIServerFlags) Flags() ([]Flag, error) {
 		{"egress-selector-config-file", c.EgressSelectorConfigFile},
 	}
 	if c.EnableAggregatorRouting {
-		flags = append(flags, Flag{"enable-aggregator-routing", "true"})
+		flags = append(flags, Flag{aggregatorRoutingFlag, "true"})
 	}
 	// The *-file flags are also what PatchPod mounts into the kube-apiserver pod.
 	for _, f := range flags {

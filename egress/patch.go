@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ type ManifestPatch struct {
 	// Files are further files kube-apiserver must read, such as the TLS files of a TCP egress selector
 	// (SelectorConfig.Files). The files named by *-file flags in Flags are always included.
 	Files []string
+	// Optional names the boolean flags konnect sets only on request (--enable-aggregator-routing). One that
+	// this patch adds to a manifest without it is recorded in AddedFlagsAnnotation; one recorded there that a
+	// later patch does not set is taken out again. A flag the manifest had before konnect set it stays.
+	Optional []string
 	// Annotations are set on the pod. A changed annotation changes the static pod, so kubelet restarts
 	// kube-apiserver: that is how a new egress selector configuration, which kube-apiserver reads only when
 	// it starts, takes effect (EgressConfigAnnotation).
@@ -62,6 +67,10 @@ type ManifestPatch struct {
 // EgressConfigAnnotation holds, on a patched kube-apiserver pod, the SHA-256 of the egress selector
 // configuration it was started with.
 const EgressConfigAnnotation = "konnect.dev/egress-selector-configuration-sha256"
+
+// AddedFlagsAnnotation lists, on a patched kube-apiserver pod, the ManifestPatch.Optional flags that konnect
+// added, so that a later patch that no longer asks for one can tell it from the user's own.
+const AddedFlagsAnnotation = "konnect.dev/added-flags"
 
 // UDSDir returns the directory to mount into kube-apiserver for c's unix socket, or "" for TCP.
 func (c SelectorConfig) UDSDir() string {
@@ -231,6 +240,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
 			return false, fmt.Errorf("bad flag name %q", f.Name)
@@ -418,6 +428,19 @@ func lookupFlag(c *corev1.Container, name string) []string {
 	return out
 }
 
+// hasFlag reports whether c's command line has the boolean flag name, with a value or without.
+func hasFlag(c *corev1.Container, name string) bool {
+	cmd, args := flagLists(c)
+	for _, list := range [][]string{cmd, args} {
+		for i := range list {
+			if match, _ := flagAt(list, i, name, true); match {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // setFlag gives f's value to the first occurrence of f in c, removes any later occurrence, and appends f
 // where c keeps its flags if it had none.
 func setFlag(c *corev1.Container, f Flag) {
@@ -489,6 +512,35 @@ func retireAgentAudience(c *corev1.Container) {
 		with = Flag{"api-audiences", strings.Join(kept, ",")}.String()
 	}
 	editFlag(c, "api-audiences", false, with)
+}
+
+// trackOptionalFlags keeps AddedFlagsAnnotation: it records each of p.Optional that p adds to c, and takes out
+// of c each recorded one that p no longer sets. It runs before p's flags are set, to see which c already had.
+func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) {
+	var added []string
+	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
+		added = strings.Split(v, ",")
+	}
+	for _, name := range p.Optional {
+		asked := slices.ContainsFunc(p.Flags, func(f Flag) bool { return f.Name == name })
+		switch had := hasFlag(c, name); {
+		case asked && !had && !slices.Contains(added, name):
+			added = append(added, name)
+		case !asked && slices.Contains(added, name):
+			editFlag(c, name, true, "")
+			added = slices.DeleteFunc(added, func(n string) bool { return n == name })
+		}
+	}
+	slices.Sort(added)
+	switch {
+	case len(added) > 0:
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[AddedFlagsAnnotation] = strings.Join(added, ",")
+	case pod.Annotations != nil:
+		delete(pod.Annotations, AddedFlagsAnnotation)
+	}
 }
 
 // uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.

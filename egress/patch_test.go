@@ -392,6 +392,38 @@ func TestPatchPodKeepsOtherFrontProxies(t *testing.T) {
 	}
 }
 
+// TestPatchPodTakesOutOptionalFlagsItAdded: a flag konnect sets only on request (--enable-aggregator-routing)
+// is taken out by a later patch that no longer asks for it, where konnect added it, and stays where the
+// manifest had it before.
+func TestPatchPodTakesOutOptionalFlagsItAdded(t *testing.T) {
+	on := ManifestPatch{Flags: []Flag{{"enable-aggregator-routing", "true"}}, Optional: OptionalFlags}
+	off := ManifestPatch{Optional: OptionalFlags}
+	for _, tc := range []struct {
+		name         string
+		given, after []string // the command before the patches, and after on, on, off
+	}{
+		{"added by konnect", []string{"kube-apiserver"}, []string{"kube-apiserver"}},
+		{"the user's", []string{"kube-apiserver", "--enable-aggregator-routing"}, []string{"kube-apiserver", "--enable-aggregator-routing=true"}},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Command: slices.Clone(tc.given)}}}}
+		for i, p := range []ManifestPatch{on, on, off} {
+			changed, err := PatchPod(pod, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 1 && changed {
+				t.Errorf("%s: the same patch again changed the pod", tc.name)
+			}
+			if i < 2 && !slices.Contains(pod.Spec.Containers[0].Command, "--enable-aggregator-routing=true") {
+				t.Fatalf("%s: patch %d: %q", tc.name, i, pod.Spec.Containers[0].Command)
+			}
+		}
+		if got := pod.Spec.Containers[0].Command; !slices.Equal(got, tc.after) || pod.Annotations[AddedFlagsAnnotation] != "" {
+			t.Errorf("%s: after the flag was no longer asked for: %q, annotations %v", tc.name, got, pod.Annotations)
+		}
+	}
+}
+
 // An empty --requestheader-allowed-names admits every client certificate of the request-header CA, konnect's
 // front-proxy-client among them: the patch leaves it empty instead of narrowing it to konnect's name.
 func TestPatchPodKeepsEmptyAllowedNames(t *testing.T) {

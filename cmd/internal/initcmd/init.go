@@ -291,7 +291,7 @@ func (r *runner) flags([]string) error {
 	if err != nil {
 		return err
 	}
-	patch := egress.ManifestPatch{Flags: flags, UDSDir: sel.UDSDir(), Files: sel.Files(),
+	patch := egress.ManifestPatch{Flags: flags, Optional: egress.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
 		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}
 	path := r.o.APIServerManifest
 	if !r.o.DryRun {

@@ -669,6 +669,16 @@ spec:
 	if back, _ := os.ReadFile(manifest); string(back) != string(data) {
 		t.Fatalf("back at the first --mode, the pod differs from the first patch:\n%s", back)
 	}
+
+	// --enable-aggregator-routing, once asked for and then no longer, leaves the pod as it was before.
+	withRouting := mustRun(t, initArgs(dir, "--apiserver-manifest", manifest, "--enable-aggregator-routing")...)
+	if patched, _ := os.ReadFile(manifest); !strings.Contains(string(patched), "--enable-aggregator-routing=true") {
+		t.Fatalf("--enable-aggregator-routing not patched in:\n%s\n%s", withRouting, patched)
+	}
+	mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
+	if back, _ := os.ReadFile(manifest); string(back) != string(data) {
+		t.Fatalf("without --enable-aggregator-routing again, the pod differs from before it:\n%s", back)
+	}
 	before = sums(t, filepath.Dir(manifest))
 
 	// The flags phase alone on a fresh directory would point kube-apiserver at files that do not exist:
