@@ -151,7 +151,12 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 	base.APIPath, base.GroupVersion = "", nil
 	target, _, err := rest.DefaultServerUrlFor(base)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig server %q: %w", cfg.REST.Host, err)
+		// Both errors client-go gives here quote the server's URL, and so a password in it.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return nil, fmt.Errorf("the API server's URL (the kubeconfig's server, or --server) is not valid: %w", ue.Err)
+		}
+		return nil, errors.New("the API server's URL (the kubeconfig's server, or --server) must be a URL with a scheme, or a host:port pair")
 	}
 	if !cfg.AppendServerPath {
 		target.Path, target.RawPath = "", ""

@@ -305,6 +305,19 @@ func TestNewHandlerRefusesBadPrefixes(t *testing.T) {
 	}
 }
 
+// A server URL that client-go cannot use is refused without quoting it: it may carry user:password.
+func TestNewHandlerHidesServerPassword(t *testing.T) {
+	p := newTestPKI(t)
+	_, rc := p.kubeconfig(t, "https://127.0.0.1:1", "")
+	for _, host := range []string{"https://dev:s3cret-pw@127.0.0.1:abc", "dev:s3cret-pw@127.0.0.1:6443/some/path"} {
+		rc.Host = host
+		_, err := NewHandler(HandlerConfig{REST: rc, APIPrefix: "/"})
+		if err == nil || strings.Contains(err.Error(), "s3cret-pw") || !strings.Contains(err.Error(), "--server") {
+			t.Errorf("server %s: %v", host, err)
+		}
+	}
+}
+
 // A watch must reach the client event by event, not when the backend ends the response.
 func TestProxyStreamsWatches(t *testing.T) {
 	for _, http2 := range []bool{false, true} {

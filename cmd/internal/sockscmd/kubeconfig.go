@@ -30,7 +30,12 @@ func checkProxyURL(s string) error {
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("--proxy-url: %w", err)
+		// url.Parse's error quotes the whole URL, and so a password in it.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("--proxy-url: not a valid URL: %w", err)
 	}
 	switch u.Scheme {
 	case "http", "https", "socks5":

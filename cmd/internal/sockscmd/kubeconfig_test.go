@@ -170,4 +170,11 @@ func TestKubeconfigSetProxyHidesPassword(t *testing.T) {
 	if got := cfg.Clusters["prod"].ProxyURL; got != proxyURL {
 		t.Fatalf("prod proxy-url = %q, want %q", got, proxyURL)
 	}
+	// A URL that does not parse is refused without quoting its password either.
+	for _, bad := range []string{"socks5://dev:s3cret-pw@127.0.0.1:abc", "socks5://dev:s3cret-pw@[::1:1080", "http://dev:s3cret-pw%zz@127.0.0.1:3128"} {
+		out, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", bad)
+		if err == nil || !strings.Contains(err.Error(), "--proxy-url") || strings.Contains(err.Error()+out, "s3cret-pw") {
+			t.Errorf("%s: %v\n%s", bad, err, out)
+		}
+	}
 }
