@@ -96,7 +96,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.AllowRemoteAdmin, "allow-remote-admin", o.AllowRemoteAdmin,
 		"konnect: allow a non-loopback --admin-bind-address (it serves pprof and agent status).")
 	fs.BoolVar(&o.AllowSharedUDSDir, "allow-shared-uds-dir", o.AllowSharedUDSDir,
-		"konnect: accept a --uds-name directory that everyone may write to without the sticky bit, such as an emptyDir volume that kube-apiserver and the server share in one pod; anyone who can write there could replace the socket.")
+		"konnect: accept a --uds-name directory, or one above it, that another user could change (everyone may write to it without the sticky bit, or it belongs to another user), such as an emptyDir volume that kube-apiserver and the server share in one pod; whoever can write there could replace the socket.")
 	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
 	// on the other end of the tunnel; the server's first names stay as deprecated aliases.
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,

@@ -32,7 +32,8 @@ defaults but two: --backend-dial-timeout is 30s (upstream: 0, off), and -v is 0 
 konnect's own: --max-pending-dials (default 2000) bounds the dials waiting for agents. Other differences:
 every listener is bound before serving ("address in use" fails the start); --server-count must be at
 least 1; a stale socket is replaced but a live one refused, a file that is not a socket is never
-replaced, and a socket directory that everyone may write to is refused unless --allow-shared-uds-dir;
+replaced, and a socket directory that another user could change (or one above it) is refused unless
+--allow-shared-uds-dir;
 SIGTERM drains within --graceful-timeout (or --graceful-shutdown-timeout when set) and then exits even
 with tunnels open; --health-bind-address "" means 127.0.0.1; port 0 picks a free port.
 
