@@ -2,6 +2,7 @@ package servercmd
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -227,6 +229,11 @@ func (o *Options) checkTunnel() error {
 	if u.ServerCount < 1 {
 		return fmt.Errorf("--server-count must be at least 1, not %d", u.ServerCount)
 	}
+	// Agents tell servers apart by this ID: servers that share one, the empty one included, look like one
+	// server to every agent, which then stays connected to one of them only.
+	if strings.TrimSpace(u.ServerID) == "" {
+		return errors.New("--server-id cannot be empty: agents tell the servers apart by it (leave the flag out for a random one)")
+	}
 	if u.TLSMinVersion != "" {
 		v, err := util.GetTLSVersion(u.TLSMinVersion)
 		if err != nil {
@@ -253,6 +260,9 @@ func (o *Options) checkKubernetes() error {
 		if _, err := util.ParseLabels(u.LeaseLabel); err != nil {
 			return fmt.Errorf("--lease-label: %w", err)
 		}
+		if errs := validation.IsDNS1123Label(u.LeaseNamespace); len(errs) > 0 {
+			return fmt.Errorf("--lease-namespace %q (with --enable-lease-controller): %s", u.LeaseNamespace, strings.Join(errs, "; "))
+		}
 	}
 	var needs []string
 	if u.AgentNamespace != "" {
@@ -277,6 +287,12 @@ func (o *Options) checkLimits() error {
 	}
 	if u.BackendDialTimeout < 0 {
 		return fmt.Errorf("--backend-dial-timeout must be >= 0, not %v", u.BackendDialTimeout)
+	}
+	if u.KeepaliveTime < 0 {
+		return fmt.Errorf("--keepalive-time must be >= 0, not %v", u.KeepaliveTime)
+	}
+	if u.FrontendKeepaliveTime < 0 {
+		return fmt.Errorf("--frontend-keepalive-time must be >= 0, not %v", u.FrontendKeepaliveTime)
 	}
 	if o.MaxPendingDials < 0 {
 		return fmt.Errorf("--max-pending-dials must be >= 0 (0: no bound), not %d", o.MaxPendingDials)

@@ -98,6 +98,12 @@ func TestValidate(t *testing.T) {
 		{"cipher", func(o *Options) { o.Upstream.CipherSuites = []string{"TLS_RSA_WITH_RC4_128_SHA"} }, "--cipher-suites"},
 		{"contention", func(o *Options) { o.Upstream.EnableContentionProfiling = true }, "--enable-profiling"},
 		{"graceful", func(o *Options) { o.GracefulTimeout = -1 }, "--graceful-timeout"},
+		{"server id", func(o *Options) { o.Upstream.ServerID = "" }, "--server-id cannot be empty"},
+		{"keepalive", func(o *Options) { o.Upstream.KeepaliveTime = -time.Second }, "--keepalive-time"},
+		{"frontend keepalive", func(o *Options) { o.Upstream.FrontendKeepaliveTime = -time.Second }, "--frontend-keepalive-time"},
+		{"lease namespace", func(o *Options) {
+			o.Upstream.EnableLeaseController, o.Upstream.KubeconfigPath, o.Upstream.LeaseNamespace = true, file, ""
+		}, "--lease-namespace"},
 		{"buffer", func(o *Options) { o.ConnectionBuffer = 10 }, "--frontend-buffer-bytes"},
 		{"max message", func(o *Options) { o.MaxFrontendMessage = 1024 }, "--max-frontend-message-bytes"},
 		{"kubeconfig absent", func(o *Options) { o.Upstream.KubeconfigPath = filepath.Join(dir, "kc") }, "--kubeconfig"},
