@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -203,7 +204,21 @@ func validateIdentifiers(s string) error {
 	}
 	for k, vs := range q {
 		switch header.IdentifierType(k) {
-		case header.IPv4, header.IPv6, header.Host, header.CIDR:
+		case header.IPv4, header.IPv6:
+			// The server matches a dial's address against these as text: one that is no address of the
+			// named family is a typo that routes nothing.
+			for _, v := range vs {
+				if a, err := netip.ParseAddr(v); err != nil || a.Is4() != (header.IdentifierType(k) == header.IPv4) || a.Zone() != "" {
+					return fmt.Errorf("%s=%q is not an %s address", k, v, strings.ToUpper(k[:2])+k[2:])
+				}
+			}
+		case header.CIDR:
+			for _, v := range vs {
+				if _, err := netip.ParsePrefix(v); err != nil {
+					return fmt.Errorf("cidr=%q is not a CIDR block such as 10.0.0.0/8", v)
+				}
+			}
+		case header.Host:
 		case header.DefaultRoute:
 			for _, v := range vs {
 				if _, err := strconv.ParseBool(v); err != nil {
