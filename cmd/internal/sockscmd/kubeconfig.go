@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/konnect-dev/konnect/pki"
@@ -48,8 +49,11 @@ func checkProxyURL(s string) error {
 	if u.Host == "" || u.Port() == "" {
 		return fmt.Errorf("--proxy-url: %q needs a host and a port, e.g. socks5://127.0.0.1:1080", u.Redacted())
 	}
-	if u.Path != "" && u.Path != "/" {
-		return fmt.Errorf("--proxy-url: %q must not have a path", u.Redacted())
+	if p, err := strconv.Atoi(u.Port()); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("--proxy-url: %q: port %s is not from 1 to 65535", u.Redacted(), u.Port())
+	}
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("--proxy-url: %q must not have a path, query or fragment", u.Redacted())
 	}
 	return nil
 }

@@ -120,6 +120,8 @@ func TestKubeconfigSetProxyErrors(t *testing.T) {
 		{"socks5h refused", []string{"--context", "prod-admin", "--proxy-url", "socks5h://127.0.0.1:1080"}, []string{"--proxy-url", "socks5h", "socks5://"}},
 		{"unknown scheme", []string{"--context", "prod-admin", "--proxy-url", "ftp://x:1"}, []string{"--proxy-url", "ftp"}},
 		{"no port", []string{"--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1"}, []string{"--proxy-url", "port"}},
+		{"port out of range", []string{"--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:99999"}, []string{"--proxy-url", "port 99999"}},
+		{"query", []string{"--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080?a=b"}, []string{"--proxy-url", "query"}},
 		{"missing context", []string{"--context", "nope", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context", `"nope"`, "prod-admin, staging"}},
 		{"no context flag", []string{"--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context"}},
 		{"no proxy-url flag", []string{"--context", "prod-admin"}, []string{"--proxy-url"}},
