@@ -55,6 +55,9 @@ the agents it knows: connected or not, identifiers, remote address, connection a
 			if len(admins) == 0 {
 				return fmt.Errorf("--admin-address: give at least one server's admin address")
 			}
+			if err := positiveTimeout(timeout); err != nil {
+				return err
+			}
 			results := make([]serverResult, 0, len(admins))
 			failed := 0
 			for _, a := range admins {
@@ -197,6 +200,9 @@ not there. With --request, it sends one HTTP/1.1 request through the tunnel and 
 			if f.UDSName == "" {
 				return fmt.Errorf("--uds-name is required: the server's frontend socket")
 			}
+			if err := positiveTimeout(timeout); err != nil {
+				return err
+			}
 			if f.Mode != "grpc" && f.Mode != "http-connect" {
 				return fmt.Errorf("--mode must be grpc or http-connect, not %q", f.Mode)
 			}
@@ -253,4 +259,12 @@ func parseRequest(s string) (method, path string, err error) {
 		return "", "", errors.New("--request must be 'METHOD /path', e.g. 'GET /'")
 	}
 	return strings.ToUpper(parts[0]), parts[1], nil
+}
+
+// positiveTimeout refuses a --timeout that would fail every check before it starts.
+func positiveTimeout(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("--timeout must be positive, not %v", d)
+	}
+	return nil
 }

@@ -57,6 +57,9 @@ The exit code is 0 when every check passes and 1 when any fails; warnings do not
 			if front.Mode != "grpc" && front.Mode != "http-connect" {
 				return fmt.Errorf("--mode must be grpc or http-connect, not %q", front.Mode)
 			}
+			if err := positiveTimeout(timeout); err != nil {
+				return err
+			}
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
 			rules.ExplicitPath = kubeconfig
 			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()

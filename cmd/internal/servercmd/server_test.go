@@ -82,6 +82,20 @@ func runCmd(t *testing.T, ctx context.Context, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// TestDoctorRefusesTimeouts: a --timeout that is not positive would fail every check, and each command
+// says so, naming the flag, before it tries anything.
+func TestDoctorRefusesTimeouts(t *testing.T) {
+	for _, args := range [][]string{
+		{"status", "--admin-address", "127.0.0.1:1", "--timeout", "0s"},
+		{"dial", "127.0.0.1:1", "--uds-name", "/nonexistent/s.sock", "--timeout", "-1s"},
+		{"extensions", "--kubeconfig", "/nonexistent/kubeconfig", "--timeout", "0s"},
+	} {
+		if _, err := runCmd(t, context.Background(), args...); err == nil || !strings.Contains(err.Error(), "--timeout must be positive") {
+			t.Errorf("doctor %v: %v", args, err)
+		}
+	}
+}
+
 // TestServerAndDoctor runs `konnect server` as a user would, checks its health, metrics and admin
 // endpoints, and drives `konnect doctor status` and `konnect doctor dial` against it, before and after an
 // agent connects.
