@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kevinburke/ssh_config"
+	"golang.org/x/crypto/ssh"
 )
 
 // Config describes one SSH destination, how to reach it and how to trust it. It holds no pflag types; Flags
@@ -382,8 +383,8 @@ func resolve(cfg Config) (*plan, error) {
 
 	for _, f := range cfg.IdentityFiles {
 		f = expandPath(f, target)
-		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("identity file: %w", err)
+		if err := checkIdentityFile(f); err != nil {
+			return nil, err
 		}
 		p.identityFiles = append(p.identityFiles, f)
 	}
@@ -407,7 +408,36 @@ func resolve(cfg Config) (*plan, error) {
 	} else {
 		p.knownHosts = expandPath(p.knownHosts, target)
 	}
+	// A missing known_hosts is an empty one (--accept-new may create it); one that cannot be read would fail
+	// every connection, and each reconnect after it, so it fails the start instead.
+	if fi, err := os.Stat(p.knownHosts); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("known_hosts %s is not a file", p.knownHosts)
+	} else if err == nil {
+		if _, err := os.ReadFile(p.knownHosts); err != nil {
+			return nil, fmt.Errorf("known_hosts: %w", err)
+		}
+	}
 	return p, nil
+}
+
+// checkIdentityFile refuses an identity file given explicitly that is no private key OpenSSH's format or
+// PEM can hold: every connection would fail on it, and reconnecting would not help. An encrypted key passes;
+// its passphrase is asked for when it is used.
+func checkIdentityFile(f string) error {
+	if fi, err := os.Stat(f); err != nil {
+		return fmt.Errorf("identity file: %w", err)
+	} else if !fi.Mode().IsRegular() {
+		return fmt.Errorf("identity file %s is not a file", f)
+	}
+	data, err := os.ReadFile(f)
+	if err != nil {
+		return fmt.Errorf("identity file: %w", err)
+	}
+	var missing *ssh.PassphraseMissingError
+	if _, err := ssh.ParsePrivateKey(data); err != nil && !errors.As(err, &missing) {
+		return fmt.Errorf("identity file %s is not a private key: %w", f, err)
+	}
+	return nil
 }
 
 func splitJump(s string) []string {

@@ -1,6 +1,9 @@
 package sshdial
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/crypto/ssh"
 )
 
 func TestParseDestination(t *testing.T) {
@@ -65,7 +69,16 @@ Host *
   ServerAliveCountMax 5
 `), 0o600)
 	key := filepath.Join(dir, "k")
-	os.WriteFile(key, []byte("x"), 0o600)
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(key, pem.EncodeToMemory(block), 0o600)
+	garbage := filepath.Join(dir, "garbage")
+	os.WriteFile(garbage, []byte("x"), 0o600)
+	knownDir := filepath.Join(dir, "known")
+	os.Mkdir(knownDir, 0o700)
 
 	for _, tc := range []struct {
 		name  string
@@ -124,6 +137,10 @@ Host *
 				t.Errorf("identity %v", p.identityFiles)
 			}
 		}, ""},
+		// Every connection would fail on these, and reconnecting would not help: they fail the start.
+		{"explicit identity not a key", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{garbage}}, nil, "identity file " + garbage + " is not a private key"},
+		{"explicit identity a directory", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{dir}}, nil, "is not a file"},
+		{"known_hosts a directory", Config{Destination: "h", ConfigFile: "none", KnownHostsFile: knownDir}, nil, "known_hosts " + knownDir + " is not a file"},
 		{"missing explicit config file", Config{Destination: "h", ConfigFile: filepath.Join(dir, "nope")}, nil, "ssh config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
