@@ -1,6 +1,7 @@
 package proxycmd
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -185,7 +186,31 @@ func (o *Options) restConfig() (*rest.Config, error) {
 	if rc.UserAgent == "" {
 		rc.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
+	if err := o.checkClientCert(rc); err != nil {
+		return nil, err
+	}
 	return rc, nil
+}
+
+// checkClientCert loads the client certificate and key once, so that a file that is no key (or the key of
+// another certificate) fails the start instead of every request. rc keeps its file names: client-go reads
+// rotated files again from those.
+func (o *Options) checkClientCert(rc *rest.Config) error {
+	c := rest.CopyConfig(rc)
+	where := "the kubeconfig's client-certificate and client-key"
+	if o.Overrides.AuthInfo.ClientCertificate != "" || o.Overrides.AuthInfo.ClientKey != "" {
+		where = "--client-certificate and --client-key"
+	}
+	if err := rest.LoadTLSFiles(c); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if len(c.CertData) == 0 && len(c.KeyData) == 0 {
+		return nil
+	}
+	if _, err := tls.X509KeyPair(c.CertData, c.KeyData); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	return nil
 }
 
 // Config is the validated configuration of `konnect proxy`: the proxy, where it listens, and the SSH

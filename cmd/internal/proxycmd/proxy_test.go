@@ -433,6 +433,8 @@ func TestCommandHealthEndpoints(t *testing.T) {
 func TestCommandRefuses(t *testing.T) {
 	b := newBackend(t)
 	kc := b.kubeconfig(t, "cert")
+	garbage := filepath.Join(t.TempDir(), "garbage.key")
+	os.WriteFile(garbage, []byte("not a key"), 0o600)
 	for _, c := range []struct {
 		name string
 		args []string
@@ -442,6 +444,8 @@ func TestCommandRefuses(t *testing.T) {
 		{"missing context", []string{"--context=nope", "--port=0"}, "nope"},
 		{"missing kubeconfig", []string{"--kubeconfig=" + filepath.Join(t.TempDir(), "absent"), "--port=0"}, "--kubeconfig"},
 		{"argument", []string{"extra"}, "unknown command"},
+		// The first request would fail on it, naming neither the flag nor the file.
+		{"client key not a key", []string{"--client-key=" + garbage, "--port=0"}, "--client-certificate and --client-key"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := NewProxyCommand()
