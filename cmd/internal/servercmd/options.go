@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -241,6 +242,12 @@ func (o *Options) checkTunnel() error {
 		}
 		if v < tls.VersionTLS12 {
 			klog.Warningf("--tls-min-version=%s is below TLS 1.2 and is considered insecure (RFC 8996)", u.TLSMinVersion)
+		}
+	}
+	// An empty name would admit exactly the certificates without a common name.
+	for flag, names := range map[string][]string{"--cluster-allowed-names": o.ClusterAllowedNames, "--server-allowed-names": o.ServerAllowedNames} {
+		if slices.ContainsFunc(names, func(n string) bool { return strings.TrimSpace(n) == "" }) {
+			return fmt.Errorf("%s %q: a name cannot be empty", flag, strings.Join(names, ","))
 		}
 	}
 	accepted := util.GetAcceptedCiphers()
