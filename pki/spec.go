@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -123,11 +124,24 @@ func ValidateAddress(a string) error {
 	if net.ParseIP(a) != nil {
 		return nil
 	}
-	if strings.Contains(a, ":") || allNumeric(strings.Split(a, ".")) {
-		return fmt.Errorf("address %q looks like an IP address but is not a valid one", a)
+	if err := MistypedIP(a); err != nil {
+		return fmt.Errorf("address %w", err)
 	}
 	if errs := validation.IsDNS1123Subdomain(a); len(errs) > 0 {
 		return fmt.Errorf("address %q is neither an IP address nor a DNS name: %s", a, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// MistypedIP refuses what looks like an IP address (dotted numbers, or a colon) but is not one, such as
+// 999.1.1.1: taken for a host name, it would go to DNS. An address, also an IPv6 one with a zone, and anything
+// else pass.
+func MistypedIP(a string) error {
+	if _, err := netip.ParseAddr(a); err == nil {
+		return nil
+	}
+	if strings.Contains(a, ":") || allNumeric(strings.Split(a, ".")) {
+		return fmt.Errorf("%q looks like an IP address but is not a valid one", a)
 	}
 	return nil
 }

@@ -8,12 +8,12 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kevinburke/ssh_config"
+	"github.com/konnect-dev/konnect/pki"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -280,10 +280,8 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 		e.hostName = strings.NewReplacer("%%", "%", "%h", alias).Replace(hn)
 	}
 	// A typo in an IP address (999.1.1.1) would otherwise go to DNS on every reconnect, for ever.
-	if labels := strings.Split(e.hostName, "."); len(labels) == 4 && !slices.ContainsFunc(labels, func(l string) bool {
-		return l == "" || strings.Trim(l, "0123456789") != ""
-	}) && net.ParseIP(e.hostName) == nil {
-		return endpoint{}, fmt.Errorf("host %q looks like an IPv4 address but is not a valid one", e.hostName)
+	if err := pki.MistypedIP(e.hostName); err != nil {
+		return endpoint{}, fmt.Errorf("host %w", err)
 	}
 	switch {
 	case cliUser != "":

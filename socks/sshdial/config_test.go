@@ -137,7 +137,7 @@ Host *
 				t.Errorf("identity %v", p.identityFiles)
 			}
 		}, ""},
-		{"host a bad IPv4 address", Config{Destination: "999.1.1.1", ConfigFile: "none"}, nil, `host "999.1.1.1" looks like an IPv4 address`},
+		{"host a bad IPv4 address", Config{Destination: "999.1.1.1", ConfigFile: "none"}, nil, `host "999.1.1.1" looks like an IP address but is not a valid one`},
 		// Every connection would fail on these, and reconnecting would not help: they fail the start.
 		{"explicit identity not a key", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{garbage}}, nil, "identity file " + garbage + " is not a private key"},
 		{"explicit identity a directory", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{dir}}, nil, "is not a file"},
