@@ -40,6 +40,8 @@ func TestCheckLoopback(t *testing.T) {
 		{"198.18.0.1:80", false, "not loopback"},
 		{"198.18.0.1:80", true, ""},
 		{"nonsense", false, "is not host:port"},
+		// Never looked up in DNS, also where remote addresses are allowed.
+		{"999.1.1.1:80", true, `--listen: "999.1.1.1" looks like an IP address`},
 	} {
 		t.Run(tc.addr, func(t *testing.T) {
 			err := CheckLoopback(tc.addr, tc.allowRemote, "--listen")

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+
+	"github.com/konnect-dev/konnect/pki"
 )
 
 // Listen binds addr before the daemon starts, so that "address in use" is an error returned at start-up and
@@ -31,6 +33,10 @@ func CheckLoopback(addr string, allowRemote bool, flagName string, allowFlag ...
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%s: %q is not host:port: %w", flagName, addr, err)
+	}
+	// A mistyped IP address would be looked up in DNS when the listener binds.
+	if err := pki.MistypedIP(host); err != nil {
+		return fmt.Errorf("%s: %w", flagName, err)
 	}
 	if allowRemote || IsLoopbackHost(host) {
 		return nil

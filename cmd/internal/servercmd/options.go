@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -188,6 +189,15 @@ func (o *Options) checkListeners() error {
 			return fmt.Errorf("%s: %d is in the ephemeral range; pick one below 49152 (or 0 for any free port)", p.flag, p.port)
 		case p.port > 0 && p.port < 1024:
 			return fmt.Errorf("%s: %d is a reserved port", p.flag, p.port)
+		}
+	}
+	// A mistyped IP address would be looked up in DNS when the listener binds.
+	for _, b := range []struct{ flag, addr string }{
+		{"--server-bind-address", u.ServerBindAddress}, {"--agent-bind-address", u.AgentBindAddress},
+		{"--admin-bind-address", u.AdminBindAddress}, {"--health-bind-address", u.HealthBindAddress},
+	} {
+		if err := pki.MistypedIP(b.addr); err != nil {
+			return fmt.Errorf("%s: %w", b.flag, err)
 		}
 	}
 	if u.EnableContentionProfiling && !u.EnableProfiling {

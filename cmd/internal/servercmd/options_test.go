@@ -99,6 +99,7 @@ func TestValidate(t *testing.T) {
 		{"contention", func(o *Options) { o.Upstream.EnableContentionProfiling = true }, "--enable-profiling"},
 		{"graceful", func(o *Options) { o.GracefulTimeout = -1 }, "--graceful-timeout"},
 		{"server id", func(o *Options) { o.Upstream.ServerID = "" }, "--server-id cannot be empty"},
+		{"agent bind address", func(o *Options) { o.Upstream.AgentBindAddress = "999.1.1.1" }, "--agent-bind-address"},
 		{"empty allowed name", func(o *Options) { o.ClusterAllowedNames = []string{"", ""} }, "--cluster-allowed-names"},
 		{"keepalive", func(o *Options) { o.Upstream.KeepaliveTime = -time.Second }, "--keepalive-time"},
 		{"frontend keepalive", func(o *Options) { o.Upstream.FrontendKeepaliveTime = -time.Second }, "--frontend-keepalive-time"},

@@ -50,8 +50,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// pki writes a CA and a server and agent certificate (SAN 127.0.0.1) into dir.
-func pki(t *testing.T, dir string) (ca, serverCert, serverKey, agentCert, agentKey string) {
+// writePKI writes a CA and a server and agent certificate (SAN 127.0.0.1) into dir.
+func writePKI(t *testing.T, dir string) (ca, serverCert, serverKey, agentCert, agentKey string) {
 	t.Helper()
 	c := pkitest.NewCA(t, "test-ca")
 	ca = c.WriteCert(t, filepath.Join(dir, "ca.crt"))
@@ -105,7 +105,7 @@ func TestServerAndDoctor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	ca, sc, sk, ac, ak := pki(t, dir)
+	ca, sc, sk, ac, ak := writePKI(t, dir)
 	sock := filepath.Join(dir, "konnectivity-server.socket")
 
 	var out syncBuffer
@@ -232,7 +232,7 @@ func httpBackend(t *testing.T) string {
 
 func TestServerFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	_, sc, sk, _, _ := pki(t, dir)
+	_, sc, sk, _, _ := writePKI(t, dir)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +286,7 @@ func TestServerFlagErrors(t *testing.T) {
 // neither fails to register nor shows the first one's metrics twice.
 func TestTwoServersInOneProcess(t *testing.T) {
 	dir := t.TempDir()
-	_, sc, sk, _, _ := pki(t, dir)
+	_, sc, sk, _, _ := writePKI(t, dir)
 	for i := range 2 {
 		o := NewOptions()
 		fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
