@@ -178,7 +178,6 @@ func (p *pendingDials) expire(d *pendingDial) {
 		return
 	}
 	if p.fail(d, p.timeoutError(), servermetrics.DialFailureBackendDialTimeout) {
-		p.metrics.dialTimeouts.Inc()
 		return
 	}
 	p.mu.Lock()
@@ -208,7 +207,11 @@ func (p *pendingDials) fail(d *pendingDial, msg string, reason servermetrics.Dia
 		}
 	}
 	p.mu.Unlock()
+	// Counted before the frontend hears of it, so that whoever saw the failure finds it in the metrics.
 	servermetrics.Metrics.ObserveDialFailure(reason)
+	if reason == servermetrics.DialFailureBackendDialTimeout {
+		p.metrics.dialTimeouts.Inc()
+	}
 	klog.V(2).InfoS("Pending dial failed", "dialID", d.random, "reason", msg)
 	// The frontend's send path is safe for concurrent use (upstream sends from several goroutines).
 	if err := d.s.ServerStream.SendMsg(dialFailed(d.random, msg)); err != nil {
