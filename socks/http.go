@@ -102,9 +102,9 @@ func (s *Server) proxyAuthorized(req *http.Request) bool {
 	return ok && s.Credentials.match(user, pass)
 }
 
-// writeHTTPError writes a short plain-text error response and asks the client to close.
-func writeHTTPError(w io.Writer, code int, reason string, extraHeaders ...string) error {
-	body := "konnect proxy: " + sanitize(reason) + "\n"
+// writeHTTPError writes a short plain-text error response, "name: reason", and asks the client to close.
+func writeHTTPError(w io.Writer, name string, code int, reason string, extraHeaders ...string) error {
+	body := name + ": " + sanitize(reason) + "\n"
 	var b strings.Builder
 	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", code, http.StatusText(code))
 	for _, h := range extraHeaders {
@@ -142,10 +142,10 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 		if err != nil {
 			switch {
 			case errors.Is(err, errHeaderTooLarge):
-				writeHTTPError(c, http.StatusRequestHeaderFieldsTooLarge, "request header too large")
+				writeHTTPError(c, s.name(), http.StatusRequestHeaderFieldsTooLarge, "request header too large")
 			case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), isTimeout(err):
 			default:
-				writeHTTPError(c, http.StatusBadRequest, "malformed request")
+				writeHTTPError(c, s.name(), http.StatusBadRequest, "malformed request")
 			}
 			if first {
 				logHandshake(cl, "http request", err)
@@ -155,12 +155,12 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 		// Only HTTP/1.x is spoken here; a client that claims another version gets 505 rather than a tunnel
 		// whose framing it may misunderstand.
 		if req.ProtoMajor != 1 {
-			writeHTTPError(c, http.StatusHTTPVersionNotSupported, "only HTTP/1.x is supported")
+			writeHTTPError(c, s.name(), http.StatusHTTPVersionNotSupported, "only HTTP/1.x is supported")
 			return
 		}
 		if !s.proxyAuthorized(req) {
 			klog.InfoS("HTTP proxy authentication failed", "remote", c.RemoteAddr())
-			writeHTTPError(c, http.StatusProxyAuthRequired, "proxy authentication required",
+			writeHTTPError(c, s.name(), http.StatusProxyAuthRequired, "proxy authentication required",
 				`Proxy-Authenticate: Basic realm="konnect"`)
 			return
 		}
@@ -178,7 +178,7 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 	c := cl.Conn
 	target, err := connectTarget(req)
 	if err != nil {
-		writeHTTPError(c, http.StatusBadRequest, err.Error())
+		writeHTTPError(c, s.name(), http.StatusBadRequest, err.Error())
 		return
 	}
 	cl.lr.n = -1
@@ -187,8 +187,9 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 	// As for SOCKS5: the reply's deadline starts after the dial.
 	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
-		klog.V(1).InfoS("HTTP CONNECT dial failed", "remote", c.RemoteAddr(), "dest", target, "err", err)
-		writeHTTPError(c, httpStatus(err), dialReason(target, err))
+		code := httpStatus(err)
+		s.logDialFailure("http connect", c.RemoteAddr(), target, code, err)
+		writeHTTPError(c, s.name(), code, dialReason(target, err))
 		return
 	}
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -204,11 +205,11 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) bool {
 	c := cl.Conn
 	if _, err := forwardTarget(req); err != nil {
-		writeHTTPError(c, http.StatusBadRequest, err.Error())
+		writeHTTPError(c, s.name(), http.StatusBadRequest, err.Error())
 		return false
 	}
 	if req.Header.Get("Upgrade") != "" {
-		writeHTTPError(c, http.StatusNotImplemented, "protocol upgrades are not forwarded; use CONNECT")
+		writeHTTPError(c, s.name(), http.StatusNotImplemented, "protocol upgrades are not forwarded; use CONNECT")
 		return false
 	}
 	// The body may be long and slow (an upload): no size limit and no deadline while it streams.
@@ -229,8 +230,9 @@ func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) boo
 	}
 	resp, err := s.transport.RoundTrip(out)
 	if err != nil {
-		klog.V(1).InfoS("HTTP forward failed", "remote", c.RemoteAddr(), "url", req.URL.Redacted(), "err", err)
-		writeHTTPError(c, httpStatus(err), dialReason(req.URL.Host, err))
+		code := httpStatus(err)
+		s.logDialFailure("http", c.RemoteAddr(), req.URL.Host, code, err)
+		writeHTTPError(c, s.name(), code, dialReason(req.URL.Host, err))
 		return false
 	}
 	defer resp.Body.Close()

@@ -8,6 +8,8 @@
 //
 // It handles only the protocols. It does not know what Dial does (an SSH client's DialContext plugs in
 // directly), does not resolve names itself, has no BIND or UDP ASSOCIATE, and does not filter destinations.
+// A Dial error may say that a hop of the route failed rather than the destination (see errors.go), and the
+// client is told so. Failed requests are logged at the default level, rate-limited.
 // Hostile clients are bounded: handshake deadlines, header size limits and a connection cap with a clear
 // refusal.
 package socks
@@ -81,11 +83,22 @@ type Server struct {
 	// IdleTimeout is how long a kept-alive HTTP forwarding connection may wait for its next request. 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// Name starts the text of error responses to HTTP clients ("konnect socks: cannot reach ..."), so that
+	// the user sees which program answered. "" means "proxy".
+	Name string
 
 	initOnce  sync.Once
 	limit     *ConnLimit
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
+	failures  failureLog
+}
+
+func (s *Server) name() string {
+	if s.Name != "" {
+		return s.Name
+	}
+	return "proxy"
 }
 
 func (s *Server) init() {
@@ -254,7 +267,7 @@ func (s *Server) refuse(c net.Conn, proto Protocol) {
 		refuseSOCKS(br, c)
 		return
 	}
-	writeHTTPError(c, http.StatusServiceUnavailable, "too many connections")
+	writeHTTPError(c, s.name(), http.StatusServiceUnavailable, "too many connections")
 }
 
 // sniff decides the protocol from the first byte without consuming it.

@@ -484,6 +484,10 @@ func TestDialErrors(t *testing.T) {
 		{&net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}, ReplyHostUnreachable, 502},
 		{context.DeadlineExceeded, ReplyHostUnreachable, 504},
 		{errors.New("something else"), ReplyGeneralFailure, 502},
+		// A hop of the route failed, whatever its cause: the proxy's own failure, not the destination's.
+		{fmt.Errorf("dial: %w", hopDown{syscall.ECONNREFUSED}), ReplyGeneralFailure, 503},
+		{hopDown{context.DeadlineExceeded}, ReplyGeneralFailure, 503},
+		{reported{syscall.ECONNREFUSED}, ReplyConnectionRefused, 502},
 	} {
 		if got := replyCode(tc.err); got != tc.reply {
 			t.Errorf("replyCode(%v) = %d, want %d", tc.err, got, tc.reply)
@@ -491,6 +495,71 @@ func TestDialErrors(t *testing.T) {
 		if got := httpStatus(tc.err); got != tc.code {
 			t.Errorf("httpStatus(%v) = %d, want %d", tc.err, got, tc.code)
 		}
+	}
+}
+
+// hopDown is a dial error of a route whose hop (an SSH server) failed.
+type hopDown struct{ err error }
+
+func (h hopDown) Error() string { return "SSH server u@bastion:22 is unreachable: " + h.err.Error() }
+func (h hopDown) Unwrap() error { return h.err }
+func (h hopDown) Hop() string   { return "SSH server u@bastion:22" }
+
+// reported is a destination's failure as a hop reports it.
+type reported struct{ err error }
+
+func (r reported) Error() string      { return "SSH server u@bastion:22 could not open: " + r.err.Error() }
+func (r reported) Unwrap() error      { return r.err }
+func (r reported) ReportedBy() string { return "SSH server u@bastion:22" }
+
+// Clients are told which hop failed, in the command's own name: a hop that is down gets SOCKS5 reply 1 and
+// HTTP 503 naming the hop; a destination that refused gets reply 5 and HTTP 502 saying who reported it.
+func TestDialErrorsNameTheHop(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		reply byte
+		head  string
+		body  string
+	}{
+		{hopDown{syscall.ECONNREFUSED}, ReplyGeneralFailure, "HTTP/1.1 503 ",
+			"konnect socks: cannot reach 127.0.0.1:1: SSH server u@bastion:22 is unreachable: connection refused\n"},
+		{reported{syscall.ECONNREFUSED}, ReplyConnectionRefused, "HTTP/1.1 502 ",
+			"konnect socks: cannot reach 127.0.0.1:1: connection refused (as reported by the SSH server u@bastion:22)\n"},
+	} {
+		s := &Server{Name: "konnect socks", Dial: func(context.Context, string, string) (net.Conn, error) { return nil, tc.err }}
+		addr := serve(t, s, Auto)
+		got := rawExchange(t, addr, []byte{5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1, 0, 1}, false)
+		if len(got) < 4 || got[3] != tc.reply {
+			t.Errorf("%v: SOCKS5 reply %v, want code %d", tc.err, got, tc.reply)
+		}
+		for _, req := range []string{"CONNECT 127.0.0.1:1 HTTP/1.1\r\n\r\n", "GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n"} {
+			resp := string(rawExchange(t, addr, []byte(req), false))
+			if !strings.HasPrefix(resp, tc.head) || !strings.HasSuffix(resp, "\r\n\r\n"+tc.body) {
+				t.Errorf("%v: %q answered %q, want %q ... %q", tc.err, req, resp, tc.head, tc.body)
+			}
+		}
+	}
+}
+
+// Failed requests are logged at the default level, a burst and then one per second, and the next line says
+// how many were left out.
+func TestFailureLogIsRateLimited(t *testing.T) {
+	var l failureLog
+	now := time.Unix(1000, 0)
+	written := 0
+	for range 100 {
+		if ok, _ := l.allow(now); ok {
+			written++
+		}
+		now = now.Add(time.Millisecond)
+	}
+	if written != failureLogBurst {
+		t.Fatalf("100 failures in 0.1s wrote %d lines, want %d", written, failureLogBurst)
+	}
+	now = now.Add(failureLogEvery)
+	ok, suppressed := l.allow(now)
+	if !ok || suppressed != 100-failureLogBurst {
+		t.Fatalf("a failure a second later: written %v, suppressed %d, want true and %d", ok, suppressed, 100-failureLogBurst)
 	}
 }
 

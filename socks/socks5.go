@@ -259,7 +259,7 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
 		code := replyCode(err)
-		klog.V(1).InfoS("SOCKS5 dial failed", "remote", c.RemoteAddr(), "dest", addr, "reply", code, "err", err)
+		s.logDialFailure("socks5", c.RemoteAddr(), addr, fmt.Sprintf("reply %d", code), err)
 		writeReply(c, code, nil)
 		return
 	}

@@ -180,7 +180,7 @@ func New(cfg *Config) (_ *Proxy, err error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, dialer: d}
-	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns}
+	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns, Name: "konnect socks"}
 	defer func() {
 		if err != nil {
 			p.endpoints.Close()
