@@ -3,6 +3,7 @@ package sshdial
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -29,6 +30,8 @@ type AuthError struct {
 	Err      error
 	// Skipped lists encrypted default keys that were not offered because no passphrase could be asked for.
 	Skipped []string
+	// Ignored lists default keys not offered because others may read them, with their permissions.
+	Ignored []string
 }
 
 func (e *AuthError) Error() string {
@@ -37,26 +40,65 @@ func (e *AuthError) Error() string {
 		msg += fmt.Sprintf(" (encrypted keys not tried, no terminal for a passphrase: %s; load them with ssh-add)",
 			strings.Join(e.Skipped, ", "))
 	}
+	if len(e.Ignored) > 0 {
+		msg += "; ignored, open to others: " + strings.Join(e.Ignored, ", ")
+	}
 	return msg
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }
 
+// UnprotectedKeyError is an identity file of the running user's that group or others may access. OpenSSH
+// refuses such a key (and ignores key files owned by other users, whatever their mode); so does konnect,
+// unless asked not to.
+type UnprotectedKeyError struct {
+	File string
+	Mode fs.FileMode // permission bits
+}
+
+func (e *UnprotectedKeyError) Error() string {
+	return fmt.Sprintf("UNPROTECTED PRIVATE KEY FILE: permissions %04o for identity file %s are too open: a private key "+
+		"must not be accessible by others; run chmod 600 %s, or pass --allow-unprotected-key", e.Mode.Perm(), e.File, e.File)
+}
+
+// checkKeyPermissions refuses, as OpenSSH's sshkey_perm_ok does, a key file owned by the running user that
+// group or others have any access to. A file owned by someone else (root's key read by root's service,
+// another user's shared key) is not the user's to fix and passes.
+func checkKeyPermissions(file string, allowOpen bool) error {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return fmt.Errorf("identity file: %w", err)
+	}
+	if allowOpen || !openToOthers(fi, currentUID()) {
+		return nil
+	}
+	return &UnprotectedKeyError{File: file, Mode: fi.Mode().Perm()}
+}
+
+// openToOthers is OpenSSH's rule: the file's owner is uid and its mode grants anything to group or others.
+func openToOthers(fi fs.FileInfo, uid int) bool {
+	owner, ok := fileOwner(fi)
+	return ok && owner == uid && fi.Mode().Perm()&0o077 != 0
+}
+
 // keyring loads identity files once and keeps the parsed signers, so that a reconnect does not ask for a
 // passphrase again. Passphrases themselves are never stored or logged.
 type keyring struct {
 	passphrase func(file string) ([]byte, error)
+	allowOpen  bool
 
 	mu      sync.Mutex
 	signers map[string]ssh.Signer // by file; nil value = absent or unusable default
 	skipped map[string]bool       // encrypted defaults skipped for want of a terminal
+	ignored map[string]string     // default keys open to others: file -> "FILE (permissions 0644)"
 }
 
-func newKeyring(passphrase func(string) ([]byte, error)) *keyring {
+func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool) *keyring {
 	if passphrase == nil {
 		passphrase = terminalPassphrase
 	}
-	return &keyring{passphrase: passphrase, signers: map[string]ssh.Signer{}, skipped: map[string]bool{}}
+	return &keyring{passphrase: passphrase, allowOpen: allowOpen, signers: map[string]ssh.Signer{},
+		skipped: map[string]bool{}, ignored: map[string]string{}}
 }
 
 // errNoTerminal tells load that no passphrase can be asked for.
@@ -76,20 +118,41 @@ func terminalPassphrase(file string) ([]byte, error) {
 	return b, nil
 }
 
-// load returns the signer for file. explicit files must exist and be usable; an absent default file yields
-// (nil, nil), and an encrypted default without a terminal is recorded in skipped.
-func (k *keyring) load(file string, explicit bool, pause func() (resume func())) (ssh.Signer, error) {
+// keySource says where an identity file was named, which decides what a missing or unsafe file means.
+type keySource int
+
+const (
+	fromFlag    keySource = iota // -i: must exist and be usable
+	fromConfig                   // ssh_config IdentityFile: may be absent, as OpenSSH skips it
+	fromDefault                  // ~/.ssh/id_*: may be absent, unusable or unsafe, and is then skipped
+)
+
+// load returns the signer for file, or (nil, nil) for a file that src allows to be skipped. An encrypted
+// default without a terminal is recorded in skipped, an unsafe default in ignored.
+func (k *keyring) load(file string, src keySource, pause func() (resume func())) (ssh.Signer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if s, ok := k.signers[file]; ok {
 		return s, nil
 	}
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		if !explicit && errors.Is(err, os.ErrNotExist) {
+	if err := checkKeyPermissions(file, k.allowOpen); err != nil {
+		var open *UnprotectedKeyError
+		switch {
+		case src != fromFlag && errors.Is(err, os.ErrNotExist):
+			k.signers[file] = nil
+			return nil, nil
+		case src == fromDefault && errors.As(err, &open):
+			// OpenSSH's words, once: the key is skipped, as OpenSSH skips it.
+			klog.InfoS("Ignoring an identity file that others may read (UNPROTECTED PRIVATE KEY FILE); run chmod 600 on it",
+				"file", file, "permissions", fmt.Sprintf("%04o", open.Mode))
+			k.ignored[file] = fmt.Sprintf("%s (permissions %04o)", file, open.Mode)
 			k.signers[file] = nil
 			return nil, nil
 		}
+		return nil, err
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
 		return nil, fmt.Errorf("identity file: %w", err)
 	}
 	s, err := ssh.ParsePrivateKey(pem)
@@ -99,7 +162,7 @@ func (k *keyring) load(file string, explicit bool, pause func() (resume func()))
 		pass, perr := k.passphrase(file)
 		resume()
 		if errors.Is(perr, errNoTerminal) {
-			if explicit {
+			if src != fromDefault {
 				return nil, &EncryptedKeyError{File: file}
 			}
 			k.skipped[file] = true
@@ -114,7 +177,7 @@ func (k *keyring) load(file string, explicit bool, pause func() (resume func()))
 			return nil, fmt.Errorf("identity file %s: wrong passphrase or unreadable key: %w", file, err)
 		}
 	} else if err != nil {
-		if !explicit {
+		if src == fromDefault {
 			klog.V(2).InfoS("Skipping unreadable default identity file", "file", file, "err", err)
 			k.signers[file] = nil
 			return nil, nil
@@ -132,7 +195,36 @@ func (k *keyring) skippedFiles() []string {
 	for f := range k.skipped {
 		out = append(out, f)
 	}
+	slices.Sort(out)
 	return out
+}
+
+func (k *keyring) ignoredFiles() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for _, d := range k.ignored {
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// identityFiles returns the files hop e offers, in order, with where each was named.
+func (d *Dialer) identityFiles(e endpoint) (files []string, src []keySource) {
+	for _, f := range d.plan.identityFiles {
+		files, src = append(files, f), append(src, fromFlag)
+	}
+	for _, f := range e.identity {
+		files, src = append(files, f), append(src, fromConfig)
+	}
+	// As OpenSSH: the default files only when neither -i nor the config file names one.
+	if len(files) == 0 {
+		for _, f := range d.plan.defaultIDs {
+			files, src = append(files, f), append(src, fromDefault)
+		}
+	}
+	return files, src
 }
 
 // authMethods sets up authentication for one hop: the agent's keys first, then identity files, loaded (and a
@@ -142,22 +234,14 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	closer = func() {}
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 		var out []ssh.Signer
-		for _, f := range append(slices.Clone(d.plan.identityFiles), e.identity...) {
-			s, err := d.keys.load(f, true, pause)
+		names, srcs := d.identityFiles(e)
+		for i, f := range names {
+			s, err := d.keys.load(f, srcs[i], pause)
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, s)
-		}
-		if len(d.plan.identityFiles) == 0 && len(e.identity) == 0 {
-			for _, f := range d.plan.defaultIDs {
-				s, err := d.keys.load(f, false, pause)
-				if err != nil {
-					return nil, err
-				}
-				if s != nil {
-					out = append(out, s)
-				}
+			if s != nil {
+				out = append(out, s)
 			}
 		}
 		return out, nil

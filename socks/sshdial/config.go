@@ -27,8 +27,12 @@ type Config struct {
 	Port int
 	// User overrides the destination's and the config file's user (ssh -l).
 	User string
-	// IdentityFiles are private keys tried after the agent's keys (ssh -i). Each must exist.
+	// IdentityFiles are private keys tried after the agent's keys (ssh -i). Each must exist, and, as OpenSSH
+	// requires, one owned by the running user must not be open to group or others.
 	IdentityFiles []string
+	// AllowUnprotectedKeys accepts identity files that group or others may read, which OpenSSH refuses
+	// ("UNPROTECTED PRIVATE KEY FILE").
+	AllowUnprotectedKeys bool
 	// JumpHosts is the jump chain, first hop first (ssh -J). ["none"] ignores the config file's ProxyJump.
 	JumpHosts []string
 	// ConfigFile is the ssh_config to read (ssh -F). "" reads ~/.ssh/config; "none" reads nothing.
@@ -102,6 +106,7 @@ type plan struct {
 	hops           []endpoint // jump hosts first, target last
 	identityFiles  []string   // explicit (-i) files, each must exist
 	defaultIDs     []string   // OpenSSH's default files, skipped when absent
+	allowOpenKeys  bool       // AllowUnprotectedKeys
 	knownHosts     string
 	acceptNew      bool
 	connectTimeout time.Duration
@@ -332,6 +337,7 @@ func resolve(cfg Config) (*plan, error) {
 		ciphers:        cfg.Ciphers,
 		agentSocket:    cfg.AgentSocket,
 		connections:    max(cfg.Connections, 1),
+		allowOpenKeys:  cfg.AllowUnprotectedKeys,
 	}
 	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
 		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)
@@ -388,10 +394,19 @@ func resolve(cfg Config) (*plan, error) {
 
 	for _, f := range cfg.IdentityFiles {
 		f = expandPath(f, target)
-		if err := checkIdentityFile(f); err != nil {
+		if err := checkIdentityFile(f, p.allowOpenKeys); err != nil {
 			return nil, err
 		}
 		p.identityFiles = append(p.identityFiles, f)
+	}
+	// An IdentityFile of the config file may be absent (OpenSSH skips it), but one that is there and open to
+	// others is refused like -i: every connection would otherwise fail on it, or use a key others can copy.
+	for _, h := range p.hops {
+		for _, f := range h.identity {
+			if err := checkKeyPermissions(f, p.allowOpenKeys); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("ssh config IdentityFile for %s: %w", h.alias, err)
+			}
+		}
 	}
 	// Each hop without an identity of its own (-i or IdentityFile) tries these, as OpenSSH does per host.
 	home, _ := os.UserHomeDir()
@@ -426,13 +441,16 @@ func resolve(cfg Config) (*plan, error) {
 }
 
 // checkIdentityFile refuses an identity file given explicitly that is no private key OpenSSH's format or
-// PEM can hold: every connection would fail on it, and reconnecting would not help. An encrypted key passes;
-// its passphrase is asked for when it is used.
-func checkIdentityFile(f string) error {
+// PEM can hold, or that others may read (unless allowOpen): every connection would fail on it, and
+// reconnecting would not help. An encrypted key passes; its passphrase is asked for when it is used.
+func checkIdentityFile(f string, allowOpen bool) error {
 	if fi, err := os.Stat(f); err != nil {
 		return fmt.Errorf("identity file: %w", err)
 	} else if !fi.Mode().IsRegular() {
 		return fmt.Errorf("identity file %s is not a file", f)
+	}
+	if err := checkKeyPermissions(f, allowOpen); err != nil {
+		return err
 	}
 	data, err := os.ReadFile(f)
 	if err != nil {

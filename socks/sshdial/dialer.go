@@ -85,7 +85,7 @@ func New(cfg Config) (*Dialer, error) {
 	}
 	d := &Dialer{
 		plan:  p,
-		keys:  newKeyring(cfg.Passphrase),
+		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys),
 		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew},
 		up:    make(chan struct{}),
 	}
@@ -320,7 +320,8 @@ func permanent(err error) bool {
 	var hk *HostKeyError
 	var ae *AuthError
 	var ek *EncryptedKeyError
-	return errors.As(err, &hk) || errors.As(err, &ae) || errors.As(err, &ek)
+	var uk *UnprotectedKeyError
+	return errors.As(err, &hk) || errors.As(err, &ae) || errors.As(err, &ek) || errors.As(err, &uk)
 }
 
 // keepalive sends keepalive@openssh.com requests and drops the session when ServerAliveCountMax of them in a
@@ -436,11 +437,14 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 		}
 		var hk *HostKeyError
 		var ek *EncryptedKeyError
+		var uk *UnprotectedKeyError
 		switch {
 		case errors.As(err, &hk), errors.As(err, &ek):
 			return nil, err
+		case errors.As(err, &uk):
+			return nil, uk
 		case strings.Contains(err.Error(), "unable to authenticate"):
-			return nil, &AuthError{Endpoint: hop.String(), Err: err, Skipped: d.keys.skippedFiles()}
+			return nil, &AuthError{Endpoint: hop.String(), Err: err, Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
 		}
 		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, err)
 	}

@@ -22,6 +22,7 @@ type Flags struct {
 	ConnectTimeout      time.Duration
 	ServerAliveInterval time.Duration
 	Ciphers             []string
+	AllowUnprotectedKey bool
 	// Connections is --ssh-connections, registered by AddConnectionsFlag for the commands that carry many
 	// streams at once.
 	Connections int
@@ -56,8 +57,9 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.AcceptNew, "accept-new", f.AcceptNew, "Trust an SSH host seen for the first time and add its key to the known_hosts file. A changed host key is always refused.")
 	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
 	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 15s; negative disables.")
+	fs.BoolVar(&f.AllowUnprotectedKey, "allow-unprotected-key", f.AllowUnprotectedKey, "Use identity files that group or others may read, which OpenSSH refuses (UNPROTECTED PRIVATE KEY FILE).")
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
-	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher"} {
+	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "allow-unprotected-key"} {
 		f.registered = append(f.registered, fs.Lookup(n))
 	}
 }
@@ -115,17 +117,18 @@ func (f *Flags) Config(destination string) (Config, error) {
 		}
 	}
 	return Config{
-		Destination:         destination,
-		Port:                f.Port,
-		User:                f.User,
-		IdentityFiles:       slices.Clone(f.IdentityFiles),
-		JumpHosts:           jumps,
-		ConfigFile:          f.ConfigFile,
-		KnownHostsFile:      f.KnownHostsFile,
-		AcceptNew:           f.AcceptNew,
-		ConnectTimeout:      f.ConnectTimeout,
-		ServerAliveInterval: f.ServerAliveInterval,
-		Ciphers:             slices.Clone(f.Ciphers),
-		Connections:         f.Connections,
+		Destination:          destination,
+		Port:                 f.Port,
+		User:                 f.User,
+		IdentityFiles:        slices.Clone(f.IdentityFiles),
+		JumpHosts:            jumps,
+		ConfigFile:           f.ConfigFile,
+		KnownHostsFile:       f.KnownHostsFile,
+		AcceptNew:            f.AcceptNew,
+		ConnectTimeout:       f.ConnectTimeout,
+		ServerAliveInterval:  f.ServerAliveInterval,
+		Ciphers:              slices.Clone(f.Ciphers),
+		Connections:          f.Connections,
+		AllowUnprotectedKeys: f.AllowUnprotectedKey,
 	}, nil
 }

@@ -97,6 +97,45 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 	})
 
+	// A key others may read ends the command at once, naming --via (unless --allow-unprotected-key).
+	t.Run("start-up mistakes end the command", func(t *testing.T) {
+		open := filepath.Join(t.TempDir(), "id_open")
+		pem, _ := os.ReadFile(key)
+		os.WriteFile(open, pem, 0o600)
+		os.Chmod(open, 0o644)
+		for _, c := range []struct {
+			name   string
+			change func(args []string) []string
+			want   []string
+		}{
+			{"unprotected key", func(a []string) []string { a[8] = open; return a }, []string{"--via: UNPROTECTED PRIVATE KEY FILE", "0644", open, "--allow-unprotected-key"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				cmd := NewProxyCommand()
+				out := &syncBuffer{}
+				cmd.SetOut(out)
+				cmd.SetErr(out)
+				args := sshArgs(knownHosts)
+				if args[5] != "--ssh-port" || args[7] != "-i" {
+					t.Fatalf("sshArgs changed: %v", args)
+				}
+				cmd.SetArgs(c.change(args))
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				t0 := time.Now()
+				err := cmd.ExecuteContext(ctx)
+				if err == nil || time.Since(t0) > 10*time.Second {
+					t.Fatalf("command returned %v after %s; want an error at once", err, time.Since(t0))
+				}
+				for _, want := range c.want {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error does not say %q: %v", want, err)
+					}
+				}
+			})
+		}
+	})
+
 	t.Run("unknown host key ends the command", func(t *testing.T) {
 		empty := filepath.Join(t.TempDir(), "known_hosts")
 		if err := os.WriteFile(empty, nil, 0o600); err != nil {

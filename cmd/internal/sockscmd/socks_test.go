@@ -70,6 +70,7 @@ func TestFlagDefaults(t *testing.T) {
 		"server-alive-interval": "0s",
 		"cipher":                "[]",
 		"ssh-connections":       "1",
+		"allow-unprotected-key": "false",
 	}
 	got := map[string]string{}
 	fs.VisitAll(func(f *pflag.Flag) { got[f.Name] = f.DefValue })

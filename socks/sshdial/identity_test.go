@@ -1,0 +1,160 @@
+package sshdial
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
+)
+
+// nobody is a user other than the one running the tests (root), as on Debian.
+const nobody = 65534
+
+// opensshLogsIn reports whether OpenSSH's own client, as the user uid (0: this user), logs in to srv with
+// key (-i) and known_hosts, and nothing else.
+func opensshLogsIn(t *testing.T, srv *harness.SSHD, key, knownHosts string, uid int) (bool, string) {
+	t.Helper()
+	harness.RequireSSH(t, "ssh", "setpriv")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	argv := []string{"ssh", "-F", "none", "-o", "UserKnownHostsFile=" + knownHosts, "-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+		"-i", key, "-p", strconv.Itoa(srv.Port), "root@" + srv.Host, "true"}
+	if uid != 0 {
+		id := strconv.Itoa(uid)
+		argv = append([]string{"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
+	out, err := cmd.CombinedOutput()
+	return err == nil, string(out)
+}
+
+// sharedDir is a directory other users may enter, for files that a test reads as another user.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "konnect-keys-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// An identity file others may read is refused as OpenSSH refuses it ("UNPROTECTED PRIVATE KEY FILE"):
+// OpenSSH checks only files the running user owns, for any permission bit of group or others. Each case
+// is put to OpenSSH's client too, and both must agree.
+func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
+	dir := sharedDir(t)
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name    string
+		mode    os.FileMode
+		owner   int // uid of the file's owner; -1: the running user
+		asUser  int // who runs the client; 0: the running user (root)
+		refused bool
+	}{
+		{"0600", 0o600, -1, 0, false},
+		{"0400", 0o400, -1, 0, false},
+		{"0644", 0o644, -1, 0, true},
+		{"0640 group may read", 0o640, -1, 0, true},
+		{"0604 others may read", 0o604, -1, 0, true},
+		{"0610 group may execute", 0o610, -1, 0, true},
+		// Not the user's file, so not the user's to fix: OpenSSH uses it whatever its mode.
+		{"0644 owned by another user", 0o644, nobody, 0, false},
+		// root's own key, used by another user who can read it.
+		{"0644 owned by root, used by another user", 0o644, 0, nobody, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
+			if err := os.WriteFile(f, pem, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if c.owner >= 0 {
+				if err := os.Chown(f, c.owner, c.owner); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chmod(f, c.mode); err != nil {
+				t.Fatal(err)
+			}
+			ok, out := opensshLogsIn(t, srv, f, kh, c.asUser)
+			if ok == c.refused {
+				t.Fatalf("OpenSSH logged in: %v, want %v: %s", ok, !c.refused, out)
+			}
+			if c.refused && !strings.Contains(out, "UNPROTECTED PRIVATE KEY FILE") {
+				t.Fatalf("OpenSSH refused for another reason: %s", out)
+			}
+			if c.asUser != 0 {
+				// konnect runs as root here: apply its rule for the other user.
+				fi, err := os.Stat(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if openToOthers(fi, c.asUser) != c.refused {
+					t.Fatalf("konnect's rule refuses %s for uid %d: %v, want %v", c.name, c.asUser, !c.refused, c.refused)
+				}
+				return
+			}
+			cfg := Config{Destination: srv.Addr(), IdentityFiles: []string{f}, ConfigFile: "none", KnownHostsFile: kh,
+				AgentSocket: "none", ConnectTimeout: 5 * time.Second}
+			if !c.refused {
+				d, done := start(t, cfg)
+				waitReady(t, d, done)
+				return
+			}
+			_, err := New(cfg)
+			var uk *UnprotectedKeyError
+			if !errors.As(err, &uk) {
+				t.Fatalf("New = %v, want UnprotectedKeyError", err)
+			}
+			mode := "0" + strconv.FormatUint(uint64(c.mode), 8)
+			for _, want := range []string{"UNPROTECTED PRIVATE KEY FILE", f, mode, "--allow-unprotected-key"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not say %q: %v", want, err)
+				}
+			}
+			// The override.
+			cfg.AllowUnprotectedKeys = true
+			d, done := start(t, cfg)
+			waitReady(t, d, done)
+		})
+	}
+
+	t.Run("ssh_config IdentityFile", func(t *testing.T) {
+		f := filepath.Join(t.TempDir(), "id_open")
+		os.WriteFile(f, pem, 0o644)
+		os.Chmod(f, 0o644)
+		sshConfig := filepath.Join(t.TempDir(), "config")
+		os.WriteFile(sshConfig, []byte("Host target\n  HostName 127.0.0.1\n  Port "+strconv.Itoa(srv.Port)+"\n  IdentityFile "+f+"\n"), 0o600)
+		_, err := New(Config{Destination: "target", ConfigFile: sshConfig, KnownHostsFile: kh, AgentSocket: "none"})
+		var uk *UnprotectedKeyError
+		if !errors.As(err, &uk) || !strings.Contains(err.Error(), "IdentityFile") || !strings.Contains(err.Error(), f) {
+			t.Fatalf("New = %v, want UnprotectedKeyError naming the config file's IdentityFile %s", err, f)
+		}
+		// An IdentityFile that does not exist is skipped, as OpenSSH skips it: -i still works.
+		os.WriteFile(sshConfig, []byte("Host target\n  HostName 127.0.0.1\n  Port "+strconv.Itoa(srv.Port)+"\n  IdentityFile "+f+".absent\n"), 0o600)
+		d, done := start(t, Config{Destination: "target", IdentityFiles: []string{key}, ConfigFile: sshConfig, KnownHostsFile: kh,
+			AgentSocket: "none", ConnectTimeout: 5 * time.Second})
+		waitReady(t, d, done)
+	})
+}
