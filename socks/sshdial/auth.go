@@ -28,6 +28,9 @@ func (e *EncryptedKeyError) Error() string {
 type AuthError struct {
 	Endpoint string
 	Err      error
+	// Offered describes each identity offered: "agent key ED25519 SHA256:... (comment)" or
+	// "/path/id_ed25519 (ED25519 SHA256:...)".
+	Offered []string
 	// Skipped lists encrypted default keys that were not offered because no passphrase could be asked for.
 	Skipped []string
 	// Ignored lists default keys not offered because others may read them, with their permissions.
@@ -35,9 +38,16 @@ type AuthError struct {
 }
 
 func (e *AuthError) Error() string {
-	msg := fmt.Sprintf("ssh authentication to %s failed: %v", e.Endpoint, e.Err)
+	msg := fmt.Sprintf("ssh authentication to %s failed: ", e.Endpoint)
+	if len(e.Offered) == 0 {
+		msg += "no identity was offered"
+	} else {
+		msg += "the server accepted none of the identities offered: " + strings.Join(e.Offered, ", ")
+	}
+	// The library's own words name the methods the server allows.
+	msg += " (" + strings.TrimPrefix(e.Err.Error(), "ssh: ") + ")"
 	if len(e.Skipped) > 0 {
-		msg += fmt.Sprintf(" (encrypted keys not tried, no terminal for a passphrase: %s; load them with ssh-add)",
+		msg += fmt.Sprintf("; encrypted keys not tried, no terminal for a passphrase: %s (load them with ssh-add)",
 			strings.Join(e.Skipped, ", "))
 	}
 	if len(e.Ignored) > 0 {
@@ -47,6 +57,18 @@ func (e *AuthError) Error() string {
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }
+
+// NoIdentityError is returned by New when a hop has nothing to authenticate with: no identity file, no key
+// in ssh-agent. The server could only refuse, so the start fails instead.
+type NoIdentityError struct {
+	Endpoint string
+	Looked   []string // where identities were looked for, and why each gave none
+}
+
+func (e *NoIdentityError) Error() string {
+	return fmt.Sprintf("no SSH identity to offer %s: %s; pass -i FILE or load a key into ssh-agent with ssh-add",
+		e.Endpoint, strings.Join(e.Looked, ", "))
+}
 
 // UnprotectedKeyError is an identity file of the running user's that group or others may access. OpenSSH
 // refuses such a key (and ignores key files owned by other users, whatever their mode); so does konnect,
@@ -210,6 +232,28 @@ func (k *keyring) ignoredFiles() []string {
 	return out
 }
 
+// describeKey is how an offered identity is named in errors: type, SHA256 fingerprint and comment, the way
+// ssh-add -l shows them.
+func describeKey(k ssh.PublicKey, comment string) string {
+	d := keyTypeName(k) + " " + ssh.FingerprintSHA256(k)
+	if comment != "" {
+		d += " (" + comment + ")"
+	}
+	return d
+}
+
+// agentSocketPath is the ssh-agent socket to use, or "" for none.
+func (d *Dialer) agentSocketPath() string {
+	sock := d.plan.agentSocket
+	if sock == "" {
+		sock = os.Getenv("SSH_AUTH_SOCK")
+	}
+	if sock == "none" {
+		return ""
+	}
+	return sock
+}
+
 // identityFiles returns the files hop e offers, in order, with where each was named.
 func (d *Dialer) identityFiles(e endpoint) (files []string, src []keySource) {
 	for _, f := range d.plan.identityFiles {
@@ -229,9 +273,17 @@ func (d *Dialer) identityFiles(e endpoint) (files []string, src []keySource) {
 
 // authMethods sets up authentication for one hop: the agent's keys first, then identity files, loaded (and a
 // passphrase asked for) only if the agent's keys were not enough. pause stops the handshake timeout while a
-// passphrase is asked for. The returned closer releases the agent connection after the handshake.
-func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (resume func())) (closer func()) {
+// passphrase is asked for. The returned closer releases the agent connection after the handshake; offered
+// describes the identities offered so far, for AuthError.
+func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (resume func())) (closer func(), offered func() []string) {
 	closer = func() {}
+	var tried []string
+	note := func(what string) {
+		if !slices.Contains(tried, what) {
+			tried = append(tried, what)
+		}
+	}
+	offered = func() []string { return tried }
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 		var out []ssh.Signer
 		names, srcs := d.identityFiles(e)
@@ -241,27 +293,40 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 				return nil, err
 			}
 			if s != nil {
+				note(f + " (" + describeKey(s.PublicKey(), "") + ")")
 				out = append(out, s)
 			}
 		}
 		return out, nil
 	})
-	sock := d.plan.agentSocket
+	sock := d.agentSocketPath()
 	if sock == "" {
-		sock = os.Getenv("SSH_AUTH_SOCK")
-	}
-	if sock == "" || sock == "none" {
 		cc.Auth = []ssh.AuthMethod{files}
-		return closer
+		return closer, offered
 	}
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		klog.V(1).InfoS("ssh-agent not reachable; using identity files only", "socket", sock, "err", err)
 		cc.Auth = []ssh.AuthMethod{files}
-		return closer
+		return closer, offered
 	}
 	ag := agent.NewClient(c)
-	cc.Auth = []ssh.AuthMethod{ssh.PublicKeysCallback(ag.Signers)}
+	cc.Auth = []ssh.AuthMethod{ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
+		signers, err := ag.Signers()
+		if err != nil {
+			return nil, err
+		}
+		comments := map[string]string{}
+		if keys, err := ag.List(); err == nil {
+			for _, k := range keys {
+				comments[string(k.Marshal())] = k.Comment
+			}
+		}
+		for _, s := range signers {
+			note("agent key " + describeKey(s.PublicKey(), comments[string(s.PublicKey().Marshal())]))
+		}
+		return signers, nil
+	})}
 	// The library tries each method name once; the callback adds the files as a second "publickey" round.
 	filesTried := false
 	cc.AuthCallback = func(ac *ssh.ClientAuthContext) (ssh.AuthMethod, error) {
@@ -271,5 +336,53 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		}
 		return nil, nil
 	}
-	return func() { c.Close() }
+	return func() { c.Close() }, offered
+}
+
+// checkIdentities fails when a hop has no identity at all to offer: no -i, no IdentityFile that exists, no
+// default key that may be used, and no key in ssh-agent. The server could only refuse, and retrying would not
+// change that. It reads the files' metadata and asks the agent for its list; it does not connect.
+func (d *Dialer) checkIdentities() error {
+	if len(d.plan.identityFiles) > 0 {
+		return nil // -i applies to every hop, and resolve checked each file
+	}
+	var agentNote string
+	if sock := d.agentSocketPath(); sock == "" {
+		agentNote = "no ssh-agent ($SSH_AUTH_SOCK is not set)"
+	} else if c, err := net.Dial("unix", sock); err != nil {
+		agentNote = fmt.Sprintf("no ssh-agent at %s (%v)", sock, err)
+	} else {
+		keys, err := agent.NewClient(c).List()
+		c.Close()
+		if err == nil && len(keys) > 0 {
+			return nil
+		}
+		agentNote = fmt.Sprintf("no key in the ssh-agent at %s", sock)
+	}
+hops:
+	for _, h := range d.plan.hops {
+		names, srcs := d.identityFiles(h)
+		var absent, open []string
+		for i, f := range names {
+			err := checkKeyPermissions(f, d.plan.allowOpenKeys)
+			var uk *UnprotectedKeyError
+			switch {
+			case err == nil:
+				continue hops
+			case errors.As(err, &uk) && srcs[i] == fromDefault:
+				open = append(open, fmt.Sprintf("%s (permissions %04o, ignored as OpenSSH ignores it)", f, uk.Mode))
+			case errors.Is(err, os.ErrNotExist):
+				absent = append(absent, f)
+			default:
+				return err
+			}
+		}
+		looked := []string{"no -i", agentNote}
+		if len(absent) > 0 {
+			looked = append(looked, "no file "+strings.Join(absent, ", "))
+		}
+		looked = append(looked, open...)
+		return &NoIdentityError{Endpoint: h.String(), Looked: looked}
+	}
+	return nil
 }

@@ -50,6 +50,11 @@ type Config struct {
 	ServerAliveInterval time.Duration
 	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means 3.
 	ServerAliveCountMax int
+	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve)
+	// before any connection was up, as when the server is not up yet. Without it Run returns that error: a
+	// wrong host or port never heals. Once a connection has been up, every failure but the permanent ones is
+	// retried.
+	RetryFirst bool
 	// Ciphers is the cipher preference. nil keeps golang.org/x/crypto/ssh's default order, which puts
 	// aes128-gcm@openssh.com first: with AES-NI it is the fastest choice on both ends.
 	Ciphers []string
@@ -115,6 +120,7 @@ type plan struct {
 	ciphers        []string
 	agentSocket    string
 	connections    int // at least 1
+	retryFirst     bool
 }
 
 // sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
@@ -338,6 +344,7 @@ func resolve(cfg Config) (*plan, error) {
 		agentSocket:    cfg.AgentSocket,
 		connections:    max(cfg.Connections, 1),
 		allowOpenKeys:  cfg.AllowUnprotectedKeys,
+		retryFirst:     cfg.RetryFirst,
 	}
 	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
 		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)

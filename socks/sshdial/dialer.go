@@ -49,6 +49,7 @@ type Dialer struct {
 	live    int           // slots with a session
 	up      chan struct{} // closed while at least one slot has a session; replaced when none has
 	lastErr error         // why the last attempt or session failed
+	wasUp   bool          // a connection has been up once: refusals are no longer start-up mistakes
 	stopped bool
 	running bool
 	next    int // where the search for the least loaded session starts, so that ties rotate
@@ -77,7 +78,8 @@ func (s *session) close() {
 	})
 }
 
-// New checks cfg, reads the SSH config file and prepares authentication. It does not connect; Run does.
+// New checks cfg, reads the SSH config file and prepares authentication. It does not connect; Run does. It
+// fails when there is no identity at all to authenticate with, which no connection attempt could fix.
 func New(cfg Config) (*Dialer, error) {
 	p, err := resolve(cfg)
 	if err != nil {
@@ -91,6 +93,9 @@ func New(cfg Config) (*Dialer, error) {
 	}
 	for i := range p.connections {
 		d.slots = append(d.slots, &slot{n: i + 1})
+	}
+	if err := d.checkIdentities(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -131,8 +136,9 @@ func (d *Dialer) Connections() (up, total int) {
 // Run connects and keeps the SSH connections up until ctx ends, each reconnecting on its own with
 // exponential backoff (0.5s up to 30s) after failures. The first connection is made alone, so that a host
 // key is accepted or a passphrase asked once; the others follow once it is up. Run returns nil when ctx
-// ends, and an error for failures that retrying cannot fix, on any connection: an untrusted host key or
-// failed authentication. Run may be called once.
+// ends, and an error for failures that retrying cannot fix, on any connection: an untrusted host key, failed
+// authentication, an unusable key file, and, unless RetryFirst is set, a refusal before any connection was
+// up. Run may be called once. Its errors are meant to be printed once, by the caller: Run does not log them.
 func (d *Dialer) Run(ctx context.Context) error {
 	d.mu.Lock()
 	if d.running || d.stopped {
@@ -210,7 +216,9 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 			}
 			d.setErr(err)
 			if permanent(err) {
-				klog.ErrorS(err, "SSH connection refused; not retrying", logArgs()...)
+				return err
+			}
+			if err := d.startMistake(err); err != nil {
 				return err
 			}
 			wait := backoff/2 + rand.N(backoff/2+1)
@@ -260,6 +268,36 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 	}
 }
 
+// startMistake turns a refusal into a permanent error until a connection has been up once, unless
+// RetryFirst: "connection refused" or a host name that does not resolve at start-up means a wrong host or
+// port far more often than a server that is briefly away.
+func (d *Dialer) startMistake(err error) error {
+	d.mu.Lock()
+	wasUp := d.wasUp
+	d.mu.Unlock()
+	if wasUp || d.plan.retryFirst {
+		return nil
+	}
+	var dnsErr *net.DNSError
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return &StartError{Target: d.Target(), Err: err}
+	}
+	return nil
+}
+
+// StartError is a refusal before the first connection was ever up: it suggests a mistake (a wrong host or
+// port, sshd not running) rather than a server that is briefly away. Config.RetryFirst retries it instead.
+type StartError struct {
+	Target string
+	Err    error
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("cannot connect to %s: %v; check the host and port, or pass --retry-first to keep trying until the server answers", e.Target, e.Err)
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
 func (d *Dialer) setErr(err error) {
 	d.mu.Lock()
 	d.lastErr = err
@@ -271,6 +309,7 @@ func (d *Dialer) setSession(sl *slot, s *session) {
 	sl.sess = s
 	d.live++
 	d.lastErr = nil
+	d.wasUp = true
 	if d.live == 1 {
 		close(d.up)
 	}
@@ -379,13 +418,20 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		var err error
 		if i == 0 {
 			nd := net.Dialer{KeepAlive: 30 * time.Second}
+			// The error names the address: "dial tcp 10.0.0.1:22: connect: connection refused".
 			conn, err = nd.DialContext(hctx, "tcp", hop.addr())
+			if err != nil && len(d.plan.hops) > 1 {
+				err = fmt.Errorf("jump host %s: %w", hop, err)
+			}
 		} else {
 			conn, err = chain[i-1].DialContext(hctx, "tcp", hop.addr())
+			if err != nil {
+				err = fmt.Errorf("jump host %s could not connect to %s: %w", d.plan.hops[i-1], hop.addr(), channelError(err))
+			}
 		}
 		if err != nil {
 			cancel()
-			return fail(fmt.Errorf("connect to %s: %w", hop.addr(), err))
+			return fail(err)
 		}
 		cancel()
 		c, err := d.handshake(ctx, conn, hop)
@@ -422,7 +468,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 		}
 		return func() { timer.Reset(d.plan.connectTimeout) }
 	}
-	closeAgent := d.authMethods(cc, hop, pause)
+	closeAgent, offered := d.authMethods(cc, hop, pause)
 	defer closeAgent()
 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -435,18 +481,26 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 		if timedOut.Load() {
 			return nil, fmt.Errorf("ssh handshake with %s: no answer within %s: %w", hop, d.plan.connectTimeout, os.ErrDeadlineExceeded)
 		}
+		// The library says "ssh: handshake failed: " before every reason; the errors below say more.
+		cause := err
+		if inner := errors.Unwrap(err); inner != nil && strings.HasPrefix(err.Error(), "ssh: handshake failed: ") {
+			cause = inner
+		}
 		var hk *HostKeyError
 		var ek *EncryptedKeyError
 		var uk *UnprotectedKeyError
 		switch {
-		case errors.As(err, &hk), errors.As(err, &ek):
-			return nil, err
-		case errors.As(err, &uk):
+		case errors.As(cause, &hk):
+			return nil, hk
+		case errors.As(cause, &ek):
+			return nil, ek
+		case errors.As(cause, &uk):
 			return nil, uk
-		case strings.Contains(err.Error(), "unable to authenticate"):
-			return nil, &AuthError{Endpoint: hop.String(), Err: err, Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
+		case strings.Contains(cause.Error(), "unable to authenticate"):
+			return nil, &AuthError{Endpoint: hop.String(), Err: cause, Offered: offered(),
+				Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
 		}
-		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, err)
+		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, cause)
 	}
 	return ssh.NewClient(c, chans, reqs), nil
 }

@@ -23,6 +23,7 @@ type Flags struct {
 	ServerAliveInterval time.Duration
 	Ciphers             []string
 	AllowUnprotectedKey bool
+	RetryFirst          bool
 	// Connections is --ssh-connections, registered by AddConnectionsFlag for the commands that carry many
 	// streams at once.
 	Connections int
@@ -57,9 +58,10 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.AcceptNew, "accept-new", f.AcceptNew, "Trust an SSH host seen for the first time and add its key to the known_hosts file. A changed host key is always refused.")
 	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
 	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 15s; negative disables.")
+	fs.BoolVar(&f.RetryFirst, "retry-first", f.RetryFirst, "Keep retrying when the SSH server refuses the first connection (or its name does not resolve), e.g. while it boots. Without it that ends the command: a wrong host or port never heals.")
 	fs.BoolVar(&f.AllowUnprotectedKey, "allow-unprotected-key", f.AllowUnprotectedKey, "Use identity files that group or others may read, which OpenSSH refuses (UNPROTECTED PRIVATE KEY FILE).")
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
-	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "allow-unprotected-key"} {
+	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "retry-first", "allow-unprotected-key"} {
 		f.registered = append(f.registered, fs.Lookup(n))
 	}
 }
@@ -130,5 +132,6 @@ func (f *Flags) Config(destination string) (Config, error) {
 		Ciphers:              slices.Clone(f.Ciphers),
 		Connections:          f.Connections,
 		AllowUnprotectedKeys: f.AllowUnprotectedKey,
+		RetryFirst:           f.RetryFirst,
 	}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/crypto/ssh"
 )
 
 // nobody is a user other than the one running the tests (root), as on Debian.
@@ -157,4 +158,58 @@ func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
 			AgentSocket: "none", ConnectTimeout: 5 * time.Second})
 		waitReady(t, d, done)
 	})
+
+	t.Run("default key", func(t *testing.T) {
+		// OpenSSH ignores an unprotected default key (with its warning) and tries the others; when it was the
+		// only one, there is nothing to log in with, and the start fails saying why.
+		home := t.TempDir()
+		t.Setenv("HOME", home)
+		os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
+		def := filepath.Join(home, ".ssh", "id_ed25519")
+		os.WriteFile(def, pem, 0o600)
+		os.Chmod(def, 0o644)
+		_, err := New(Config{Destination: srv.Addr(), ConfigFile: "none", KnownHostsFile: kh, AgentSocket: "none"})
+		var ni *NoIdentityError
+		if !errors.As(err, &ni) || !strings.Contains(err.Error(), def+" (permissions 0644") {
+			t.Fatalf("New = %v, want NoIdentityError naming %s and its permissions", err, def)
+		}
+		os.Chmod(def, 0o600)
+		d, done := start(t, Config{Destination: srv.Addr(), ConfigFile: "none", KnownHostsFile: kh, AgentSocket: "none", ConnectTimeout: 5 * time.Second})
+		waitReady(t, d, done)
+	})
+}
+
+// A refused login names every identity offered: files by path and fingerprint, agent keys by fingerprint
+// and comment, as ssh-add -l shows them, and the error reads cleanly (no "ssh: ssh:", no library prefix).
+func TestAuthErrorNamesIdentities(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	t.Setenv("HOME", dir)
+	wrongFile, _ := harness.SSHKeyPair(t, dir, "id_wrong_file", "")
+	wrongAgent, _ := harness.SSHKeyPair(t, dir, "wrong-agent-key@laptop", "")
+	cfg := f.config()
+	cfg.IdentityFiles = []string{wrongFile}
+	cfg.AgentSocket = harness.SSHAgent(t, wrongAgent)
+	_, done := start(t, cfg)
+	err := waitErr(t, done)
+	var ae *AuthError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want AuthError", err)
+	}
+	fp := func(priv string) string { return ssh.FingerprintSHA256(publicKeyOf(t, priv)) }
+	for _, want := range []string{
+		"root@" + f.sshd.Addr(),
+		wrongFile + " (ED25519 " + fp(wrongFile) + ")",
+		"agent key ED25519 " + fp(wrongAgent) + " (wrong-agent-key@laptop)",
+		"publickey",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
+	for _, bad := range []string{"ssh: ssh:", "handshake failed"} {
+		if strings.Contains(err.Error(), bad) {
+			t.Errorf("error reads %q: %v", bad, err)
+		}
+	}
 }

@@ -165,7 +165,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.endpoints.AddTo(&g)
 	if p.dialer != nil {
 		klog.InfoS("Carrying API traffic over SSH", "via", p.dialer.Target())
-		g.Add("--via "+p.dialer.Target(), p.dialer.Run)
+		// The dialer's errors name the SSH server; the prefix names the flag.
+		g.Add("--via", p.dialer.Run)
 	}
 	g.Add("", p.server.Run)
 	return g.Run(ctx)

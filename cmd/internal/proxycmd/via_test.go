@@ -97,17 +97,20 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 	})
 
-	// A key others may read ends the command at once, naming --via (unless --allow-unprotected-key).
+	// Start-up mistakes end the command at once, naming --via: a port nobody listens on (unless
+	// --retry-first), a key others may read (unless --allow-unprotected-key).
 	t.Run("start-up mistakes end the command", func(t *testing.T) {
 		open := filepath.Join(t.TempDir(), "id_open")
 		pem, _ := os.ReadFile(key)
 		os.WriteFile(open, pem, 0o600)
 		os.Chmod(open, 0o644)
+		closed := strconv.Itoa(harness.FreePort(t))
 		for _, c := range []struct {
 			name   string
 			change func(args []string) []string
 			want   []string
 		}{
+			{"closed port", func(a []string) []string { a[6] = closed; return a }, []string{"--via: cannot connect to root@127.0.0.1:" + closed, "--retry-first"}},
 			{"unprotected key", func(a []string) []string { a[8] = open; return a }, []string{"--via: UNPROTECTED PRIVATE KEY FILE", "0644", open, "--allow-unprotected-key"}},
 		} {
 			t.Run(c.name, func(t *testing.T) {

@@ -246,7 +246,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	p.endpoints.AddTo(&g)
 	klog.InfoS("Serving SOCKS5 and HTTP proxy", "addr", p.socksLn.Addr().String(), "via", p.dialer.Target())
-	g.Add("ssh", p.dialer.Run)
+	// Unnamed: the dialer's errors name the SSH server themselves.
+	g.Add("", p.dialer.Run)
 	g.Add("proxy", func(ctx context.Context) error { return p.server.Serve(ctx, p.socksLn, socks.Auto) })
 	if p.httpLn != nil {
 		klog.InfoS("Serving HTTP proxy", "addr", p.httpLn.Addr().String())

@@ -70,6 +70,7 @@ func TestFlagDefaults(t *testing.T) {
 		"server-alive-interval": "0s",
 		"cipher":                "[]",
 		"ssh-connections":       "1",
+		"retry-first":           "false",
 		"allow-unprotected-key": "false",
 	}
 	got := map[string]string{}
