@@ -6,6 +6,9 @@
 // IdentityFile, ProxyJump, ServerAliveInterval), sends keepalives, and reconnects with backoff when the
 // connection drops; dials made meanwhile wait, bounded by the connect timeout.
 //
+// Its errors say which hop failed: a dial refused by the destination (as the SSH server reports it) is a
+// *TargetError, a dial that found no SSH connection is a *ServerError, and both say so in their text.
+//
 // It is not an SSH client for sessions, commands or remote forwards, and it knows nothing about the
 // protocols spoken over the dialled connections. Typical use:
 //
@@ -109,6 +112,9 @@ func (d *Dialer) Target() string {
 	return strings.Join(parts, " -> ")
 }
 
+// server is the SSH server that opens the dialled connections, the last hop.
+func (d *Dialer) server() endpoint { return d.plan.hops[len(d.plan.hops)-1] }
+
 // Ready reports nil while an SSH connection is up (with several, while at least one is), and otherwise why
 // none is.
 func (d *Dialer) Ready() error {
@@ -120,9 +126,9 @@ func (d *Dialer) Ready() error {
 	case d.stopped:
 		return ErrStopped
 	case d.lastErr != nil:
-		return fmt.Errorf("ssh connection to %s is down: %w", d.plan.hops[len(d.plan.hops)-1], d.lastErr)
+		return fmt.Errorf("ssh connection to %s is down: %w", d.server(), d.lastErr)
 	default:
-		return fmt.Errorf("ssh connection to %s not established yet", d.plan.hops[len(d.plan.hops)-1])
+		return fmt.Errorf("ssh connection to %s not established yet", d.server())
 	}
 }
 
@@ -426,7 +432,7 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		} else {
 			conn, err = chain[i-1].DialContext(hctx, "tcp", hop.addr())
 			if err != nil {
-				err = fmt.Errorf("jump host %s could not connect to %s: %w", d.plan.hops[i-1], hop.addr(), channelError(err))
+				err = fmt.Errorf("jump host: %w", channelError(err, hop.addr(), d.plan.hops[i-1].String()))
 			}
 		}
 		if err != nil {
@@ -505,11 +511,59 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 	return ssh.NewClient(c, chans, reqs), nil
 }
 
+// ServerError is a dial that failed because no SSH connection was up, or came up within the connect timeout:
+// the SSH server (or the way to it) failed, not the destination. Hop names the server.
+type ServerError struct {
+	Server string // user@host:port
+	Err    error  // why the SSH connection is down
+	// Waited is how long the dial waited for a connection; Cause, when set, why it stopped waiting sooner.
+	Waited time.Duration
+	Cause  error
+}
+
+func (e *ServerError) Error() string {
+	msg := fmt.Sprintf("SSH server %s is unreachable: %v (waited %s", e.Server, e.Err, e.Waited.Round(time.Millisecond))
+	if e.Cause != nil {
+		msg += ", then " + e.Cause.Error()
+	}
+	return msg + ")"
+}
+
+func (e *ServerError) Unwrap() error { return e.Err }
+
+// Hop names the hop that failed, for proxies that tell their clients which side failed.
+func (e *ServerError) Hop() string { return "SSH server " + e.Server }
+
+// TargetError is a dial that the SSH server tried and reported as failed: the destination refused it, cannot
+// be reached from the server, or the server's policy forbids it. It wraps the matching errno (ECONNREFUSED,
+// EHOSTUNREACH, ENETUNREACH, ETIMEDOUT, EACCES for a refusal by policy), so that callers can map it without
+// knowing SSH.
+type TargetError struct {
+	Addr    string // the destination, host:port
+	Server  string // the SSH server that reported the failure, user@host:port
+	Reason  ssh.RejectionReason
+	Message string // the server's words, e.g. "Connection refused"
+	errno   syscall.Errno
+	err     error
+}
+
+func (e *TargetError) Error() string {
+	msg := fmt.Sprintf("SSH server %s could not open %s: %s", e.Server, e.Addr, e.Reason)
+	if e.Message != "" {
+		msg += " (" + e.Message + ")"
+	}
+	return msg
+}
+
+func (e *TargetError) Unwrap() []error { return []error{e.err, e.errno} }
+
+// ReportedBy names who reported the destination's failure.
+func (e *TargetError) ReportedBy() string { return "SSH server " + e.Server }
+
 // DialContext opens a TCP connection from the SSH server to addr ("host:port"; a host name is resolved by
 // the server, like ssh -D). network must be tcp, tcp4 or tcp6. While the SSH connection is down it waits for
-// it to come back, at most the connect timeout or until ctx ends. Errors from the far side wrap the matching
-// syscall errno (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, EACCES for a refusal by the server's policy), so
-// that callers can map them without knowing SSH.
+// it to come back, at most the connect timeout or until ctx ends. A refusal by the far side is a
+// *TargetError; no SSH connection is a *ServerError.
 func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -527,6 +581,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	}
 	wait := time.NewTimer(d.plan.connectTimeout)
 	defer wait.Stop()
+	began := time.Now()
 	for {
 		sl, s, up, stopped := d.pick()
 		if stopped {
@@ -537,9 +592,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 			case <-up:
 				continue
 			case <-ctx.Done():
-				return nil, fmt.Errorf("ssh dial %s: %w (%v)", addr, ctx.Err(), d.Ready())
+				return nil, &ServerError{Server: d.server().String(), Err: d.downReason(), Waited: time.Since(began), Cause: ctx.Err()}
 			case <-wait.C:
-				return nil, fmt.Errorf("ssh dial %s: waited %s for the SSH connection: %w", addr, d.plan.connectTimeout, d.Ready())
+				return nil, &ServerError{Server: d.server().String(), Err: d.downReason(), Waited: time.Since(began)}
 			}
 		}
 		conn, err := s.client.DialContext(ctx, "tcp", addr)
@@ -548,14 +603,27 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 		}
 		s.open.Add(-1)
 		var oe *ssh.OpenChannelError
-		if errors.As(err, &oe) || ctx.Err() != nil {
-			return nil, fmt.Errorf("ssh dial %s via %s: %w", addr, d.plan.hops[len(d.plan.hops)-1].hostName, channelError(err))
+		if errors.As(err, &oe) {
+			return nil, channelError(err, addr, d.server().String())
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("SSH server %s did not open %s in time: %w", d.server(), addr, ctx.Err())
 		}
 		// The session died under us: drop it and try another, or wait for Run to bring one up.
 		klog.V(1).InfoS("SSH dial failed on a dying connection; trying again", "addr", addr, "err", err)
 		s.close()
 		d.clearSession(sl, s, fmt.Errorf("connection lost: %w", err))
 	}
+}
+
+// downReason is why no connection is up, for errors.
+func (d *Dialer) downReason() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lastErr != nil {
+		return d.lastErr
+	}
+	return errors.New("still connecting")
 }
 
 // countedConn is a dialled connection that its session counts until it is closed, for pick.
@@ -578,9 +646,9 @@ func (c *countedConn) CloseWrite() error {
 	return errors.New("ssh: connection cannot half-close")
 }
 
-// channelError wraps the server's refusal of a direct-tcpip channel in the matching errno. OpenSSH's sshd
-// puts strerror() text in the message.
-func channelError(err error) error {
+// channelError turns an SSH server's refusal of a direct-tcpip channel to addr into a *TargetError with the
+// matching errno; other errors are returned as they are. OpenSSH's sshd puts strerror() text in the message.
+func channelError(err error, addr, server string) error {
 	var oe *ssh.OpenChannelError
 	if !errors.As(err, &oe) {
 		return err
@@ -602,17 +670,8 @@ func channelError(err error) error {
 		// Name resolution failures and anything else: the destination cannot be reached.
 		errno = syscall.EHOSTUNREACH
 	}
-	return &remoteError{errno: errno, err: err}
+	return &TargetError{Addr: addr, Server: server, Reason: oe.Reason, Message: oe.Message, errno: errno, err: oe}
 }
-
-type remoteError struct {
-	errno syscall.Errno
-	err   error
-}
-
-func (e *remoteError) Error() string { return e.err.Error() }
-
-func (e *remoteError) Unwrap() []error { return []error{e.err, e.errno} }
 
 // readBufSize is the read buffer under the SSH transport. The library reads through a 4 KiB bufio.Reader,
 // which costs two or three read syscalls per 32 KiB packet; a large buffer below it brings bulk transfers

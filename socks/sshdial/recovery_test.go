@@ -3,6 +3,7 @@ package sshdial
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,12 @@ import (
 
 	"github.com/konnect-dev/konnect/test/harness"
 )
+
+// waitDown waits until the dialer has noticed that its connection is gone.
+func waitDown(t *testing.T, d *Dialer) {
+	t.Helper()
+	harness.EventuallyTrue(t, 15*time.Second, "the dialer to notice the SSH connection is down", func() bool { return d.Ready() != nil })
+}
 
 // Start-up mistakes end Run at once instead of retrying for ever: a refused first connection (unless
 // RetryFirst), and no identity at all.
@@ -113,5 +120,60 @@ func TestStartMistakeUnknownHost(t *testing.T) {
 	d.plan.retryFirst = true
 	if err := d.startMistake(notFound); err != nil {
 		t.Fatalf("startMistake with RetryFirst = %v, want nil", err)
+	}
+}
+
+// A failed dial names the hop that failed: the destination as the SSH server reports it (refused, or
+// forbidden by sshd's PermitOpen), or the SSH server itself when it is down.
+func TestDialErrorsNameTheHop(t *testing.T) {
+	f := newFixture(t)
+	allowed := backend(t)
+	closed := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	conf, err := os.OpenFile(filepath.Join(f.sshd.Dir, "sshd_config"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conf, "PermitOpen %s %s\n", allowed, closed)
+	conf.Close()
+	f.sshd.Restart()
+	cfg := f.config()
+	cfg.ConnectTimeout = 2 * time.Second
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, allowed, "/")
+	server := "SSH server root@" + f.sshd.Addr()
+	ctx := context.Background()
+
+	for _, c := range []struct {
+		addr   string
+		errno  syscall.Errno
+		reason string
+	}{
+		{closed, syscall.ECONNREFUSED, "connect failed (Connection refused)"},
+		{"127.0.0.1:2", syscall.EACCES, "administratively prohibited"},
+	} {
+		_, err := d.DialContext(ctx, "tcp", c.addr)
+		var te *TargetError
+		if !errors.As(err, &te) || !errors.Is(err, c.errno) || te.ReportedBy() != server {
+			t.Fatalf("dial %s: %v, want a TargetError (%v) reported by %s", c.addr, err, c.errno, server)
+		}
+		if want := server + " could not open " + c.addr + ": " + c.reason; !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("dial %s: %q, want %q", c.addr, err, want)
+		}
+		if _, ok := err.(interface{ Hop() string }); ok {
+			t.Errorf("dial %s: a refusal by the destination blames the SSH hop", c.addr)
+		}
+	}
+
+	f.sshd.Stop()
+	waitDown(t, d)
+	_, err = d.DialContext(ctx, "tcp", allowed)
+	var se *ServerError
+	if !errors.As(err, &se) || se.Hop() != server || !strings.HasPrefix(err.Error(), server+" is unreachable: ") {
+		t.Fatalf("dial with sshd down: %v, want a ServerError naming %s", err, server)
+	}
+	var te *TargetError
+	if errors.As(err, &te) {
+		t.Fatalf("dial with sshd down blames the destination: %v", err)
 	}
 }

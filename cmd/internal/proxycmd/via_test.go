@@ -2,6 +2,7 @@ package proxycmd
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -91,6 +92,40 @@ func TestViaRealSSHD(t *testing.T) {
 				t.Fatalf("no success within 20s of the sshd restart; last: %d %q", code, body)
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// A failed request says which hop failed: the SSH server that is down, or the API server as the SSH
+	// server reports it.
+	t.Run("errors name the hop", func(t *testing.T) {
+		closedKC := b.kubeconfig(t, "cert")
+		kc, err := clientcmd.LoadFromFile(closedKC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := harness.FreePort(t)
+		kc.Clusters["test"].Server = "https://127.0.0.1:" + strconv.Itoa(closed)
+		if err := clientcmd.WriteToFile(*kc, closedKC); err != nil {
+			t.Fatal(err)
+		}
+		args := sshArgs(knownHosts)
+		args[1] = closedKC
+		addr, stop := runCommand(t, args...)
+		server := "SSH server root@" + sshd.Addr()
+		code, body := get(t, "http://"+addr+"/api", "")
+		want := fmt.Sprintf("konnect proxy: %s could not open 127.0.0.1:%d: connect failed (Connection refused)", server, closed)
+		if code != 502 || !strings.HasPrefix(body, want) {
+			t.Errorf("API server down: %d %q, want 502 %q", code, body, want)
+		}
+		sshd.Stop()
+		t.Cleanup(sshd.Restart)
+		code, body = get(t, "http://"+addr+"/api", "")
+		want = "konnect proxy: " + server + " is unreachable: "
+		if code != 502 || !strings.HasPrefix(body, want) {
+			t.Errorf("SSH server down: %d %q, want 502 %q...", code, body, want)
 		}
 		if err := stop(); err != nil {
 			t.Fatal(err)

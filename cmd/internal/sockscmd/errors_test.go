@@ -1,9 +1,11 @@
 package sockscmd
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -125,4 +127,113 @@ func TestProcessStartMistakesEndTheCommand(t *testing.T) {
 		cmd.Process.Kill()
 		<-exited
 	})
+}
+
+// connect sends CONNECT target to the proxy at addr and returns the answer's status and body (curl shows
+// neither for a failed CONNECT).
+func connect(t *testing.T, addr, target string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "CONNECT"})
+	if err != nil {
+		t.Fatalf("CONNECT %s: %v", target, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A failed request names the hop that failed, in konnect socks' own name, with a SOCKS5 reply and an HTTP
+// status of its own: the SSH server down (reply 1, HTTP 503) or the destination refusing as the SSH server
+// reports it (reply 5, HTTP 502). Failures are logged at the default level, rate-limited.
+func TestProcessFailedRequestsNameTheHop(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+	health := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+	cmd, out := konnectProcess(t, "-D", addr, "--health-listen", health, "-i", key, "--known-hosts", kh, "-F", "none",
+		"-l", "root", "--connect-timeout", "2s", srv.Addr())
+	ready := func() bool {
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}
+	harness.EventuallyTrue(t, 60*time.Second, "konnect socks ready", ready)
+	port := backend(t)
+	closed := harness.FreePort(t)
+	server := "SSH server root@" + srv.Addr()
+
+	// The destination refuses: the SSH server says so.
+	refused := fmt.Sprintf("127.0.0.1:%d", closed)
+	if got, _ := curl(t, "--socks5-hostname", addr, "http://"+refused+"/"); !strings.Contains(got, "(5)") {
+		t.Errorf("SOCKS5 to a closed port: %q, want reply 5 (connection refused)", got)
+	}
+	wantRefused := "konnect socks: cannot reach " + refused + ": connection refused (as reported by the " + server + ")\n"
+	if got, _ := curl(t, "--proxy", "http://"+addr, "-w", "%{http_code}", "http://"+refused+"/"); got != wantRefused+"502" {
+		t.Errorf("HTTP proxy to a closed port: %q, want %q and 502", got, wantRefused)
+	}
+	if code, body := connect(t, addr, refused); code != 502 || body != wantRefused {
+		t.Errorf("CONNECT to a closed port: %d %q, want 502 %q", code, body, wantRefused)
+	}
+
+	// The SSH server is down; the destination is up.
+	srv.Stop()
+	harness.EventuallyTrue(t, 20*time.Second, "readiness to fail", func() bool { return !ready() })
+	up := "localhost:" + port
+	if got, _ := curl(t, "--socks5-hostname", addr, "http://"+up+"/"); !strings.Contains(got, "(1)") {
+		t.Errorf("SOCKS5 with sshd down: %q, want reply 1 (general failure)", got)
+	}
+	want := "konnect socks: cannot reach " + up + ": " + server + " is unreachable: "
+	if got, _ := curl(t, "--proxy", "http://"+addr, "-w", "%{http_code}", "http://"+up+"/"); !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "503") {
+		t.Errorf("HTTP proxy with sshd down: %q, want %q... and 503", got, want)
+	}
+	if code, body := connect(t, addr, up); code != 503 || !strings.HasPrefix(body, want) {
+		t.Errorf("CONNECT with sshd down: %d %q, want 503 %q...", code, body, want)
+	}
+	srv.Restart()
+	harness.EventuallyTrue(t, 20*time.Second, "ready again", ready)
+
+	// Failures in a burst: a few lines, then one per second with the count of those left out.
+	for range 30 {
+		curl(t, "--socks5-hostname", addr, "http://"+refused+"/")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	curl(t, "--socks5-hostname", addr, "http://"+refused+"/")
+
+	cmd.Process.Kill()
+	cmd.Wait()
+	logs := out.String()
+	var failures []string
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "Proxy request failed") {
+			failures = append(failures, line)
+		}
+	}
+	for _, want := range []string{`kind="socks5"`, `kind="http connect"`, `kind="http"`, `answer="reply 5"`, `answer="reply 1"`, "answer=503", "answer=502", `dest="` + refused + `"`} {
+		found := false
+		for _, l := range failures {
+			found = found || strings.Contains(l, want)
+		}
+		if !found {
+			t.Errorf("no failure logged with %s at the default level; failures:\n%s", want, strings.Join(failures, "\n"))
+		}
+	}
+	if n := len(failures); n >= 7+31 {
+		t.Errorf("%d failure lines for 38 failed requests: not rate-limited", n)
+	}
+	if !strings.Contains(logs, "suppressedBefore=") {
+		t.Errorf("no line says how many failures were left out:\n%s", strings.Join(failures, "\n"))
+	}
 }
