@@ -55,6 +55,10 @@ type Config struct {
 	// wrong host or port never heals. Once a connection has been up, every failure but the permanent ones is
 	// retried.
 	RetryFirst bool
+	// MinBackoff and MaxBackoff bound the wait between background reconnection attempts, which doubles
+	// after each failure. A dial that waits for the connection does not wait for the backoff: it starts an
+	// attempt at once. 0 means 0.5s and 30s.
+	MinBackoff, MaxBackoff time.Duration
 	// Ciphers is the cipher preference. nil keeps golang.org/x/crypto/ssh's default order, which puts
 	// aes128-gcm@openssh.com first: with AES-NI it is the fastest choice on both ends.
 	Ciphers []string
@@ -77,6 +81,8 @@ const (
 	defaultConnectTimeout = 15 * time.Second
 	defaultAliveInterval  = 15 * time.Second
 	defaultAliveCountMax  = 3
+	defaultMinBackoff     = 500 * time.Millisecond
+	defaultMaxBackoff     = 30 * time.Second
 )
 
 // endpoint is one resolved SSH hop.
@@ -121,6 +127,8 @@ type plan struct {
 	agentSocket    string
 	connections    int // at least 1
 	retryFirst     bool
+	minBackoff     time.Duration
+	maxBackoff     time.Duration
 }
 
 // sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
@@ -345,7 +353,19 @@ func resolve(cfg Config) (*plan, error) {
 		connections:    max(cfg.Connections, 1),
 		allowOpenKeys:  cfg.AllowUnprotectedKeys,
 		retryFirst:     cfg.RetryFirst,
+		minBackoff:     cfg.MinBackoff,
+		maxBackoff:     cfg.MaxBackoff,
 	}
+	if p.minBackoff <= 0 {
+		p.minBackoff = defaultMinBackoff
+	}
+	if p.maxBackoff <= 0 {
+		p.maxBackoff = defaultMaxBackoff
+	}
+	if p.maxBackoff < p.minBackoff {
+		return nil, fmt.Errorf("SSH backoff: the maximum %s is below the minimum %s", p.maxBackoff, p.minBackoff)
+	}
+
 	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
 		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)
 	}

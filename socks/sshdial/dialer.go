@@ -3,8 +3,9 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, ProxyJump, ServerAliveInterval), sends keepalives, and reconnects with backoff when the
-// connection drops; dials made meanwhile wait, bounded by the connect timeout.
+// IdentityFile, ProxyJump, ServerAliveInterval), sends keepalives, and reconnects when the connection drops:
+// in the background with backoff, and at once when a dial needs the connection. Dials made meanwhile wait,
+// bounded by the connect timeout.
 //
 // Its errors say which hop failed: a dial refused by the destination (as the SSH server reports it) is a
 // *TargetError, a dial that found no SSH connection is a *ServerError, and both say so in their text.
@@ -39,6 +40,10 @@ import (
 // ErrStopped is returned by DialContext after Run has returned.
 var ErrStopped = errors.New("ssh dialer stopped")
 
+// demandGap spaces connection attempts while dials wait for a connection: close enough that the server is
+// used within a fraction of a second of its return, far enough that a burst of requests cannot hammer it.
+const demandGap = 250 * time.Millisecond
+
 // Dialer dials TCP connections through the SSH connections that Run maintains: one by default, or
 // Config.Connections of them to the same destination, each new dial going to the live connection that
 // carries the fewest open dials. It is safe for concurrent use.
@@ -51,6 +56,8 @@ type Dialer struct {
 	slots   []*slot       // plan.connections of them
 	live    int           // slots with a session
 	up      chan struct{} // closed while at least one slot has a session; replaced when none has
+	wake    chan struct{} // closed (and replaced) when a dial starts waiting: slots in backoff retry at once
+	waiting int           // dials waiting for a session
 	lastErr error         // why the last attempt or session failed
 	wasUp   bool          // a connection has been up once: refusals are no longer start-up mistakes
 	stopped bool
@@ -93,6 +100,7 @@ func New(cfg Config) (*Dialer, error) {
 		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys),
 		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew},
 		up:    make(chan struct{}),
+		wake:  make(chan struct{}),
 	}
 	for i := range p.connections {
 		d.slots = append(d.slots, &slot{n: i + 1})
@@ -139,12 +147,13 @@ func (d *Dialer) Connections() (up, total int) {
 	return d.live, len(d.slots)
 }
 
-// Run connects and keeps the SSH connections up until ctx ends, each reconnecting on its own with
-// exponential backoff (0.5s up to 30s) after failures. The first connection is made alone, so that a host
-// key is accepted or a passphrase asked once; the others follow once it is up. Run returns nil when ctx
-// ends, and an error for failures that retrying cannot fix, on any connection: an untrusted host key, failed
-// authentication, an unusable key file, and, unless RetryFirst is set, a refusal before any connection was
-// up. Run may be called once. Its errors are meant to be printed once, by the caller: Run does not log them.
+// Run connects and keeps the SSH connections up until ctx ends, each reconnecting on its own: at once when
+// a dial waits for it, and otherwise with exponential backoff (MinBackoff up to MaxBackoff) after failures.
+// The first connection is made alone, so that a host key is accepted or a passphrase asked once; the others
+// follow once it is up. Run returns nil when ctx ends, and an error for failures that retrying cannot fix, on
+// any connection: an untrusted host key, failed authentication, an unusable key file, and, unless
+// RetryFirst is set, a refusal before any connection was up. Run may be called once. Its errors are meant
+// to be printed once, by the caller: Run does not log them.
 func (d *Dialer) Run(ctx context.Context) error {
 	d.mu.Lock()
 	if d.running || d.stopped {
@@ -205,8 +214,7 @@ func (d *Dialer) Run(ctx context.Context) error {
 // keep connects one slot and keeps it connected until ctx ends or a permanent failure. It closes first
 // (once) when its first connection is up.
 func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error {
-	const minBackoff, maxBackoff = 500 * time.Millisecond, 30 * time.Second
-	backoff := minBackoff
+	backoff := d.plan.minBackoff
 	logArgs := func(kv ...any) []any {
 		kv = append([]any{"target", d.Target()}, kv...)
 		if len(d.slots) > 1 {
@@ -215,6 +223,7 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 		return kv
 	}
 	for attempt := 1; ; attempt++ {
+		demanded := d.demand()
 		s, err := d.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -227,17 +236,20 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 			if err := d.startMistake(err); err != nil {
 				return err
 			}
-			wait := backoff/2 + rand.N(backoff/2+1)
-			klog.InfoS("SSH connection failed; retrying", logArgs("attempt", attempt, "in", wait.Round(time.Millisecond), "err", err)...)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(wait):
+			// Attempts made for waiting dials come every demandGap while the server is away; the first of
+			// them and every background one are worth a line at the default level.
+			if demanded && attempt > 1 {
+				klog.V(1).InfoS("SSH connection failed; a proxied connection is waiting, retrying", logArgs("attempt", attempt, "err", err)...)
+			} else {
+				klog.InfoS("SSH connection failed; retrying", logArgs("attempt", attempt, "err", err)...)
 			}
-			backoff = min(backoff*2, maxBackoff)
+			if !d.pause(ctx, backoff) {
+				return nil
+			}
+			backoff = min(backoff*2, d.plan.maxBackoff)
 			continue
 		}
-		attempt, backoff = 0, minBackoff
+		attempt, backoff = 0, d.plan.minBackoff
 		d.setSession(sl, s)
 		if sl.n == 1 {
 			select {
@@ -272,6 +284,40 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 		klog.InfoS("SSH connection lost; reconnecting, new proxied connections wait up to the connect timeout",
 			logArgs("err", why, "connectTimeout", d.plan.connectTimeout)...)
 	}
+}
+
+// pause waits before the next connection attempt: a jittered backoff while no dial waits, and at most
+// demandGap after the failed attempt once one does (a dial that starts waiting cuts the backoff short). It
+// reports false when ctx ended.
+func (d *Dialer) pause(ctx context.Context, backoff time.Duration) bool {
+	failed := time.Now()
+	background := failed.Add(backoff/2 + rand.N(backoff/2+1))
+	for {
+		d.mu.Lock()
+		wake, demanded := d.wake, d.waiting > 0
+		d.mu.Unlock()
+		until := background
+		if next := failed.Add(demandGap); demanded && next.Before(until) {
+			until = next
+		}
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+			return true
+		case <-wake:
+			t.Stop()
+		}
+	}
+}
+
+// demand reports whether a dial is waiting for a connection.
+func (d *Dialer) demand() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.waiting > 0
 }
 
 // startMistake turns a refusal into a permanent error until a connection has been up once, unless
@@ -358,6 +404,22 @@ func (d *Dialer) pick() (*slot, *session, <-chan struct{}, bool) {
 	// Counted before the dial, so that concurrent dials spread; DialContext takes it back on failure.
 	best.sess.open.Add(1)
 	return best, best.sess, d.up, d.stopped
+}
+
+// startWaiting registers a dial that waits for a connection and wakes the slots that sit out a backoff, so
+// that they try at once. stopWaiting undoes it.
+func (d *Dialer) startWaiting() {
+	d.mu.Lock()
+	d.waiting++
+	close(d.wake)
+	d.wake = make(chan struct{})
+	d.mu.Unlock()
+}
+
+func (d *Dialer) stopWaiting() {
+	d.mu.Lock()
+	d.waiting--
+	d.mu.Unlock()
 }
 
 // permanent reports whether retrying err is pointless.
@@ -562,8 +624,8 @@ func (e *TargetError) ReportedBy() string { return "SSH server " + e.Server }
 
 // DialContext opens a TCP connection from the SSH server to addr ("host:port"; a host name is resolved by
 // the server, like ssh -D). network must be tcp, tcp4 or tcp6. While the SSH connection is down it waits for
-// it to come back, at most the connect timeout or until ctx ends. A refusal by the far side is a
-// *TargetError; no SSH connection is a *ServerError.
+// it to come back, at most the connect timeout or until ctx ends, and has Run try at once. A refusal by the
+// far side is a *TargetError; no SSH connection is a *ServerError.
 func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -579,15 +641,26 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return nil, fmt.Errorf("ssh dial %s: port %q: want a number 0-65535", addr, port)
 	}
-	wait := time.NewTimer(d.plan.connectTimeout)
-	defer wait.Stop()
-	began := time.Now()
+	// The wait for a connection is bounded by the connect timeout from when it begins: a dial whose
+	// connection died under it (or froze) still gets the full wait for the next one.
+	var wait *time.Timer
+	var began time.Time
+	defer func() {
+		if wait != nil {
+			wait.Stop()
+			d.stopWaiting()
+		}
+	}()
 	for {
 		sl, s, up, stopped := d.pick()
 		if stopped {
 			return nil, ErrStopped
 		}
 		if s == nil {
+			if wait == nil {
+				wait, began = time.NewTimer(d.plan.connectTimeout), time.Now()
+				d.startWaiting()
+			}
 			select {
 			case <-up:
 				continue

@@ -1,13 +1,17 @@
 package sshdial
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +23,133 @@ import (
 func waitDown(t *testing.T, d *Dialer) {
 	t.Helper()
 	harness.EventuallyTrue(t, 15*time.Second, "the dialer to notice the SSH connection is down", func() bool { return d.Ready() != nil })
+}
+
+// fetch sends one HTTP GET over c and returns the body.
+func fetch(t *testing.T, c net.Conn, path string) string {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: backend\r\nConnection: close\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := bufio.NewReader(resp.Body).WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// After sshd was down long enough for the background backoff to reach several seconds, the first dial made
+// once it is back connects at once: it starts an attempt of its own instead of waiting for the next
+// background one (autossh users expect the proxy usable within a second of the server's return).
+func TestFirstDialAfterLongOutage(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	cfg := f.config()
+	cfg.ConnectTimeout = 10 * time.Second
+	// Background attempts come after 2-4s, 4-8s, 8-16s, 16-32s: 20s into the outage the next one is at
+	// least 4s away, and likely more than 8s.
+	cfg.MinBackoff, cfg.MaxBackoff = 4*time.Second, time.Minute
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, be, "/before")
+
+	f.sshd.Stop()
+	waitDown(t, d)
+	time.Sleep(20 * time.Second)
+	f.sshd.Restart()
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", be)
+	took := time.Since(t0)
+	if err != nil {
+		t.Fatalf("first dial after sshd returned: %v (after %s)", err, took)
+	}
+	defer c.Close()
+	// One SSH handshake on loopback takes tens of milliseconds; 2s leaves room for a loaded machine.
+	if took > 2*time.Second {
+		t.Fatalf("first dial after sshd returned took %s, want under 2s (a connection attempt at once)", took)
+	}
+	if got := fetch(t, c, "/after"); got != "hello from backend /after" {
+		t.Fatalf("body %q", got)
+	}
+	t.Logf("first dial after a 20s outage connected in %s", took.Round(time.Millisecond))
+}
+
+// Dials that wait for a connection start an attempt at once, whatever the backoff, and share it: fifty
+// waiting dials against a server that never answers make one connection attempt, not fifty.
+func TestWaitingDialsShareOneAttempt(t *testing.T) {
+	// A server that accepts TCP connections and never says a word: each attempt hangs in the handshake
+	// until the connect timeout.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var held sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			held.Add(1)
+			go func() { defer held.Done(); <-stop; c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); close(stop); held.Wait() })
+
+	dir := t.TempDir()
+	key, _ := harness.SSHKeyPair(t, dir, "id_client", "")
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, nil, 0o600)
+	cfg := Config{
+		Destination: ln.Addr().String(), IdentityFiles: []string{key}, ConfigFile: "none", KnownHostsFile: kh,
+		AgentSocket: "none", ConnectTimeout: 2 * time.Second, RetryFirst: true,
+		MinBackoff: time.Hour, MaxBackoff: time.Hour, // the background would not try again within the test
+	}
+	d, _ := start(t, cfg)
+	// The first attempt times out in the handshake; the background then waits an hour.
+	harness.EventuallyTrue(t, 10*time.Second, "the first attempt to time out", func() bool {
+		err := d.Ready()
+		return err != nil && strings.Contains(err.Error(), "no answer within")
+	})
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("%d connection attempts before the dials, want 1", n)
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	t0 := time.Now()
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			defer cancel()
+			_, err := d.DialContext(ctx, "tcp", "127.0.0.1:80")
+			errs <- err
+		}()
+	}
+	harness.EventuallyTrue(t, time.Second, "a connection attempt made for the waiting dials", func() bool { return accepted.Load() == 2 })
+	t.Logf("waiting dials started an attempt %s after they began", time.Since(t0).Round(time.Millisecond))
+	wg.Wait()
+	close(errs)
+	if n := accepted.Load(); n != 2 {
+		t.Fatalf("50 waiting dials made %d connection attempts, want 1", n-1)
+	}
+	for err := range errs {
+		var se *ServerError
+		if !errors.As(err, &se) || !strings.Contains(err.Error(), "SSH server ") {
+			t.Fatalf("dial while the server does not answer: %v, want a ServerError naming the SSH server", err)
+		}
+	}
 }
 
 // Start-up mistakes end Run at once instead of retrying for ever: a refused first connection (unless
@@ -54,7 +185,7 @@ func TestStartMistakesEndRun(t *testing.T) {
 		kh := filepath.Join(dir, "known_hosts")
 		os.WriteFile(kh, nil, 0o600)
 		cfg := Config{Destination: addr, IdentityFiles: []string{key}, ConfigFile: "none", KnownHostsFile: kh,
-			AgentSocket: "none", ConnectTimeout: 5 * time.Second, RetryFirst: true, AcceptNew: true}
+			AgentSocket: "none", ConnectTimeout: 5 * time.Second, RetryFirst: true, AcceptNew: true, MaxBackoff: time.Second}
 		d, done := start(t, cfg)
 		select {
 		case err := <-done:
