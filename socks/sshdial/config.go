@@ -45,10 +45,13 @@ type Config struct {
 	// ConnectTimeout bounds one connection attempt (TCP connect and SSH handshake, per hop) and how long a
 	// dial waits for the SSH connection to come back. 0 means 15s.
 	ConnectTimeout time.Duration
-	// ServerAliveInterval is the keepalive period. 0 means the config file's ServerAliveInterval, else 15s;
-	// a negative value disables keepalives.
+	// ServerAliveInterval is the keepalive period. 0 means the config file's ServerAliveInterval, else 5s;
+	// a negative value disables keepalives. As with OpenSSH, a server that sends nothing for
+	// ServerAliveCountMax intervals in a row, keepalives unanswered, is dropped: within
+	// ServerAliveInterval × (ServerAliveCountMax+1) of going silent, 20s by default.
 	ServerAliveInterval time.Duration
-	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means 3.
+	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means
+	// the config file's ServerAliveCountMax, else 3.
 	ServerAliveCountMax int
 	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve)
 	// before any connection was up, as when the server is not up yet. Without it Run returns that error: a
@@ -79,10 +82,12 @@ const MaxConnections = 16
 
 const (
 	defaultConnectTimeout = 15 * time.Second
-	defaultAliveInterval  = 15 * time.Second
-	defaultAliveCountMax  = 3
-	defaultMinBackoff     = 500 * time.Millisecond
-	defaultMaxBackoff     = 30 * time.Second
+	// OpenSSH sends no keepalives by default. 5s × (3+1) notices a frozen server within 20s, well before a
+	// client gives up on its proxy, for one small packet every 5s.
+	defaultAliveInterval = 5 * time.Second
+	defaultAliveCountMax = 3
+	defaultMinBackoff    = 500 * time.Millisecond
+	defaultMaxBackoff    = 30 * time.Second
 )
 
 // endpoint is one resolved SSH hop.
@@ -129,6 +134,15 @@ type plan struct {
 	retryFirst     bool
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
+}
+
+// probeTimeout is how long a dial that waits for the server's answer gives a keepalive before it declares
+// the connection frozen.
+func (p *plan) probeTimeout() time.Duration {
+	if p.aliveInterval > 0 {
+		return p.aliveInterval
+	}
+	return defaultAliveInterval
 }
 
 // sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
@@ -365,7 +379,6 @@ func resolve(cfg Config) (*plan, error) {
 	if p.maxBackoff < p.minBackoff {
 		return nil, fmt.Errorf("SSH backoff: the maximum %s is below the minimum %s", p.maxBackoff, p.minBackoff)
 	}
-
 	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
 		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)
 	}

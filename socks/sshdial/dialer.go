@@ -3,9 +3,10 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, ProxyJump, ServerAliveInterval), sends keepalives, and reconnects when the connection drops:
-// in the background with backoff, and at once when a dial needs the connection. Dials made meanwhile wait,
-// bounded by the connect timeout.
+// IdentityFile, ProxyJump, ServerAliveInterval, ServerAliveCountMax), sends keepalives, and reconnects when
+// the connection drops: in the background with backoff, and at once when a dial needs the connection. Dials
+// made meanwhile wait, bounded by the connect timeout. A dial whose answer is late checks, with a keepalive,
+// that the server is still there, and moves to a fresh connection when it is not.
 //
 // Its errors say which hop failed: a dial refused by the destination (as the SSH server reports it) is a
 // *TargetError, a dial that found no SSH connection is a *ServerError, and both say so in their text.
@@ -39,6 +40,11 @@ import (
 
 // ErrStopped is returned by DialContext after Run has returned.
 var ErrStopped = errors.New("ssh dialer stopped")
+
+// dialProbeAfter is how long a dial waits for the server's answer before it checks, with a keepalive, that
+// the server is still there. Channel opens on a live connection take a round trip and the destination's
+// connect; a second is long for both, and one keepalive per slow dial costs nothing.
+const dialProbeAfter = time.Second
 
 // demandGap spaces connection attempts while dials wait for a connection: close enough that the server is
 // used within a fraction of a second of its return, far enough that a burst of requests cannot hammer it.
@@ -75,8 +81,12 @@ type slot struct {
 type session struct {
 	client *ssh.Client
 	chain  []*ssh.Client // jump hosts, first hop first
+	heard  *activity     // when bytes last came from the server
 	once   sync.Once
 	open   atomic.Int64 // dialled connections not yet closed
+
+	pingMu  sync.Mutex
+	pinging bool // a keepalive is in flight
 }
 
 func (s *session) close() {
@@ -87,6 +97,34 @@ func (s *session) close() {
 		}
 	})
 }
+
+// ping sends a keepalive@openssh.com request unless one is in flight. The answer shows up in s.heard, as
+// does any other byte from the server. The library sends one global request at a time anyway; sharing it
+// keeps a burst of slow dials to one.
+func (s *session) ping() {
+	s.pingMu.Lock()
+	defer s.pingMu.Unlock()
+	if s.pinging {
+		return
+	}
+	s.pinging = true
+	go func() {
+		// Any answer, even a refusal, proves the server is alive; the call returns when the connection
+		// closes otherwise.
+		_, _, _ = s.client.SendRequest("keepalive@openssh.com", true, nil)
+		s.pingMu.Lock()
+		s.pinging = false
+		s.pingMu.Unlock()
+	}()
+}
+
+// activity records when bytes last arrived on a connection.
+type activity struct{ last atomic.Int64 } // UnixNano
+
+func (a *activity) mark() { a.last.Store(time.Now().UnixNano()) }
+
+// since reports whether bytes arrived after t.
+func (a *activity) since(t time.Time) bool { return a.last.Load() > t.UnixNano() }
 
 // New checks cfg, reads the SSH config file and prepares authentication. It does not connect; Run does. It
 // fails when there is no identity at all to authenticate with, which no connection attempt could fix.
@@ -431,42 +469,37 @@ func permanent(err error) bool {
 	return errors.As(err, &hk) || errors.As(err, &ae) || errors.As(err, &ek) || errors.As(err, &uk)
 }
 
-// keepalive sends keepalive@openssh.com requests and drops the session when ServerAliveCountMax of them in a
-// row get no answer, so that a dead path is noticed and re-established.
+// keepalive drops the session when the server has sent nothing (keepalives unanswered) for
+// ServerAliveCountMax intervals in a row, as OpenSSH's ServerAliveInterval does, so that a dead path or a
+// frozen server is noticed and re-established: within ServerAliveInterval × (ServerAliveCountMax+1).
 func (d *Dialer) keepalive(ctx context.Context, s *session) {
 	if d.plan.aliveInterval <= 0 {
 		return
 	}
 	t := time.NewTicker(d.plan.aliveInterval)
 	defer t.Stop()
-	replies := make(chan error, 1)
-	pending, missed := false, 0
+	var sent time.Time // when the previous tick asked for an answer
+	missed := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case err := <-replies:
-			pending = false
-			if err != nil {
-				return // the connection is gone; Run sees it through Wait
-			}
-			missed = 0
-		case <-t.C:
-			if pending {
-				missed++
-				if missed >= d.plan.aliveCountMax {
-					klog.InfoS("SSH server stopped answering keepalives; dropping the connection", "target", d.Target(), "unanswered", missed)
-					s.close()
-					return
+		case now := <-t.C:
+			if !sent.IsZero() {
+				if s.heard.since(sent) {
+					missed = 0
+				} else {
+					missed++
 				}
-				continue
 			}
-			pending = true
-			go func() {
-				// Any answer, even a refusal, proves the server is alive.
-				_, _, err := s.client.SendRequest("keepalive@openssh.com", true, nil)
-				replies <- err
-			}()
+			if missed >= d.plan.aliveCountMax {
+				klog.InfoS("SSH server stopped answering keepalives; dropping the connection", "target", d.Target(),
+					"unanswered", missed, "interval", d.plan.aliveInterval)
+				s.close()
+				return
+			}
+			s.ping()
+			sent = now
 		}
 	}
 }
@@ -480,13 +513,13 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		}
 		return nil, err
 	}
+	var heard *activity
 	for i, hop := range d.plan.hops {
 		hctx, cancel := context.WithTimeout(ctx, d.plan.connectTimeout)
 		var conn net.Conn
 		var err error
 		if i == 0 {
 			nd := net.Dialer{KeepAlive: 30 * time.Second}
-			// The error names the address: "dial tcp 10.0.0.1:22: connect: connection refused".
 			conn, err = nd.DialContext(hctx, "tcp", hop.addr())
 			if err != nil && len(d.plan.hops) > 1 {
 				err = fmt.Errorf("jump host %s: %w", hop, err)
@@ -497,23 +530,24 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 				err = fmt.Errorf("jump host: %w", channelError(err, hop.addr(), d.plan.hops[i-1].String()))
 			}
 		}
+		cancel()
 		if err != nil {
-			cancel()
 			return fail(err)
 		}
-		cancel()
-		c, err := d.handshake(ctx, conn, hop)
+		heard = &activity{}
+		c, err := d.handshake(ctx, conn, hop, heard)
 		if err != nil {
 			conn.Close()
 			return fail(err)
 		}
 		chain = append(chain, c)
 	}
-	return &session{client: chain[len(chain)-1], chain: chain[:len(chain)-1]}, nil
+	return &session{client: chain[len(chain)-1], chain: chain[:len(chain)-1], heard: heard}, nil
 }
 
-// handshake runs the SSH handshake for one hop over conn, aborting when ctx ends.
-func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*ssh.Client, error) {
+// handshake runs the SSH handshake for one hop over conn, aborting when ctx ends. heard records the bytes
+// that arrive on conn for the session's life.
+func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, heard *activity) (*ssh.Client, error) {
 	algos, err := d.known.algorithms(hop.knownHostsAddr())
 	if err != nil {
 		return nil, err
@@ -541,7 +575,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint) (*s
 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	c, chans, reqs, err := ssh.NewClientConn(newReadBuffered(conn), hop.addr(), cc)
+	c, chans, reqs, err := ssh.NewClientConn(newReadBuffered(conn, heard), hop.addr(), cc)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("ssh handshake with %s: %w", hop, ctx.Err())
@@ -670,7 +704,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 				return nil, &ServerError{Server: d.server().String(), Err: d.downReason(), Waited: time.Since(began)}
 			}
 		}
-		conn, err := s.client.DialContext(ctx, "tcp", addr)
+		conn, err := d.open(ctx, s, addr)
 		if err == nil {
 			return &countedConn{Conn: conn, s: s}, nil
 		}
@@ -697,6 +731,50 @@ func (d *Dialer) downReason() error {
 		return d.lastErr
 	}
 	return errors.New("still connecting")
+}
+
+// open opens a direct-tcpip channel to addr on s. When the server has not answered within dialProbeAfter, a
+// keepalive checks that it is still there; if neither its answer nor any other byte arrives within the
+// keepalive interval, the server is frozen (or the path to it dead): the session is closed, which fails this
+// open so that DialContext moves it to a fresh connection.
+func (d *Dialer) open(ctx context.Context, s *session, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, err := s.client.DialContext(ctx, "tcp", addr)
+		res <- result{c, err}
+	}()
+	probe := time.NewTimer(dialProbeAfter)
+	defer probe.Stop()
+	var verdict <-chan time.Time
+	var asked time.Time
+	for {
+		select {
+		case r := <-res:
+			return r.c, r.err
+		case asked = <-probe.C:
+			s.ping()
+			verdict = time.After(d.plan.probeTimeout())
+		case <-verdict:
+			verdict = nil
+			if s.heard.since(asked) {
+				// Alive: the destination is slow. Check again later.
+				probe.Reset(dialProbeAfter)
+				continue
+			}
+			klog.InfoS("SSH server did not answer a keepalive while a proxied connection waited; dropping the connection and reconnecting",
+				"target", d.Target(), "dest", addr, "waited", d.plan.probeTimeout()+dialProbeAfter)
+			s.close()
+			r := <-res
+			if r.c != nil {
+				r.c.Close()
+			}
+			return nil, fmt.Errorf("SSH server stopped answering: %w", net.ErrClosed)
+		}
+	}
 }
 
 // countedConn is a dialled connection that its session counts until it is closed, for pick.
@@ -757,8 +835,23 @@ type readBuffered struct {
 	br *bufio.Reader
 }
 
-func newReadBuffered(c net.Conn) net.Conn {
-	return &readBuffered{Conn: c, br: bufio.NewReaderSize(quickAck(c), readBufSize)}
+func newReadBuffered(c net.Conn, heard *activity) net.Conn {
+	return &readBuffered{Conn: c, br: bufio.NewReaderSize(&heardConn{Conn: quickAck(c), heard: heard}, readBufSize)}
 }
 
 func (r *readBuffered) Read(p []byte) (int, error) { return r.br.Read(p) }
+
+// heardConn records when bytes arrive, for keepalives: any byte from the server shows it is alive. It sits
+// under the large buffer, so it costs a clock read per socket read, not per packet.
+type heardConn struct {
+	net.Conn
+	heard *activity
+}
+
+func (h *heardConn) Read(p []byte) (int, error) {
+	n, err := h.Conn.Read(p)
+	if n > 0 {
+		h.heard.mark()
+	}
+	return n, err
+}

@@ -57,7 +57,8 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.KnownHostsFile, "known-hosts", f.KnownHostsFile, "known_hosts file with the trusted host keys (hashed entries and [host]:port are understood). Default: the SSH config file's UserKnownHostsFile, else ~/.ssh/known_hosts.")
 	fs.BoolVar(&f.AcceptNew, "accept-new", f.AcceptNew, "Trust an SSH host seen for the first time and add its key to the known_hosts file. A changed host key is always refused.")
 	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
-	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 15s; negative disables.")
+	fs.DurationVar(&f.ServerAliveInterval, "server-alive-interval", f.ServerAliveInterval, "Keepalive period on the SSH connection; 0 means the SSH config file's ServerAliveInterval, else 5s; negative disables. "+
+		"A server silent for ServerAliveCountMax (3) periods in a row is dropped and reconnected; a proxied connection whose SSH answer is a second late checks sooner.")
 	fs.BoolVar(&f.RetryFirst, "retry-first", f.RetryFirst, "Keep retrying when the SSH server refuses the first connection (or its name does not resolve), e.g. while it boots. Without it that ends the command: a wrong host or port never heals.")
 	fs.BoolVar(&f.AllowUnprotectedKey, "allow-unprotected-key", f.AllowUnprotectedKey, "Use identity files that group or others may read, which OpenSSH refuses (UNPROTECTED PRIVATE KEY FILE).")
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")

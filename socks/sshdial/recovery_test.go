@@ -25,6 +25,13 @@ func waitDown(t *testing.T, d *Dialer) {
 	harness.EventuallyTrue(t, 15*time.Second, "the dialer to notice the SSH connection is down", func() bool { return d.Ready() != nil })
 }
 
+// session returns the session of the dialer's first slot, or nil.
+func (d *Dialer) firstSession() *session {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.slots[0].sess
+}
+
 // fetch sends one HTTP GET over c and returns the body.
 func fetch(t *testing.T, c net.Conn, path string) string {
 	t.Helper()
@@ -252,6 +259,86 @@ func TestStartMistakeUnknownHost(t *testing.T) {
 	if err := d.startMistake(notFound); err != nil {
 		t.Fatalf("startMistake with RetryFirst = %v, want nil", err)
 	}
+}
+
+// freezeSessions stops (SIGSTOP) every sshd process that serves an established connection, leaving the
+// listener free to accept new ones; they are killed with sshd when the test ends. For each connection
+// OpenSSH forks a process that holds its socket: stopped, the connection stays open (the kernel still
+// acknowledges) but nothing answers, as with a server that hangs or a path that black-holes.
+func freezeSessions(t *testing.T, srv *harness.SSHD) {
+	t.Helper()
+	pids := srv.Pids()
+	if len(pids) < 2 {
+		t.Fatalf("no sshd process serves a connection (pids %v)", pids)
+	}
+	for _, pid := range pids[1:] {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatalf("SIGSTOP %d: %v", pid, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids[1:] {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+}
+
+// A frozen server (its session process stopped) is noticed: a dial that would wait on it moves to a fresh
+// connection within dialProbeAfter + the keepalive interval (6s by default), and with no dial at all the
+// keepalives drop it within ServerAliveInterval × (ServerAliveCountMax+1) (20s by default).
+func TestFrozenServer(t *testing.T) {
+	t.Run("a dial moves to a fresh connection", func(t *testing.T) {
+		f := newFixture(t)
+		be := backend(t)
+		d, done := start(t, f.config()) // default keepalives
+		waitReady(t, d, done)
+		get(t, d, be, "/before")
+		frozen := d.firstSession()
+		freezeSessions(t, f.sshd)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		t0 := time.Now()
+		c, err := d.DialContext(ctx, "tcp", be)
+		took := time.Since(t0)
+		if err != nil {
+			t.Fatalf("dial on a frozen server: %v after %s", err, took)
+		}
+		defer c.Close()
+		bound := dialProbeAfter + defaultAliveInterval
+		if took > bound+3*time.Second {
+			t.Fatalf("dial on a frozen server took %s, want about %s", took, bound)
+		}
+		if sessionOf(t, c) == frozen {
+			t.Fatal("the dial went over the frozen connection")
+		}
+		if got := fetch(t, c, "/after"); got != "hello from backend /after" {
+			t.Fatalf("body %q", got)
+		}
+		t.Logf("dial on a frozen server connected in %s (bound %s)", took.Round(time.Millisecond), bound)
+	})
+
+	t.Run("keepalives drop it", func(t *testing.T) {
+		f := newFixture(t)
+		d, done := start(t, f.config()) // default keepalives
+		waitReady(t, d, done)
+		if bound := d.plan.aliveInterval * time.Duration(d.plan.aliveCountMax+1); bound != 20*time.Second {
+			t.Fatalf("default keepalive bound %s, want the 20s the README promises", bound)
+		}
+		frozen := d.firstSession()
+		freezeSessions(t, f.sshd)
+		t0 := time.Now()
+		harness.EventuallyTrue(t, 25*time.Second, "the frozen connection to be replaced", func() bool {
+			s := d.firstSession()
+			return s != nil && s != frozen
+		})
+		took := time.Since(t0)
+		// Between CountMax and CountMax+1 intervals of silence, and a reconnect.
+		if took < 2*defaultAliveInterval || took > 20*time.Second+3*time.Second {
+			t.Fatalf("frozen connection replaced after %s, want %s to 20s", took, 2*defaultAliveInterval)
+		}
+		t.Logf("frozen connection dropped and replaced after %s", took.Round(time.Millisecond))
+	})
 }
 
 // A failed dial names the hop that failed: the destination as the SSH server reports it (refused, or
