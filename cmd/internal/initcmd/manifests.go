@@ -34,8 +34,8 @@ const (
 )
 
 // defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
-// the konnect that wrote them, never a moving ":latest". A plain `go build` is version "devel", and so is
-// its image.
+// the konnect that wrote them, never a moving ":latest". A binary built without the Makefile takes its
+// version from the Go toolchain's build information (buildinfo.FromBuildInfo).
 func defaultImage() string { return manifests.Image(buildinfo.Version) }
 
 func (r *runner) manifests([]string) error {
