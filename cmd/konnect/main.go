@@ -3,9 +3,11 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/konnect-dev/konnect/cmd/internal/agentcmd"
+	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
@@ -16,13 +18,18 @@ import (
 
 func main() {
 	daemon.RedactSecretsInLogs()
-	if err := newRootCommand().Execute(); err != nil {
+	root, err := newRootCommand()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "konnect:", err)
+		os.Exit(1)
+	}
+	if err := root.Execute(); err != nil {
 		// cobra has already printed the error with the command's name.
 		os.Exit(1)
 	}
 }
 
-func newRootCommand() *cobra.Command {
+func newRootCommand() (*cobra.Command, error) {
 	root := &cobra.Command{
 		Use:   "konnect",
 		Short: "Aggregation-layer PKI, the Konnectivity tunnel, and developer access to remote API servers",
@@ -33,7 +40,10 @@ func newRootCommand() *cobra.Command {
   On a developer's laptop:   konnect socks, konnect proxy     (SSH SOCKS5/HTTP proxy, kubectl-proxy drop-in)`,
 		SilenceUsage:  true,
 		SilenceErrors: false,
+		// --version, as `konnect version` prints it.
+		Version: buildinfo.Version,
 	}
+	root.SetVersionTemplate(versionLine(currentVersion()) + "\n")
 	root.AddGroup(
 		&cobra.Group{ID: "control-plane", Title: "Control-plane setup:"},
 		&cobra.Group{ID: "tunnel", Title: "Konnectivity tunnel:"},
@@ -49,5 +59,5 @@ func newRootCommand() *cobra.Command {
 	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), servercmd.NewDoctorCommand())
 	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())
-	return root
+	return root, nil
 }

@@ -30,6 +30,11 @@ func currentVersion() versionInfo {
 	return v
 }
 
+// versionLine is what konnect version and konnect --version print.
+func versionLine(v versionInfo) string {
+	return fmt.Sprintf("konnect %s (%s, %s, apiserver-network-proxy %s)", v.Version, v.GoVersion, v.Platform, v.ANP)
+}
+
 func newVersionCommand() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
@@ -40,7 +45,7 @@ func newVersionCommand() *cobra.Command {
 			v := currentVersion()
 			switch output {
 			case "", "text":
-				fmt.Fprintf(cmd.OutOrStdout(), "konnect %s (%s, %s, apiserver-network-proxy %s)\n", v.Version, v.GoVersion, v.Platform, v.ANP)
+				fmt.Fprintln(cmd.OutOrStdout(), versionLine(v))
 			case "json":
 				b, _ := json.MarshalIndent(v, "", "  ")
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
