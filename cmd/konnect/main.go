@@ -59,5 +59,6 @@ func newRootCommand() (*cobra.Command, error) {
 	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), servercmd.NewDoctorCommand())
 	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())
+	suggestSubcommands(root)
 	return root, nil
 }

@@ -135,7 +135,13 @@ In a directory written by konnect certs apiservice or konnect certs webhook (--d
 DIR/pki/tls.crt), the certificates are the extension server's, and DIR/` + manifests.ServingSecretFile + ` and the
 caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 ` + strings.Join(servingLines, "\n"),
-		Args:      cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("name the certificates to renew, or all:\n  %-28s %s\n%s\nin a directory written by konnect certs apiservice or konnect certs webhook:\n%s",
+					pki.All, "every leaf certificate present in DIR/pki", strings.Join(lines, "\n"), strings.Join(servingLines, "\n"))
+			}
+			return nil
+		},
 		ValidArgs: append([]string{pki.All}, valid...),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			d, err := absDir("--dir", dir)
