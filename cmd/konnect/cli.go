@@ -2,9 +2,14 @@ package main
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 
+	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // suggestSubcommands makes a mistyped subcommand of a command group ("konnect certs renw") an error that
@@ -42,4 +47,71 @@ func unknownSubcommand(cmd *cobra.Command, name string) error {
 		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
 	}
 	return fmt.Errorf("%s\n\nRun '%s --help' for its commands", msg, cmd.CommandPath())
+}
+
+// flagValues are the shell completions of flags that take one of a few values, by flag name: every command
+// with a flag of that name offers them (TestFlagCompletion checks that each such flag's help names them).
+var flagValues = map[string][]string{
+	"mode":          {string(egress.ModeGRPC) + "\tgRPC tunnel (konnectivity-client)", string(egress.ModeHTTPConnect) + "\tHTTP CONNECT"},
+	"transport":     {string(egress.TransportUDS) + "\tunix socket", string(egress.TransportTCP) + "\tmTLS over TCP on 127.0.0.1"},
+	"agent-auth":    {initcmd.AgentAuthToken + "\tprojected ServiceAccount token, checked by TokenReview", initcmd.AgentAuthMTLS + "\tclient certificate"},
+	"key-algorithm": keyAlgorithms(),
+	"step": {
+		"1\tnew CA; caBundle holds the old and the new CA",
+		"2\tserving certificate from the new CA",
+		"3\tcaBundle holds the new CA alone",
+	},
+}
+
+func keyAlgorithms() []string {
+	var out []string
+	for _, a := range pki.KeyAlgorithms() {
+		out = append(out, string(a))
+	}
+	return out
+}
+
+// registerCompletions gives every flag in flagValues, and every --context, its values in c and below.
+func registerCompletions(c *cobra.Command) error {
+	for _, sub := range c.Commands() {
+		if err := registerCompletions(sub); err != nil {
+			return err
+		}
+	}
+	for name, values := range flagValues {
+		if c.Flags().Lookup(name) == nil {
+			continue
+		}
+		values := values
+		if err := c.RegisterFlagCompletionFunc(name, func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return values, cobra.ShellCompDirectiveNoFileComp
+		}); err != nil {
+			return fmt.Errorf("%s --%s: %w", c.CommandPath(), name, err)
+		}
+	}
+	if c.Flags().Lookup("context") != nil {
+		if err := c.RegisterFlagCompletionFunc("context", completeContexts); err != nil {
+			return fmt.Errorf("%s --context: %w", c.CommandPath(), err)
+		}
+	}
+	return nil
+}
+
+// completeContexts offers the contexts of the command's --kubeconfig, else of $KUBECONFIG or ~/.kube/config,
+// as kubectl does.
+func completeContexts(cmd *cobra.Command, _ []string, _ string) ([]string, cobra.ShellCompDirective) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if f := cmd.Flags().Lookup("kubeconfig"); f != nil && f.Value.String() != "" {
+		rules.ExplicitPath = f.Value.String()
+	}
+	cfg, err := rules.Load()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError | cobra.ShellCompDirectiveNoFileComp
+	}
+	var names []string
+	for name, ctx := range cfg.Contexts {
+		names = append(names, name+"\tcluster "+ctx.Cluster)
+	}
+	sort.Strings(names)
+	return names, cobra.ShellCompDirectiveNoFileComp
 }

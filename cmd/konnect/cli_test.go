@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // konnect runs the whole command tree with args and returns stdout, stderr and the error.
@@ -86,4 +90,106 @@ func TestRenewWithoutNameListsTheNames(t *testing.T) {
 			t.Errorf("certs renew with no name does not list %s:\n%s", n, err)
 		}
 	}
+}
+
+// complete asks cobra's completion command for the values of a flag and returns them without descriptions.
+func complete(t *testing.T, args ...string) []string {
+	t.Helper()
+	out, _, err := konnect(t, append([]string{cobra.ShellCompRequestCmd}, args...)...)
+	if err != nil {
+		t.Fatalf("__complete %s: %v", strings.Join(args, " "), err)
+	}
+	var vals []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasPrefix(line, ":") { // the directive
+			continue
+		}
+		v, _, _ := strings.Cut(line, "\t")
+		vals = append(vals, v)
+	}
+	return vals
+}
+
+func TestFlagCompletion(t *testing.T) {
+	algs := []string{}
+	for _, a := range pki.KeyAlgorithms() {
+		algs = append(algs, string(a))
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"init", "--mode", ""}, []string{"grpc", "http-connect"}},
+		{[]string{"server", "--mode", ""}, []string{"grpc", "http-connect"}},
+		{[]string{"doctor", "dial", "--mode", ""}, []string{"grpc", "http-connect"}},
+		{[]string{"init", "--transport", ""}, []string{"uds", "tcp"}},
+		{[]string{"init", "--key-algorithm", ""}, algs},
+		{[]string{"init", "phase", "certs", "--key-algorithm", ""}, algs},
+		{[]string{"certs", "webhook", "--key-algorithm", ""}, algs},
+		{[]string{"certs", "apiservice", "--key-algorithm", ""}, algs},
+		{[]string{"init", "--agent-auth", ""}, []string{"token", "mtls"}},
+		{[]string{"certs", "rotate-ca", "--step", ""}, []string{"1", "2", "3"}},
+	} {
+		if got := complete(t, tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("konnect %s: completes %q, want %q", strings.Join(tc.args, " "), got, tc.want)
+		}
+	}
+
+	kc := filepath.Join(t.TempDir(), "config")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: prod
+  context: {cluster: c, user: u}
+- name: staging
+  context: {cluster: c, user: u}
+current-context: prod
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"kubeconfig", "set-proxy", "--kubeconfig", kc, "--context", ""},
+		{"proxy", "--kubeconfig", kc, "--context", ""},
+	} {
+		if got := complete(t, args...); strings.Join(got, " ") != "prod staging" {
+			t.Errorf("konnect %s: completes %q, want prod staging", strings.Join(args, " "), got)
+		}
+	}
+	t.Setenv("KUBECONFIG", kc)
+	if got := complete(t, "kubeconfig", "set-proxy", "--context", ""); strings.Join(got, " ") != "prod staging" {
+		t.Errorf("--context with $KUBECONFIG: completes %q, want prod staging", got)
+	}
+}
+
+// Completion goes by flag name, so every flag of that name anywhere must take those values: its help says so.
+func TestCompletedFlagsTakeTheirValues(t *testing.T) {
+	root, err := newRootCommand()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			values, ok := flagValues[f.Name]
+			if !ok {
+				return
+			}
+			for _, v := range values {
+				v, _, _ = strings.Cut(v, "\t")
+				if !strings.Contains(f.Usage, v) {
+					t.Errorf("%s --%s completes %q, which its help does not name: %q", c.CommandPath(), f.Name, v, f.Usage)
+				}
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
 }

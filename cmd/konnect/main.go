@@ -60,5 +60,8 @@ func newRootCommand() (*cobra.Command, error) {
 	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())
 	suggestSubcommands(root)
+	if err := registerCompletions(root); err != nil {
+		return nil, err
+	}
 	return root, nil
 }
