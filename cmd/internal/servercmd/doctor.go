@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/cobra"
@@ -183,13 +184,15 @@ func newDialCommand() *cobra.Command {
 		request string
 	)
 	cmd := &cobra.Command{
-		Use:   "dial ADDRESS --uds-name PATH",
+		Use:   "dial ADDRESS [--uds-name PATH]",
 		Short: "Dial ADDRESS through a server's frontend exactly as kube-apiserver does, and report why it fails",
 		Long: `Dials host:port through the Konnectivity server's frontend socket the way kube-apiserver's egress
 selector does (a single-use konnectivity-client gRPC tunnel, or HTTP CONNECT), then reports the latency or
 the precise failure: no agent connected, dial timeout, refused connection, no route, or a server that is
-not there. With --request, it sends one HTTP/1.1 request through the tunnel and prints the status line.`,
-		Example: `  konnect doctor dial 10.96.0.1:443 --uds-name /etc/kubernetes/konnectivity-server/konnectivity-server.socket
+not there. With --request, it sends one HTTP/1.1 request through the tunnel and prints the status line.
+--uds-name defaults to the socket of the static pod konnect init writes, as doctor status defaults to its
+admin port.`,
+		Example: `  konnect doctor dial 10.96.0.1:443
   konnect doctor dial 127.0.0.1:8080 --uds-name _demo/konnectivity-server/konnectivity-server.socket --request 'GET /'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -198,7 +201,7 @@ not there. With --request, it sends one HTTP/1.1 request through the tunnel and 
 				return fmt.Errorf("ADDRESS %q must be host:port: %w", addr, err)
 			}
 			if f.UDSName == "" {
-				return fmt.Errorf("--uds-name is required: the server's frontend socket")
+				return fmt.Errorf("--uds-name must not be empty: it is the server's frontend socket")
 			}
 			if err := positiveTimeout(timeout); err != nil {
 				return err
@@ -243,7 +246,7 @@ not there. With --request, it sends one HTTP/1.1 request through the tunnel and 
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.UDSName, "uds-name", "", "The server's frontend socket (its --uds-name).")
+	fl.StringVar(&f.UDSName, "uds-name", egress.DefaultUDSName, "The server's frontend socket (its --uds-name). The default is the socket of the static pod konnect init writes.")
 	fl.StringVar(&f.Mode, "mode", "grpc", "Frontend protocol: grpc or http-connect (the server's --mode).")
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "Dial timeout (kube-apiserver uses 30s) and request timeout.")
 	fl.StringVar(&request, "request", "", "Send one HTTP/1.1 request through the tunnel, e.g. 'GET /', and print the status line.")

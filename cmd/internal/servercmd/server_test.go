@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
+	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki/pkitest"
@@ -336,5 +337,26 @@ func TestStatusAsksTheStaticPodByDefault(t *testing.T) {
 	}
 	if args := strings.Join((manifests.Server{}).Args(), " "); !strings.Contains(args, "--admin-port="+strconv.Itoa(manifests.DefaultAdminPort)) {
 		t.Fatalf("static pod args %s", args)
+	}
+}
+
+// doctor dial, like doctor status, defaults to the static pod that konnect init writes: its socket, as status
+// defaults to its admin port.
+func TestDoctorDialDefaultsToTheStaticPodSocket(t *testing.T) {
+	dial, _, err := NewDoctorCommand().Find([]string{"dial"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dial.Flags().Lookup("uds-name").DefValue; got != egress.DefaultUDSName {
+		t.Errorf("doctor dial --uds-name defaults to %q, want the static pod's %s", got, egress.DefaultUDSName)
+	}
+	// Without the flag the dial is tried (and here fails, naming the socket), not refused for a missing flag.
+	if _, err := os.Stat(egress.DefaultUDSName); err == nil {
+		t.Logf("%s exists on this machine; checking the defaults only", egress.DefaultUDSName)
+		return
+	}
+	out, err := runCmd(t, context.Background(), "dial", "127.0.0.1:1", "--timeout", "2s")
+	if err == nil || strings.Contains(err.Error(), "required") || !strings.Contains(out, "through "+egress.DefaultUDSName) {
+		t.Errorf("doctor dial without --uds-name: %v\n%s", err, out)
 	}
 }
