@@ -39,11 +39,20 @@ with tunnels open; --health-bind-address "" means 127.0.0.1; port 0 picks a free
 
 Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin port (loopback) /metrics, /debug/agents
 (JSON status for konnect doctor) and, with --enable-profiling, /debug/pprof/.`,
-		Example: `  konnect server --uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket \
-    --cluster-cert=/etc/kubernetes/pki/apiserver.crt --cluster-key=/etc/kubernetes/pki/apiserver.key \
+		Example: `  # On a control-plane node, with the files konnect init writes into its --dir (default /etc/kubernetes),
+  # as the static pod does; agents authenticate with ServiceAccount tokens, reviewed by kube-apiserver:
+  konnect server --uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket \
+    --cluster-cert=/etc/kubernetes/pki/konnectivity-server.crt --cluster-key=/etc/kubernetes/pki/konnectivity-server.key \
     --mode=grpc --server-port=0 --agent-port=8132 --admin-port=8133 --health-port=8134 \
     --agent-namespace=kube-system --agent-service-account=konnectivity-agent \
-    --kubeconfig=/etc/kubernetes/konnectivity-server.conf --authentication-audience=system:konnectivity-server`,
+    --kubeconfig=/etc/kubernetes/konnectivity-server.conf --authentication-audience=system:konnectivity-server
+
+  # No kube-apiserver at hand (konnect init --agent-auth mtls): agents present a client certificate from the
+  # agents' CA instead, and everything listens on loopback:
+  konnect server --uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket \
+    --cluster-cert=/etc/kubernetes/pki/konnectivity-server.crt --cluster-key=/etc/kubernetes/pki/konnectivity-server.key \
+    --cluster-ca-cert=/etc/kubernetes/pki/konnectivity-agent-ca.crt --agent-bind-address=127.0.0.1 \
+    --mode=grpc --server-port=0 --agent-port=8132 --admin-port=8133 --health-port=8134`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return run(cmd.Context(), o, cmd.OutOrStdout())
