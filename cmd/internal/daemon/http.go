@@ -27,18 +27,23 @@ const (
 
 // NewHealthMux serves /livez, /readyz and /healthz (with ?verbose, ?exclude=NAME and /livez/NAME,
 // /readyz/NAME for each check, in the format kube-apiserver uses) and /metrics from gatherer, the daemon's
-// own registry (NewRegistry).
+// own registry (NewRegistry). A request from loopback also sees why a check failed (reasonsOnLoopback).
 func NewHealthMux(live, ready []healthz.HealthChecker, gatherer prometheus.Gatherer) *http.ServeMux {
-	mux := http.NewServeMux()
 	// ping keeps /livez meaningful for a daemon that has no liveness check of its own.
-	live = append([]healthz.HealthChecker{healthz.PingHealthz}, live...)
-	ready = append([]healthz.HealthChecker{healthz.PingHealthz}, ready...)
-	healthz.InstallLivezHandler(mux, live...)
-	healthz.InstallReadyzHandler(mux, ready...)
+	live = recordReasons(append([]healthz.HealthChecker{healthz.PingHealthz}, live...))
+	ready = recordReasons(append([]healthz.HealthChecker{healthz.PingHealthz}, ready...))
+	checks := http.NewServeMux()
+	healthz.InstallLivezHandler(checks, live...)
+	healthz.InstallReadyzHandler(checks, ready...)
 	// /healthz reports liveness, as upstream proxy-server's and proxy-agent's do: their manifests point
 	// livenessProbes at it, and a server restarted whenever kube-apiserver cannot answer a TokenReview, or an
 	// agent whenever one server is down, would drop every open tunnel.
-	healthz.InstallHandler(mux, live...)
+	healthz.InstallHandler(checks, live...)
+	mux := http.NewServeMux()
+	for _, path := range []string{"/livez", "/readyz", "/healthz"} {
+		mux.Handle(path, reasonsOnLoopback(checks))
+		mux.Handle(path+"/", checks) // /readyz/NAME names the reason to everyone, as upstream's does
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	return mux
 }
