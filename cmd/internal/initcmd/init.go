@@ -25,11 +25,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
 )
 
@@ -205,6 +207,7 @@ type outcome struct {
 	dryRun bool
 	file   string
 	note   string
+	diff   string // what a dry run would change in an existing file: a unified diff, or why it is not shown
 }
 
 func newRunner(cmd *cobra.Command, o *Options, n needs) (*runner, error) {
@@ -238,7 +241,8 @@ func (r *runner) add(res pki.Result) {
 	r.outcomes = append(r.outcomes, outcome{action: res.Action, dryRun: res.DryRun, file: file, note: note})
 }
 
-// print summarises what was created, kept, renewed or updated; it never shows file contents.
+// print summarises what was created, kept, renewed or updated. Of file contents it shows only the diff of a
+// dry run, never that of a file that holds key material.
 func (r *runner) print() {
 	for _, oc := range r.outcomes {
 		verb := string(oc.action)
@@ -250,6 +254,9 @@ func (r *runner) print() {
 			line += " (" + oc.note + ")"
 		}
 		fmt.Fprintln(r.out, line)
+		if oc.diff != "" {
+			fmt.Fprint(r.out, oc.diff)
+		}
 	}
 	r.outcomes = nil
 }
@@ -308,11 +315,11 @@ func (r *runner) flags([]string) error {
 		if err != nil {
 			return fmt.Errorf("--apiserver-manifest: %w", err)
 		}
-		_, changed, err := egress.PatchManifest(data, path, patch)
+		patched, changed, err := egress.PatchManifest(data, path, patch)
 		if err != nil {
 			return err
 		}
-		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path})
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path, diff: dryRunDiff(path, data, patched, changed)})
 		return nil
 	}
 	res, err := egress.PatchManifestFile(path, patch)
@@ -362,7 +369,11 @@ func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 	existed := err == nil
 	if r.o.DryRun {
 		changed := !existed || !bytes.Equal(old, data)
-		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path})
+		var diff string
+		if existed {
+			diff = dryRunDiff(path, old, data, changed)
+		}
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path, diff: diff})
 		return nil
 	}
 	// A killed run's temporary file may hold a key (the agent's Secret): gone before the new write.
@@ -373,4 +384,33 @@ func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 	}
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), file: path})
 	return nil
+}
+
+// dryRunDiff is the unified diff from old to new of the file at path, for a dry run to show what it would
+// update, or a line saying why it is not shown: konnect never prints keys or tokens.
+func dryRunDiff(path string, old, new []byte, changed bool) string {
+	if !changed {
+		return ""
+	}
+	if holdsSecrets(old) || holdsSecrets(new) {
+		return "    (no diff shown: the file holds a key or token)\n"
+	}
+	diff, err := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
+		A: difflib.SplitLines(string(old)), B: difflib.SplitLines(string(new)),
+		FromFile: path, ToFile: path + " (after this run)", Context: 3,
+	})
+	if err != nil {
+		return fmt.Sprintf("    (no diff: %v)\n", err)
+	}
+	return diff
+}
+
+// secretKind matches a Kubernetes Secret: its data are base64, so no marker of the key inside shows.
+var secretKind = regexp.MustCompile(`(?m)^kind:\s*Secret\s*$`)
+
+// holdsSecrets reports whether a file konnect writes may carry a key or token: a PEM private key, a Secret,
+// or a kubeconfig's credentials.
+func holdsSecrets(data []byte) bool {
+	return bytes.Contains(data, []byte("PRIVATE KEY")) || secretKind.Match(data) ||
+		bytes.Contains(data, []byte("client-key-data")) || bytes.Contains(data, []byte("token:"))
 }
