@@ -182,11 +182,19 @@ func (e *engine) run(sel map[string]bool) ([]Result, error) {
 			return nil, fmt.Errorf("pki: create %s: %w", filepath.Dir(e.dir), err)
 		}
 	}
+	reported := 0
+	report := func(upTo int) {
+		for ; e.cfg.Progress != nil && reported < upTo; reported++ {
+			e.cfg.Progress(*e.results[reported])
+		}
+	}
 	for _, st := range e.steps {
 		if err := e.apply(st); err != nil {
 			return e.flatten(), fmt.Errorf("pki: %w", err)
 		}
+		report(slices.Index(e.results, st.result) + 1)
 	}
+	report(len(e.results))
 	return e.flatten(), nil
 }
 

@@ -62,6 +62,9 @@ type Config struct {
 	DryRun bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Progress, when set, is called by Ensure with each result as soon as it is final, in the order Ensure
+	// returns them, so that a caller can report as it goes: an RSA-4096 key takes about a second to make.
+	Progress func(Result)
 }
 
 // PKIDir is where the certificates and keys live.

@@ -262,8 +262,16 @@ func (r *runner) print() {
 }
 
 func (r *runner) certs(names []string) error {
-	res, err := pki.Ensure(r.o.PKI(), names...)
-	for _, x := range res {
+	cfg := r.o.PKI()
+	// Each certificate is printed once written: new RSA-4096 keys take seconds in all.
+	printed := 0
+	cfg.Progress = func(res pki.Result) {
+		r.add(res)
+		r.print()
+		printed++
+	}
+	res, err := pki.Ensure(cfg, names...)
+	for _, x := range res[min(printed, len(res)):] {
 		r.add(x)
 	}
 	return err
