@@ -1,18 +1,23 @@
 package sockscmd
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -86,7 +91,8 @@ func (o *SetProxyOptions) kubeconfigPath() (string, error) {
 }
 
 // Run sets (or clears) proxy-url on the cluster of the context, after saving a backup of the file next to it
-// (PATH.konnect-backup). It reports what it did to out.
+// (PATH.konnect-backup, or PATH.konnect-backup.N when earlier runs left one). Only that line of the file
+// changes. It reports what it did to out.
 func (o *SetProxyOptions) Run(out io.Writer) error {
 	if o.Context == "" {
 		return errors.New("--context: required")
@@ -123,10 +129,9 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 		fmt.Fprintf(out, "cluster %q (context %q) already has proxy-url %q; %s unchanged\n", kctx.Cluster, o.Context, redactedURL(o.ProxyURL), path)
 		return nil
 	}
-	cluster.ProxyURL = o.ProxyURL
-	data, err := clientcmd.Write(*cfg)
+	data, err := setProxyURL(orig, kctx.Cluster, o.ProxyURL)
 	if err != nil {
-		return fmt.Errorf("encode kubeconfig: %w", err)
+		return fmt.Errorf("--kubeconfig: %s: %w", path, err)
 	}
 	// Write through a symlink (a kubeconfig kept with one's dotfiles), as kubectl does, instead of
 	// replacing the link with a file.
@@ -139,9 +144,8 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
 	mode := st.Mode().Perm()
-	backup := file + ".konnect-backup"
-	// The directory exists (path was just read), so the directory mode is never used.
-	if _, err := pki.WriteFile(backup, orig, mode, pki.DirMode); err != nil {
+	backup, err := writeBackup(file, orig, mode)
+	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	if _, err := pki.WriteFile(file, data, mode, pki.DirMode); err != nil {
@@ -169,7 +173,8 @@ func NewKubeconfigCommand() *cobra.Command {
 		Long: `set-proxy sets proxy-url on the cluster entry that the context uses, so that kubectl and every
 client-go program reach that API server through the proxy, e.g. konnect socks. client-go accepts http,
 https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). An empty --proxy-url
-removes the setting. The previous file is kept as PATH.konnect-backup.`,
+removes the setting. Only that line of the file changes: its order and comments stay. The previous file is
+kept as PATH.konnect-backup; a later run keeps it and numbers its own (PATH.konnect-backup.2, ...).`,
 		Example: `  konnect kubeconfig set-proxy --context prod --proxy-url socks5://127.0.0.1:1080`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -184,4 +189,197 @@ removes the setting. The previous file is kept as PATH.konnect-backup.`,
 	set.Flags().StringVar(&o.ProxyURL, "proxy-url", o.ProxyURL, "Proxy URL: socks5://host:port, http://host:port or https://host:port.")
 	cmd.AddCommand(set)
 	return cmd
+}
+
+// writeBackup keeps data, the file's content before a change, beside file: in FILE.konnect-backup, or the
+// first FILE.konnect-backup.N that does not exist yet, so that no run overwrites the backup of an earlier
+// one (the first holds the file as it was before konnect ever touched it). It returns the backup's path.
+func writeBackup(file string, data []byte, mode os.FileMode) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".konnect-backup.*.tmp")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(mode)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	for n := 1; n < 10000; n++ {
+		backup := file + ".konnect-backup"
+		if n > 1 {
+			backup += "." + strconv.Itoa(n)
+		}
+		// A hard link appears whole or not at all, and never replaces an existing file.
+		if err := os.Link(tmp.Name(), backup); err == nil {
+			return backup, nil
+		} else if !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("%s.konnect-backup.1 to .9999 all exist; remove old backups", file)
+}
+
+// setProxyURL returns data, a kubeconfig, with proxy-url set to proxyURL (removed when empty) on the cluster
+// entry named cluster. It edits that one line of the text, so that the file's order, comments and layout stay
+// as they were; only a cluster entry in flow style ({server: ...}) is written anew from the YAML node tree,
+// which keeps order and comments but not every detail of layout. Either way the result must load as the
+// original with only that proxy-url changed, or nothing is written.
+func setProxyURL(data []byte, cluster, proxyURL string) ([]byte, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	m, err := clusterEntry(&doc, cluster)
+	if err != nil {
+		return nil, err
+	}
+	want, err := clientcmd.Load(data)
+	if err != nil {
+		return nil, err
+	}
+	want.Clusters[cluster].ProxyURL = proxyURL
+	check := func(out []byte) bool {
+		got, err := clientcmd.Load(out)
+		return err == nil && apiequality.Semantic.DeepEqual(got, want)
+	}
+	if out, ok := editProxyURLLine(data, m, proxyURL); ok && check(out) {
+		return out, nil
+	}
+	setKey(m, "proxy-url", proxyURL)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	enc.CompactSeqIndent()
+	if err := enc.Encode(&doc); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	if !check(buf.Bytes()) {
+		return nil, fmt.Errorf("cannot set proxy-url on cluster %q without changing other settings; the file is left as it was", cluster)
+	}
+	return buf.Bytes(), nil
+}
+
+// clusterEntry finds the mapping under clusters[name=cluster].cluster.
+func clusterEntry(doc *yaml.Node, cluster string) (*yaml.Node, error) {
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, errors.New("not a kubeconfig: no mapping at the top")
+	}
+	clusters := mapValue(doc.Content[0], "clusters")
+	if clusters == nil || clusters.Kind != yaml.SequenceNode {
+		return nil, errors.New("no list of clusters")
+	}
+	var found *yaml.Node
+	for _, item := range clusters.Content {
+		if item.Kind != yaml.MappingNode {
+			continue
+		}
+		if n := mapValue(item, "name"); n != nil && n.Value == cluster {
+			if found != nil {
+				return nil, fmt.Errorf("cluster %q is listed twice", cluster)
+			}
+			found = mapValue(item, "cluster")
+			if found == nil || found.Kind != yaml.MappingNode {
+				return nil, fmt.Errorf("cluster %q has no cluster settings", cluster)
+			}
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("cluster %q not found", cluster)
+	}
+	return found, nil
+}
+
+func mapValue(m *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// setKey sets key to a string value in the mapping m, or removes it when value is empty.
+func setKey(m *yaml.Node, key, value string) {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			if value == "" {
+				m.Content = append(m.Content[:i], m.Content[i+2:]...)
+			} else {
+				m.Content[i+1] = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value}
+			}
+			return
+		}
+	}
+	if value != "" {
+		m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value})
+	}
+}
+
+// editProxyURLLine sets proxy-url in the block mapping m by editing one line of data: the line of an existing
+// proxy-url is replaced (or removed), or a new one goes right before server, where kubectl, which sorts the
+// keys, would put it. ok is false where the layout does not allow such an edit.
+func editProxyURLLine(data []byte, m *yaml.Node, proxyURL string) (out []byte, ok bool) {
+	if m.Style&yaml.FlowStyle != 0 || len(m.Content) == 0 {
+		return nil, false
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	// line returns the 0-based index of the line key k starts on, if k is alone on it up to its column.
+	line := func(k *yaml.Node) (int, bool) {
+		i := k.Line - 1
+		if i < 0 || i >= len(lines) || k.Column < 1 || k.Column > len(lines[i]) {
+			return 0, false
+		}
+		return i, len(bytes.TrimLeft(lines[i][:k.Column-1], " ")) == 0
+	}
+	value, err := yaml.Marshal(proxyURL)
+	if err != nil || bytes.Count(value, []byte("\n")) != 1 {
+		return nil, false
+	}
+	newLine := func(k *yaml.Node, i int) []byte {
+		eol := []byte("\n")
+		if bytes.HasSuffix(lines[i], []byte("\r\n")) {
+			eol = []byte("\r\n")
+		}
+		return append(append([]byte(strings.Repeat(" ", k.Column-1)+"proxy-url: "), bytes.TrimSuffix(value, []byte("\n"))...), eol...)
+	}
+	var anchor *yaml.Node
+	for j := 0; j+1 < len(m.Content); j += 2 {
+		k, v := m.Content[j], m.Content[j+1]
+		if k.Value == "proxy-url" {
+			i, ok := line(k)
+			if !ok || v.Line != k.Line || v.Kind != yaml.ScalarNode || v.Style&(yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+				return nil, false
+			}
+			if proxyURL == "" {
+				return slices.Concat(slices.Concat(lines[:i]...), slices.Concat(lines[i+1:]...)), true
+			}
+			return slices.Concat(slices.Concat(lines[:i]...), newLine(k, i), slices.Concat(lines[i+1:]...)), true
+		}
+		if anchor == nil && k.Value == "server" {
+			anchor = k
+		}
+	}
+	if proxyURL == "" {
+		return data, true
+	}
+	if anchor == nil {
+		anchor = m.Content[0]
+	}
+	i, ok := line(anchor)
+	if !ok {
+		return nil, false
+	}
+	return slices.Concat(slices.Concat(lines[:i]...), newLine(anchor, i), slices.Concat(lines[i:]...)), true
 }
