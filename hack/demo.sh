@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# make demo: konnect's main job on a loopback "cluster", start to finish, in under a minute.
+# make demo: konnect's main job on a loopback "cluster", start to finish. It takes under a minute once konnect
+# is built; the first build compiles konnect and everything it uses (about 780 packages: client-go, gRPC,
+# apiserver-network-proxy), about 3 minutes on a 2-core machine, and later builds take seconds.
+#   0. the ports are checked, and bin/konnect is built (unless KONNECT names a binary);
 #   1. konnect init writes the aggregation-layer PKI, kubeconfig, egress config, apiserver flags and manifests
 #      into ./_demo;
 #   2. konnect server (UDS frontend, TLS agent port) and konnect agent (mTLS) start on loopback;
 #   3. a small HTTP backend starts;
 #   4. konnect doctor dial reaches the backend through the tunnel exactly as kube-apiserver would
 #      (konnectivity-client, single-use gRPC tunnel over the UDS);
-#   5. everything is stopped with SIGTERM and must exit cleanly.
+#   5. everything is stopped with SIGTERM and must exit cleanly; the last lines say what to try next.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KONNECT=${KONNECT:-bin/konnect}
+GO=${GO:-go}
 DEMO=${DEMO_DIR:-_demo}
-# Ports on loopback only; override if they are taken on this machine.
+# Ports on loopback only; each has an override for a machine where it is taken.
 AGENT_PORT=${DEMO_AGENT_PORT:-18132}
 SERVER_ADMIN=${DEMO_SERVER_ADMIN_PORT:-18133}
 SERVER_HEALTH=${DEMO_SERVER_HEALTH_PORT:-18134}
@@ -19,11 +22,12 @@ AGENT_HEALTH=${DEMO_AGENT_HEALTH_PORT:-18093}
 AGENT_ADMIN=${DEMO_AGENT_ADMIN_PORT:-18094}
 
 pids=()
+started=0 # set once this run's logs exist
 cleanup() {
 	local status=$?
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	if [ $status -ne 0 ]; then
+	if [ $status -ne 0 ] && [ "$started" = 1 ]; then
 		echo "demo failed; the last lines of each log:" >&2
 		for f in "$DEMO"/logs/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done
 	fi
@@ -55,7 +59,39 @@ wait_ready() { # name url pid
 	return 1
 }
 
-rm -rf "$DEMO" && mkdir -p "$DEMO/logs"
+# A port something already answers on would fail the server or agent after the build; say so first, with the
+# variable that moves it.
+taken=0
+for var in DEMO_AGENT_PORT DEMO_SERVER_ADMIN_PORT DEMO_SERVER_HEALTH_PORT DEMO_AGENT_HEALTH_PORT DEMO_AGENT_ADMIN_PORT; do
+	case $var in
+	DEMO_AGENT_PORT) port=$AGENT_PORT ;; DEMO_SERVER_ADMIN_PORT) port=$SERVER_ADMIN ;;
+	DEMO_SERVER_HEALTH_PORT) port=$SERVER_HEALTH ;; DEMO_AGENT_HEALTH_PORT) port=$AGENT_HEALTH ;;
+	DEMO_AGENT_ADMIN_PORT) port=$AGENT_ADMIN ;;
+	esac
+	if { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
+		exec 3<&-
+		free=$((port + 10000)); [ $free -le 65535 ] || free=$((port - 10000))
+		echo "make demo: port $port on 127.0.0.1 is taken (something answers there); set $var to a free port, e.g. $var=$free make demo" >&2
+		taken=1
+	fi
+done
+if [ $taken -ne 0 ]; then
+	echo "make demo: the ports and their overrides: DEMO_AGENT_PORT=$AGENT_PORT DEMO_SERVER_ADMIN_PORT=$SERVER_ADMIN DEMO_SERVER_HEALTH_PORT=$SERVER_HEALTH DEMO_AGENT_HEALTH_PORT=$AGENT_HEALTH DEMO_AGENT_ADMIN_PORT=$AGENT_ADMIN" >&2
+	exit 1
+fi
+
+if [ -z "${KONNECT:-}" ]; then
+	KONNECT=bin/konnect
+	step "building bin/konnect (go build ./cmd/konnect)"
+	echo "A first build compiles konnect and everything it uses, about 780 packages (client-go, gRPC,"
+	echo "apiserver-network-proxy): about 3 minutes on a 2-core machine. Later builds take seconds."
+	# go build -v names each package it compiles: a count every 100 shows that the build moves.
+	"$GO" build -v -ldflags "${KONNECT_LDFLAGS:-}" -o "$KONNECT" ./cmd/konnect 2>&1 |
+		awk '/ |^#/ { print; next } { n++; if (n % 100 == 0) printf "  %d packages compiled\n", n } END { if (n) printf "  %d packages compiled\n", n }'
+	[ -x "$KONNECT" ] || { echo "make demo: the build of bin/konnect failed" >&2; exit 1; }
+fi
+
+rm -rf "$DEMO" && mkdir -p "$DEMO/logs" && started=1
 DEMO=$(cd "$DEMO" && pwd) # absolute, for the socket path; DEMO_DIR may be either
 # konnect init's default for this --dir: a directory of its own, since kube-apiserver mounts it read-write.
 SOCK="$DEMO/konnectivity-server/konnectivity-server.socket"
@@ -108,3 +144,15 @@ kill -TERM "$agent_pid"; wait "$agent_pid"; echo "agent exited with status $?"
 kill -TERM "$server_pid"; wait "$server_pid"; echo "server exited with status $?"
 pids=("${pids[@]:2}")
 echo; echo "demo complete: logs are in $DEMO/logs"
+step "what to try next"
+cat <<NEXT
+  $KONNECT init --dir $DEMO --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 --agent-auth mtls --key-algorithm ecdsa-p256 --mode http-connect --dry-run
+      what a change of --mode would rewrite, as a diff (the run above is kept byte for byte otherwise)
+  less $DEMO/manifests/konnectivity-server.yaml $DEMO/konnectivity-agent/konnectivity-agent.yaml
+      the server's static pod and the agents' DaemonSet, as a node would run them
+  $KONNECT certs renew konnectivity-server --dir $DEMO
+      re-sign a certificate with its key; it says what must restart
+  README.md, "Control-plane setup": the same on a real node, with kube-apiserver's static pod patched
+  README.md, "Developers": konnect socks and konnect proxy, to reach a remote API server over SSH
+  make test (as root): a real kube-apiserver, etcd, kubelets and containerd, with konnect from its own image
+NEXT
