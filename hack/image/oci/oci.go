@@ -1,5 +1,7 @@
 // Package oci builds a single-layer container image from files on the host, reproducibly and offline, and
-// writes it as a docker-archive tarball that `ctr images import`, `docker load` and `podman load` accept.
+// writes it as a docker-archive tarball that `ctr images import`, `docker load` and `podman load` accept; or
+// builds one such image per platform and writes them as one OCI image index, in an OCI image layout tarball
+// (BuildIndex, WriteLayout).
 //
 // It is for images with no base: a static binary and what it needs. It pulls nothing, talks to no daemon or
 // registry, and does not run anything inside the image. The same Spec and the same input files give the same
@@ -27,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // File is one regular file of the image.
@@ -49,6 +52,9 @@ type Spec struct {
 	WorkingDir string
 	Labels     map[string]string
 	Created    time.Time // zero means Unix epoch 0
+	// Arch is the image's architecture (GOARCH: amd64, arm64), which its files must be built for; empty means
+	// the architecture of the machine that builds it.
+	Arch string
 }
 
 // CreatedBy is the history entry of the one layer.
@@ -63,9 +69,12 @@ type entry struct {
 	target string
 }
 
-// Build returns the image of s: one layer, linux and runtime.GOARCH. It reads the files of s now, so that
-// the image does not change if they change later.
-func Build(s Spec) (v1.Image, error) {
+// Build returns the image of s: one layer, linux and s.Arch, with Docker's media types (as a docker-archive
+// has them). It reads the files of s now, so that the image does not change if they change later.
+func Build(s Spec) (v1.Image, error) { return build(s, false) }
+
+// build builds the image of s, with OCI's media types when oci is set (for an OCI image index).
+func build(s Spec, oci bool) (v1.Image, error) {
 	created := s.Created
 	if created.IsZero() {
 		created = time.Unix(0, 0)
@@ -80,13 +89,21 @@ func Build(s Spec) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	var layerOpts []tarball.LayerOption
+	if oci {
+		layerOpts = append(layerOpts, tarball.WithMediaType(types.OCILayer))
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(gz)), nil
-	})
+	}, layerOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("layer: %w", err)
 	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
+	base := empty.Image
+	if oci {
+		base = mutate.ConfigMediaType(mutate.MediaType(base, types.OCIManifestSchema1), types.OCIConfigJSON)
+	}
+	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:   layer,
 		History: v1.History{Created: v1.Time{Time: created}, CreatedBy: CreatedBy},
 	})
@@ -99,7 +116,7 @@ func Build(s Spec) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
-	cf.Architecture = runtime.GOARCH
+	cf.Architecture = s.arch()
 	cf.Created = v1.Time{Time: created}
 	cf.Config = v1.Config{
 		Entrypoint: s.Entrypoint,
@@ -114,6 +131,39 @@ func Build(s Spec) (v1.Image, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	return img, nil
+}
+
+func (s Spec) arch() string {
+	if s.Arch == "" {
+		return runtime.GOARCH
+	}
+	return s.Arch
+}
+
+// BuildIndex returns an OCI image index of one image per spec (see Build), each listed under its platform,
+// linux and its Arch, in the order given. Two specs of one architecture are refused.
+func BuildIndex(specs []Spec) (v1.ImageIndex, error) {
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("index: no image")
+	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, s := range specs {
+		arch := s.arch()
+		if seen[arch] {
+			return nil, fmt.Errorf("index: linux/%s given twice", arch)
+		}
+		seen[arch] = true
+		img, err := build(s, true)
+		if err != nil {
+			return nil, fmt.Errorf("linux/%s: %w", arch, err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}},
+		})
+	}
+	return idx, nil
 }
 
 // entries checks s and returns the sorted tar entries, parent directories included.
