@@ -10,6 +10,11 @@ BIN       := bin/konnect
 # docker-archive it is written to, and its timestamps, the commit time unless SOURCE_DATE_EPOCH is set.
 IMAGE     ?= ghcr.io/konnect-dev/konnect:$(VERSION)
 IMAGE_TAR := bin/konnect-image.tar
+# `make image-multiarch`: one OCI image index for PLATFORMS, in an OCI image layout tarball; the static
+# binaries go to IMAGE_BIN_DIR/OS_ARCH/konnect.
+PLATFORMS       ?= linux/amd64,linux/arm64
+IMAGE_INDEX_TAR ?= bin/konnect-image.oci.tar
+IMAGE_BIN_DIR   ?= bin/image
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # Unit and integration tests: every package of the module (test/reliability needs root, sshd, openssl and
@@ -18,7 +23,7 @@ UNIT_PKGS := ./...
 E2E_TIMEOUT ?= 60m
 FUZZTIME  ?= 10s
 
-.PHONY: all build static image test test-unit fuzz e2e e2e-tools deps bench demo lint clean
+.PHONY: all build static static-multiarch image image-multiarch test test-unit fuzz e2e e2e-tools deps bench demo lint clean
 
 all: build
 
@@ -34,13 +39,30 @@ static:
 # konnect's container image, built offline and reproducibly by hack/image (no daemon, registry or base image):
 # the static binary at /usr/local/bin/konnect as entrypoint, user 65534:65534, OCI labels. The docker-archive
 # loads with `ctr images import`, `docker load` and `podman load`; the digest printed is its config digest.
+IMAGE_FLAGS = -tag '$(IMAGE)' -entrypoint /usr/local/bin/konnect -user 65534:65534 \
+	-label 'org.opencontainers.image.version=$(VERSION)' -label 'org.opencontainers.image.revision=$(REVISION)' \
+	-label org.opencontainers.image.source=https://github.com/konnect-dev/konnect -created '$(SOURCE_DATE_EPOCH)'
+
 image: static
 	$(GO) build -o bin/image/build ./hack/image
-	@digest=$$(bin/image/build -o $(IMAGE_TAR) -tag '$(IMAGE)' \
-		-file bin/image/konnect:/usr/local/bin/konnect:0755 -entrypoint /usr/local/bin/konnect -user 65534:65534 \
-		-label 'org.opencontainers.image.version=$(VERSION)' -label 'org.opencontainers.image.revision=$(REVISION)' \
-		-label org.opencontainers.image.source=https://github.com/konnect-dev/konnect \
-		-created '$(SOURCE_DATE_EPOCH)') && echo "$(IMAGE_TAR): $(IMAGE) $$digest"
+	@digest=$$(bin/image/build -o $(IMAGE_TAR) $(IMAGE_FLAGS) -file bin/image/konnect:/usr/local/bin/konnect:0755) && \
+		echo "$(IMAGE_TAR): $(IMAGE) $$digest"
+
+# The static binary for each of PLATFORMS, cross-compiled with the flags of `static`.
+static-multiarch:
+	@set -e; for p in $$(echo '$(PLATFORMS)' | tr , ' '); do \
+		os=$${p%%/*}; arch=$${p#*/}; echo "static $$p: $(IMAGE_BIN_DIR)/$${os}_$${arch}/konnect"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false -ldflags '-s -w $(LDFLAGS)' \
+			-o $(IMAGE_BIN_DIR)/$${os}_$${arch}/konnect ./cmd/konnect; \
+	done
+
+# The image for each of PLATFORMS (default linux/amd64 and linux/arm64), as `make image` builds it, as one OCI
+# image index: `ctr images import --all-platforms`, `docker load` (Docker 25 or later), or `skopeo copy
+# oci-archive:...` to push it. The digest printed is the index's, which a registry shows for the tag.
+image-multiarch: static-multiarch
+	$(GO) build -o $(IMAGE_BIN_DIR)/build ./hack/image
+	@digest=$$($(IMAGE_BIN_DIR)/build -o $(IMAGE_INDEX_TAR) $(IMAGE_FLAGS) -platform '$(PLATFORMS)' \
+		-file '$(IMAGE_BIN_DIR)/{os}_{arch}/konnect:/usr/local/bin/konnect:0755') && echo "$(IMAGE_INDEX_TAR): $(IMAGE) $$digest"
 
 # Everything: lint, unit and integration tests under the race detector, short fuzz runs, and the real-cluster
 # end-to-end suite. .ci/run calls this.

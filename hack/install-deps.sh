@@ -18,6 +18,8 @@ command -v runc >/dev/null          || need+=(runc)
 [ -x /usr/lib/cni/bridge ]          || need+=(containernetworking-plugins)
 command -v iptables >/dev/null      || need+=(iptables)
 [ -x /bin/busybox ]                 || need+=(busybox-static)
+# make image-multiarch's test runs the linux/arm64 binary under qemu-user (statically linked, no binfmt needed).
+command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
 # go test -race needs cgo, and cgo a C compiler with the C library headers.
 command -v gcc >/dev/null           || need+=(gcc libc6-dev)
 # kubectl comes with the base image (/usr/bin/kubectl); Debian's own kubernetes-client is far too old to stand in.

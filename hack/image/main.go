@@ -4,6 +4,13 @@
 //	go run ./hack/image -o bin/konnect-image.tar -tag ghcr.io/konnect-dev/konnect:v1 \
 //	  -file bin/image/konnect:/usr/local/bin/konnect:0755 -entrypoint /usr/local/bin/konnect \
 //	  -user 65534:65534 -label org.opencontainers.image.version=v1 -created 1700000000
+//
+// With -platform it builds one image per platform, each from the files its {os} and {arch} name, and writes
+// them as one OCI image index in an OCI image layout tarball (`make image-multiarch`); it prints the index's
+// digest:
+//
+//	go run ./hack/image -o bin/konnect-image.oci.tar -tag ghcr.io/konnect-dev/konnect:v1 \
+//	  -platform linux/amd64,linux/arm64 -file 'bin/image/{os}_{arch}/konnect:/usr/local/bin/konnect:0755' ...
 package main
 
 import (
@@ -52,8 +59,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		env                              list
 		entrypoint                       = list{split: true}
 		cmd                              = list{split: true}
+		platforms                        = list{split: true}
 	)
-	fs.StringVar(&out, "o", "", "output tarball (docker-archive), e.g. bin/konnect-image.tar")
+	fs.StringVar(&out, "o", "", "output tarball (docker-archive, or with -platform an OCI image layout), e.g. bin/konnect-image.tar")
 	fs.StringVar(&tag, "tag", "", "image reference with a tag, e.g. ghcr.io/konnect-dev/konnect:v1")
 	fs.Var(&files, "file", "SRC:DST[:MODE], a host file and its absolute path in the image, mode octal (default 0644); repeatable")
 	fs.Var(&symlinks, "symlink", "DST:TARGET, a symbolic link in the image; repeatable")
@@ -65,6 +73,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&env, "env", "KEY=VALUE environment variable; repeatable")
 	fs.StringVar(&workdir, "workdir", "", "working directory")
 	fs.StringVar(&created, "created", "0", "creation time and file mtimes, Unix seconds (use the commit time)")
+	fs.Var(&platforms, "platform", "OS/ARCH, e.g. linux/arm64, comma separated or repeated: one image each, written as an OCI image index; {os} and {arch} in a -file SRC name each platform's file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -135,17 +144,59 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	img, err := oci.Build(s)
+	if len(platforms.vals) == 0 {
+		for _, f := range s.Files {
+			if strings.Contains(f.Src, "{arch}") || strings.Contains(f.Src, "{os}") {
+				return fmt.Errorf("-file %s: {os} and {arch} name a platform's file, and need -platform", f.Src)
+			}
+		}
+	}
+	specs, err := perPlatform(s, platforms.vals)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return fmt.Errorf("-o: %w", err)
 	}
-	digest, err := oci.WriteTarball(out, tag, img)
-	if err != nil {
-		return err
+	var digest string
+	if specs == nil {
+		img, err := oci.Build(s)
+		if err != nil {
+			return err
+		}
+		if digest, err = oci.WriteTarball(out, tag, img); err != nil {
+			return err
+		}
+	} else {
+		idx, err := oci.BuildIndex(specs)
+		if err != nil {
+			return err
+		}
+		if digest, err = oci.WriteLayout(out, tag, idx, s.Created); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(stdout, digest)
 	return nil
+}
+
+// perPlatform returns a copy of s for each platform ("linux/ARCH"), with {os} and {arch} in its files'
+// sources replaced; nil for none.
+func perPlatform(s oci.Spec, platforms []string) ([]oci.Spec, error) {
+	var specs []oci.Spec
+	for _, p := range platforms {
+		goos, arch, ok := strings.Cut(p, "/")
+		if !ok || goos != "linux" || arch == "" || strings.Contains(arch, "/") {
+			return nil, fmt.Errorf("-platform %q: want linux/ARCH, e.g. linux/arm64", p)
+		}
+		ps := s
+		ps.Arch = arch
+		ps.Files = make([]oci.File, len(s.Files))
+		for i, f := range s.Files {
+			f.Src = strings.NewReplacer("{os}", goos, "{arch}", arch).Replace(f.Src)
+			ps.Files[i] = f
+		}
+		specs = append(specs, ps)
+	}
+	return specs, nil
 }

@@ -83,6 +83,9 @@ func TestRunErrorsNameTheFlag(t *testing.T) {
 		{append(ok, "-created", "yesterday"), "-created"},
 		{append(ok, "stray"), "unexpected arguments"},
 		{[]string{"-o", out, "-tag", "r.example.com/k"}, "no tag"},
+		{append(ok, "-platform", "darwin/arm64"), "-platform"},
+		{append(ok, "-platform", "linux"), "-platform"},
+		{append(ok, "-file", "bin/{os}_{arch}/konnect:/k:0755"), "need -platform"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(tc.args, &stdout, &stderr)
