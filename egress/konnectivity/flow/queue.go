@@ -1,13 +1,21 @@
-// Package flow is the bounded queue between one tunnelled connection and the stream that every connection
-// of an agent shares. The Konnectivity protocol has no per-connection flow control: the server reads one
-// stream per agent, and the agent reads one stream per server. If that reader wrote straight to a slow peer
-// (kube-apiserver's reader on the server, a backend on the agent), one slow connection would stall all the
-// others (ANP issue 180). So the stream's reader pushes into the connection's Queue and moves on, and the
-// connection's own writer drains it at the peer's pace.
+// Package flow keeps one tunnelled connection from holding up the others that share its agent's stream (ANP
+// issue 180). The server reads one stream per agent, and the agent one stream per server, for every
+// connection between them; if that reader waited on one slow peer (kube-apiserver's reader on the server, a
+// backend on the agent), every connection on the stream would wait too.
 //
-// Memory stays bounded: a push into a full queue waits, as a TCP sender waits for a slow receiver, for as
-// long as the writer keeps making progress. A queue whose writer makes no progress for the stall timeout
-// gives up, and only that connection is closed.
+// Two mechanisms, for two kinds of peer:
+//
+//   - Per-connection flow control (window.go, protocol.go; specified in docs/flow-control.md), when both ends
+//     are konnect: a sender puts no more of a connection on the stream than its receiver granted, and the
+//     receiver grants more as the connection's consumer drains. The stream's reader never waits, and a
+//     connection costs its receiver at most its window.
+//   - With a peer that does not speak it (upstream's proxy-server or proxy-agent), a bounded Queue per
+//     connection: the stream's reader pushes into it and moves on, and the connection's own writer drains it
+//     at the peer's pace. A push into a full queue waits, as a TCP sender waits for a slow receiver, for as
+//     long as the writer keeps making progress; a queue whose writer makes no progress for the stall timeout
+//     gives up, and only that connection is closed.
+//
+// Under flow control the Queue stays, as the connection's writer, but never fills.
 package flow
 
 import (

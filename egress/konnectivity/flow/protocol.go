@@ -1,0 +1,191 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// The per-connection flow-control extension of the Konnectivity agent protocol; docs/flow-control.md is its
+// specification. An agent offers it in the metadata of its Connect stream, and a server that takes it up
+// answers in its response headers. Only then does either side send GrantType packets, so a peer that does
+// not know the extension (upstream's proxy-server or proxy-agent) never sees one.
+const (
+	// Header is the metadata key of the offer and of the answer, for example "v1;window=65536;max=4194304":
+	// the version, the window the sender of the header grants every new connection in the direction towards
+	// itself, and the largest window it will ever grant one.
+	Header = "konnect-flow-control"
+	// Version is the only version there is.
+	Version = "v1"
+	// GrantType is the packet type of a grant: a Packet with this Type and a Data payload whose ConnectID is
+	// 0 and whose Data holds pairs of unsigned varints, (connection ID, bytes), each giving that many more
+	// bytes of credit for that connection.
+	GrantType client.PacketType = 100
+)
+
+// Offer is one side's window settings, as sent in Header.
+type Offer struct {
+	Window int // every new connection's window, in bytes
+	Max    int // the largest window of any connection
+}
+
+func (o Offer) String() string {
+	return fmt.Sprintf("%s;window=%d;max=%d", Version, o.Window, o.Max)
+}
+
+// Validate checks an offer against the protocol's bounds.
+func (o Offer) Validate() error {
+	if o.Window < MinWindow || o.Window > MaxWindow {
+		return fmt.Errorf("window %d is outside %d to %d bytes", o.Window, MinWindow, MaxWindow)
+	}
+	if o.Max < o.Window || o.Max > MaxWindow {
+		return fmt.Errorf("largest window %d is outside %d (the window) to %d bytes", o.Max, o.Window, MaxWindow)
+	}
+	return nil
+}
+
+// ParseOffer reads a Header value. An offer of another version, or none, is not an error: it means the peer
+// does not speak this version, and ok is false. A v1 offer that is malformed or out of bounds is an error.
+func ParseOffer(values []string) (o Offer, ok bool, err error) {
+	if len(values) == 0 {
+		return Offer{}, false, nil
+	}
+	fields := strings.Split(values[0], ";")
+	if fields[0] != Version {
+		return Offer{}, false, nil
+	}
+	for _, f := range fields[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		n, perr := strconv.Atoi(v)
+		if perr != nil {
+			return Offer{}, false, fmt.Errorf("%s %q: %s is not a number", Header, values[0], k)
+		}
+		switch k {
+		case "window":
+			o.Window = n
+		case "max":
+			o.Max = n
+		}
+	}
+	if err := o.Validate(); err != nil {
+		return Offer{}, false, fmt.Errorf("%s %q: %w", Header, values[0], err)
+	}
+	return o, true, nil
+}
+
+// ErrBadGrant: a GrantType packet that does not decode.
+var ErrBadGrant = errors.New("flow control: malformed grant packet")
+
+// EncodeGrants makes one GrantType packet of the grants, in connection order.
+func EncodeGrants(grants map[int64]int64) *client.Packet {
+	ids := make([]int64, 0, len(grants))
+	for id := range grants {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	b := make([]byte, 0, len(ids)*8)
+	for _, id := range ids {
+		b = protowire.AppendVarint(b, uint64(id))
+		b = protowire.AppendVarint(b, uint64(grants[id]))
+	}
+	return &client.Packet{Type: GrantType, Payload: &client.Packet_Data{Data: &client.Data{Data: b}}}
+}
+
+// DecodeGrants calls fn with each (connection, bytes) pair of a GrantType packet, and stops at the first
+// error fn returns.
+func DecodeGrants(pkt *client.Packet, fn func(id, n int64) error) error {
+	d := pkt.GetData()
+	if d == nil || d.ConnectID != 0 {
+		return ErrBadGrant
+	}
+	b := d.Data
+	for len(b) > 0 {
+		id, k := protowire.ConsumeVarint(b)
+		if k < 0 {
+			return ErrBadGrant
+		}
+		b = b[k:]
+		n, k := protowire.ConsumeVarint(b)
+		if k < 0 || n > MaxWindow || id > 1<<63-1 {
+			return ErrBadGrant
+		}
+		b = b[k:]
+		if err := fn(int64(id), int64(n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Grants gathers the grants of every connection on one stream and sends them as few packets as the stream
+// takes: while one is being sent, the next ones pile up, and go out together. It needs no goroutine while
+// nothing is owed, which matters on a server that holds thousands of idle agents.
+type Grants struct {
+	send func(*client.Packet) error
+
+	mu      sync.Mutex
+	pending map[int64]int64
+	running bool
+	stopped bool
+}
+
+// NewGrants returns a batcher that sends with send, which must be safe to call alongside the stream's other
+// senders.
+func NewGrants(send func(*client.Packet) error) *Grants {
+	return &Grants{send: send, pending: map[int64]int64{}}
+}
+
+// Add owes connection id n more bytes of credit.
+func (g *Grants) Add(id int64, n int) {
+	if n <= 0 {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return
+	}
+	g.pending[id] += int64(n)
+	if !g.running {
+		g.running = true
+		go g.flush()
+	}
+}
+
+// Forget drops what is owed to a connection that is gone.
+func (g *Grants) Forget(id int64) {
+	g.mu.Lock()
+	delete(g.pending, id)
+	g.mu.Unlock()
+}
+
+// Stop drops everything owed, and every later Add: the stream has ended.
+func (g *Grants) Stop() {
+	g.mu.Lock()
+	g.stopped = true
+	clear(g.pending)
+	g.mu.Unlock()
+}
+
+func (g *Grants) flush() {
+	for {
+		g.mu.Lock()
+		if len(g.pending) == 0 || g.stopped {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		pkt := EncodeGrants(g.pending)
+		clear(g.pending)
+		g.mu.Unlock()
+		if err := g.send(pkt); err != nil {
+			g.Stop()
+		}
+	}
+}

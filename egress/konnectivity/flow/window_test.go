@@ -1,0 +1,205 @@
+package flow
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// TestWindowBoundsTheSender: a sender may have exactly what it was granted in flight, and a byte more is a
+// violation.
+func TestWindowBoundsTheSender(t *testing.T) {
+	w := NewWindow(64<<10, 1<<20)
+	if err := w.Receive(64 << 10); err != nil {
+		t.Fatalf("the initial window: %v", err)
+	}
+	if err := w.Receive(1); !errors.Is(err, ErrWindowExceeded) {
+		t.Fatalf("a byte past the window: %v", err)
+	}
+}
+
+// TestWindowGrantsAsConsumed: nothing is granted for less than a quarter of the window, and what is
+// withheld is granted with the next grant, so that granted minus consumed is the window again.
+func TestWindowGrantsAsConsumed(t *testing.T) {
+	w := NewWindow(64<<10, 64<<10) // no growth
+	if err := w.Receive(40 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if g := w.Consume(10 << 10); g != 0 {
+		t.Fatalf("granted %d for 10 KiB of a 64 KiB window", g)
+	}
+	if g := w.Consume(10 << 10); g != 20<<10 {
+		t.Fatalf("granted %d after 20 KiB consumed, want 20 KiB", g)
+	}
+	if b := w.Buffered(); b != 20<<10 {
+		t.Fatalf("buffered %d", b)
+	}
+}
+
+// TestWindowGrowsOnlyForFastConsumers: a consumer that drains everything while the sender is nearly out of
+// credit doubles the window, up to its largest; one that falls behind keeps its window.
+func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
+	fast := NewWindow(64<<10, 256<<10)
+	for range 10 {
+		credit := fast.granted - fast.received
+		if err := fast.Receive(int(credit)); err != nil {
+			t.Fatal(err)
+		}
+		fast.Consume(int(credit))
+	}
+	if s := fast.Size(); s != 256<<10 {
+		t.Fatalf("a fast consumer's window is %d, want the largest, 256 KiB", s)
+	}
+	slow := NewWindow(64<<10, 256<<10)
+	for range 10 {
+		credit := slow.granted - slow.received
+		if err := slow.Receive(int(credit)); err != nil {
+			t.Fatal(err)
+		}
+		slow.Consume(int(credit) / 2) // half of each window stays buffered
+	}
+	if s := slow.Size(); s != 64<<10 {
+		t.Fatalf("a slow consumer's window grew to %d", s)
+	}
+	if b := slow.Buffered(); b > 64<<10 {
+		t.Fatalf("a slow consumer has %d bytes buffered, more than its window", b)
+	}
+}
+
+func TestCredit(t *testing.T) {
+	c := NewCredit(100, 1000)
+	ctx := context.Background()
+	if n, err := c.Wait(ctx); n != 100 || err != nil {
+		t.Fatalf("Wait: %d, %v", n, err)
+	}
+	c.Use(100)
+	got := make(chan int)
+	go func() {
+		n, _ := c.Wait(ctx)
+		got <- n
+	}()
+	select {
+	case n := <-got:
+		t.Fatalf("Wait returned %d without credit", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := c.Add(500); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; n != 500 {
+		t.Fatalf("after a grant of 500: %d", n)
+	}
+	if err := c.Add(501); !errors.Is(err, ErrCreditOverflow) {
+		t.Fatalf("credit past the largest window: %v", err)
+	}
+	if err := c.Add(0); !errors.Is(err, ErrCreditOverflow) {
+		t.Fatalf("a grant of nothing: %v", err)
+	}
+	if c.Available() != 500 {
+		t.Fatalf("a refused grant changed the credit: %d", c.Available())
+	}
+	c.Use(500)
+	go func() {
+		_, err := c.Wait(ctx)
+		got <- map[bool]int{true: 1}[errors.Is(err, ErrClosed)]
+	}()
+	c.Close(ErrClosed)
+	if v := <-got; v != 1 {
+		t.Fatal("Close did not wake the waiting sender with its error")
+	}
+}
+
+func TestParseOffer(t *testing.T) {
+	for _, tc := range []struct {
+		in      []string
+		want    Offer
+		ok, err bool
+	}{
+		{nil, Offer{}, false, false},
+		{[]string{"v2;window=65536;max=65536"}, Offer{}, false, false},
+		{[]string{"v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;max=4194304;future=1"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=1;max=2"}, Offer{}, false, true},
+		{[]string{"v1;window=65536;max=1024"}, Offer{}, false, true},
+		{[]string{"v1;window=65536;max=1099511627776"}, Offer{}, false, true},
+		{[]string{"v1;window=x;max=1"}, Offer{}, false, true},
+		{[]string{"v1"}, Offer{}, false, true},
+	} {
+		got, ok, err := ParseOffer(tc.in)
+		if got != tc.want || ok != tc.ok || (err != nil) != tc.err {
+			t.Errorf("ParseOffer(%q) = %+v, %v, %v", tc.in, got, ok, err)
+		}
+	}
+	o := Offer{Window: 65536, Max: 1 << 20}
+	if got, ok, err := ParseOffer([]string{o.String()}); got != o || !ok || err != nil {
+		t.Errorf("round trip of %v: %+v %v %v", o, got, ok, err)
+	}
+}
+
+func TestGrantPackets(t *testing.T) {
+	in := map[int64]int64{1: 100, 1 << 40: MaxWindow, 7: 1}
+	pkt := EncodeGrants(in)
+	if pkt.Type != GrantType {
+		t.Fatalf("type %v", pkt.Type)
+	}
+	out := map[int64]int64{}
+	if err := DecodeGrants(pkt, func(id, n int64) error { out[id] = n; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != len(in) {
+		t.Fatalf("decoded %v", out)
+	}
+	for id, n := range in {
+		if out[id] != n {
+			t.Fatalf("decoded %v, want %v", out, in)
+		}
+	}
+	for name, bad := range map[string]*client.Packet{
+		"truncated":       {Type: GrantType, Payload: &client.Packet_Data{Data: &client.Data{Data: []byte{0x80}}}},
+		"no increment":    {Type: GrantType, Payload: &client.Packet_Data{Data: &client.Data{Data: []byte{0x01}}}},
+		"over MaxWindow":  EncodeGrants(map[int64]int64{1: MaxWindow + 1}),
+		"a connection ID": {Type: GrantType, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: 3}}},
+		"no payload":      {Type: GrantType},
+	} {
+		if err := DecodeGrants(bad, func(int64, int64) error { return nil }); !errors.Is(err, ErrBadGrant) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestGrantsCoalesce: grants owed while one is being sent go out together, in one packet.
+func TestGrantsCoalesce(t *testing.T) {
+	sent := make(chan *client.Packet, 10)
+	release := make(chan struct{})
+	g := NewGrants(func(p *client.Packet) error {
+		sent <- p
+		<-release
+		return nil
+	})
+	g.Add(1, 10) // goes out at once, and its send blocks
+	first := <-sent
+	g.Add(1, 5)
+	g.Add(2, 7)
+	g.Add(1, 5)
+	g.Add(3, 0) // nothing owed: nothing sent
+	close(release)
+	second := <-sent
+	got := map[int64]int64{}
+	_ = DecodeGrants(first, func(id, n int64) error { got[id] += n; return nil })
+	if got[1] != 10 {
+		t.Fatalf("first packet: %v", got)
+	}
+	got = map[int64]int64{}
+	_ = DecodeGrants(second, func(id, n int64) error { got[id] += n; return nil })
+	if len(got) != 2 || got[1] != 10 || got[2] != 7 {
+		t.Fatalf("second packet: %v", got)
+	}
+	select {
+	case p := <-sent:
+		t.Fatalf("a third packet: %v", p)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
