@@ -1,11 +1,7 @@
 package tunnel
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"net"
-	"net/http"
 	"sync"
 	"time"
 
@@ -44,14 +40,13 @@ const (
 	upstreamTimeoutText = "timed out waiting for backend dial"
 )
 
-// pendingDials holds one server's pending dials. In gRPC mode it sees every DIAL_REQ on its way from the
-// frontend to upstream's handler and every DIAL_RSP or DIAL_CLS on its way back, and times dials out
-// itself. In http-connect mode upstream's handler already waits for the dial on the connection's own
-// goroutine with a timer, so there pendingDials only counts and bounds.
+// pendingDials holds one server's pending dials. It sees every DIAL_REQ on its way from a frontend (gRPC or
+// HTTP CONNECT, see connect.go) to upstream's handler and every DIAL_RSP or DIAL_CLS on its way back, and
+// times dials out itself.
 type pendingDials struct {
 	ps      *server.ProxyServer
 	max     int           // 0: no bound
-	timeout time.Duration // 0: no timeout (gRPC mode; http-connect mode leaves it to upstream)
+	timeout time.Duration // 0: no timeout
 
 	mu      sync.Mutex
 	n       int // slots in use, gRPC dials and CONNECT requests alike
@@ -331,63 +326,4 @@ func (s *dialStream) SendMsg(m any) error {
 		}
 	}
 	return s.ServerStream.SendMsg(m)
-}
-
-// connect bounds pending HTTP CONNECT dials. Upstream's handler answers a CONNECT with one write once the
-// dial is decided (200, or an error status); until then the request holds a slot.
-func (p *pendingDials) connect(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hj, ok := w.(http.Hijacker)
-		if r.Method != http.MethodConnect || !ok {
-			next.ServeHTTP(w, r)
-			return
-		}
-		p.mu.Lock()
-		err := p.take()
-		p.mu.Unlock()
-		if err != nil {
-			klog.V(2).InfoS("Dial refused", "dialAddress", r.Host, "err", err)
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		var once sync.Once
-		done := func(first []byte) {
-			once.Do(func() {
-				p.mu.Lock()
-				p.give()
-				p.mu.Unlock()
-				if bytes.HasPrefix(first, []byte("HTTP/1.1 504 ")) && bytes.Contains(first, []byte(upstreamTimeoutText)) {
-					p.metrics.dialTimeouts.Inc()
-				}
-			})
-		}
-		defer done(nil)
-		next.ServeHTTP(&connectWriter{ResponseWriter: w, hj: hj, done: done}, r)
-	})
-}
-
-type connectWriter struct {
-	http.ResponseWriter
-	hj   http.Hijacker
-	done func(first []byte)
-}
-
-func (w *connectWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, rw, err := w.hj.Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	fc := &firstWriteConn{Conn: c, done: w.done}
-	return fc, bufio.NewReadWriter(rw.Reader, bufio.NewWriter(fc)), nil
-}
-
-// firstWriteConn reports its first write: upstream's answer to the CONNECT.
-type firstWriteConn struct {
-	net.Conn
-	done func(first []byte)
-}
-
-func (c *firstWriteConn) Write(b []byte) (int, error) {
-	c.done(b)
-	return c.Conn.Write(b)
 }

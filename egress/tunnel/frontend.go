@@ -1,11 +1,8 @@
 package tunnel
 
 import (
-	"bufio"
 	"context"
 	"net"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -176,96 +173,6 @@ func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error
 	return nil
 }
 
-// connectHandler wraps upstream's HTTP CONNECT handler so that the hijacked connection writes through its own
-// queue, and is tracked for draining (http.Server.Shutdown does not see hijacked connections).
-type connectHandler struct {
-	s    *Server
-	next http.Handler
-}
-
-func (h connectHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	h.next.ServeHTTP(&hijackWriter{ResponseWriter: w, hj: hj, s: h.s}, r)
-}
-
-type hijackWriter struct {
-	http.ResponseWriter
-	hj http.Hijacker
-	s  *Server
-}
-
-func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, rw, err := w.hj.Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	qc := w.s.newQueuedConn(c)
-	return qc, bufio.NewReadWriter(rw.Reader, bufio.NewWriter(qc)), nil
-}
-
-// queuedConn is a hijacked CONNECT connection whose writes go through its queue.
-type queuedConn struct {
-	net.Conn
-	q         *flow.Queue[[]byte]
-	closeOnce sync.Once
-	done      chan struct{}
-}
-
-func (s *Server) newQueuedConn(c net.Conn) *queuedConn {
-	qc := &queuedConn{Conn: c, done: make(chan struct{})}
-	qc.q = newFrontendQueue(s, func(b []byte) int { return len(b) }, func() { c.Close() })
-	s.trackConn(qc, true)
-	s.frontends.Add(1)
-	qc.q.Start(func(batch [][]byte) error {
-		// A piece at a time: a reader that keeps reading, however slowly, is not taken for a stalled one.
-		return flow.Pieces(batch, func(piece [][]byte) error {
-			_, err := c.Write(joinBytes(piece))
-			return err
-		}, qc.q.Progress)
-	}, func(error) {
-		c.Close()
-		s.trackConn(qc, false)
-		s.frontends.Add(-1)
-		close(qc.done)
-	})
-	return qc
-}
-
-func (c *queuedConn) Write(p []byte) (int, error) {
-	// The caller may reuse p once Write returns (io.Writer), so the queue keeps a copy.
-	if err := c.q.Push(context.Background(), append([]byte(nil), p...)); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-// Close flushes what is queued, then closes; a reader that does not take it within flushTimeout is cut off.
-func (c *queuedConn) Close() error {
-	c.closeOnce.Do(func() {
-		c.q.Close()
-		go func() {
-			t := time.NewTimer(flushTimeout)
-			defer t.Stop()
-			select {
-			case <-c.done:
-			case <-t.C:
-				c.Conn.Close()
-			}
-		}()
-	})
-	return nil
-}
-
-// forceClose drops the connection at once (end of a drain).
-func (c *queuedConn) forceClose() {
-	c.q.Fail(flow.ErrClosed)
-	c.Conn.Close()
-}
-
 // mergeData combines consecutive DATA packets of one connection, up to maxChunk bytes, into one packet.
 // Upstream's agent sends 4 KiB packets; kube-apiserver's client pays per message (a receive, a channel
 // hand-off and a copy), so a backlog goes out as fewer, larger messages.
@@ -293,20 +200,4 @@ func mergeData(batch []*client.Packet, chunk int) (*client.Packet, int) {
 		Type:    client.PacketType_DATA,
 		Payload: &client.Packet_Data{Data: &client.Data{ConnectID: first.ConnectID, Data: buf}},
 	}, k
-}
-
-// joinBytes makes a piece of queued writes (at most flow.Piece bytes) one write.
-func joinBytes(batch [][]byte) []byte {
-	if len(batch) == 1 {
-		return batch[0]
-	}
-	n := 0
-	for _, b := range batch {
-		n += len(b)
-	}
-	buf := make([]byte, 0, n)
-	for _, b := range batch {
-		buf = append(buf, b...)
-	}
-	return buf
 }

@@ -72,7 +72,7 @@ type Server struct {
 	draining  atomic.Bool
 
 	connMu sync.Mutex
-	conns  map[*queuedConn]struct{}
+	conns  map[*connectStream]struct{} // open HTTP CONNECT tunnels, which http.Server.Shutdown does not see
 
 	tokenMu      sync.Mutex
 	tokenChecked time.Time
@@ -112,15 +112,12 @@ func New(c *Config) (_ *Server, err error) {
 		cfg:     cfg,
 		ps:      server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
 		agents:  agentTracker{agents: map[string]*AgentStatus{}},
-		conns:   map[*queuedConn]struct{}{},
+		conns:   map[*connectStream]struct{}{},
 		metrics: m,
 	}
+	// Dials are timed out by s.dials in both modes: upstream would hold a goroutine per dial for the whole
+	// timeout (dials.go).
 	s.dials = newPendingDials(s.ps, cfg.MaxPendingDials, cfg.BackendDialTimeout, s.metrics)
-	if cfg.Mode == server.ModeHTTPConnect {
-		// Upstream times CONNECT dials out on each request's own goroutine; gRPC dials are timed out by
-		// s.dials, as upstream would hold a goroutine per dial for the whole timeout (dials.go).
-		s.ps.SetBackendDialTimeout(cfg.BackendDialTimeout)
-	}
 	defer func() {
 		if err != nil {
 			s.closeListeners()
@@ -237,7 +234,7 @@ func (s *Server) newFrontendGRPC() error {
 func (s *Server) newFrontendHTTP() error {
 	cfg := s.cfg
 	s.frontendHTTP = &http.Server{
-		Handler: connectHandler{s: s, next: s.dials.connect(&server.Tunnel{Server: s.ps})},
+		Handler: http.HandlerFunc(s.serveConnect),
 		// Only the CONNECT request itself is subject to these; the hijacked tunnel is not.
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
@@ -386,7 +383,7 @@ func (s *Server) shutdown() {
 	klog.InfoS("Tunnel server stopped")
 }
 
-func (s *Server) trackConn(c *queuedConn, add bool) {
+func (s *Server) trackConn(c *connectStream, add bool) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if add {
@@ -404,13 +401,13 @@ func (s *Server) openConns() int {
 
 func (s *Server) closeConns() {
 	s.connMu.Lock()
-	conns := make([]*queuedConn, 0, len(s.conns))
+	conns := make([]*connectStream, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
 	s.connMu.Unlock()
 	for _, c := range conns {
-		c.forceClose()
+		c.close()
 	}
 }
 
