@@ -92,10 +92,10 @@ func jitter(d time.Duration) time.Duration {
 // New checks cfg and loads the credentials once, so that a missing or unparsable file is an error now.
 // It opens no connection; Run does.
 func New(cfg Config) (*Agent, error) {
-	if err := cfg.validate(); err != nil {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	c := cfg.withDefaults()
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)

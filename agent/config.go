@@ -48,6 +48,13 @@ type Config struct {
 	// StallTimeout is how long the stream waits for a backend with a full queue to make progress before
 	// that connection is closed as stalled; 0 means flow.DefaultStallTimeout.
 	StallTimeout time.Duration
+	// The agent offers servers per-connection flow control (docs/flow-control.md) unless DisableFlowControl
+	// is set, with FlowWindow as every connection's starting window and FlowMaxWindow as the largest it grows
+	// to; 0 means flow.DefaultWindow and flow.DefaultMaxWindow. With a server that does not take the offer up
+	// (upstream's), connections get ConnectionBuffer and StallTimeout instead.
+	DisableFlowControl bool
+	FlowWindow         int
+	FlowMaxWindow      int
 	// ReadBuffer is the largest read from a backend, and so the largest DATA message the agent sends.
 	ReadBuffer int
 	// MaxRecvMessage is the largest message accepted from a server. Upstream servers forward a client's
@@ -101,6 +108,12 @@ func (c *Config) withDefaults() Config {
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = flow.DefaultStallTimeout
 	}
+	if cfg.FlowWindow <= 0 {
+		cfg.FlowWindow = flow.DefaultWindow
+	}
+	if cfg.FlowMaxWindow <= 0 {
+		cfg.FlowMaxWindow = max(flow.DefaultMaxWindow, cfg.FlowWindow)
+	}
 	if cfg.ReadBuffer < MinReadBuffer {
 		cfg.ReadBuffer = DefaultReadBuffer
 	}
@@ -135,6 +148,11 @@ func (c *Config) validate() error {
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return errors.New("agent: a client certificate needs both a certificate and a key file")
+	}
+	if !c.DisableFlowControl {
+		if err := c.flowOffer().Validate(); err != nil {
+			return fmt.Errorf("agent: flow control: %w", err)
+		}
 	}
 	return nil
 }
@@ -176,4 +194,9 @@ func SplitServers(hosts string, port int) ([]string, error) {
 // konnectivity-server.kube-system.svc.cluster.local., which skips the resolver's search domains.
 func validateServerHost(host string) error {
 	return pki.ValidateAddress(strings.TrimSuffix(strings.ToLower(host), "."))
+}
+
+// flowOffer is the window the agent grants each connection for data from a server.
+func (c *Config) flowOffer() flow.Offer {
+	return flow.Offer{Window: c.FlowWindow, Max: c.FlowMaxWindow}
 }

@@ -66,12 +66,17 @@ func readTiers(max int) []int {
 //
 // Data from the server goes through the conn's queue (package flow) and is written by the queue's own
 // writer goroutine, so that a backend that reads slowly does not block the session's receive loop, which serves
-// every other connection on the same stream (ANP issue 180).
+// every other connection on the same stream (ANP issue 180). With flow control, the server sends no more
+// than window lets it, so the queue never fills, and the agent reads from the backend only while credit
+// says the server has room.
 type conn struct {
 	s  *session
 	id int64
 	nc net.Conn
 	q  *flow.Queue[[]byte]
+
+	window *flow.Window // data from the server; nil without flow control
+	credit *flow.Credit // data to the server; nil without flow control
 
 	mu       sync.Mutex
 	closing  bool // the server sent CLOSE_REQ: flush the queue, then close
@@ -92,7 +97,16 @@ type conn struct {
 
 func newConn(s *session, id int64, nc net.Conn) *conn {
 	c := &conn{s: s, id: id, nc: nc, done: make(chan struct{}), heard: make(chan struct{})}
-	c.q = flow.New(s.a.cfg.ConnectionBuffer, s.a.cfg.StallTimeout, func(b []byte) int { return len(b) })
+	limit := s.a.cfg.ConnectionBuffer
+	if s.flow != nil {
+		own := s.a.cfg.flowOffer()
+		c.window = flow.NewWindow(own.Window, own.Max)
+		c.credit = flow.NewCredit(s.flow.Window, s.flow.Max)
+		// The window bounds what is queued, but bytes count as consumed while their batch is still being
+		// written: room for one more batch keeps a push from ever waiting.
+		limit = own.Max + writeBatch
+	}
+	c.q = flow.New(limit, s.a.cfg.StallTimeout, func(b []byte) int { return len(b) })
 	c.q.MaxBatch = writeBatch
 	c.q.Hooks.Stalled = c.stalled
 	c.data.ConnectID = id
@@ -107,8 +121,36 @@ func newConn(s *session, id int64, nc net.Conn) *conn {
 // is closed.
 func (c *conn) enqueue(b []byte) {
 	c.heardOne.Do(func() { close(c.heard) })
+	if c.window != nil {
+		if err := c.window.Receive(len(b)); err != nil {
+			c.brokeFlowControl(flowWindowExceeded, err)
+			return
+		}
+	}
 	// An error means the connection is closing, and data for it has nowhere to go.
 	_ = c.q.Push(c.s.ctx, b)
+}
+
+// granted takes the server's grant of n more bytes for this connection.
+func (c *conn) granted(n int64) {
+	if c.credit == nil {
+		return
+	}
+	if err := c.credit.Add(n); err != nil {
+		c.brokeFlowControl(flowCreditOverflow, err)
+	}
+}
+
+// brokeFlowControl closes a connection whose server broke the flow-control protocol on it, so that the
+// agent never buffers more for it than the window it granted. It runs on the receive loop.
+func (c *conn) brokeFlowControl(reason string, err error) {
+	c.s.a.m.flowViolation(reason)
+	klog.ErrorS(err, "Closing a connection on which the server broke flow control", "serverID", c.s.serverID, "connectionID", c.id)
+	c.s.wg.Add(1)
+	go func() {
+		defer c.s.wg.Done()
+		c.finish("konnect agent: " + err.Error())
+	}()
 }
 
 // stalled runs on the receive loop when enqueue gave up on a backend.
@@ -147,6 +189,9 @@ func (c *conn) writeBatch(batch [][]byte) error {
 		n, err := bufs.WriteTo(c.nc) // writev: one syscall per piece
 		c.activity.Add(1)
 		c.s.a.m.bytesFromServer.Add(float64(n))
+		if c.window != nil {
+			c.s.grants.Add(c.id, c.window.Consume(int(n)))
+		}
 		return err
 	}, c.q.Progress)
 }
@@ -175,7 +220,20 @@ func (c *conn) readLoop() {
 	first := true
 	for {
 		buf := *bp
+		if c.credit != nil {
+			// Read no more than the server has room for: what waits stays in the backend's socket, where
+			// TCP holds its sender back, and costs this agent nothing.
+			k, err := c.credit.Wait(c.s.ctx)
+			if err != nil {
+				c.finish("")
+				return
+			}
+			buf = buf[:min(len(buf), k)]
+		}
 		n, err := c.nc.Read(buf)
+		if c.credit != nil {
+			c.credit.Use(n)
+		}
 		if n > 0 {
 			c.activity.Add(1)
 			if first {
@@ -187,7 +245,7 @@ func (c *conn) readLoop() {
 			}
 			next := tier
 			switch {
-			case n == len(buf) && tier < len(tiers)-1:
+			case n == len(*bp) && tier < len(tiers)-1:
 				next++
 			case tier > 0 && n < tiers[tier-1]/2:
 				next--
@@ -262,6 +320,10 @@ func (c *conn) finish(errMsg string) {
 		c.closed = true
 		c.mu.Unlock()
 		c.q.Fail(flow.ErrClosed)
+		if c.credit != nil {
+			c.credit.Close(flow.ErrClosed)
+			c.s.grants.Forget(c.id)
+		}
 		close(c.done)
 		_ = c.nc.Close()
 		c.s.removeConn(c.id)

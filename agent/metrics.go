@@ -32,6 +32,7 @@ type metrics struct {
 	overflows       prometheus.Counter
 	connectFailures *prometheus.CounterVec
 	controlDropped  prometheus.Counter
+	flowViolations  *prometheus.CounterVec
 	dataToServer    prometheus.Counter
 	dataFromServer  prometheus.Counter
 	bytesToServer   prometheus.Counter
@@ -86,6 +87,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "konnect_agent_control_replies_dropped_total",
 			Help: "Control replies (CLOSE_RSP, refused DIAL_RSP, DRAIN) dropped because a server did not read them and the queue was full.",
 		}),
+		flowViolations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "konnect_agent_flow_control_violations_total",
+			Help: "Connections (or, for a malformed grant, server streams) closed because a server broke flow control, by reason (window_exceeded, credit_overflow, malformed).",
+		}, []string{"reason"}),
 	}
 	m.dataToServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentFromAgent), client.PacketType_DATA.String())
 	m.dataFromServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentToAgent), client.PacketType_DATA.String())
@@ -95,7 +100,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
-		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures, m.controlDropped} {
+		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures, m.controlDropped,
+		m.flowViolations} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -128,3 +134,12 @@ func (m *metrics) recvError(err error) {
 }
 
 func (m *metrics) dialed(d time.Duration) { m.dialLatency.Observe(d.Seconds()) }
+
+// Reasons of konnect_agent_flow_control_violations_total.
+const (
+	flowWindowExceeded = "window_exceeded"
+	flowCreditOverflow = "credit_overflow"
+	flowMalformed      = "malformed"
+)
+
+func (m *metrics) flowViolation(reason string) { m.flowViolations.WithLabelValues(reason).Inc() }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,6 +61,12 @@ type session struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// flow is the server's answer to the agent's flow-control offer: the window it grants each connection for
+	// data from the agent. nil: the server does not speak the extension, and connections fall back to their
+	// queue's limit and stall timeout. grants sends the agent's own grants; nil with flow.
+	flow   *flow.Offer
+	grants *flow.Grants
+
 	sendMu sync.Mutex
 	ctrl   chan *client.Packet // control replies, sent in order by controlWriter
 	dead   atomic.Bool
@@ -82,6 +89,9 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 	md := metadata.Pairs(header.AgentID, a.cfg.AgentID, header.AgentIdentifiers, a.cfg.Identifiers)
 	if tok := a.creds.bearer(); tok != "" {
 		md.Set(header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+tok)
+	}
+	if !a.cfg.DisableFlowControl {
+		md.Set(flow.Header, a.cfg.flowOffer().String())
 	}
 	cc, err := grpc.NewClient("passthrough:///"+ep.addr,
 		grpc.WithTransportCredentials(batchtls.Credentials(grpccreds.NewTLS(tlsCfg))),
@@ -131,6 +141,16 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 	n, err := strconv.Atoi(counts[0])
 	if err != nil || n < 0 {
 		return fail(fmt.Errorf("bad %s header %q", header.ServerCount, counts[0]))
+	}
+	if !a.cfg.DisableFlowControl {
+		offer, ok, err := flow.ParseOffer(hdr.Get(flow.Header))
+		if err != nil {
+			return fail(err)
+		}
+		if ok {
+			s.flow = &offer
+			s.grants = flow.NewGrants(s.send)
+		}
 	}
 	if !timer.Stop() {
 		return fail(context.DeadlineExceeded)
@@ -259,6 +279,17 @@ func (s *session) serve() {
 			} else {
 				s.sendAsync(closeRsp(id, "Unknown connectID"))
 			}
+		case flow.GrantType:
+			if s.flow == nil {
+				klog.V(2).InfoS("Ignoring a flow-control grant from a server that did not take up flow control", "serverID", s.serverID)
+				continue
+			}
+			if err := flow.DecodeGrants(pkt, s.grant); err != nil {
+				s.a.m.flowViolation(flowMalformed)
+				s.fail(err)
+				klog.ErrorS(err, "Closing the stream to a server that broke flow control", "serverID", s.serverID, "server", s.ep.addr)
+				return
+			}
 		case client.PacketType_DIAL_CLS:
 			// The frontend gave up before the dial finished (upstream's agent ignores this).
 			s.mu.Lock()
@@ -272,6 +303,15 @@ func (s *session) serve() {
 			klog.V(5).InfoS("Ignoring packet", "type", pkt.Type, "serverID", s.serverID)
 		}
 	}
+}
+
+// grant gives a connection the credit the server granted it. A grant for a connection that is gone crossed
+// its close on the wire, and is no fault.
+func (s *session) grant(id, n int64) error {
+	if c := s.conn(id); c != nil {
+		c.granted(n)
+	}
+	return nil
 }
 
 func closeRsp(id int64, msg string) *client.Packet {
@@ -413,6 +453,9 @@ func (s *session) probe() {
 
 func (s *session) teardown() {
 	s.dead.Store(true)
+	if s.grants != nil {
+		s.grants.Stop()
+	}
 	s.cancel()
 	s.mu.Lock()
 	s.closed = true

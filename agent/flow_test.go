@@ -1,0 +1,343 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/tls"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
+	"github.com/konnect-dev/konnect/test/harness"
+	"google.golang.org/grpc"
+	grpccreds "google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
+	"sigs.k8s.io/apiserver-network-proxy/proto/header"
+)
+
+// scriptedServer plays a server that takes flow control up (or not) and then does what the test says, to
+// check the agent against peers that break the protocol.
+type scriptedServer struct {
+	agentpb.UnimplementedAgentServiceServer
+	answer  string // the server's Header answer; "" takes no flow control up
+	streams chan *scriptedStream
+	addr    string
+}
+
+type scriptedStream struct {
+	t      *testing.T
+	stream agentpb.AgentService_ConnectServer
+	offer  string // the agent's offer
+	recv   chan *client.Packet
+	sendMu sync.Mutex
+	end    chan struct{} // closing it ends the stream from the server's side
+}
+
+func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedServer {
+	t.Helper()
+	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
+	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
+	s := &scriptedServer{answer: answer, streams: make(chan *scriptedStream, 10)}
+	agentpb.RegisterAgentServiceServer(srv, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = ln.Addr().String()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return s
+}
+
+func (s *scriptedServer) Connect(stream agentpb.AgentService_ConnectServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	h := metadata.Pairs(header.ServerID, "scripted", header.ServerCount, "1")
+	if s.answer != "" {
+		h.Set(flow.Header, s.answer)
+	}
+	if err := stream.SendHeader(h); err != nil {
+		return err
+	}
+	ss := &scriptedStream{stream: stream, recv: make(chan *client.Packet, 4096), end: make(chan struct{})}
+	if v := md.Get(flow.Header); len(v) == 1 {
+		ss.offer = v[0]
+	}
+	go func() {
+		defer close(ss.recv)
+		for {
+			pkt, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ss.recv <- pkt
+		}
+	}()
+	s.streams <- ss
+	select {
+	case <-ss.end:
+	case <-stream.Context().Done():
+	}
+	return nil
+}
+
+func (s *scriptedServer) next(t *testing.T) *scriptedStream {
+	t.Helper()
+	select {
+	case ss := <-s.streams:
+		ss.t = t
+		return ss
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent did not connect")
+		return nil
+	}
+}
+
+func (ss *scriptedStream) send(pkt *client.Packet) {
+	ss.t.Helper()
+	ss.sendMu.Lock()
+	defer ss.sendMu.Unlock()
+	if err := ss.stream.Send(pkt); err != nil {
+		ss.t.Fatalf("send %s: %v", pkt.Type, err)
+	}
+}
+
+// dial asks the agent to dial addr and returns the connection ID of its answer.
+func (ss *scriptedStream) dial(addr string, random int64) int64 {
+	ss.t.Helper()
+	ss.send(&client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
+		DialRequest: &client.DialRequest{Protocol: "tcp", Address: addr, Random: random}}})
+	rsp := ss.wait(client.PacketType_DIAL_RSP).GetDialResponse()
+	if rsp.Error != "" || rsp.Random != random {
+		ss.t.Fatalf("DIAL_RSP %+v", rsp)
+	}
+	return rsp.ConnectID
+}
+
+// wait returns the next packet of type typ, skipping others.
+func (ss *scriptedStream) wait(typ client.PacketType) *client.Packet {
+	ss.t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case pkt, ok := <-ss.recv:
+			if !ok {
+				ss.t.Fatalf("the stream ended while waiting for %s", typ)
+			}
+			if pkt.Type == typ {
+				return pkt
+			}
+		case <-timeout:
+			ss.t.Fatalf("no %s from the agent", typ)
+		}
+	}
+}
+
+// dataFor counts the bytes of DATA for connection id that arrive within d.
+func (ss *scriptedStream) dataFor(id int64, d time.Duration) int {
+	n := 0
+	end := time.After(d)
+	for {
+		select {
+		case pkt, ok := <-ss.recv:
+			if !ok {
+				return n
+			}
+			if pkt.Type == client.PacketType_DATA && pkt.GetData().ConnectID == id {
+				n += len(pkt.GetData().Data)
+			}
+		case <-end:
+			return n
+		}
+	}
+}
+
+func dataPacket(id int64, n int) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: bytes.Repeat([]byte{'x'}, n)}}}
+}
+
+// firehose is a backend that writes to every connection as fast as it is read, and counts what it wrote.
+func firehose(t *testing.T) (string, *atomic.Int64, chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wrote atomic.Int64
+	closed := make(chan struct{}, 10)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { closed <- struct{}{} }()
+				buf := make([]byte, 32<<10)
+				for {
+					_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+					n, err := c.Write(buf)
+					wrote.Add(int64(n))
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), &wrote, closed
+}
+
+const serverAnswer = "v1;window=65536;max=1048576"
+
+// TestFlowAgentOffers: the agent offers its windows, and with a server that answers nothing (upstream's)
+// it sends without waiting for grants, as before.
+func TestFlowAgentOffers(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, "")
+	hose, _, _ := firehose(t)
+	startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	if want := (flow.Offer{Window: flow.DefaultWindow, Max: flow.DefaultMaxWindow}).String(); ss.offer != want {
+		t.Fatalf("the agent offered %q, want %q", ss.offer, want)
+	}
+	id := ss.dial(hose, 1)
+	if got := ss.dataFor(id, time.Second); got < 4<<20 {
+		t.Fatalf("without flow control the agent sent %d bytes in a second, want it unthrottled", got)
+	}
+}
+
+// TestFlowServerNeverGrants: the agent sends a connection exactly the server's window and then stops reading
+// its backend, which waits in its own socket; a grant releases exactly that much more.
+func TestFlowServerNeverGrants(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	hose, wrote, _ := firehose(t)
+	startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(hose, 1)
+	if got := ss.dataFor(id, time.Second); got != 65536 {
+		t.Fatalf("the agent sent %d bytes of a 65536-byte window", got)
+	}
+	// The backend is held back by TCP: what it wrote is what the agent read plus the kernel's buffers.
+	if w := wrote.Load(); w > 64<<20 {
+		t.Fatalf("the backend wrote %d bytes: the agent kept reading it", w)
+	}
+	ss.send(flow.EncodeGrants(map[int64]int64{id: 10000}))
+	if got := ss.dataFor(id, time.Second); got != 10000 {
+		t.Fatalf("a grant of 10000 released %d bytes", got)
+	}
+}
+
+// TestFlowServerIgnoresWindow: a server that sends a connection more than the agent's window gets that
+// connection closed with the reason, and counted; the agent's other connections carry on.
+func TestFlowServerIgnoresWindow(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	echo := harness.StartEcho(t).Addr
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	good, bad := ss.dial(echo, 1), ss.dial(echo, 2)
+	ss.send(dataPacket(bad, flow.DefaultWindow+1))
+	rsp := ss.wait(client.PacketType_CLOSE_RSP).GetCloseResponse()
+	if rsp.ConnectID != bad || !strings.Contains(rsp.Error, "flow control") {
+		t.Fatalf("CLOSE_RSP %+v", rsp)
+	}
+	if v := counterValue(ra.m.flowViolations.WithLabelValues(flowWindowExceeded)); v != 1 {
+		t.Fatalf("window_exceeded: %v", v)
+	}
+	ss.send(dataPacket(good, 1000))
+	if got := ss.dataFor(good, 2*time.Second); got != 1000 {
+		t.Fatalf("the other connection echoed %d of 1000 bytes", got)
+	}
+}
+
+// TestFlowServerGrantsTooMuch: credit beyond the server's announced largest window closes that connection.
+func TestFlowServerGrantsTooMuch(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	echo := harness.StartEcho(t).Addr
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(echo, 1)
+	ss.send(flow.EncodeGrants(map[int64]int64{id: 1 << 20}))
+	rsp := ss.wait(client.PacketType_CLOSE_RSP).GetCloseResponse()
+	if rsp.ConnectID != id || !strings.Contains(rsp.Error, "flow control") {
+		t.Fatalf("CLOSE_RSP %+v", rsp)
+	}
+	if v := counterValue(ra.m.flowViolations.WithLabelValues(flowCreditOverflow)); v != 1 {
+		t.Fatalf("credit_overflow: %v", v)
+	}
+}
+
+// TestFlowGrantAfterClose: grants for a connection that is closed, or was never open, are no fault.
+func TestFlowGrantAfterClose(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	echo := harness.StartEcho(t).Addr
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(echo, 1)
+	ss.send(&client.Packet{Type: client.PacketType_CLOSE_REQ, Payload: &client.Packet_CloseRequest{CloseRequest: &client.CloseRequest{ConnectID: id}}})
+	ss.wait(client.PacketType_CLOSE_RSP)
+	ss.send(flow.EncodeGrants(map[int64]int64{id: 1000, 12345: 1000}))
+	next := ss.dial(echo, 2)
+	ss.send(dataPacket(next, 100))
+	if got := ss.dataFor(next, 2*time.Second); got != 100 {
+		t.Fatalf("after stray grants the next connection echoed %d of 100 bytes", got)
+	}
+	for _, r := range []string{flowWindowExceeded, flowCreditOverflow, flowMalformed} {
+		if v := counterValue(ra.m.flowViolations.WithLabelValues(r)); v != 0 {
+			t.Errorf("%s: %v", r, v)
+		}
+	}
+}
+
+// TestFlowMalformedGrant ends the session, and the agent connects again.
+func TestFlowMalformedGrant(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	ss.send(&client.Packet{Type: flow.GrantType, Payload: &client.Packet_Data{Data: &client.Data{Data: []byte{0x80}}}})
+	srv.next(t) // a new stream
+	if v := counterValue(ra.m.flowViolations.WithLabelValues(flowMalformed)); v != 1 {
+		t.Fatalf("malformed: %v", v)
+	}
+}
+
+// TestFlowReconnectDuringTransfer: a session that ends while a connection waits for credit closes that
+// connection's backend at once, and the agent connects again and serves new dials.
+func TestFlowReconnectDuringTransfer(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	hose, _, closed := firehose(t)
+	startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(hose, 1)
+	if got := ss.dataFor(id, 500*time.Millisecond); got != 65536 {
+		t.Fatalf("%d bytes of a 65536-byte window", got)
+	}
+	close(ss.end) // the server goes away while the agent waits for credit
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend connection stayed open after its session ended")
+	}
+	ss2 := srv.next(t)
+	echo := harness.StartEcho(t).Addr
+	id2 := ss2.dial(echo, 2)
+	ss2.send(dataPacket(id2, 100))
+	if got := ss2.dataFor(id2, 2*time.Second); got != 100 {
+		t.Fatalf("after the reconnect: %d of 100 bytes", got)
+	}
+}
