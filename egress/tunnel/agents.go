@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,19 +19,65 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
-// agentStream splits DATA packets bound for an agent below maxChunk. Upstream's Backend serialises sends
-// on the stream, so the pieces of one packet are never interleaved with another packet.
+// agentStream is one agent stream as upstream's handler sees it. It splits DATA packets bound for the agent
+// below maxChunk (upstream's Backend serialises its sends, so the pieces of one packet are never interleaved
+// with another packet), and, when the agent took flow control up, does the accounting of agentFlow.
 type agentStream struct {
 	grpc.ServerStream
 	split prometheus.Counter // counts the packets cut
+	flow  *agentFlow         // nil: the agent did not offer flow control, or the server does not use it
+	offer string             // the server's answer to the agent's offer, sent with the response headers
+
+	// sendMu serialises upstream's sends, which its Backend already orders, with the flow-control grants
+	// that konnect sends on the same stream.
+	sendMu sync.Mutex
 }
 
-func (a agentStream) SendMsg(m any) error {
+func (a *agentStream) SendMsg(m any) error {
+	a.sendMu.Lock()
+	defer a.sendMu.Unlock()
 	p, ok := m.(*client.Packet)
 	if !ok {
 		return a.ServerStream.SendMsg(m)
 	}
 	return sendChunked(a.ServerStream.SendMsg, p, maxChunk, a.split)
+}
+
+// SendHeader answers the agent's flow-control offer next to upstream's server ID and count.
+func (a *agentStream) SendHeader(md metadata.MD) error {
+	if a.offer != "" {
+		md = md.Copy()
+		md.Set(flow.Header, a.offer)
+	}
+	return a.ServerStream.SendHeader(md)
+}
+
+// RecvMsg takes grants out of the stream, and accounts the dials and data that go on to upstream.
+func (a *agentStream) RecvMsg(m any) error {
+	for {
+		if err := a.ServerStream.RecvMsg(m); err != nil || a.flow == nil {
+			return err
+		}
+		p, ok := m.(*client.Packet)
+		if !ok {
+			return nil
+		}
+		switch p.Type {
+		case flow.GrantType:
+			if err := a.flow.grant(p); err != nil {
+				a.flow.s.metrics.flowViolations.WithLabelValues(flowMalformed).Inc()
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
+			continue
+		case client.PacketType_DIAL_RSP:
+			a.flow.dialed(p.GetDialResponse())
+		case client.PacketType_DATA:
+			if !a.flow.received(p.GetData()) {
+				continue
+			}
+		}
+		return nil
+	}
 }
 
 // AgentStatus is what the server knows about one agent, for `konnect doctor status`.
@@ -166,9 +213,23 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 		s.agents.failed("(no agent ID)", idents, remote, err)
 		return err
 	}
+	as := &agentStream{ServerStream: ss, split: s.metrics.chunkedPackets}
+	if !s.cfg.DisableFlowControl {
+		offer, ok, err := flow.ParseOffer(md.Get(flow.Header))
+		if err != nil {
+			err = status.Error(codes.InvalidArgument, err.Error())
+			s.agents.failed(id, idents, remote, err)
+			return err
+		}
+		if ok {
+			as.flow = newAgentFlow(s, offer, func(p *client.Packet) error { return as.SendMsg(p) })
+			as.offer = s.cfg.flowOffer().String()
+			defer as.flow.end()
+		}
+	}
 	// Upstream authenticates inside its handler and returns before SendHeader when that fails; a stream
 	// that has sent headers was accepted.
-	hs := &headerWatch{ServerStream: agentStream{ss, s.metrics.chunkedPackets}, accepted: func() { s.agents.connected(id, idents, remote) }}
+	hs := &headerWatch{ServerStream: as, accepted: func() { s.agents.connected(id, idents, remote) }}
 	err := handler(srv, hs)
 	if !hs.sent {
 		if err == nil {

@@ -32,6 +32,15 @@ var stacks = []stack{
 		s.waitAgents(tb, 1)
 		return s.frontend("grpc"), func() { stopAgent(); s.Stop(tb) }
 	}},
+	{"konnect-without-flow-control", func(tb testing.TB, e *env) (Frontend, func()) {
+		cfg := e.config("grpc")
+		cfg.UDSName = filepath.Join(e.dir, "kn.sock")
+		cfg.DisableFlowControl = true
+		s := start(tb, cfg)
+		stopAgent := startKonnectAgent(tb, e, "bench-konnect-noflow", s.agentPort())
+		s.waitAgents(tb, 1)
+		return s.frontend("grpc"), func() { stopAgent(); s.Stop(tb) }
+	}},
 	{"konnect-server+upstream-agent", func(tb testing.TB, e *env) (Frontend, func()) {
 		cfg := e.config("grpc")
 		cfg.UDSName = filepath.Join(e.dir, "ku.sock")

@@ -78,6 +78,13 @@ type Config struct {
 	// one frontend connection is closed, so that the others on the agent keep flowing (ANP issue 180). It
 	// stays below konnectivity-client's own 10 s read timeout, so the server, not the client, decides first.
 	StallTimeout time.Duration
+	// The server takes up an agent's offer of per-connection flow control (docs/flow-control.md) unless
+	// DisableFlowControl is set, with FlowWindow as every connection's starting window for data from the agent
+	// and FlowMaxWindow as the largest it grows to; 0 means flow.DefaultWindow and flow.DefaultMaxWindow.
+	// Connections of agents without the extension (upstream's) get ConnectionBuffer and StallTimeout.
+	DisableFlowControl bool
+	FlowWindow         int
+	FlowMaxWindow      int
 	// MaxFrontendMessage is the largest gRPC message accepted from kube-apiserver. Its client sends each
 	// write as one message, so this bounds the largest single write through the tunnel.
 	MaxFrontendMessage int
@@ -130,8 +137,19 @@ func (c *Config) withDefaults() Config {
 	if out.StallTimeout <= 0 {
 		out.StallTimeout = flow.DefaultStallTimeout
 	}
+	if out.FlowWindow <= 0 {
+		out.FlowWindow = flow.DefaultWindow
+	}
+	if out.FlowMaxWindow <= 0 {
+		out.FlowMaxWindow = max(flow.DefaultMaxWindow, out.FlowWindow)
+	}
 	if out.MaxFrontendMessage <= 0 {
 		out.MaxFrontendMessage = DefaultMaxFrontendMessage
 	}
 	return out
+}
+
+// flowOffer is the window the server grants each connection for data from its agent.
+func (c *Config) flowOffer() flow.Offer {
+	return flow.Offer{Window: c.FlowWindow, Max: c.FlowMaxWindow}
 }

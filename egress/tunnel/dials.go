@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
@@ -275,9 +276,19 @@ func dialFailed(random int64, msg string) *client.Packet {
 
 // interceptor wraps each gRPC frontend stream so that its dials are counted, bounded and timed out.
 func (p *pendingDials) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	ds := &dialStream{ServerStream: ss, p: p}
+	ds := &dialStream{ServerStream: ss, p: p, flow: frontendFlowOf(ss)}
 	defer p.releaseStream(ds)
 	return handler(srv, ds)
+}
+
+// frontendOf is the flow-control state of the frontend whose dial random is pending, or nil.
+func (p *pendingDials) frontendOf(random int64) *frontendFlow {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d := p.dials[random]; d != nil {
+		return d.s.flow
+	}
+	return nil
 }
 
 // dialStream is one gRPC frontend stream as upstream's handler sees it.
@@ -285,12 +296,21 @@ type dialStream struct {
 	grpc.ServerStream
 	p     *pendingDials
 	dials []*pendingDial // guarded by p.mu; kube-apiserver's single-use tunnels have at most one
+
+	flow *frontendFlow // nil when the server does not use flow control
+	// rest is what is left of a DATA packet that was larger than its connection's credit: the next RecvMsg
+	// hands it on, as credit allows.
+	rest *client.Data
 }
 
 // RecvMsg admits each DIAL_REQ before upstream sees it. A refused one is answered here and never reaches
-// upstream, so it costs no agent anything.
+// upstream, so it costs no agent anything. DATA for a connection under flow control is handed on only as
+// the agent grants credit for it, and in pieces no larger than that credit.
 func (s *dialStream) RecvMsg(m any) error {
 	for {
+		if s.rest != nil {
+			return s.take(m.(*client.Packet), s.rest)
+		}
 		if err := s.ServerStream.RecvMsg(m); err != nil {
 			return err
 		}
@@ -299,6 +319,10 @@ func (s *dialStream) RecvMsg(m any) error {
 			return nil
 		}
 		switch pkt.Type {
+		case client.PacketType_DATA:
+			if s.flow != nil {
+				return s.take(pkt, pkt.GetData())
+			}
 		case client.PacketType_DIAL_REQ:
 			random := pkt.GetDialRequest().GetRandom()
 			if err := s.p.admit(random, s); err != nil {
@@ -313,6 +337,34 @@ func (s *dialStream) RecvMsg(m any) error {
 		}
 		return nil
 	}
+}
+
+// take fills pkt with as much of d as its connection has credit for, waiting for credit while there is
+// none, and keeps the rest for the next RecvMsg.
+func (s *dialStream) take(pkt *client.Packet, d *client.Data) error {
+	s.rest = nil
+	c := s.flow.conn(d.GetConnectID())
+	if c == nil {
+		setData(pkt, d)
+		return nil
+	}
+	n, err := c.credit.Wait(s.Context())
+	if err != nil {
+		return err
+	}
+	if n < len(d.Data) {
+		s.rest = &client.Data{ConnectID: d.ConnectID, Data: d.Data[n:]}
+		d = &client.Data{ConnectID: d.ConnectID, Data: d.Data[:n]}
+	}
+	c.credit.Use(len(d.Data))
+	setData(pkt, d)
+	return nil
+}
+
+func setData(pkt *client.Packet, d *client.Data) {
+	proto.Reset(pkt)
+	pkt.Type = client.PacketType_DATA
+	pkt.Payload = &client.Packet_Data{Data: d}
 }
 
 // SendMsg releases a dial when its answer (or the agent's DIAL_CLS) goes to the frontend.

@@ -13,8 +13,10 @@
 //   - dials waiting for an agent are bounded (--max-pending-dials) and time out by default
 //     (--backend-dial-timeout, 30 s; upstream's default is off), without a goroutine per pending dial, and
 //     fail at once when their agent disconnects (ANP issues 789 and 855; dials.go);
-//   - every frontend connection has its own send queue, so one slow reader does not stall the other
-//     connections on the same agent stream (ANP issue 180);
+//   - per-connection flow control with konnect's agent (flow.go, docs/flow-control.md): a slow reader, or a
+//     backend that reads slowly, holds back only its own connection, never the agent stream it shares with
+//     the others (ANP issue 180); upstream's agent, which does not offer it, gets a bounded queue per
+//     connection that holds the stream only once it is full;
 //   - larger HTTP/2 windows and buffers on both links, a codec (egress/konnectivity/wire, shared with the
 //     agent) that moves DATA payloads without copying them, small packets from upstream's agent merged into
 //     larger frontend messages, and TLS records on the agent link batched into fewer system calls;

@@ -58,7 +58,13 @@ func sendChunked(send func(any) error, p *client.Packet, chunk int, split promet
 // newFrontendQueue is the queue of one frontend connection (see package flow), counted in the server's
 // metrics. stalled closes the connection when its reader stalled.
 func newFrontendQueue[T any](s *Server, size func(T) int, stalled func()) *flow.Queue[T] {
-	q := flow.New(s.cfg.ConnectionBuffer, s.cfg.StallTimeout, size)
+	limit := s.cfg.ConnectionBuffer
+	if !s.cfg.DisableFlowControl {
+		// A connection under flow control never has more than its window queued, and bytes count as
+		// consumed while their batch is still being sent: with room for that, a push never waits.
+		limit = max(limit, s.cfg.FlowMaxWindow+maxChunk)
+	}
+	q := flow.New(limit, s.cfg.StallTimeout, size)
 	// One batch is at most 1 MiB, sent as messages of up to frontendChunk (or written flow.Piece at a time).
 	q.MaxBatch = maxChunk
 	q.Hooks = flow.Hooks{
@@ -76,7 +82,16 @@ func newFrontendQueue[T any](s *Server, size func(T) int, stalled func()) *flow.
 // the agent stream's goroutine.
 type frontendStream struct {
 	grpc.ServerStream
-	q *flow.Queue[*client.Packet]
+	q    *flow.Queue[*client.Packet]
+	flow *frontendFlow
+}
+
+// frontendFlowOf is the flow-control state of a frontend stream that frontendInterceptor wrapped.
+func frontendFlowOf(ss grpc.ServerStream) *frontendFlow {
+	if fs, ok := ss.(*frontendStream); ok {
+		return fs.flow
+	}
+	return nil
 }
 
 func (f *frontendStream) SendMsg(m any) error {
@@ -98,16 +113,22 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		stalled.Store(true)
 		closeTunnelConn(ss.Context())
 	})
+	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }}
+	defer ff.end()
 	writerDone := make(chan struct{})
 	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out.
 	send := func(m any) error {
 		err := ss.SendMsg(m)
 		q.Progress()
+		if p, ok := m.(*client.Packet); ok && p.GetData() != nil && err == nil {
+			d := p.GetData()
+			ff.consumed(d.ConnectID, len(d.Data))
+		}
 		return err
 	}
 	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch) },
 		func(error) { close(writerDone) })
-	err := handler(srv, &frontendStream{ServerStream: ss, q: q})
+	err := handler(srv, &frontendStream{ServerStream: ss, q: q, flow: ff})
 	if stalled.Load() {
 		return status.Error(codes.ResourceExhausted, flow.ErrStalled.Error())
 	}

@@ -17,6 +17,7 @@ type metrics struct {
 	pendingDials   prometheus.Gauge
 	dialTimeouts   prometheus.Counter
 	dialsRefused   prometheus.Counter
+	flowViolations *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,12 +54,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "konnect", Subsystem: "tunnel_server", Name: "pending_dials_refused_total",
 			Help: "Dials refused because --max-pending-dials dials were already pending.",
 		}),
+		flowViolations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "flow_control_violations_total",
+			Help: "Tunnels (or, for a malformed grant, agent streams) closed because an agent broke flow control, by reason (window_exceeded, credit_overflow, malformed).",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets,
-		m.pendingDials, m.dialTimeouts, m.dialsRefused} {
+		m.pendingDials, m.dialTimeouts, m.dialsRefused, m.flowViolations} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -88,6 +88,11 @@ func New(c *Config) (_ *Server, err error) {
 	if cfg.Mode != server.ModeGRPC && cfg.Mode != server.ModeHTTPConnect {
 		return nil, &FieldError{"Mode", fmt.Errorf("must be grpc or http-connect, not %q", cfg.Mode)}
 	}
+	if !cfg.DisableFlowControl {
+		if err := cfg.flowOffer().Validate(); err != nil {
+			return nil, &FieldError{"FlowWindow", err}
+		}
+	}
 	if len(cfg.ClusterAllowedNames) > 0 && cfg.ClusterCA == "" {
 		return nil, &FieldError{"ClusterAllowedNames", errors.New("apply only to agents' client certificates, which need a CA to verify them")}
 	}
@@ -254,7 +259,7 @@ func (s *Server) newFrontendHTTP() error {
 // A FieldError is an error New met with one Config field, such as a certificate that does not load or an
 // address that cannot be bound, so that a command can name the flag behind the field.
 type FieldError struct {
-	Field string // "Mode", "AgentAddr", "ServerAddr", "UDSName", "ClusterCert" (with its key and CA) or "ServerCert" (likewise)
+	Field string // "Mode", "AgentAddr", "ServerAddr", "UDSName", "ClusterCert" (with its key and CA), "ServerCert" (likewise) or "FlowWindow" (with FlowMaxWindow)
 	Err   error
 }
 

@@ -1,0 +1,378 @@
+package tunnel
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
+	"github.com/konnect-dev/konnect/test/harness"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
+	"sigs.k8s.io/apiserver-network-proxy/proto/header"
+)
+
+// A fakeAgent speaks the agent protocol by hand, to play a peer that breaks flow control.
+type fakeAgent struct {
+	t      *testing.T
+	cc     *grpc.ClientConn
+	stream agentpb.AgentService_ConnectClient
+	offer  *flow.Offer // the server's answer; nil if it did not take flow control up
+	recv   chan *client.Packet
+	done   chan error // the stream's end
+	sendMu sync.Mutex
+}
+
+// connectFakeAgent opens an agent stream to s with offer ("" offers no flow control).
+func connectFakeAgent(t *testing.T, e *env, s *running, id, offer string) *fakeAgent {
+	t.Helper()
+	cc := connectRaw(t, e, s)
+	md := metadata.Pairs(header.AgentID, id)
+	if offer != "" {
+		md.Set(flow.Header, offer)
+	}
+	stream, err := agentpb.NewAgentServiceClient(cc).Connect(metadata.NewOutgoingContext(context.Background(), md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := stream.Header()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &fakeAgent{t: t, cc: cc, stream: stream, recv: make(chan *client.Packet, 1024), done: make(chan error, 1)}
+	if o, ok, err := flow.ParseOffer(hdr.Get(flow.Header)); err != nil {
+		t.Fatal(err)
+	} else if ok {
+		a.offer = &o
+	}
+	go func() {
+		for {
+			pkt, err := stream.Recv()
+			if err != nil {
+				a.done <- err
+				close(a.recv)
+				return
+			}
+			if pkt.Type == client.PacketType_CLOSE_REQ {
+				// Answered at once, as an agent does: the frontend's client waits for it when it closes.
+				id := pkt.GetCloseRequest().ConnectID
+				_ = a.sendPacket(&client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
+					CloseResponse: &client.CloseResponse{ConnectID: id}}})
+			}
+			a.recv <- pkt
+		}
+	}()
+	return a
+}
+
+// next waits for the next packet of type typ from the server, skipping others.
+func (a *fakeAgent) next(typ client.PacketType) *client.Packet {
+	a.t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case pkt, ok := <-a.recv:
+			if !ok {
+				a.t.Fatalf("stream ended while waiting for %s", typ)
+			}
+			if pkt.Type == typ {
+				return pkt
+			}
+		case <-timeout:
+			a.t.Fatalf("no %s from the server", typ)
+		}
+	}
+}
+
+// dataFor reads the DATA the server sends connection id for d, and returns how many bytes came.
+func (a *fakeAgent) dataFor(id int64, d time.Duration) int {
+	n := 0
+	end := time.After(d)
+	for {
+		select {
+		case pkt, ok := <-a.recv:
+			if !ok {
+				return n
+			}
+			if dd := pkt.GetData(); pkt.Type == client.PacketType_DATA && dd.ConnectID == id {
+				n += len(dd.Data)
+			}
+		case <-end:
+			return n
+		}
+	}
+}
+
+func (a *fakeAgent) send(pkt *client.Packet) {
+	a.t.Helper()
+	if err := a.sendPacket(pkt); err != nil {
+		a.t.Fatalf("send %s: %v", pkt.Type, err)
+	}
+}
+
+func (a *fakeAgent) sendPacket(pkt *client.Packet) error {
+	a.sendMu.Lock()
+	defer a.sendMu.Unlock()
+	return a.stream.Send(pkt)
+}
+
+// accept answers the next DIAL_REQ with connection id.
+func (a *fakeAgent) accept(id int64) {
+	a.t.Helper()
+	req := a.next(client.PacketType_DIAL_REQ).GetDialRequest()
+	a.send(&client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+		DialResponse: &client.DialResponse{Random: req.Random, ConnectID: id}}})
+}
+
+func data(id int64, n int) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: bytes.Repeat([]byte{'x'}, n)}}}
+}
+
+// flowServer runs a gRPC-mode server that authenticates agents by client certificate.
+func flowServer(t *testing.T, tune func(*Config)) (*env, *running) {
+	t.Helper()
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.ClusterCA = e.ca.file
+	if tune != nil {
+		tune(cfg)
+	}
+	s := start(t, cfg)
+	return e, s
+}
+
+const agentOffer = "v1;window=65536;max=1048576"
+
+// dialAsync dials addr through s on a goroutine; the fake agent must answer.
+func dialAsync(f Frontend, addr string) chan net.Conn {
+	ch := make(chan net.Conn, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := f.Dial(ctx, addr)
+		if err != nil {
+			close(ch)
+			return
+		}
+		ch <- c
+	}()
+	return ch
+}
+
+func connOf(t *testing.T, ch chan net.Conn) net.Conn {
+	t.Helper()
+	c, ok := <-ch
+	if !ok {
+		t.Fatal("dial through the server failed")
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestFlowOffered: the server answers a flow-control offer with its own windows, and an agent that offers
+// nothing gets no answer, as from upstream's server.
+func TestFlowOffered(t *testing.T) {
+	e, s := flowServer(t, func(c *Config) { c.FlowWindow, c.FlowMaxWindow = 32<<10, 2<<20 })
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	if a.offer == nil || *a.offer != (flow.Offer{Window: 32 << 10, Max: 2 << 20}) {
+		t.Fatalf("server's answer: %+v", a.offer)
+	}
+	if b := connectFakeAgent(t, e, s, "b", ""); b.offer != nil {
+		t.Fatalf("the server answered an agent that offered nothing: %+v", b.offer)
+	}
+	if c := connectFakeAgent(t, e, s, "c", "v2;window=1"); c.offer != nil {
+		t.Fatalf("the server answered an offer of another version: %+v", c.offer)
+	}
+	e2, s2 := flowServer(t, func(c *Config) { c.DisableFlowControl = true })
+	if d := connectFakeAgent(t, e2, s2, "d", agentOffer); d.offer != nil {
+		t.Fatalf("a server without flow control answered: %+v", d.offer)
+	}
+}
+
+// TestFlowAgentIgnoresWindow: an agent that sends a connection more than the server's window gets that
+// connection closed, counted, and its excess is never delivered; the agent's other connections carry on.
+func TestFlowAgentIgnoresWindow(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	f := s.frontend("grpc")
+	window := a.offer.Window
+
+	good := dialAsync(f, "198.18.0.1:80")
+	a.accept(1)
+	gc := connOf(t, good)
+	bad := dialAsync(f, "198.18.0.1:81")
+	a.accept(2)
+	bc := connOf(t, bad)
+
+	// Connection 1 gets exactly its window before any grant: fine. Connection 2 gets a byte more.
+	a.send(data(1, window))
+	_ = gc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(gc, make([]byte, window)); err != nil {
+		t.Fatalf("the window's worth: %v", err)
+	}
+	a.send(data(2, window+1))
+	harness.EventuallyTrue(t, 10*time.Second, "a window_exceeded violation", func() bool {
+		return counterValue(s.metrics.flowViolations.WithLabelValues(flowWindowExceeded)) == 1
+	})
+	_ = bc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, _ := io.Copy(io.Discard, bc); n != 0 {
+		t.Errorf("the frontend got %d bytes of data that broke the window", n)
+	}
+	if pkt := a.next(client.PacketType_CLOSE_REQ); pkt.GetCloseRequest().ConnectID != 2 {
+		t.Fatalf("CLOSE_REQ for %d", pkt.GetCloseRequest().ConnectID)
+	}
+	// The other connection is untouched.
+	a.send(data(1, 1000))
+	_ = gc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(gc, make([]byte, 1000)); err != nil {
+		t.Fatalf("the other connection: %v", err)
+	}
+}
+
+// TestFlowAgentNeverGrants: an agent that grants no credit gets exactly its window of a connection's
+// upload, and nothing more; the frontend's writer is held back, not the server, and the agent's other
+// connections carry on. A grant releases exactly that much more.
+func TestFlowAgentNeverGrants(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	f := s.frontend("grpc")
+
+	up := dialAsync(f, "198.18.0.1:80")
+	a.accept(1)
+	uc := connOf(t, up)
+	go func() { _, _ = uc.Write(make([]byte, 1<<20)) }() // one write, far more than the window
+
+	if got := a.dataFor(1, time.Second); got != 65536 {
+		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
+	}
+	other := dialAsync(f, "198.18.0.1:81")
+	a.accept(2)
+	oc := connOf(t, other)
+	if _, err := oc.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.dataFor(2, 500*time.Millisecond); got != 5 {
+		t.Fatalf("the other connection's 5 bytes: got %d", got)
+	}
+	a.send(flow.EncodeGrants(map[int64]int64{1: 10000}))
+	if got := a.dataFor(1, time.Second); got != 10000 {
+		t.Fatalf("a grant of 10000 released %d bytes", got)
+	}
+	// The rest, so that the writer finishes and the connection closes in order.
+	a.send(flow.EncodeGrants(map[int64]int64{1: 1<<20 - 65536 - 10000}))
+	if got := a.dataFor(1, time.Second); got != 1<<20-65536-10000 {
+		t.Fatalf("the rest: %d bytes", got)
+	}
+}
+
+// TestFlowAgentGrantsTooMuch: credit beyond the agent's announced largest window closes that connection.
+func TestFlowAgentGrantsTooMuch(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(7)
+	c := connOf(t, ch)
+	a.send(flow.EncodeGrants(map[int64]int64{7: 1 << 20})) // 64 KiB + 1 MiB of credit, with a 1 MiB largest window
+	harness.EventuallyTrue(t, 10*time.Second, "a credit_overflow violation", func() bool {
+		return counterValue(s.metrics.flowViolations.WithLabelValues(flowCreditOverflow)) == 1
+	})
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection stayed open")
+	}
+}
+
+// TestFlowGrantRacesClose: a grant for a connection that just closed, or never existed, is no fault.
+func TestFlowGrantRacesClose(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(3)
+	c := connOf(t, ch)
+	c.Close()
+	a.next(client.PacketType_CLOSE_REQ)
+	a.send(flow.EncodeGrants(map[int64]int64{3: 1000, 99: 1000}))
+	ch = dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(4)
+	c = connOf(t, ch)
+	a.send(data(4, 10))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 10)); err != nil {
+		t.Fatalf("after stray grants: %v", err)
+	}
+	for _, r := range []string{flowWindowExceeded, flowCreditOverflow, flowMalformed} {
+		if v := counterValue(s.metrics.flowViolations.WithLabelValues(r)); v != 0 {
+			t.Errorf("%s: %v", r, v)
+		}
+	}
+}
+
+// TestFlowMalformedGrant ends the agent's stream with the reason, and counts it.
+func TestFlowMalformedGrant(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	a.send(&client.Packet{Type: flow.GrantType, Payload: &client.Packet_Data{Data: &client.Data{Data: []byte{0x80}}}})
+	select {
+	case err := <-a.done:
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("stream ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream stayed open")
+	}
+	if v := counterValue(s.metrics.flowViolations.WithLabelValues(flowMalformed)); v != 1 {
+		t.Fatalf("malformed: %v", v)
+	}
+}
+
+// TestFlowBadOfferRefused: a v1 offer out of bounds is refused with the reason.
+func TestFlowBadOfferRefused(t *testing.T) {
+	e, s := flowServer(t, nil)
+	for _, offer := range []string{"v1;window=1;max=2", "v1;window=65536;max=1099511627776", "v1;window=x"} {
+		cc := connectRaw(t, e, s)
+		md := metadata.Pairs(header.AgentID, "bad", flow.Header, offer)
+		stream, err := agentpb.NewAgentServiceClient(cc).Connect(metadata.NewOutgoingContext(context.Background(), md))
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("offer %q: %v", offer, err)
+		}
+	}
+}
+
+// connectRaw opens a gRPC connection to s's agent port with the agent's client certificate.
+func connectRaw(t *testing.T, e *env, s *running) *grpc.ClientConn {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, _ := os.ReadFile(e.ca.file)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	cc, err := grpc.NewClient("passthrough:///"+s.AgentAddr(), grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: "localhost"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
