@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
+	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
@@ -34,6 +35,7 @@ type Options struct {
 	StallTimeout      time.Duration // --connection-stall-timeout
 	ReadBuffer        int           // --read-buffer-bytes
 	AllowRemoteAdmin  bool          // --allow-remote-admin
+	FlowControl       daemon.FlowControl
 }
 
 // NewOptions returns upstream's defaults plus konnect's.
@@ -45,6 +47,7 @@ func NewOptions() *Options {
 		ConnectionBuffer: flow.DefaultLimit,
 		StallTimeout:     flow.DefaultStallTimeout,
 		ReadBuffer:       agent.DefaultReadBuffer,
+		FlowControl:      daemon.NewFlowControl(),
 	}
 }
 
@@ -87,9 +90,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"On SIGTERM, how long open connections may continue after DRAIN was sent to the servers; 0 closes them at once.")
 	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "Timeout for dialling a backend.")
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
-		"Bytes queued for one backend before the agent waits for it to read. Connections have their own queues, so a slow backend does not hold up the others.")
+		"With a server without flow control: bytes queued for one backend before the agent waits for it to read. Connections have their own queues, so a slow backend does not hold up the others while its queue has room.")
 	fs.DurationVar(&o.StallTimeout, "connection-stall-timeout", o.StallTimeout,
-		"A backend whose queue is full and that reads nothing for this long is closed, so that it cannot stall the stream it shares with every other connection (ANP issue 180).")
+		"With a server without flow control: a backend whose queue is full and that reads nothing for this long is closed, so that it cannot stall the stream it shares with every other connection (ANP issue 180).")
+	o.FlowControl.AddFlags(fs, "servers")
 	fs.IntVar(&o.ReadBuffer, "read-buffer-bytes", o.ReadBuffer,
 		"Largest read from a backend, and so the largest DATA message sent to a server (4096 to 1048576; gRPC servers accept 4 MiB by default). Connections start with 4 KiB reads and grow only while reads fill the buffer.")
 }
@@ -194,6 +198,9 @@ func (o *Options) Validate() error {
 	if o.ReadBuffer < agent.MinReadBuffer || o.ReadBuffer > agent.MaxReadBuffer {
 		add("read-buffer-bytes", "must be between %d and %d, got %d", agent.MinReadBuffer, agent.MaxReadBuffer, o.ReadBuffer)
 	}
+	if err := o.FlowControl.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -286,6 +293,10 @@ func (o *Options) Config() (*Config, error) {
 			ConnectionBuffer: o.ConnectionBuffer,
 			StallTimeout:     o.StallTimeout,
 			ReadBuffer:       o.ReadBuffer,
+
+			DisableFlowControl: !o.FlowControl.Enabled,
+			FlowWindow:         o.FlowControl.Window,
+			FlowMaxWindow:      o.FlowControl.MaxWindow,
 		},
 		HealthAddr:          net.JoinHostPort(u.HealthServerHost, strconv.Itoa(u.HealthServerPort)),
 		AdminAddr:           net.JoinHostPort(u.AdminBindAddress, strconv.Itoa(u.AdminServerPort)),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 	"k8s.io/apiserver/pkg/server/healthz"
 )
@@ -226,5 +227,36 @@ func TestRedactSecretsInLogs(t *testing.T) {
 	}
 	if _, a := (secretFilter{}).FilterF("%s", []interface{}{"Authorization: Bearer <masked>"}); a[0] == redacted {
 		t.Fatalf("FilterF redacted a header client-go already masked")
+	}
+}
+
+// TestFlowControlFlags: bad windows are refused naming the flag; with --flow-control=false they do not
+// matter.
+func TestFlowControlFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // substring of the error; empty means valid
+	}{
+		{nil, ""},
+		{[]string{"--flow-control-window-bytes=16384", "--flow-control-max-window-bytes=16384"}, ""},
+		{[]string{"--flow-control-window-bytes=1024"}, "--flow-control-window-bytes: must be between 16384 and 67108864, got 1024"},
+		{[]string{"--flow-control-window-bytes=134217728"}, "--flow-control-window-bytes"},
+		{[]string{"--flow-control-max-window-bytes=32768"}, "--flow-control-max-window-bytes: must be between --flow-control-window-bytes (65536)"},
+		{[]string{"--flow-control-max-window-bytes=134217728"}, "--flow-control-max-window-bytes"},
+		{[]string{"--flow-control=false", "--flow-control-window-bytes=1"}, ""},
+	} {
+		f := NewFlowControl()
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		f.AddFlags(fs, "agents")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := f.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: got %v, want %q", tc.args, err, tc.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/pki"
@@ -46,6 +47,8 @@ type Options struct {
 	ConnectionBuffer   int
 	StallTimeout       time.Duration
 	MaxFrontendMessage int
+	// FlowControl: per-connection flow control with agents that offer it; see tunnel.Config.
+	FlowControl daemon.FlowControl
 	// MaxPendingDials bounds the dials waiting for an agent's answer; 0 means no bound (upstream's behaviour).
 	MaxPendingDials int
 	// ClusterAllowedNames and ServerAllowedNames: see tunnel.Config; empty accepts any certificate the CA
@@ -67,6 +70,7 @@ func NewOptions() *Options {
 		StallTimeout:       flow.DefaultStallTimeout,
 		MaxFrontendMessage: tunnel.DefaultMaxFrontendMessage,
 		MaxPendingDials:    tunnel.DefaultMaxPendingDials,
+		FlowControl:        daemon.NewFlowControl(),
 	}
 }
 
@@ -104,9 +108,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// The per-connection queue and its stall bound carry the agent's flag names, as they are the same idea
 	// on the other end of the tunnel; the server's first names stay as deprecated aliases.
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
-		"konnect: bytes buffered for each frontend connection before its agent stream waits.")
+		"konnect: for agents without flow control, bytes buffered for each frontend connection before its agent stream waits.")
 	fs.DurationVar(&o.StallTimeout, "connection-stall-timeout", o.StallTimeout,
-		"konnect: how long one full frontend buffer may hold up its agent stream, with no progress, before that connection is closed.")
+		"konnect: for agents without flow control, how long one full frontend buffer may hold up its agent stream, with no progress, before that connection is closed.")
+	o.FlowControl.AddFlags(fs, "agents")
 	fs.IntVar(&o.ConnectionBuffer, "frontend-buffer-bytes", o.ConnectionBuffer, "")
 	_ = fs.MarkDeprecated("frontend-buffer-bytes", "use --connection-buffer-bytes, the agent's name for the same queue")
 	fs.DurationVar(&o.StallTimeout, "stalled-reader-timeout", o.StallTimeout, "")
@@ -326,7 +331,7 @@ func (o *Options) checkLimits() error {
 	if o.MaxFrontendMessage < 4<<20 {
 		return fmt.Errorf("--max-frontend-message-bytes must be at least 4194304 (gRPC's default), not %d", o.MaxFrontendMessage)
 	}
-	return nil
+	return o.FlowControl.Validate()
 }
 
 // Config is the validated configuration of `konnect server`: the tunnel's and its endpoints'.
@@ -405,6 +410,9 @@ func (o *Options) Config() (*Config, error) {
 		GracefulTimeout:       graceful,
 		ConnectionBuffer:      o.ConnectionBuffer,
 		StallTimeout:          o.StallTimeout,
+		DisableFlowControl:    !o.FlowControl.Enabled,
+		FlowWindow:            o.FlowControl.Window,
+		FlowMaxWindow:         o.FlowControl.MaxWindow,
 		MaxFrontendMessage:    o.MaxFrontendMessage,
 	}
 	if u.UdsName == "" {

@@ -56,6 +56,7 @@ func TestFlagsMatchUpstream(t *testing.T) {
 		"keepalive-time": "1h0m0s", "xfr-channel-size": "10", "server-count": "1", "graceful-shutdown-timeout": "0s",
 		"graceful-timeout": "15s", "allow-remote-admin": "false", "stalled-reader-timeout": "5s",
 		"backend-dial-timeout": "30s", "max-pending-dials": "2000",
+		"flow-control": "true", "flow-control-window-bytes": "65536", "flow-control-max-window-bytes": "4194304",
 	} {
 		if f := ours.Lookup(name); f == nil || f.DefValue != def {
 			t.Errorf("--%s default: got %v, want %q", name, f, def)
@@ -171,6 +172,39 @@ func TestQueueFlagAliases(t *testing.T) {
 		}
 		if o.ConnectionBuffer != 1<<20 || o.StallTimeout != 3*time.Second {
 			t.Errorf("%v: buffer %d, stall %v", args, o.ConnectionBuffer, o.StallTimeout)
+		}
+	}
+}
+
+// TestFlowControlReachesConfig: the flow-control flags reach the tunnel's Config.
+func TestFlowControlReachesConfig(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args        []string
+		off         bool
+		window, max int
+	}{
+		{nil, false, 64 << 10, 4 << 20},
+		{[]string{"--flow-control-window-bytes=32768", "--flow-control-max-window-bytes=1048576"}, false, 32 << 10, 1 << 20},
+		{[]string{"--flow-control=false"}, true, 64 << 10, 4 << 20},
+	} {
+		o := NewOptions()
+		fs := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		args := append([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file}, tc.args...)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := o.Config()
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if c := cfg.Tunnel; c.DisableFlowControl != tc.off || c.FlowWindow != tc.window || c.FlowMaxWindow != tc.max {
+			t.Errorf("%v: flow control off %v, window %d, max %d", tc.args, c.DisableFlowControl, c.FlowWindow, c.FlowMaxWindow)
 		}
 	}
 }
