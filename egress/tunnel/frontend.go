@@ -178,8 +178,8 @@ func closeTunnelConn(ctx context.Context) {
 	}
 }
 
-// sendPackets sends a batch of packets to the frontend: consecutive DATA packets merged up to maxChunk
-// bytes, and larger ones split.
+// sendPackets sends a batch of packets to the frontend: consecutive small DATA packets merged up to
+// frontendChunk bytes, and larger ones split.
 func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error {
 	for i := 0; i < len(batch); {
 		p, k := mergeData(batch[i:], frontendChunk)
@@ -194,18 +194,23 @@ func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error
 	return nil
 }
 
-// mergeData combines consecutive DATA packets of one connection, up to maxChunk bytes, into one packet.
+// mergeBelow is the size from which a DATA packet goes to the frontend as it is: merging it would cost a
+// copy, which a slow reader's queue would hold next to the packets it was made of, for a message count
+// that is already low.
+const mergeBelow = 16 << 10
+
+// mergeData combines consecutive small DATA packets of one connection, up to chunk bytes, into one packet.
 // Upstream's agent sends 4 KiB packets; kube-apiserver's client pays per message (a receive, a channel
-// hand-off and a copy), so a backlog goes out as fewer, larger messages.
+// hand-off and a copy), so a backlog of them goes out as fewer, larger messages.
 func mergeData(batch []*client.Packet, chunk int) (*client.Packet, int) {
 	first := batch[0].GetData()
-	if first == nil || len(batch) == 1 {
+	if first == nil || len(batch) == 1 || len(first.Data) >= mergeBelow {
 		return batch[0], 1
 	}
 	total, k := len(first.Data), 1
 	for ; k < len(batch); k++ {
 		d := batch[k].GetData()
-		if d == nil || d.ConnectID != first.ConnectID || total+len(d.Data) > chunk {
+		if d == nil || d.ConnectID != first.ConnectID || len(d.Data) >= mergeBelow || total+len(d.Data) > chunk {
 			break
 		}
 		total += len(d.Data)

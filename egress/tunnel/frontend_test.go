@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -50,5 +51,36 @@ func TestSendPacketsMergesInOrder(t *testing.T) {
 	}
 	if want := (want.Len() + frontendChunk - 1) / frontendChunk; msgs != want {
 		t.Errorf("200 packets of 4 KiB went out as %d messages, want %d of up to frontendChunk", msgs, want)
+	}
+}
+
+// TestLargePacketsGoAsTheyAre: a DATA packet of mergeBelow or more is sent as it is, without a copy, and
+// small packets around it are merged only among themselves.
+func TestLargePacketsGoAsTheyAre(t *testing.T) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{metrics: m}
+	big := bytes.Repeat([]byte{'b'}, mergeBelow)
+	batch := []*client.Packet{dataPacket(7, []byte("a")), dataPacket(7, []byte("a")), dataPacket(7, big), dataPacket(7, []byte("c"))}
+	var sizes []int
+	var bigSent []byte
+	err = s.sendPackets(func(m any) error {
+		d := m.(*client.Packet).GetData()
+		sizes = append(sizes, len(d.Data))
+		if len(d.Data) == len(big) {
+			bigSent = d.Data
+		}
+		return nil
+	}, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sizes, []int{2, mergeBelow, 1}) {
+		t.Fatalf("messages of %v bytes, want [2 %d 1]", sizes, mergeBelow)
+	}
+	if &bigSent[0] != &big[0] {
+		t.Fatal("the large packet was copied")
 	}
 }
