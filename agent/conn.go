@@ -100,7 +100,7 @@ func newConn(s *session, id int64, nc net.Conn) *conn {
 	limit := s.a.cfg.ConnectionBuffer
 	if s.flow != nil {
 		own := s.a.cfg.flowOffer()
-		c.window = flow.NewWindow(own.Window, own.Max)
+		c.window = flow.NewWindow(own.Window, own.Max, s.budget)
 		c.credit = flow.NewCredit(s.flow.Window, s.flow.Max)
 		// The window bounds what is queued, but bytes count as consumed while their batch is still being
 		// written: room for one more batch keeps a push from ever waiting.
@@ -322,6 +322,7 @@ func (c *conn) finish(errMsg string) {
 		c.q.Fail(flow.ErrClosed)
 		if c.credit != nil {
 			c.credit.Close(flow.ErrClosed)
+			c.window.Release()
 			c.s.grants.Forget(c.id)
 		}
 		close(c.done)

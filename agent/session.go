@@ -66,6 +66,7 @@ type session struct {
 	// queue's limit and stall timeout. grants sends the agent's own grants; nil with flow.
 	flow   *flow.Offer
 	grants *flow.Grants
+	budget *flow.Budget // how far this stream's receive windows may grow together
 
 	sendMu sync.Mutex
 	ctrl   chan *client.Packet // control replies, sent in order by controlWriter
@@ -150,6 +151,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		if ok {
 			s.flow = &offer
 			s.grants = flow.NewGrants(s.send)
+			s.budget = flow.NewBudget(flow.StreamBudget(a.cfg.FlowMaxWindow))
 		}
 	}
 	if !timer.Stop() {

@@ -28,6 +28,7 @@ type agentFlow struct {
 	s      *Server
 	peer   flow.Offer // the agent's windows: the credit each connection starts with towards it
 	grants *flow.Grants
+	budget *flow.Budget // how far the windows of this agent's connections may grow together
 
 	mu    sync.Mutex
 	conns map[int64]*connFlow // by the agent's connection ID
@@ -35,7 +36,8 @@ type agentFlow struct {
 }
 
 func newAgentFlow(s *Server, peer flow.Offer, send func(*client.Packet) error) *agentFlow {
-	return &agentFlow{s: s, peer: peer, grants: flow.NewGrants(send), conns: map[int64]*connFlow{}}
+	return &agentFlow{s: s, peer: peer, grants: flow.NewGrants(send), conns: map[int64]*connFlow{},
+		budget: flow.NewBudget(flow.StreamBudget(s.cfg.FlowMaxWindow))}
 }
 
 // connFlow is the flow-control state of one tunnelled connection.
@@ -59,7 +61,7 @@ func (a *agentFlow) dialed(rsp *client.DialResponse) {
 	}
 	own := a.s.cfg.flowOffer()
 	c := &connFlow{agent: a, front: f, id: rsp.GetConnectID(),
-		window: flow.NewWindow(own.Window, own.Max), credit: flow.NewCredit(a.peer.Window, a.peer.Max)}
+		window: flow.NewWindow(own.Window, own.Max, a.budget), credit: flow.NewCredit(a.peer.Window, a.peer.Max)}
 	a.mu.Lock()
 	if a.ended {
 		a.mu.Unlock()
@@ -77,6 +79,7 @@ func (a *agentFlow) conn(id int64) *connFlow {
 }
 
 func (a *agentFlow) forget(c *connFlow) {
+	c.window.Release()
 	a.mu.Lock()
 	if a.conns[c.id] == c {
 		delete(a.conns, c.id)

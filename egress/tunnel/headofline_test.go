@@ -155,7 +155,7 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 				}
 			}()
 			time.Sleep(2 * time.Second) // the slow transfers fill whatever they may hold
-			p.v.Store(256 << 10)         // and now make progress, slowly
+			p.v.Store(256 << 10)        // and now make progress, slowly
 
 			var took []time.Duration
 			for i := 0; i < 20; i++ {

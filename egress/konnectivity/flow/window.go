@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Defaults of the server's and the agent's --flow-control-window-bytes and --flow-control-max-window-bytes.
 //
-// A connection starts with DefaultWindow and its window doubles, up to DefaultMaxWindow, each time its
-// consumer drains everything while the sender is nearly out of credit: then the window, not the consumer, is
-// what holds the connection back. A slow reader never drains faster than data arrives, so its window stays
-// where it started, and that is all the memory it costs the other side.
+// A connection starts with DefaultWindow. Its window doubles, up to DefaultMaxWindow, when its consumer takes
+// a whole window within growEvery, or (on a long path, where a window takes longer than that to come
+// round) when the consumer has drained nearly everything while the sender is nearly out of credit: then
+// the window, not the consumer, is what holds the connection back. It halves again, down to where it started
+// and at most every shrinkEvery, while the consumer leaves more than half of it waiting. A slow reader
+// therefore costs the other side about the window it started with, and the connections of one stream hold
+// together no more than their starting windows plus a Budget.
 const (
 	DefaultWindow    = 64 << 10
 	DefaultMaxWindow = 4 << 20
@@ -20,6 +24,12 @@ const (
 	// the most one connection may make its peer hold.
 	MinWindow = 16 << 10
 	MaxWindow = 64 << 20
+)
+
+// The periods of a window's growth and shrinking: see above.
+const (
+	growEvery   = 50 * time.Millisecond
+	shrinkEvery = time.Second
 )
 
 var (
@@ -34,16 +44,81 @@ var (
 type Window struct {
 	mu       sync.Mutex
 	size     int64 // the window now: the most that may be granted and not yet consumed
+	initial  int64
 	max      int64
-	granted  int64 // credit given to the sender since the start, its initial window included
+	budget   *Budget // shared with the other connections of the stream; nil: none
+	charged  int64   // what this connection holds of budget: its commitment beyond initial
+	granted  int64   // credit given to the sender since the start, its initial window included
 	received int64
 	consumed int64
+	resized  time.Time // when size last changed
+	period   time.Time // when the current growEvery period began
+	turnover int64     // bytes consumed in it
+	now      func() time.Time
 }
 
 // NewWindow returns the receiving side of a connection whose sender starts with initial bytes of credit; the
-// window grows up to max.
-func NewWindow(initial, max int) *Window {
-	return &Window{size: int64(initial), max: int64(max), granted: int64(initial)}
+// window grows up to max, as far as budget allows (nil: no bound beyond max).
+func NewWindow(initial, max int, budget *Budget) *Window {
+
+	return &Window{size: int64(initial), initial: int64(initial), max: int64(max), budget: budget,
+		granted: int64(initial), now: time.Now}
+}
+
+// Budget bounds what the connections of one stream may cost together beyond the windows they started with.
+// A connection's cost is what it was granted and has not consumed: what waits for its consumer plus what its
+// sender may still send. Many slow readers on one agent may each have made their window grow while their
+// clients filled their own buffers; the budget keeps what they hold together to their starting windows plus
+// the budget, however their windows grow and shrink.
+type Budget struct {
+	mu   sync.Mutex
+	left int64
+}
+
+// StreamBudget is the growth budget of one stream's connections: the largest window, enough for one bulk
+// transfer at full speed; several at once share it.
+func StreamBudget(max int) int { return max }
+
+// NewBudget returns a budget of n bytes.
+func NewBudget(n int) *Budget { return &Budget{left: int64(n)} }
+
+// take takes up to n bytes, and returns how many it took.
+func (b *Budget) take(n int64) int64 {
+	if b == nil {
+		return n
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n = min(n, b.left)
+	b.left -= n
+	return n
+}
+
+func (b *Budget) give(n int64) {
+	if b == nil || n == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.left += n
+	b.mu.Unlock()
+}
+
+// Left is what is left of the budget; a nil budget has none.
+func (b *Budget) Left() int {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return int(b.left)
+}
+
+// Release gives what the connection holds of its budget back: the connection is over. It is idempotent.
+func (w *Window) Release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.budget.give(w.charged)
+	w.charged = 0
 }
 
 // Receive accounts n bytes that arrived from the sender. It fails once the sender has sent more than it was
@@ -59,18 +134,51 @@ func (w *Window) Receive(n int) error {
 }
 
 // Consume accounts n bytes handed to the consumer and returns the credit to grant the sender now, or 0 while
-// what is owed is too small to be worth a message (a quarter of the window). Whatever is withheld is at most
-// a quarter of the window, so a sender always has credit left, or is owed a grant.
+// what is owed is too small to be worth a message (a quarter of the window), or while the connection has
+// more outstanding than its window (it shrank) or than its budget allows. Up to the window it started with,
+// a connection needs no budget: a sender with no credit left is always owed a grant once what it sent has
+// been consumed down to three quarters of that window.
 func (w *Window) Consume(n int) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.consumed += int64(n)
-	if w.received == w.consumed && w.granted-w.received < w.size/4 && w.size < w.max {
-		w.size = min(2*w.size, w.max)
+	// What the connection holds beyond its first window shrank as it was consumed: give that back.
+	if over := max(w.granted-w.consumed-w.initial, 0); over < w.charged {
+		w.budget.give(w.charged - over)
+		w.charged = over
+	}
+	buffered := w.received - w.consumed
+	t := w.now()
+	if t.Sub(w.period) >= growEvery {
+		w.period, w.turnover = t, 0
+	}
+	w.turnover += int64(n)
+	switch {
+	case w.size < w.max && (w.turnover >= w.size ||
+		buffered <= w.size/4 && w.granted-w.received < w.size/4 && t.Sub(w.resized) >= growEvery):
+		// A whole window was consumed within growEvery, or the consumer has taken nearly everything while
+		// the sender is nearly out of credit (on a long path, where a window takes longer than growEvery to
+		// come round): either way the window, not the consumer, holds the connection back.
+		grown := min(2*w.size, w.max)
+		if w.budget == nil || int64(w.budget.Left()) >= grown-w.size {
+			w.size, w.resized, w.period, w.turnover = grown, t, t, 0
+		}
+	case buffered > w.size/2 && w.size > w.initial && t.Sub(w.resized) >= shrinkEvery:
+		w.size, w.resized = max(w.size/2, w.initial), t
 	}
 	grant := w.consumed + w.size - w.granted
 	if grant < w.size/4 {
 		return 0
+	}
+	// What the grant commits beyond the first window is paid from the budget, as far as it goes. What the
+	// first window needs is never short, so a sender that is owed a quarter of it always gets it.
+	if need := w.size - w.initial - w.charged; need > 0 {
+		got := w.budget.take(need)
+		if grant -= need - got; grant < w.initial/4 {
+			w.budget.give(got)
+			return 0
+		}
+		w.charged += got
 	}
 	w.granted += grant
 	return int(grant)

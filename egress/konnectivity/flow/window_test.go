@@ -12,7 +12,7 @@ import (
 // TestWindowBoundsTheSender: a sender may have exactly what it was granted in flight, and a byte more is a
 // violation.
 func TestWindowBoundsTheSender(t *testing.T) {
-	w := NewWindow(64<<10, 1<<20)
+	w := NewWindow(64<<10, 1<<20, nil)
 	if err := w.Receive(64 << 10); err != nil {
 		t.Fatalf("the initial window: %v", err)
 	}
@@ -24,7 +24,7 @@ func TestWindowBoundsTheSender(t *testing.T) {
 // TestWindowGrantsAsConsumed: nothing is granted for less than a quarter of the window, and what is
 // withheld is granted with the next grant, so that granted minus consumed is the window again.
 func TestWindowGrantsAsConsumed(t *testing.T) {
-	w := NewWindow(64<<10, 64<<10) // no growth
+	w := NewWindow(64<<10, 64<<10, nil) // no growth
 	if err := w.Receive(40 << 10); err != nil {
 		t.Fatal(err)
 	}
@@ -39,11 +39,19 @@ func TestWindowGrantsAsConsumed(t *testing.T) {
 	}
 }
 
+// fakeClock is a Window's clock, moved by the test.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
 // TestWindowGrowsOnlyForFastConsumers: a consumer that drains everything while the sender is nearly out of
 // credit doubles the window, up to its largest; one that falls behind keeps its window.
 func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
-	fast := NewWindow(64<<10, 256<<10)
+	clock := &fakeClock{time.Unix(1000, 0)}
+	fast := NewWindow(64<<10, 256<<10, nil)
+	fast.now = clock.now
 	for range 10 {
+		clock.t = clock.t.Add(growEvery)
 		credit := fast.granted - fast.received
 		if err := fast.Receive(int(credit)); err != nil {
 			t.Fatal(err)
@@ -53,8 +61,10 @@ func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
 	if s := fast.Size(); s != 256<<10 {
 		t.Fatalf("a fast consumer's window is %d, want the largest, 256 KiB", s)
 	}
-	slow := NewWindow(64<<10, 256<<10)
+	slow := NewWindow(64<<10, 256<<10, nil)
+	slow.now = clock.now
 	for range 10 {
+		clock.t = clock.t.Add(growEvery)
 		credit := slow.granted - slow.received
 		if err := slow.Receive(int(credit)); err != nil {
 			t.Fatal(err)
@@ -66,6 +76,47 @@ func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
 	}
 	if b := slow.Buffered(); b > 64<<10 {
 		t.Fatalf("a slow consumer has %d bytes buffered, more than its window", b)
+	}
+}
+
+// TestWindowGrowsWithTurnover: a window that is consumed whole within growEvery doubles at once, each time
+// (TestWindowGrowsOnlyForFastConsumers: one consumed by halves does not).
+func TestWindowGrowsWithTurnover(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	w := NewWindow(64<<10, 4<<20, nil)
+	w.now = clock.now
+	for range 10 { // ten windows drained within one instant
+		credit := w.granted - w.received
+		_ = w.Receive(int(credit))
+		w.Consume(int(credit))
+	}
+	if s := w.Size(); s != 4<<20 {
+		t.Fatalf("a window consumed whole, again and again, grew to %d, want its largest", s)
+	}
+}
+
+// TestWindowShrinksForSlowConsumers: a window that grew while its consumer kept up halves, at most every
+// shrinkEvery and down to where it started, while the consumer leaves more than half of it waiting; grants
+// stop until the connection is within the smaller window.
+func TestWindowShrinksForSlowConsumers(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	w := NewWindow(64<<10, 1<<20, nil)
+	w.now = clock.now
+	for w.Size() < 1<<20 { // a fast consumer grows it to its largest
+		clock.t = clock.t.Add(growEvery)
+		credit := w.granted - w.received
+		_ = w.Receive(int(credit))
+		w.Consume(int(credit))
+	}
+	_ = w.Receive(int(w.granted - w.received)) // a full window arrives, and the reader slows down
+	for range 20 {
+		clock.t = clock.t.Add(shrinkEvery)
+		if g := w.Consume(1 << 10); g != 0 {
+			t.Fatalf("granted %d bytes while the reader leaves most of the window waiting", g)
+		}
+	}
+	if s := w.Size(); s != 64<<10 {
+		t.Fatalf("a window whose consumer fell behind is %d, want it back at 64 KiB", s)
 	}
 }
 
@@ -201,5 +252,43 @@ func TestGrantsCoalesce(t *testing.T) {
 	case p := <-sent:
 		t.Fatalf("a third packet: %v", p)
 	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// TestBudgetBoundsGrowthTogether: the windows of one stream grow only as far as their budget allows, and a
+// released window gives its growth back.
+func TestBudgetBoundsGrowthTogether(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	budget := NewBudget(1 << 20)
+	var windows []*Window
+	for range 4 {
+		w := NewWindow(64<<10, 4<<20, budget)
+		w.now = clock.now
+		windows = append(windows, w)
+	}
+	for range 20 {
+		clock.t = clock.t.Add(growEvery)
+		for _, w := range windows {
+			credit := w.granted - w.received
+			_ = w.Receive(int(credit))
+			w.Consume(int(credit))
+		}
+	}
+	grown := 0
+	for _, w := range windows {
+		grown += w.Size() - 64<<10
+	}
+	if grown > 1<<20 || budget.Left() != 1<<20-grown {
+		t.Fatalf("the windows grew by %d bytes in all with a budget of 1 MiB, %d left", grown, budget.Left())
+	}
+	if grown < 1<<19 {
+		t.Fatalf("the windows grew by only %d bytes of a 1 MiB budget", grown)
+	}
+	for _, w := range windows {
+		w.Release()
+		w.Release()
+	}
+	if budget.Left() != 1<<20 {
+		t.Fatalf("after every window was released, %d of 1 MiB is left", budget.Left())
 	}
 }
