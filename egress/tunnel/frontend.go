@@ -116,16 +116,30 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }}
 	defer ff.end()
 	writerDone := make(chan struct{})
-	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out.
+	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out. So
+	// a DATA message counts as consumed, and its connection is granted more, when the next send returns, or
+	// when nothing more waits: until then gRPC may still hold it for a reader that has not taken it.
+	var heldID int64
+	var held int
+	credit := func() {
+		if held > 0 {
+			ff.consumed(heldID, held)
+			held = 0
+		}
+	}
 	send := func(m any) error {
 		err := ss.SendMsg(m)
 		q.Progress()
-		if p, ok := m.(*client.Packet); ok && p.GetData() != nil && err == nil {
-			d := p.GetData()
-			ff.consumed(d.ConnectID, len(d.Data))
+		if err != nil {
+			return err
 		}
-		return err
+		credit()
+		if d := m.(*client.Packet).GetData(); d != nil {
+			heldID, held = d.ConnectID, len(d.Data)
+		}
+		return nil
 	}
+	q.Idle = credit
 	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch) },
 		func(error) { close(writerDone) })
 	err := handler(srv, &frontendStream{ServerStream: ss, q: q, flow: ff})

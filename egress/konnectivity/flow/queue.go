@@ -55,6 +55,9 @@ type Queue[T any] struct {
 	// Smaller batches report progress more often, which is what tells a slow writer from a stalled one.
 	MaxBatch int
 	Hooks    Hooks
+	// Idle, if set, runs on the writer goroutine each time it has written everything queued, before it
+	// stops. It may take its time: a push meanwhile waits for this writer, which goes on once Idle returns.
+	Idle func()
 
 	write func([]T) error
 	end   func(error)
@@ -66,6 +69,7 @@ type Queue[T any] struct {
 	err     error         // set once: ErrClosed by Close, or why the queue failed
 	closing bool          // Close was called: the writer flushes, then stops
 	running bool          // a writer goroutine is on
+	idled   bool          // the writer ran Idle since it last wrote
 	ended   bool          // end has been called
 	space   chan struct{} // the writer made progress, or the queue ended
 }
@@ -261,10 +265,18 @@ func (q *Queue[T]) drain() {
 				q.finish(nil)
 				return
 			}
-			q.running = false
+			if q.Idle != nil && !q.idled {
+				// Still running, so that a push meanwhile leaves its item to this writer.
+				q.idled = true
+				q.mu.Unlock()
+				q.Idle()
+				continue
+			}
+			q.running, q.idled = false, false
 			q.mu.Unlock()
 			return
 		}
+		q.idled = false
 		q.batch = append(q.batch[:0], q.items[:k]...)
 		rest := copy(q.items, q.items[k:])
 		clear(q.items[rest:])

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -215,4 +216,50 @@ func TestIdleQueueHoldsNoWriter(t *testing.T) {
 		t.Fatalf("end ran again, with %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
+}
+
+// TestIdleRunsWhenDrained: Idle runs on the writer once everything queued is written, and an item pushed
+// while it runs is still written, by the same writer.
+func TestIdleRunsWhenDrained(t *testing.T) {
+	q := New(1<<20, time.Second, size)
+	var written, idles int
+	var mu sync.Mutex
+	pushed := false
+	q.Idle = func() {
+		mu.Lock()
+		idles++
+		first := !pushed
+		pushed = true
+		mu.Unlock()
+		if first {
+			if err := q.Push(context.Background(), []byte("second")); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	done := make(chan struct{})
+	q.Start(func(batch [][]byte) error {
+		mu.Lock()
+		written += len(batch)
+		mu.Unlock()
+		return nil
+	}, func(error) { close(done) })
+	if err := q.Push(context.Background(), []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		w, i := written, idles
+		mu.Unlock()
+		if w == 2 && i == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d items written, Idle ran %d times; want 2 and 2", w, i)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	q.Close()
+	<-done
 }
