@@ -2,12 +2,14 @@
 // (kube-apiserver's egress) and for konnect proxy's --unix-socket.
 //
 // The policy: the socket's directory is created with a restrictive mode, or refused when another user could
-// swap the socket in it or in a directory above it; a file that is not a socket is never replaced; a socket
-// that answers belongs to a running server and is refused; a stale one (nobody answers) is replaced only when
-// asked. The mode is set with chmod
+// swap the socket in it or in a directory above it (the rule of pki/safepath); a file that is not a socket is
+// never replaced; a socket that answers belongs to a running server and is refused; a stale one (nobody
+// answers) is replaced only when asked. Two processes binding in one directory at once take turns (a lock on
+// the directory), so that neither removes the socket the other has just bound. The mode is set with chmod
 // right after bind, never by changing the umask: the umask is process-wide and would race with other
 // goroutines creating files. Until the chmod the socket has the umask's mode, which without group or other
-// write bits lets nobody else connect.
+// write bits lets nobody else connect. Neither chmod follows a symlink, which someone who may write to a
+// shared directory could put in the socket's place.
 //
 // Errors name the path, not a flag: the caller knows which flag the path came from.
 package uds
@@ -22,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/safepath"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -30,8 +34,15 @@ var (
 	ErrStale = errors.New("a stale socket is in the way")
 	// ErrSharedDir is returned, wrapped, when Options.SharedDir is not set, for a directory on the socket's
 	// path that another user could change: one that everyone may write to, or one of another user's.
-	ErrSharedDir = errors.New("another user could replace the socket")
+	ErrSharedDir = safepath.ErrShared
 )
+
+// lockWait bounds how long Listen waits for another process that binds in the same directory.
+var lockWait = 5 * time.Second
+
+// CheckDir is the check Listen makes on a socket's directory, for callers that hand the path to another
+// program, as konnect init does when it renders the server's pod: the error wraps ErrSharedDir.
+func CheckDir(dir string) error { return safepath.CheckDir(dir) }
 
 // Options say how to bind.
 type Options struct {
@@ -63,6 +74,11 @@ func Listen(path string, o Options) (_ *net.UnixListener, err error) {
 			removeCreated(filepath.Dir(path), created)
 		}
 	}()
+	unlock, err := lockDir(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -91,11 +107,58 @@ func Listen(path string, o Options) (_ *net.UnixListener, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, o.Mode); err != nil {
+	if err := chmodSocket(path, o.Mode); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// beforeChmod runs between bind and chmod; tests put a symlink in the socket's place there.
+var beforeChmod = func(string) {}
+
+// chmodSocket sets the mode of the socket at path without following a symlink: the file is opened by path
+// (O_PATH, not following a link) and changed through /proc/self/fd, as glibc does for fchmodat with
+// AT_SYMLINK_NOFOLLOW, which Linux's own fchmodat lacks.
+func chmodSocket(path string, mode fs.FileMode) error {
+	beforeChmod(path)
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return fmt.Errorf("%s is no longer the socket just bound: something replaced it", path)
+	}
+	return os.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), mode)
+}
+
+// lockDir takes an exclusive lock on dir (flock on the directory itself, so that no file is added to it),
+// waiting at most lockWait for another process that binds there.
+func lockDir(dir string) (unlock func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("lock directory %s: %w", dir, err)
+	}
+	deadline := time.Now().Add(lockWait)
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			unix.Close(fd)
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("lock directory %s: another process has held its lock for %s", dir, lockWait)
+			}
+			return nil, fmt.Errorf("lock directory %s: %w", dir, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // ensureDir creates dir with mode, after checking that no directory above it could be used to swap the
@@ -103,7 +166,7 @@ func Listen(path string, o Options) (_ *net.UnixListener, err error) {
 // the topmost directory it created, or "".
 func ensureDir(dir string, mode fs.FileMode, shared bool) (created string, err error) {
 	if !shared {
-		if err := checkDirs(dir); err != nil {
+		if err := safepath.CheckDir(dir); err != nil {
 			return "", err
 		}
 	}
@@ -120,7 +183,7 @@ func ensureDir(dir string, mode fs.FileMode, shared bool) (created string, err e
 			return "", fmt.Errorf("create directory %s: %w", dir, err)
 		}
 		// MkdirAll applies the umask; set the mode we meant.
-		if err := os.Chmod(dir, mode); err != nil {
+		if err := chmodDir(dir, mode); err != nil {
 			removeCreated(dir, created)
 			return "", fmt.Errorf("chmod directory %s: %w", dir, err)
 		}
@@ -135,28 +198,14 @@ func ensureDir(dir string, mode fs.FileMode, shared bool) (created string, err e
 	return "", nil
 }
 
-// checkDirs refuses dir when it, or a directory above it, would let another user replace the socket or
-// the directories on its path: one that everyone may write to without the sticky bit (which keeps others
-// from renaming what is not theirs, as in /tmp), or one that belongs to a user other than root and us.
-// Directories that do not exist yet are skipped: ensureDir creates them.
-func checkDirs(dir string) error {
-	for d := dir; ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
-			return fmt.Errorf("directory %s: %w", d, err)
-		case fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0:
-			return fmt.Errorf("directory %s is writable by everyone without the sticky bit: %w", d, ErrSharedDir)
-		default:
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-				return fmt.Errorf("directory %s belongs to uid %d: %w", d, st.Uid, ErrSharedDir)
-			}
-		}
-		if d == filepath.Dir(d) {
-			return nil
-		}
+// chmodDir sets the mode of the directory just made at dir, refusing a symlink put in its place.
+func chmodDir(dir string, mode fs.FileMode) error {
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
 	}
+	defer f.Close()
+	return f.Chmod(mode)
 }
 
 // removeCreated removes dir and the directories above it up to created, those that ensureDir made, as long

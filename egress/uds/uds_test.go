@@ -2,9 +2,11 @@ package uds
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -82,5 +84,88 @@ func TestListenFailsCleanly(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(root); len(entries) > 0 {
 		t.Fatalf("failed Listens left %v", entries)
+	}
+}
+
+// TestListenConcurrently: processes that start at once on one path, with a stale socket in the way, take
+// turns: one binds, the others find it answering and are refused. Without the turns, each removed the
+// socket the one before it had just bound, and a server listened on a socket nobody could reach.
+func TestListenConcurrently(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "k.sock")
+	o := opts
+	o.ReplaceStale = true
+	for round := 0; round < 20; round++ {
+		stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale.SetUnlinkOnClose(false)
+		stale.Close()
+		const n = 6
+		lns := make(chan *net.UnixListener, n)
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ln, err := Listen(sock, o)
+				if err != nil {
+					errs <- err
+					return
+				}
+				lns <- ln
+			}()
+		}
+		wg.Wait()
+		close(lns)
+		close(errs)
+		var bound []*net.UnixListener
+		for ln := range lns {
+			bound = append(bound, ln)
+		}
+		for err := range errs {
+			if !strings.Contains(err.Error(), "in use by a running server") {
+				t.Errorf("round %d: a losing Listen: %v", round, err)
+			}
+		}
+		if len(bound) != 1 {
+			t.Fatalf("round %d: %d of %d concurrent Listens bound the socket, want exactly 1", round, len(bound), n)
+		}
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatalf("round %d: the one listener is not reachable at %s: %v", round, sock, err)
+		}
+		c.Close()
+		bound[0].Close()
+	}
+}
+
+// TestListenChmodDoesNotFollowSymlinks: in a directory others may write to (SharedDir), someone can put a
+// symlink where the socket was just bound; the chmod that follows must not change the file it points to.
+func TestListenChmodDoesNotFollowSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "sock", "k.sock")
+	beforeChmod = func(path string) {
+		if err := os.Remove(path); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(victim, path); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { beforeChmod = func(string) {} })
+	o := Options{Mode: 0o666, DirMode: 0o755, SharedDir: true}
+	if ln, err := Listen(sock, o); err == nil {
+		ln.Close()
+		t.Error("Listen succeeded with a symlink in the socket's place")
+	}
+	if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the symlink's target: %v %v, want mode 0600 kept", fi.Mode(), err)
 	}
 }
