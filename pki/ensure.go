@@ -154,6 +154,15 @@ func (e *engine) run(sel map[string]bool) ([]Result, error) {
 	if err := checkTable(e.specs); err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
+	var files []string
+	for _, s := range e.specs {
+		if sel[s.Name] {
+			files = append(files, s.CertFile(e.dir), s.KeyFile(e.dir))
+		}
+	}
+	if err := checkTrusted(e.dir, files...); err != nil {
+		return nil, fmt.Errorf("pki: nothing written: %w", err)
+	}
 	for _, s := range e.specs {
 		if sel[s.Name] && s.IsCA {
 			e.planCA(s)

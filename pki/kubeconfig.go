@@ -58,6 +58,9 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 	caSpec, _ := Lookup(specs, CA)
 	client, _ := Lookup(specs, KonnectivityServerClient)
 	dir := cfg.PKIDir()
+	if err := checkTrusted(dir, caSpec.CertFile(dir), client.CertFile(dir), client.KeyFile(dir)); err != nil {
+		return res, fmt.Errorf("pki: kubeconfig %s: %w", path, err)
+	}
 	if cfg.DryRun && !exists(client.CertFile(dir)) {
 		res.Action, res.DryRun = Created, true
 		if exists(path) {

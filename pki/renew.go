@@ -27,6 +27,9 @@ const All = "all"
 func Renew(cfg Config, names ...string) ([]Result, error) {
 	r := &renewal{cfg: cfg.withDefaults(), specs: Specs(), cas: map[string]*loaded{}}
 	r.dir = r.cfg.PKIDir()
+	if err := checkTrusted(r.dir); err != nil {
+		return nil, fmt.Errorf("pki: nothing renewed: %w", err)
+	}
 	if IsServingDir(r.dir) {
 		phase, err := servingPhaseFor(Config{Dir: r.dir, DryRun: r.cfg.DryRun})
 		if err != nil {
@@ -198,6 +201,9 @@ func formerlySigned(specs []*Spec, ca *Spec, dir string, sel map[string]bool) *S
 
 // loadPair reads a certificate and its key, and checks that they belong together.
 func loadPair(s *Spec, dir string) (*loaded, error) {
+	if err := checkTrusted(dir, s.CertFile(dir), s.KeyFile(dir)); err != nil {
+		return nil, err
+	}
 	cert, _, err := readCert(s.CertFile(dir))
 	if err != nil {
 		return nil, err

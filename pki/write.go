@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/konnect-dev/konnect/pki/safepath"
 )
 
 // File modes of what this package writes.
@@ -23,8 +25,10 @@ func tempPattern(path string) string { return "." + filepath.Base(path) + ".tmp-
 // RemoveStaleTemps deletes the temporary files that a WriteFile of path, killed before its rename, left
 // beside it; for a key or a kubeconfig they hold key material.
 func RemoveStaleTemps(path string) {
-	if target, err := resolveLink(path); err == nil {
-		path = target
+	// Beside a symlink's target only where WriteFile would write: never in a directory of another user's.
+	path, err := safepath.Resolve(path)
+	if err != nil {
+		return
 	}
 	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
 	for _, p := range stale {
@@ -38,10 +42,19 @@ func RemoveStaleTemps(path string) {
 // anything was written. Missing parent directories are created with mode dirPerm. A symlink at path is
 // written through, as an editor would: replaced by a file, it would leave the file it points to (a
 // certificate shared by several directories, a kubeconfig kept with one's dotfiles) as it was.
+//
+// Nothing is written where another user could redirect it (safepath.Resolve): a directory on the way that
+// they own or may write to, or a symlink that is theirs or leads to a file or directory they could change.
+// The error names path and wraps safepath.ErrShared.
 func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed bool, err error) {
-	if path, err = resolveLink(path); err != nil {
-		return false, err
+	target, err := safepath.Resolve(path)
+	if errors.Is(err, safepath.ErrShared) {
+		return false, fmt.Errorf("refusing to write %s: %w", path, err)
 	}
+	if err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	path = target
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		if st, err := os.Stat(path); err == nil && st.Mode().Perm() == perm {
 			return false, nil
@@ -86,17 +99,24 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 	return true, nil
 }
 
-// resolveLink returns the file that a symlink at path leads to, or path itself when it is no symlink.
-func resolveLink(path string) (string, error) {
-	fi, err := os.Lstat(path)
-	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-		return path, nil
+// checkTrusted refuses dir, and those of files that exist, when another user could change them
+// (safepath.CheckDir and CheckFile): konnect keeps CA keys in dir and trusts the certificates it reads back.
+// There is no flag to accept it: whoever can change a CA certificate there is trusted by kube-apiserver, or
+// can read its key. The error lists every problem.
+func checkTrusted(dir string, files ...string) error {
+	var errs []error
+	if err := safepath.CheckDir(dir); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", dir, err))
 	}
-	target, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", fmt.Errorf("write %s: a symlink whose target cannot be resolved: %w", path, err)
+	for _, f := range files {
+		if err := safepath.CheckFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f, err))
+		}
 	}
-	return target, nil
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w (konnect writes and trusts keys and certificates only where no user but root and the one running it can change them: chown and chmod go-w what is named)", errors.Join(errs...))
 }
 
 // syncDir makes a rename in dir durable.
