@@ -37,3 +37,18 @@ func TestValidateAddress(t *testing.T) {
 		t.Errorf("buildAltNames: %+v", an)
 	}
 }
+
+// TestCheckDialable: addresses a listener binds to or that reach many hosts are not where a client dials
+// one control plane, in any spelling.
+func TestCheckDialable(t *testing.T) {
+	for _, a := range []string{"0.0.0.0", "::", "::ffff:0.0.0.0", "224.0.0.1", "239.255.255.250", "ff02::1", "ff05::2", "::ffff:224.0.0.1", "255.255.255.255", "::ffff:255.255.255.255"} {
+		if err := CheckDialable(a); err == nil || !strings.Contains(err.Error(), a) {
+			t.Errorf("%s: %v, want a refusal naming it", a, err)
+		}
+	}
+	for _, a := range []string{"198.18.0.1", "127.0.0.1", "::1", "fd00::1", "10.255.255.255", "cp.example.com"} {
+		if err := CheckDialable(a); err != nil {
+			t.Errorf("%s: %v", a, err)
+		}
+	}
+}

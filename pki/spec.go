@@ -136,6 +136,26 @@ func ValidateAddress(a string) error {
 	return nil
 }
 
+// CheckDialable refuses an IP address that a client cannot dial to reach one host: the unspecified address
+// (0.0.0.0, ::), which only a listener may use, a multicast address, and the IPv4 broadcast address, also
+// spelt as IPv4-mapped IPv6. Anything else, DNS names included, passes; ValidateAddress checks the spelling.
+func CheckDialable(a string) error {
+	ip, err := netip.ParseAddr(a)
+	if err != nil {
+		return nil
+	}
+	ip = ip.Unmap()
+	switch {
+	case ip.IsUnspecified():
+		return fmt.Errorf("%s is the unspecified address, which a listener binds to but nobody can dial", a)
+	case ip.IsMulticast():
+		return fmt.Errorf("%s is a multicast address, not one host's", a)
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("%s is the broadcast address, not one host's", a)
+	}
+	return nil
+}
+
 // MistypedIP refuses what looks like an IP address (dotted numbers, or a colon) but is not one, such as
 // 999.1.1.1: taken for a host name, it would go to DNS. An address, also an IPv6 one with a zone, and anything
 // else pass.

@@ -485,6 +485,13 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "999.1.1.1", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
 		{[]string{"init", "--control-plane-address", "10.0.0", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
 		{[]string{"init", "--control-plane-address", "fd00::1::2", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address"},
+		// Addresses agents cannot dial, which init rendered as their --proxy-server-host.
+		{[]string{"init", "--control-plane-address", "0.0.0.0", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: 0.0.0.0 is the unspecified address"},
+		{[]string{"init", "--control-plane-address", "::", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: :: is the unspecified address"},
+		{[]string{"init", "--control-plane-address", "224.0.0.1", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: 224.0.0.1 is a multicast address"},
+		{[]string{"init", "--control-plane-address", "ff02::1", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: ff02::1 is a multicast address"},
+		{[]string{"init", "--control-plane-address", "255.255.255.255", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: 255.255.255.255 is the broadcast address"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--control-plane-address", "::ffff:0.0.0.0", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address: ::ffff:0.0.0.0"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "http://198.18.0.1:6443"}, "--apiserver-url"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1"}, "--apiserver-url is required"},
 		{[]string{"init", "--apiserver-url", "https://198.18.0.1:6443"}, "--control-plane-address is required"},

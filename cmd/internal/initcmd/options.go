@@ -150,6 +150,9 @@ func (o *Options) Validate(n needs) error {
 	for _, a := range o.ControlPlaneAddresses {
 		if err := pki.ValidateAddress(a); err != nil {
 			errs = append(errs, fmt.Errorf("--control-plane-address: %w", err))
+		} else if err := pki.CheckDialable(a); err != nil {
+			// The first address becomes the agents' --proxy-server-host; each is a SAN they check.
+			errs = append(errs, fmt.Errorf("--control-plane-address: %w; give an address at which agents reach this control plane", err))
 		}
 	}
 	if _, err := pki.ParseKeyAlgorithm(o.KeyAlgorithm); err != nil {
