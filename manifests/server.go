@@ -27,6 +27,9 @@ type Server struct {
 	// UDSName is the unix socket kube-apiserver dials. When it is empty the server listens for
 	// kube-apiserver on TCP instead (http-connect only), with the Server* fields below.
 	UDSName string
+	// AllowSharedUDSDir passes --allow-shared-uds-dir: the server then binds UDSName also in a directory
+	// that another user could change, which it otherwise refuses at start.
+	AllowSharedUDSDir bool
 
 	// FrontendBindAddress and FrontendPort are where kube-apiserver connects over TCP; empty and zero
 	// mean 127.0.0.1 and DefaultFrontendPort.
@@ -126,6 +129,9 @@ func (s Server) Validate() error {
 	if s.AgentClientCA == "" || s.LeaseController {
 		files = append(files, struct{ what, path string }{"--kubeconfig", s.Kubeconfig})
 	}
+	if s.AllowSharedUDSDir && s.UDSName == "" {
+		return fmt.Errorf("konnectivity-server: --allow-shared-uds-dir applies only with --uds-name")
+	}
 	if s.UDSName != "" {
 		files = append(files, struct{ what, path string }{"--uds-name", s.UDSName})
 		if s.ServerCert != "" || s.ServerKey != "" || s.ServerCACert != "" {
@@ -181,6 +187,9 @@ func (s Server) Args() []string {
 			// A socket left by a killed server would make the new one fail to listen.
 			"--delete-existing-uds-file=true",
 			"--server-port=0")
+		if s.AllowSharedUDSDir {
+			args = append(args, "--allow-shared-uds-dir")
+		}
 	} else {
 		args = append(args,
 			"--server-bind-address="+s.FrontendBindAddress,

@@ -116,6 +116,15 @@ func TestServerPod(t *testing.T) {
 			ports:  []int32{8132, 8133, 8134},
 		},
 		{
+			name:   "grpc over uds in a shared directory",
+			server: func() Server { s := grpcServer(); s.AllowSharedUDSDir = true; return s }(),
+			args: slices.Concat([]string{"server",
+				"--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+				"--delete-existing-uds-file=true", "--server-port=0", "--allow-shared-uds-dir"}, common, []string{"--mode=grpc", strategies}, tail),
+			mounts: []mount{uds, clusterCert, clusterKey, kubeconfig},
+			ports:  []int32{8132, 8133, 8134},
+		},
+		{
 			name:   "http-connect over tcp",
 			server: tcpServer(),
 			args: slices.Concat([]string{"server",
@@ -255,6 +264,7 @@ func TestServerRefusesBadInput(t *testing.T) {
 		{"allowed agent names without a CA", func(s *Server) { s.AgentAllowedNames = []string{"konnectivity-agent"} }, "--cluster-allowed-names"},
 		{"allowed frontend names with uds", func(s *Server) { s.FrontendAllowedNames = []string{"apiserver-egress-client"} }, "--server-allowed-names"},
 		{"allowed name with a comma", func(s *Server) { *s = tcpServer(); s.FrontendAllowedNames = []string{"a,b"} }, "comma"},
+		{"shared socket directory without a socket", func(s *Server) { *s = tcpServer(); s.AllowSharedUDSDir = true }, "--allow-shared-uds-dir"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -528,6 +528,59 @@ func TestInitBadFlags(t *testing.T) {
 	}
 }
 
+// TestInitSocketDirOthersCanChange: a --uds-name directory that another user could change, which the server
+// refuses to bind in, is refused by init too, naming --uds-name and --allow-shared-uds-dir; with that flag
+// init accepts it and passes the flag into the server's pod, so that the server starts. A sticky directory
+// (as /tmp) needs no flag.
+func TestInitSocketDirOthersCanChange(t *testing.T) {
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(open, "konnectivity", "konnectivity-server.socket")
+	dir := t.TempDir()
+	out, err := run(t, initArgs(dir, "--uds-name", sock)...)
+	if err == nil || !strings.Contains(err.Error(), "--uds-name "+sock) || !strings.Contains(err.Error(), open+" is writable by everyone") ||
+		!strings.Contains(err.Error(), "--allow-shared-uds-dir") {
+		t.Fatalf("socket below a directory everyone may write to: %v\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("the refused run wrote %v", entries)
+	}
+	serverArgs := func(dir string) []string {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(dir, ManifestsSubdir, "konnectivity-server.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pod corev1.Pod
+		if err := yaml.Unmarshal(data, &pod); err != nil {
+			t.Fatal(err)
+		}
+		return pod.Spec.Containers[0].Args
+	}
+	mustRun(t, initArgs(dir, "--uds-name", sock, "--allow-shared-uds-dir")...)
+	if args := serverArgs(dir); !slices.Contains(args, "--allow-shared-uds-dir") || !slices.Contains(args, "--uds-name="+sock) {
+		t.Errorf("the server's pod lacks --allow-shared-uds-dir: %v", args)
+	}
+
+	sticky := filepath.Join(t.TempDir(), "sticky")
+	if err := os.Mkdir(sticky, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	mustRun(t, initArgs(other, "--uds-name", filepath.Join(sticky, "k", "konnectivity-server.socket"))...)
+	if args := serverArgs(other); slices.Contains(args, "--allow-shared-uds-dir") {
+		t.Errorf("a sticky directory got --allow-shared-uds-dir: %v", args)
+	}
+}
+
 // TestInitRefusesSharedSocketDir: kube-apiserver and the server's pod, which runs as root, mount the socket's
 // directory read-write, so one that holds anything else (/run, with the container runtime's socket) is
 // refused, naming the flag; one that is empty or holds only the socket (a server runs) is the socket's own.

@@ -281,6 +281,7 @@ func (o *Options) serverManifest() manifests.Server {
 		srv.FrontendAllowedNames = []string{konnectivity.EgressClientUser}
 	} else {
 		srv.UDSName = o.UDSName
+		srv.AllowSharedUDSDir = o.AllowSharedUDSDir
 	}
 	return srv
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
@@ -46,11 +47,14 @@ type Options struct {
 	APIServerURL string
 
 	// How kube-apiserver reaches the Konnectivity server, and how agents authenticate.
-	Mode         egress.Mode
-	Transport    egress.Transport
-	UDSName      string
-	FrontendPort int
-	AgentAuth    string
+	Mode      egress.Mode
+	Transport egress.Transport
+	UDSName   string
+	// AllowSharedUDSDir accepts a socket directory that another user could change, and passes the server's
+	// flag of that name into its static pod.
+	AllowSharedUDSDir bool
+	FrontendPort      int
+	AgentAuth         string
 	// ServerLeases: servers keep Leases that agents count (upstream's lease flags).
 	ServerLeases bool
 
@@ -93,6 +97,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(&o.Mode, "mode", "protocol between kube-apiserver and the Konnectivity server: grpc or http-connect")
 	fs.Var(&o.Transport, "transport", "transport between kube-apiserver and the Konnectivity server: uds or tcp (tcp needs --mode http-connect)")
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
+	fs.BoolVar(&o.AllowSharedUDSDir, "allow-shared-uds-dir", o.AllowSharedUDSDir, "accept a --uds-name directory, or one above it, that another user could change (everyone may write to it without the sticky bit, or it belongs to another user), and run the Konnectivity server with --allow-shared-uds-dir; whoever can write there could replace the socket")
 	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
 	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "how agents authenticate to the Konnectivity server: token (projected service-account token) or mtls (client certificate)")
 	fs.BoolVar(&o.ServerLeases, "server-leases", o.ServerLeases, "servers keep a Lease each in the namespace "+manifests.LeaseNamespace+" and agents count them (upstream's --enable-lease-controller and --count-server-leases), for a number of servers that changes; agents watch the Leases at --apiserver-url, which every node must reach, and the manifests add the Roles on Leases")
@@ -220,6 +225,14 @@ func (o *Options) checkSocketDir() error {
 	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
 		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
 			return refuse(held)
+		}
+	}
+	// The server makes the same check when it binds, and without its --allow-shared-uds-dir would not start.
+	if !o.AllowSharedUDSDir {
+		if err := uds.CheckDir(dir); errors.Is(err, uds.ErrSharedDir) {
+			return fmt.Errorf("--uds-name %s: %w; put the socket in a directory of its own, or pass --allow-shared-uds-dir (which the server's pod then gets too) if only kube-apiserver and the server can write there", o.UDSName, err)
+		} else if err != nil {
+			return fmt.Errorf("--uds-name %s: %w", o.UDSName, err)
 		}
 	}
 	entries, err := os.ReadDir(dir)

@@ -27,6 +27,7 @@ func TestFlagDefaults(t *testing.T) {
 		"mode":                      "grpc",
 		"transport":                 "uds",
 		"uds-name":                  "/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+		"allow-shared-uds-dir":      "false",
 		"frontend-port":             "8090",
 		"agent-auth":                "token",
 		"server-leases":             "false",
