@@ -371,7 +371,10 @@ func (s Server) MountedFiles() []string {
 	return out
 }
 
-// Render renders the static pod as konnectivity-server.yaml, for kubelet's manifest directory.
+// ServerPodFile is the file name of the server's static pod in kubelet's manifest directory.
+const ServerPodFile = "konnectivity-server.yaml"
+
+// Render renders the static pod as ServerPodFile, for kubelet's manifest directory.
 func (s Server) Render() (File, error) {
 	pod, err := s.Pod()
 	if err != nil {
@@ -379,8 +382,8 @@ func (s Server) Render() (File, error) {
 	}
 	data, err := marshal(pod)
 	if err != nil {
-		return File{}, fmt.Errorf("render konnectivity-server.yaml: %w", err)
+		return File{}, fmt.Errorf("render %s: %w", ServerPodFile, err)
 	}
 	// 0600 like the static pods kubeadm writes: the manifest names the key files.
-	return File{Name: "konnectivity-server.yaml", Data: data, Mode: secretMode}, nil
+	return File{Name: ServerPodFile, Data: data, Mode: secretMode}, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -65,13 +66,21 @@ func (o *servingOptions) validate() []error {
 	return errs
 }
 
-// outDir is --out made absolute, or ./SERVICE-suffix.
+// outDir is --out made absolute, or ./SERVICE-suffix, refused when another user could change it (it will
+// hold a CA key).
 func (o *servingOptions) outDir(suffix string) (string, error) {
 	out := o.out
 	if out == "" {
 		out = o.service + "-" + suffix
 	}
-	return absDir("--out", out)
+	out, err := absDir("--out", out)
+	if err != nil {
+		return "", err
+	}
+	if err := safepath.CheckDir(out); err != nil {
+		return "", fmt.Errorf("--out %s: %w; it will hold a CA key: make it root's (or yours) and closed to others", out, err)
+	}
+	return out, nil
 }
 
 // pki is the configuration of the serving certificates in out/pki.

@@ -15,6 +15,7 @@ import (
 	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/spf13/pflag"
 )
 
@@ -195,7 +196,13 @@ func (o *Options) Validate(n needs) error {
 			errs = append(errs, err)
 		}
 	}
+	if o.Dir != "" {
+		errs = append(errs, o.checkOutputs()...)
+	}
 	if o.APIServerManifest != "" {
+		if _, err := safepath.Resolve(o.APIServerManifest); err != nil {
+			errs = append(errs, fmt.Errorf("--apiserver-manifest %s: refusing to patch it: %w", o.APIServerManifest, err))
+		}
 		// Decoded here, before anything is written, so that a manifest that is not a Pod leaves no PKI behind.
 		if data, err := os.ReadFile(o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
@@ -252,6 +259,54 @@ func (o *Options) checkSocketDir() error {
 		return refuse(strings.Join(others, ", "))
 	}
 	return nil
+}
+
+// checkOutputs refuses, before anything is written, what another user could redirect: --dir, a directory in
+// it that init writes into, or one above them, that they own or may write to; or a file init writes that is a
+// symlink it must not write through (see safepath.Resolve). pki refuses these too, and pki.WriteFile, but
+// only when their turn comes, after earlier phases wrote. There is no flag to accept a shared --dir: whoever
+// can change the CA certificates there is trusted by kube-apiserver.
+func (o *Options) checkOutputs() []error {
+	dirErr := func(err error) error {
+		if errors.Is(err, safepath.ErrShared) {
+			return fmt.Errorf("--dir %s: %w; konnect writes keys there: make it root's (or yours) and closed to others (chown, chmod go-w)", o.Dir, err)
+		}
+		return fmt.Errorf("--dir %s: %w", o.Dir, err)
+	}
+	if err := safepath.CheckDir(o.Dir); err != nil {
+		return []error{dirErr(err)}
+	}
+	var errs []error
+	for _, d := range []string{o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
+		if err := safepath.CheckDir(d); err != nil {
+			errs = append(errs, dirErr(err))
+			break // one is enough: they share --dir
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	for _, f := range o.outputFiles() {
+		if _, err := safepath.Resolve(f); err != nil {
+			errs = append(errs, fmt.Errorf("--dir %s: refusing to write %s: %w", o.Dir, f, err))
+		}
+	}
+	return errs
+}
+
+// outputFiles are the files init may write under --dir.
+func (o *Options) outputFiles() []string {
+	var files []string
+	for _, s := range pki.Specs() {
+		files = append(files, s.CertFile(o.pkiDir()), s.KeyFile(o.pkiDir()))
+	}
+	files = append(files,
+		filepath.Join(o.Dir, pki.KubeconfigFile), filepath.Join(o.Dir, EgressConfigFile), filepath.Join(o.Dir, FlagsFile),
+		filepath.Join(o.Dir, ManifestsSubdir, manifests.ServerPodFile), filepath.Join(o.Dir, AgentBundleDir, "kustomization.yaml"))
+	for _, f := range manifests.AgentBundleFiles {
+		files = append(files, filepath.Join(o.Dir, AgentBundleDir, f))
+	}
+	return files
 }
 
 // validateServerManifest checks the server's static pod before any phase writes: a bad --image found only by
