@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/safepath"
 )
 
 // DefaultAPIServerManifest is where kubeadm writes the kube-apiserver static pod.
@@ -103,10 +104,14 @@ type PatchResult struct {
 // mode; when it does not, no file is touched. The new manifest is encoded from the typed Pod, as kubeadm
 // writes it, so comments in a hand-written manifest survive only in the backup.
 func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
-	// Write through a symlink to its target rather than replacing the link with a file.
-	if resolved, err := filepath.EvalSymlinks(path); err == nil {
-		path = resolved
+	// Write through a symlink to its target rather than replacing the link with a file, but only where
+	// pki.WriteFile would: never through a link, to a file or into a directory, that another user could
+	// change. Resolved here because the backup goes beside the target.
+	resolved, err := safepath.Resolve(path)
+	if err != nil {
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest %s: %w", path, err)
 	}
+	path = resolved
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)

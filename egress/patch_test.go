@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/safepath"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -567,6 +569,38 @@ func TestPatchManifestFileThroughSymlink(t *testing.T) {
 	}
 	if filepath.Dir(res.Backup) != filepath.Dir(target) {
 		t.Errorf("backup %s is not next to the target", res.Backup)
+	}
+}
+
+// TestPatchManifestFileRefusesForeignSymlink: a manifest that is another user's symlink is not written
+// through, naming it, and the file it points to is left as it was.
+func TestPatchManifestFileRefusesForeignSymlink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making another user's symlink needs root")
+	}
+	dir := t.TempDir()
+	target := filepath.Join(dir, "real", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(target), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(target, readTestdata(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "kube-apiserver.yaml")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PatchManifestFile(link, kubeadmPatch(t, nil)); !errors.Is(err, safepath.ErrShared) || !strings.Contains(err.Error(), link) {
+		t.Fatalf("PatchManifestFile through another user's symlink: %v", err)
+	}
+	if data, _ := os.ReadFile(target); !bytes.Equal(data, readTestdata(t)) {
+		t.Error("the symlink's target was patched")
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(target)); len(entries) != 1 {
+		t.Errorf("a backup was written: %v", entries)
 	}
 }
 
