@@ -4,6 +4,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -83,6 +84,14 @@ func (o *servingOptions) outDir(suffix string) (string, error) {
 	return out, nil
 }
 
+// lock takes the lock of the output directory out, creating it, unless this is a dry run (see lockDir).
+func (o *servingOptions) lock(stderr io.Writer, out string) (release func(), err error) {
+	if o.dryRun {
+		return func() {}, nil
+	}
+	return lockDir(stderr, "--out", out, true)
+}
+
 // pki is the configuration of the serving certificates in out/pki.
 func (o *servingOptions) pki(out string) pki.Config {
 	return pki.Config{
@@ -158,6 +167,11 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	release, err := o.lock(cmd.ErrOrStderr(), out)
+	if err != nil {
+		return err
+	}
+	defer release()
 	spec := manifests.APIService{
 		Service: o.service, Namespace: o.namespace, Group: o.group, Versions: o.versions,
 		ServiceAccount: o.serviceAccount,

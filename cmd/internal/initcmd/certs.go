@@ -151,6 +151,13 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 			if err := validities(caValidity, certValidity); err != nil {
 				return err
 			}
+			if !dryRun {
+				release, err := lockDir(cmd.ErrOrStderr(), "--dir", d, false)
+				if err != nil {
+					return err
+				}
+				defer release()
+			}
 			cfg := pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}
 			serving := pki.IsServingDir(cfg.PKIDir())
 			res, err := pki.Renew(cfg, args...)

@@ -3,12 +3,16 @@ package initcmd
 import (
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/pki"
 )
 
 // otherUser is "another user": root can give them files and directories without the user existing.
@@ -244,4 +248,73 @@ func plant(t *testing.T, target, link string) {
 		t.Fatal(err)
 	}
 	chown(t, link, otherUser)
+}
+
+// TestWritingCommandsTakeTheLock: every command that writes into a directory waits while another holds its
+// lock, says so, and finishes once it is free; a dry run writes nothing and does not wait.
+func TestWritingCommandsTakeTheLock(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, initArgs(dir)...)
+	webhookOut := filepath.Join(t.TempDir(), "hook")
+	mustRun(t, "certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", webhookOut)
+	apiOut := filepath.Join(t.TempDir(), "api")
+	for _, c := range []struct {
+		name string
+		dir  string
+		args []string
+	}{
+		{"init", dir, initArgs(dir, "--force")},
+		{"init phase", dir, []string{"init", "phase", "flags", "--dir", dir}},
+		{"init phase certs NAME", dir, []string{"init", "phase", "certs", "front-proxy-client", "--dir", dir}},
+		{"certs renew", dir, []string{"certs", "renew", "all", "--dir", dir}},
+		{"certs apiservice", apiOut, []string{"certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1", "--out", apiOut}},
+		{"certs webhook", webhookOut, []string{"certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", webhookOut}},
+		{"certs rotate-ca", webhookOut, []string{"certs", "rotate-ca", "--out", webhookOut, "--step", "1"}},
+		{"certs renew of a serving directory", webhookOut, []string{"certs", "renew", "all", "--dir", webhookOut}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			release, err := pki.Lock(c.dir, time.Second, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				out string
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				out, err := run(t, c.args...)
+				done <- result{out, err}
+			}()
+			select {
+			case r := <-done:
+				release()
+				t.Fatalf("finished while another held the lock: %v\n%s", r.err, r.out)
+			case <-time.After(700 * time.Millisecond):
+			}
+			release()
+			select {
+			case r := <-done:
+				if r.err != nil {
+					t.Fatalf("after the lock was free: %v\n%s", r.err, r.out)
+				}
+				if want := fmt.Sprintf("Waiting for another konnect command (pid %d), which is writing into %s", os.Getpid(), c.dir); !strings.Contains(r.out, want) {
+					t.Errorf("output does not say %q:\n%s", want, r.out)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("still waiting 30s after the lock was free")
+			}
+			if _, err := os.Lstat(filepath.Join(c.dir, pki.LockFile)); !os.IsNotExist(err) {
+				t.Errorf("the lock file was left: %v", err)
+			}
+		})
+	}
+	release, err := pki.Lock(dir, time.Second, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if out, err := run(t, initArgs(dir, "--dry-run")...); err != nil || strings.Contains(out, "Waiting") {
+		t.Errorf("a dry run waited or failed: %v\n%s", err, out)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/pki"
@@ -97,6 +98,7 @@ With ca.crt but no ca.key (an external CA), the certificates it signs must alrea
 			if err != nil {
 				return err
 			}
+			defer r.release()
 			for _, p := range phases() {
 				if err := p.run(r, nil); err != nil {
 					r.print()
@@ -153,6 +155,7 @@ func newPhaseSubcommand(p phase, sub string) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer r.release()
 			err = p.run(r, names)
 			r.print()
 			return err
@@ -200,6 +203,8 @@ type runner struct {
 	o        *Options
 	out      io.Writer
 	outcomes []outcome
+	// release lets go of --dir's lock.
+	release func()
 }
 
 type outcome struct {
@@ -217,7 +222,35 @@ func newRunner(cmd *cobra.Command, o *Options, n needs) (*runner, error) {
 	if err := o.Validate(n); err != nil {
 		return nil, err
 	}
-	return &runner{o: o, out: cmd.OutOrStdout()}, nil
+	release := func() {}
+	if !o.DryRun {
+		var err error
+		if release, err = lockDir(cmd.ErrOrStderr(), "--dir", o.Dir, true); err != nil {
+			return nil, err
+		}
+	}
+	return &runner{o: o, out: cmd.OutOrStdout(), release: release}, nil
+}
+
+// lockWait bounds how long a command waits for another one that writes into the same directory. A whole
+// konnect init takes seconds.
+const lockWait = time.Minute
+
+// lockDir takes the lock of dir (pki.Lock) for a command that writes into it, so that two such commands
+// never interleave their writes, and says on stderr when it has to wait. Without create, a directory that
+// does not exist is left so: the command will say what is missing. Errors name flag.
+func lockDir(stderr io.Writer, flag, dir string, create bool) (release func(), err error) {
+	release, err = pki.Lock(dir, lockWait, create, func(holder string) {
+		who := "another konnect command"
+		if holder != "" {
+			who += " (pid " + holder + ")"
+		}
+		fmt.Fprintf(stderr, "Waiting for %s, which is writing into %s (at most %s)...\n", who, dir, lockWait)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flag, dir, err)
+	}
+	return release, nil
 }
 
 func (r *runner) add(res pki.Result) {

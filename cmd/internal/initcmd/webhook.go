@@ -37,14 +37,14 @@ point elsewhere or by URL, and every other object, are left as they were. Existi
 and kept, so a second run changes no byte; konnect certs rotate-ca replaces the CA without a failed request.`,
 		Example: "  konnect certs webhook --service pizza-webhook --namespace pizza --out ./pizza-webhook webhook.yaml crd.yaml",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runWebhook(cmd.OutOrStdout(), &o, args)
+			return runWebhook(cmd.OutOrStdout(), cmd.ErrOrStderr(), &o, args)
 		},
 	}
 	o.addFlags(cmd.Flags(), "webhook server", "webhook")
 	return cmd
 }
 
-func runWebhook(w io.Writer, o *servingOptions, manifestFiles []string) error {
+func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) error {
 	if err := errors.Join(o.validate()...); err != nil {
 		return err
 	}
@@ -52,6 +52,11 @@ func runWebhook(w io.Writer, o *servingOptions, manifestFiles []string) error {
 	if err != nil {
 		return err
 	}
+	release, err := o.lock(stderr, out)
+	if err != nil {
+		return err
+	}
+	defer release()
 	// Every input is read and checked before any certificate is written.
 	ref := manifests.ServiceRef{Name: o.service, Namespace: o.namespace}
 	inputs := map[string][]byte{}
@@ -153,6 +158,13 @@ nothing.`,
 			dir, err := absDir("--out", out)
 			if err != nil {
 				return err
+			}
+			if !dryRun {
+				release, err := lockDir(cmd.ErrOrStderr(), "--out", dir, false)
+				if err != nil {
+					return err
+				}
+				defer release()
 			}
 			return runRotateCA(cmd.OutOrStdout(), dir, step, dryRun)
 		},
