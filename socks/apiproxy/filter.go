@@ -30,6 +30,11 @@ const (
 // matches an AcceptPaths pattern and its host (the Host header without the port) matches an AcceptHosts
 // pattern. In addition, a browser's Origin header must name an accepted host (see AllowsOrigin).
 // Everything else gets 403 Forbidden.
+//
+// Unlike kubectl's, the patterns match the path as the API server will route it (see RoutedPath), and a
+// path that cannot be read one way only, which a hop in between could read another way, gets 400 Bad
+// Request: kubectl proxy forwards /%2e/api/v1/namespaces/d/pods/p/exec, which its exec filter does not
+// match and any hop that normalises paths turns into a pod exec.
 type Filter struct {
 	AcceptPaths   []*regexp.Regexp
 	RejectPaths   []*regexp.Regexp
@@ -144,15 +149,93 @@ func (f *Filter) AllowsOrigin(origin string) bool {
 	return f.allowsHost(u.Host)
 }
 
-// Wrap returns a handler that serves the requests f allows with next and answers the others with 403.
+// Wrap returns a handler that serves the requests f allows with next, answers the others with 403, and a
+// path that RoutedPath refuses with 400.
 func (f *Filter) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		escaped := r.URL.EscapedPath() // what is forwarded
+		path, err := RoutedPath(escaped)
+		if err != nil {
+			klog.V(2).InfoS("Request rejected by filter: ambiguous path", "method", r.Method, "path", escaped, "reason", err)
+			http.Error(w, "konnect proxy: "+err.Error(), http.StatusBadRequest)
+			return
+		}
 		origin := r.Header.Get("Origin")
-		if !f.Allows(r.Method, r.URL.Path, r.Host) || !f.AllowsOrigin(origin) {
-			klog.V(2).InfoS("Request rejected by filter", "method", r.Method, "path", r.URL.Path, "host", r.Host, "origin", origin)
+		if !f.Allows(r.Method, path, r.Host) || !f.AllowsOrigin(origin) {
+			klog.V(2).InfoS("Request rejected by filter", "method", r.Method, "path", path, "host", r.Host, "origin", origin)
 			http.Error(w, http.StatusText(http.StatusForbidden), http.StatusForbidden)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// RoutedPath returns the path that the API server routes a request for the escaped (as sent) path by:
+// decoded once, as Go's HTTP server and so kube-apiserver decode it. It refuses a path that does not mean
+// that one path to every reader, because some proxy, load balancer or server on the way may decode it
+// again, clean it, or drop what it takes for decoration, and so reach what the filter refused:
+//   - an encoded "/", "\", ".", "%" (encoded twice), ";", "?" or "#": decoded by a hop, each changes
+//     the path's segments or ends it;
+//   - a "\", ";", "?" or "#" as sent (Go's URL never holds the last two in an escaped path): some servers
+//     read "\" as "/" and drop ";parameters" from a segment;
+//   - an empty segment ("//"), a "." or ".." segment, or a segment that ends in "." or begins or ends with a
+//     space, which some servers trim;
+//   - control characters, and bytes outside ASCII (an overlong or fullwidth "." among them), which
+//     Kubernetes names never hold;
+//   - anything but an absolute path.
+//
+// What passes decodes to itself once more and is clean, so every hop reads the same path.
+func RoutedPath(escaped string) (string, error) {
+	if !strings.HasPrefix(escaped, "/") {
+		return "", fmt.Errorf("path %q is not absolute", escaped)
+	}
+	var b strings.Builder
+	for i := 0; i < len(escaped); i++ {
+		c := escaped[i]
+		if c == '%' {
+			if i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]) {
+				return "", fmt.Errorf("path %q: %q is not a percent-encoded byte", escaped, escaped[i:min(i+3, len(escaped))])
+			}
+			d := unhex(escaped[i+1])<<4 | unhex(escaped[i+2])
+			if strings.IndexByte(`/\.%;?#`, d) >= 0 {
+				return "", fmt.Errorf("path %q: %q encodes %q, which a hop that decodes the path again reads differently", escaped, escaped[i:i+3], string(d))
+			}
+			c = d
+			i += 2
+		} else if strings.IndexByte(`\;?#`, c) >= 0 {
+			return "", fmt.Errorf("path %q holds %q, which some servers read as a path separator or the start of parameters, a query or a fragment", escaped, string(c))
+		}
+		if c < 0x20 || c >= 0x7f {
+			return "", fmt.Errorf("path %q holds a control character or a byte outside ASCII", escaped)
+		}
+		b.WriteByte(c)
+	}
+	path := b.String()
+	segments := strings.Split(path[1:], "/")
+	for i, seg := range segments {
+		switch {
+		case seg == "" && i == len(segments)-1: // a trailing slash
+		case seg == "":
+			return "", fmt.Errorf("path %q has an empty segment (//)", escaped)
+		case seg == "." || seg == "..":
+			return "", fmt.Errorf("path %q has a %q segment", escaped, seg)
+		case strings.HasSuffix(seg, ".") || strings.HasSuffix(seg, " ") || strings.HasPrefix(seg, " "):
+			return "", fmt.Errorf("path %q has a segment %q that some servers trim", escaped, seg)
+		}
+	}
+	return path, nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c >= 'a':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }

@@ -210,7 +210,8 @@ func proxyError(w http.ResponseWriter, r *http.Request, err error) {
 
 // stripPrefixKeepSlash is http.StripPrefix that leaves the path starting with "/", so that the filter's
 // patterns (which start with "^/api") apply to what is forwarded. A path outside the prefix is 404. The
-// escaped form of the path is kept, so that "a%2Fb" reaches the API server as one segment.
+// escaped form of the path is kept, so that "a%2Fb" reaches the API server as sent (only with the filter
+// off: the filter refuses an encoded slash, see RoutedPath).
 func stripPrefixKeepSlash(prefix string, h http.Handler) http.Handler {
 	if prefix == "/" {
 		return h

@@ -208,9 +208,12 @@ func TestProxyForwarding(t *testing.T) {
 		{name: "static files", cfg: HandlerConfig{Filter: def, StaticDir: www, StaticPrefix: "/static/"}, method: "GET", path: "/static/index.html", host: "evil.example", wantCode: 200, wantBody: "hello from www"},
 		{name: "server path not appended", cfg: HandlerConfig{Filter: def, REST: &withPath}, method: "GET", path: "/api", wantCode: 200, wantBody: "GET /api? ", reachBackend: true},
 		{name: "server path appended", cfg: HandlerConfig{Filter: def, REST: &withPath, AppendServerPath: true}, method: "GET", path: "/api", wantCode: 200, wantBody: "GET /prefix/api? ", reachBackend: true},
-		{name: "escaped path kept", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/namespaces/a%2Fb", wantCode: 200, reachBackend: true},
+		{name: "escaped path kept", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/namespaces/a/services/http%3Aweb%3A80/proxy/", wantCode: 200, reachBackend: true},
+		{name: "encoded slash refused", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/namespaces/a%2Fb", wantCode: 400, wantBody: "konnect proxy: path"},
+		{name: "encoded dot segment refused", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/%2e/api/v1/namespaces/d/pods/p/exec?command=id", wantCode: 400, wantBody: "konnect proxy: path"},
+		{name: "filter disabled passes an encoded slash", cfg: HandlerConfig{}, method: "GET", path: "/api/v1/namespaces/a%2Fb", wantCode: 200, reachBackend: true},
 		{name: "query kept as sent", cfg: HandlerConfig{Filter: def}, method: "GET", path: "/api/v1/pods?labelSelector=a%3Db;x&limit=5", wantCode: 200, wantBody: "GET /api/v1/pods?labelSelector=a%3Db;x&limit=5 ", reachBackend: true},
-		{name: "escaped path kept under a prefix", cfg: HandlerConfig{Filter: def, APIPrefix: "/k8s/"}, method: "GET", path: "/k8s/api/v1/namespaces/a%2Fb", wantCode: 200, reachBackend: true},
+		{name: "escaped path kept under a prefix", cfg: HandlerConfig{Filter: def, APIPrefix: "/k8s/"}, method: "GET", path: "/k8s/api/v1/namespaces/a/services/http%3Aweb%3A80/proxy/", wantCode: 200, reachBackend: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.cfg.REST == nil {
@@ -226,7 +229,7 @@ func TestProxyForwarding(t *testing.T) {
 				t.Fatalf("request reached the backend: %v, want %v", reached, c.reachBackend)
 			}
 			if strings.HasPrefix(c.name, "escaped path kept") {
-				if got := s.last(t).URL.RawPath; got != "/api/v1/namespaces/a%2Fb" {
+				if got := s.last(t).URL.RawPath; got != "/api/v1/namespaces/a/services/http%3Aweb%3A80/proxy/" {
 					t.Errorf("backend saw raw path %q", got)
 				}
 			}
