@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,9 @@ type options struct {
 	out, svg                                           string
 	keep                                               bool
 	rows                                               string
+	holRounds                                          int
+	holBytes                                           int64
+	holMeasure                                         time.Duration
 }
 
 func main() {
@@ -65,7 +69,10 @@ func main() {
 	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
 	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
-	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,8,9", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy, 8 swarm)")
+	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,8,9,11", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy, 8 swarm, 11 head-of-line and memory beside slow readers)")
+	flag.IntVar(&o.holRounds, "hol-rounds", 3, "head-of-line row: rounds of every scenario, each pair alternating")
+	flag.Int64Var(&o.holBytes, "hol-bytes", 8<<20, "head-of-line row: bytes of each slow transfer")
+	flag.DurationVar(&o.holMeasure, "hol-measure", 5*time.Second, "head-of-line row: how long quick requests are sent in each run")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
 	for _, f := range strings.Split(*swarmSizes, ",") {
@@ -152,12 +159,14 @@ func (b *bench) run() error {
 		return err
 	}
 	steps := []struct {
-		rows string
+		rows []string
 		run  func() error
-	}{{"1", b.tunnelBulk}, {"2", b.tunnelDial}, {"3", b.tunnelScale}, {"569", b.socksRows}, {"7", b.apiProxy}, {"4", b.agentIdle}, {"8", b.swarmRows}}
+	}{{[]string{"1"}, b.tunnelBulk}, {[]string{"2"}, b.tunnelDial}, {[]string{"3"}, b.tunnelScale},
+		{[]string{"5", "6", "9"}, b.socksRows}, {[]string{"7"}, b.apiProxy}, {[]string{"4"}, b.agentIdle},
+		{[]string{"8"}, b.swarmRows}, {[]string{"11"}, b.holRow}}
 	want := b.wantRows()
 	for _, step := range steps {
-		if strings.ContainsFunc(step.rows, func(r rune) bool { return want[string(r)] }) {
+		if slices.ContainsFunc(step.rows, func(r string) bool { return want[r] }) {
 			if err := step.run(); err != nil {
 				return err
 			}
@@ -413,15 +422,16 @@ func (b *bench) agentIdle() error {
 	for i := 0; i < b.o.rounds; i++ {
 		for _, kind := range []struct {
 			name string
-			argv []string
+			bin  string
+			args []string
 			port int
 			list *[]*proc
 		}{
-			{"konnect", []string{b.o.konnect, "agent"}, 8132, &ks},
-			{"upstream", []string{b.o.proxyAgent}, 9132, &us},
+			{"konnect", b.o.konnect, []string{"agent"}, 8132, &ks},
+			{"upstream", b.o.proxyAgent, nil, 9132, &us},
 		} {
 			health := 10000 + 10*i + (kind.port-8132)/1000*5
-			argv := append(append([]string{}, kind.argv...), "--proxy-server-host="+cpAddr, "--proxy-server-port="+strconv.Itoa(kind.port),
+			argv := append(append([]string{kind.bin}, kind.args...), "--proxy-server-host="+cpAddr, "--proxy-server-port="+strconv.Itoa(kind.port),
 				"--ca-cert="+filepath.Join(pki, "ca.crt"), "--agent-cert="+filepath.Join(pki, "konnectivity-agent.crt"),
 				"--agent-key="+filepath.Join(pki, "konnectivity-agent.key"), "--health-server-port="+strconv.Itoa(health),
 				"--admin-server-port="+strconv.Itoa(health+1), "--v=0")

@@ -160,6 +160,7 @@ func (b *bench) ratios() []ratio {
 		add(m, "swarm "+n+": time to register upstream / konnect", "konnect", "upstream", "register s", false, 0)
 		add(m, "swarm "+n+": dials ok konnect / upstream", "konnect", "upstream", "dials ok", true, 1)
 	}
+	out = append(out, b.holRatios(add)...)
 	socks := find("5. SOCKS5")
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (defaults)", "konnect", "ssh -D", "MB/s", true, 1.3)
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (same cipher)", "konnect", "ssh -D -c "+b.o.socksCipher, "MB/s", true, 0)

@@ -1,6 +1,7 @@
 // Command backend is the far end of konnect's benchmarks: GET /bytes?n=N streams N zero bytes, GET /small
-// answers a few bytes, and --tls serves the same over HTTPS with a throwaway certificate (the static HTTPS
-// backend of the API-proxy benchmark).
+// answers a few bytes, POST /sink?rate=R&slow=D reads the body at R bytes per second for D and then as fast
+// as it can and answers how many bytes it read, and --tls serves the same over HTTPS with a throwaway
+// certificate (the static HTTPS backend of the API-proxy benchmark).
 package main
 
 import (
@@ -42,6 +43,34 @@ func serveBytes(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// serveSink is a slow consumer: the uploads of the head-of-line benchmark.
+func serveSink(w http.ResponseWriter, r *http.Request) {
+	rate, err1 := strconv.Atoi(r.URL.Query().Get("rate"))
+	slow, err2 := time.ParseDuration(r.URL.Query().Get("slow"))
+	if err1 != nil || err2 != nil || rate <= 0 {
+		http.Error(w, "rate: bytes per second, slow: a duration", http.StatusBadRequest)
+		return
+	}
+	until := time.Now().Add(slow)
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		b := buf
+		if time.Now().Before(until) {
+			b = buf[:8<<10]
+		}
+		k, err := r.Body.Read(b)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+		if time.Now().Before(until) {
+			time.Sleep(time.Duration(float64(time.Second) * float64(k) / float64(rate)))
+		}
+	}
+	_, _ = w.Write([]byte(strconv.FormatInt(n, 10)))
+}
+
 func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on")
 	useTLS := flag.Bool("tls", false, "serve HTTPS with a self-signed certificate")
@@ -50,6 +79,7 @@ func main() {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/bytes", serveBytes)
+	mux.HandleFunc("/sink", serveSink)
 	small := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"kind":"APIVersions","versions":["v1"]}` + "\n"))

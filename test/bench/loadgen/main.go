@@ -3,6 +3,9 @@
 //	bulk     GET /bytes from --target over --streams connections (tunnel, SOCKS5 or direct) and report MB/s
 //	dial     --count sequential single-use tunnels (or SOCKS5 connections), each with a small GET; latencies
 //	scale    --count concurrent tunnels held open at once, then a small GET on each; successes
+//	hol      small GETs, one after another, beside --slow readers (and, with --slow-upload, an upload) that
+//	         take --slow-rate bytes per second: the quick requests' latencies, and whether every slow
+//	         transfer delivered every byte once it was let go at full speed
 //
 // --via picks the path: "tunnel" (konnectivity-client over the server's UDS, as kube-apiserver dials),
 // "socks" (SOCKS5 at --socks), "unix" (a plain connection to --uds, the relays of the tunnel's ceiling) or
@@ -56,8 +59,16 @@ func main() {
 	total := flag.Int64("bytes", 1<<30, "bulk: bytes to fetch in all")
 	streams := flag.Int("streams", 1, "bulk: concurrent streams sharing --bytes")
 	count := flag.Int("count", 1000, "dial/scale: connections")
-	readyFile := flag.String("ready-file", "", "scale: touch this file once every connection is open")
+	readyFile := flag.String("ready-file", "", "scale: touch this file once every connection is open; hol: once the slow transfers have filled what they may hold")
 	hold := flag.Duration("hold", 3*time.Second, "scale: keep every connection open this long after --ready-file")
+	var ho holOptions
+	flag.IntVar(&ho.slow, "slow", 0, "hol: slow readers")
+	flag.BoolVar(&ho.upload, "slow-upload", false, "hol: also one slow upload")
+	flag.IntVar(&ho.rate, "slow-rate", 64<<10, "hol: the slow readers' pace, bytes per second")
+	flag.Int64Var(&ho.slowBytes, "slow-bytes", 8<<20, "hol: bytes of each slow transfer")
+	flag.DurationVar(&ho.fill, "fill", 2*time.Second, "hol: how long the slow transfers run before the quick requests")
+	flag.DurationVar(&ho.measure, "measure", 5*time.Second, "hol: how long quick requests are sent")
+	flag.DurationVar(&ho.quickWait, "quick-timeout", 5*time.Second, "hol: a quick request that takes longer fails")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
 	flag.Parse()
 	if *target == "" {
@@ -100,6 +111,13 @@ func main() {
 		fail(fmt.Errorf("--via: unknown path %q", *via))
 	}
 
+	if *mode == "hol" {
+		ho.readyFile = *readyFile
+		r := hol(ctx, dial, *target, ho)
+		r.Mode, r.Via = *mode, *via
+		_ = json.NewEncoder(os.Stdout).Encode(r)
+		return
+	}
 	var r result
 	switch *mode {
 	case "bulk":
