@@ -25,6 +25,7 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/sys/unix"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -204,10 +205,26 @@ func (b *bench) setup() error {
 			"--agent-cert=" + filepath.Join(pki, "konnectivity-agent.crt"), "--agent-key=" + filepath.Join(pki, "konnectivity-agent.key"),
 			"--health-server-port=" + strconv.Itoa(health), "--admin-server-port=" + strconv.Itoa(health+1), "--v=0"}
 	}
-	if b.kServer, err = b.t.start("konnect-server", "cp", append([]string{b.o.konnect, "server"}, b.serverArgs(b.path("konnect.sock"), 8132)...)...); err != nil {
+	kServerBin, err := b.ownCopy(b.o.konnect, "konnect-server")
+	if err != nil {
 		return err
 	}
-	if b.uServer, err = b.t.start("upstream-server", "cp", append([]string{b.o.proxyServer}, b.serverArgs(b.path("upstream.sock"), 9132)...)...); err != nil {
+	kAgentBin, err := b.ownCopy(b.o.konnect, "konnect-agent")
+	if err != nil {
+		return err
+	}
+	if b.kServer, err = b.t.start("konnect-server", "cp", append([]string{kServerBin, "server"}, b.serverArgs(b.path("konnect.sock"), 8132)...)...); err != nil {
+		return err
+	}
+	uServerBin, err := b.ownCopy(b.o.proxyServer, "upstream-server")
+	if err != nil {
+		return err
+	}
+	uAgentBin, err := b.ownCopy(b.o.proxyAgent, "upstream-agent")
+	if err != nil {
+		return err
+	}
+	if b.uServer, err = b.t.start("upstream-server", "cp", append([]string{uServerBin}, b.serverArgs(b.path("upstream.sock"), 9132)...)...); err != nil {
 		return err
 	}
 	for _, w := range []struct {
@@ -218,10 +235,10 @@ func (b *bench) setup() error {
 			return err
 		}
 	}
-	if b.kAgent, err = b.t.start("konnect-agent", "w1", append([]string{b.o.konnect, "agent"}, agentArgs(8132, 8093)...)...); err != nil {
+	if b.kAgent, err = b.t.start("konnect-agent", "w1", append([]string{kAgentBin, "agent"}, agentArgs(8132, 8093)...)...); err != nil {
 		return err
 	}
-	if b.uAgent, err = b.t.start("upstream-agent", "w1", append([]string{b.o.proxyAgent}, agentArgs(9132, 9093)...)...); err != nil {
+	if b.uAgent, err = b.t.start("upstream-agent", "w1", append([]string{uAgentBin}, agentArgs(9132, 9093)...)...); err != nil {
 		return err
 	}
 	for _, w := range []struct {
@@ -234,6 +251,36 @@ func (b *bench) setup() error {
 	}
 	// The agent reports ready once connected; the server may take a moment to register it for dials.
 	return b.waitTunnel(b.path("konnect.sock"), b.kServer)
+}
+
+// ownCopy copies a program's executable for one process. In a cluster the server and each agent run on
+// nodes of their own, each from its own image; here they would all map one file, and the kernel keeps the
+// pages of a file that several processes map, where a process alone on its node gives back what only its
+// start-up needed (konnect does, cmd/internal/daemon/pageout.go). Every long-lived tunnel process, konnect's
+// and upstream's alike, therefore runs from its own copy. The copy is dropped from the page cache once
+// written, so that each process starts as from a freshly pulled image: a file whose every page is cached
+// would have the kernel map neighbouring pages on each fault, and make every process's RSS look larger.
+func (b *bench) ownCopy(bin, name string) (string, error) {
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return "", err
+	}
+	dst := b.path("exe", name)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		return "", err
+	}
+	return dst, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
 // serverArgs are the drop-in flags both servers run with: gRPC over uds, agents by client certificate on
@@ -431,7 +478,11 @@ func (b *bench) agentIdle() error {
 			{"upstream", b.o.proxyAgent, nil, 9132, &us},
 		} {
 			health := 10000 + 10*i + (kind.port-8132)/1000*5
-			argv := append(append([]string{kind.bin}, kind.args...), "--proxy-server-host="+cpAddr, "--proxy-server-port="+strconv.Itoa(kind.port),
+			bin, err := b.ownCopy(kind.bin, fmt.Sprintf("idle-%s-%d", kind.name, i))
+			if err != nil {
+				return err
+			}
+			argv := append(append([]string{bin}, kind.args...), "--proxy-server-host="+cpAddr, "--proxy-server-port="+strconv.Itoa(kind.port),
 				"--ca-cert="+filepath.Join(pki, "ca.crt"), "--agent-cert="+filepath.Join(pki, "konnectivity-agent.crt"),
 				"--agent-key="+filepath.Join(pki, "konnectivity-agent.key"), "--health-server-port="+strconv.Itoa(health),
 				"--admin-server-port="+strconv.Itoa(health+1), "--v=0")
@@ -448,7 +499,8 @@ func (b *bench) agentIdle() error {
 	fmt.Printf("agents connected; idle for %s\n", b.o.idle)
 	time.Sleep(b.o.idle)
 	// The anonymous part is what the agent allocated; the rest is pages of its executable, so it tells the
-	// cost of konnect's one binary, which links every subcommand, from the agent's own.
+	// cost of konnect's one binary, which links every subcommand, from the agent's own. Each agent runs from
+	// its own copy of its executable, as on a node of its own (ownCopy).
 	m := newMeasure(fmt.Sprintf("4. agent idle, RSS after %s connected", b.o.idle), []string{"RSS MiB", "anon MiB"})
 	for i := range ks {
 		for _, p := range []struct {

@@ -215,7 +215,9 @@ func (b *bench) report() error {
 	sb.WriteString("address 198.19.0.10) and lap (SOCKS5 clients), joined by veth pairs in 198.18.0.0/15, no default\n")
 	sb.WriteString("routes. Tunnel clients dial through the server's UDS with konnectivity-client, one single-use\n")
 	sb.WriteString("tunnel per connection, as kube-apiserver does. Both tunnels run with the same drop-in arguments\n")
-	sb.WriteString("and mTLS agent authentication; both SSH proxies use the same sshd (OpenSSH, Debian) and key.\n\n")
+	sb.WriteString("and mTLS agent authentication; both SSH proxies use the same sshd (OpenSSH, Debian) and key.\n")
+	sb.WriteString("Every tunnel server and agent, konnect's and upstream's, runs from its own copy of its executable,\n")
+	sb.WriteString("as on a node of its own: the kernel does not reclaim pages that several processes map.\n\n")
 
 	sb.WriteString("## Ratios\n\nLarger is better for konnect in every row.\n\n| comparison | ratio | target | met |\n|---|---|---|---|\n")
 	for _, r := range ratios {
