@@ -85,11 +85,16 @@ func (b *bench) holRow() error {
 	}
 	for round := 0; round < b.o.holRounds; round++ {
 		for _, sc := range holScenarios {
-			for _, c := range []struct {
+			type tunnel struct {
 				name   string
 				uds    string
 				server *proc
-			}{{"konnect", b.path("konnect.sock"), b.kServer}, {"upstream", b.path("upstream.sock"), b.uServer}} {
+			}
+			tunnels := []tunnel{{"konnect", b.path("konnect.sock"), b.kServer}, {"upstream", b.path("upstream.sock"), b.uServer}}
+			if b.bServer != nil {
+				tunnels = append(tunnels, tunnel{baselineName, b.path("baseline.sock"), b.bServer})
+			}
+			for _, c := range tunnels {
 				v, err := run(sc, c.uds, c.server)
 				if err != nil {
 					return fmt.Errorf("%s, %s, %s: %w", title, sc.name, c.name, err)
@@ -169,6 +174,7 @@ func (b *bench) holRatios(add func(m *measure, label, a, bName, metric string, h
 			out = append(out, ratio{fmt.Sprintf("head-of-line, %s: konnect's slow transfers complete (worst round)", sc.name), v, 1, v >= 1})
 		}
 		add(m, fmt.Sprintf("head-of-line, %s: quick p99 upstream / konnect", sc.name), "konnect", "upstream", "p99 ms", false, 0)
+		add(m, fmt.Sprintf("head-of-line, %s: quick p99 konnect before / konnect", sc.name), "konnect", baselineName, "p99 ms", false, 0)
 		add(m, fmt.Sprintf("memory, %s at full windows: server RSS upstream / konnect", sc.name), "konnect", "upstream", "server RSS MiB", false, 1)
 	}
 	return out

@@ -31,6 +31,7 @@ import (
 
 type options struct {
 	konnect, proxyServer, proxyAgent, loadgen, backend string
+	baseline                                           string
 	relay                                              string
 	kubeAPIServer, swarm                               string
 	swarmSizes                                         []int
@@ -51,6 +52,7 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.konnect, "konnect", "bin/konnect", "konnect binary")
+	flag.StringVar(&o.baseline, "baseline", "", "an earlier konnect binary to run beside --konnect, as contender \"konnect before\", in rows 1, 3, 4 and 11: before and after from one run")
 	flag.StringVar(&o.proxyServer, "proxy-server", "", "upstream proxy-server binary")
 	flag.StringVar(&o.proxyAgent, "proxy-agent", "", "upstream proxy-agent binary")
 	flag.StringVar(&o.loadgen, "loadgen", "", "loadgen binary (test/bench/loadgen)")
@@ -146,6 +148,7 @@ type bench struct {
 	results []*measure
 
 	kServer, kAgent, uServer, uAgent *proc
+	bServer, bAgent                  *proc // --baseline's, or nil
 
 	sshd          *proc
 	socksProcs    map[string]*proc  // SOCKS5 port → the proxy serving it
@@ -249,9 +252,43 @@ func (b *bench) setup() error {
 			return err
 		}
 	}
+	if b.o.baseline != "" {
+		if err := b.startBaseline(agentArgs); err != nil {
+			return err
+		}
+	}
 	// The agent reports ready once connected; the server may take a moment to register it for dials.
 	return b.waitTunnel(b.path("konnect.sock"), b.kServer)
 }
+
+// startBaseline starts --baseline's server and agent, with the same arguments as konnect's, on ports 10132
+// and up.
+func (b *bench) startBaseline(agentArgs func(port, health int) []string) error {
+	serverBin, err := b.ownCopy(b.o.baseline, "baseline-server")
+	if err != nil {
+		return err
+	}
+	agentBin, err := b.ownCopy(b.o.baseline, "baseline-agent")
+	if err != nil {
+		return err
+	}
+	if b.bServer, err = b.t.start("baseline-server", "cp", append([]string{serverBin, "server"}, b.serverArgs(b.path("baseline.sock"), 10132)...)...); err != nil {
+		return err
+	}
+	if err := b.t.waitHTTP("cp", "http://127.0.0.1:10134/healthz", 30*time.Second, b.bServer); err != nil {
+		return err
+	}
+	if b.bAgent, err = b.t.start("baseline-agent", "w1", append([]string{agentBin, "agent"}, agentArgs(10132, 10093)...)...); err != nil {
+		return err
+	}
+	if err := b.t.waitHTTP("w1", "http://127.0.0.1:10093/readyz", 30*time.Second, b.bAgent); err != nil {
+		return err
+	}
+	return b.waitTunnel(b.path("baseline.sock"), b.bServer)
+}
+
+// baselineName is the contender --baseline runs as.
+const baselineName = "konnect before"
 
 // ownCopy copies a program's executable for one process. In a cluster the server and each agent run on
 // nodes of their own, each from its own image; here they would all map one file, and the kernel keeps the
@@ -370,12 +407,16 @@ func (b *bench) tunnelBulk() error {
 		}
 		target := podAddr + ":" + podPort
 		m := newMeasure(fmt.Sprintf("1. tunnel bulk, %s, %d stream(s)", size(b.o.bulkBytes), streams), []string{"MB/s"})
-		if err := b.alternate(m,
-			contender{"konnect", bulk("tunnel", "cp", b.path("konnect.sock"), target)},
-			contender{"upstream", bulk("tunnel", "cp", b.path("upstream.sock"), target)},
-			contender{"ceiling", bulk("unix", "cp", b.path("ceiling.sock"), target)},
-			contender{"direct", bulk("direct", "w1", "", target)},
-		); err != nil {
+		contenders := []contender{
+			{"konnect", bulk("tunnel", "cp", b.path("konnect.sock"), target)},
+			{"upstream", bulk("tunnel", "cp", b.path("upstream.sock"), target)},
+			{"ceiling", bulk("unix", "cp", b.path("ceiling.sock"), target)},
+			{"direct", bulk("direct", "w1", "", target)},
+		}
+		if b.bServer != nil {
+			contenders = append(contenders, contender{baselineName, bulk("tunnel", "cp", b.path("baseline.sock"), target)})
+		}
+		if err := b.alternate(m, contenders...); err != nil {
 			return err
 		}
 	}
@@ -457,28 +498,33 @@ func (b *bench) tunnelScale() error {
 	// (see row 4).
 	m := newMeasure(fmt.Sprintf("3. tunnel scale, %d concurrent tunnels", b.o.scaleCount),
 		[]string{"ok", "server RSS MiB", "server anon MiB", "agent RSS MiB"})
-	return b.alternate(m, contender{"konnect", scale(b.path("konnect.sock"), b.kServer, b.kAgent)},
-		contender{"upstream", scale(b.path("upstream.sock"), b.uServer, b.uAgent)})
+	contenders := []contender{{"konnect", scale(b.path("konnect.sock"), b.kServer, b.kAgent)},
+		{"upstream", scale(b.path("upstream.sock"), b.uServer, b.uAgent)}}
+	if b.bServer != nil {
+		contenders = append(contenders, contender{baselineName, scale(b.path("baseline.sock"), b.bServer, b.bAgent)})
+	}
+	return b.alternate(m, contenders...)
 }
 
 // agentIdle starts `rounds` fresh agents of each kind at once, leaves them connected and idle, and reads
 // their RSS: the samples are taken side by side in one window instead of rounds × the idle time.
 func (b *bench) agentIdle() error {
 	pki := b.path("k", "pki")
-	var ks, us []*proc
+	type kind struct {
+		name string
+		bin  string
+		args []string
+		port int
+	}
+	kinds := []kind{{"konnect", b.o.konnect, []string{"agent"}, 8132}, {"upstream", b.o.proxyAgent, nil, 9132}}
+	if b.o.baseline != "" {
+		kinds = append(kinds, kind{baselineName, b.o.baseline, []string{"agent"}, 10132})
+	}
+	agents := map[string][]*proc{}
 	for i := 0; i < b.o.rounds; i++ {
-		for _, kind := range []struct {
-			name string
-			bin  string
-			args []string
-			port int
-			list *[]*proc
-		}{
-			{"konnect", b.o.konnect, []string{"agent"}, 8132, &ks},
-			{"upstream", b.o.proxyAgent, nil, 9132, &us},
-		} {
-			health := 10000 + 10*i + (kind.port-8132)/1000*5
-			bin, err := b.ownCopy(kind.bin, fmt.Sprintf("idle-%s-%d", kind.name, i))
+		for k, kind := range kinds {
+			health := 20000 + 10*i + 3*k
+			bin, err := b.ownCopy(kind.bin, fmt.Sprintf("idle-%d-%d", k, i))
 			if err != nil {
 				return err
 			}
@@ -486,14 +532,14 @@ func (b *bench) agentIdle() error {
 				"--ca-cert="+filepath.Join(pki, "ca.crt"), "--agent-cert="+filepath.Join(pki, "konnectivity-agent.crt"),
 				"--agent-key="+filepath.Join(pki, "konnectivity-agent.key"), "--health-server-port="+strconv.Itoa(health),
 				"--admin-server-port="+strconv.Itoa(health+1), "--v=0")
-			p, err := b.t.start(fmt.Sprintf("idle-%s-%d", kind.name, i), "w1", argv...)
+			p, err := b.t.start(fmt.Sprintf("idle-%d-%d", k, i), "w1", argv...)
 			if err != nil {
 				return err
 			}
 			if err := b.t.waitHTTP("w1", fmt.Sprintf("http://127.0.0.1:%d/readyz", health), 30*time.Second, p); err != nil {
 				return err
 			}
-			*kind.list = append(*kind.list, p)
+			agents[kind.name] = append(agents[kind.name], p)
 		}
 	}
 	fmt.Printf("agents connected; idle for %s\n", b.o.idle)
@@ -502,25 +548,24 @@ func (b *bench) agentIdle() error {
 	// cost of konnect's one binary, which links every subcommand, from the agent's own. Each agent runs from
 	// its own copy of its executable, as on a node of its own (ownCopy).
 	m := newMeasure(fmt.Sprintf("4. agent idle, RSS after %s connected", b.o.idle), []string{"RSS MiB", "anon MiB"})
-	for i := range ks {
-		for _, p := range []struct {
-			name string
-			p    *proc
-		}{{"konnect", ks[i]}, {"upstream", us[i]}} {
-			kb, err := p.p.rssKiB()
+	for i := 0; i < b.o.rounds; i++ {
+		for _, kind := range kinds {
+			p := agents[kind.name][i]
+			kb, err := p.rssKiB()
 			if err != nil {
 				return err
 			}
-			anon, err := harness.AnonRSSKiB(p.p.Pid())
+			anon, err := harness.AnonRSSKiB(p.Pid())
 			if err != nil {
 				return err
 			}
-			m.add(p.name, map[string]float64{"RSS MiB": float64(kb) / 1024, "anon MiB": float64(anon) / 1024})
+			m.add(kind.name, map[string]float64{"RSS MiB": float64(kb) / 1024, "anon MiB": float64(anon) / 1024})
 		}
 	}
-	for i := range ks {
-		ks[i].stop()
-		us[i].stop()
+	for _, list := range agents {
+		for _, p := range list {
+			p.stop()
+		}
 	}
 	m.print()
 	b.results = append(b.results, m)

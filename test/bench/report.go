@@ -129,6 +129,7 @@ func (b *bench) ratios() []ratio {
 	add(bulk1, "tunnel bulk 1 stream: konnect / direct", "konnect", "direct", "MB/s", true, 0.4)
 	add(bulk1, "tunnel bulk 1 stream: konnect / ceiling", "konnect", "ceiling", "MB/s", true, 0)
 	add(bulk1, "tunnel bulk 1 stream: upstream / ceiling", "upstream", "ceiling", "MB/s", true, 0)
+	add(bulk1, "tunnel bulk 1 stream: konnect / konnect before", "konnect", baselineName, "MB/s", true, 0)
 	add(bulk8, "tunnel bulk 8 streams: konnect / upstream", "konnect", "upstream", "MB/s", true, 1)
 	add(bulk8, "tunnel bulk 8 streams: konnect / ceiling", "konnect", "ceiling", "MB/s", true, 0)
 	if bulk1 != nil && bulk8 != nil {
@@ -147,8 +148,10 @@ func (b *bench) ratios() []ratio {
 	add(scale, "tunnel scale: server RSS upstream / konnect", "konnect", "upstream", "server RSS MiB", false, 1)
 	add(scale, "tunnel scale: server anonymous RSS upstream / konnect", "konnect", "upstream", "server anon MiB", false, 0)
 	add(scale, "tunnel scale: agent RSS upstream / konnect", "konnect", "upstream", "agent RSS MiB", false, 0)
+	add(scale, "tunnel scale: server RSS konnect before / konnect", "konnect", baselineName, "server RSS MiB", false, 0)
 	add(find("4. agent idle"), "agent idle RSS: upstream / konnect", "konnect", "upstream", "RSS MiB", false, 1)
 	add(find("4. agent idle"), "agent idle anonymous RSS: upstream / konnect", "konnect", "upstream", "anon MiB", false, 0)
+	add(find("4. agent idle"), "agent idle RSS: konnect before / konnect", "konnect", baselineName, "RSS MiB", false, 0)
 	for _, m := range b.results {
 		if !strings.HasPrefix(m.title, "8. swarm") {
 			continue
