@@ -2,9 +2,10 @@
 # Prepares everything the end-to-end tests run against:
 #   - checks that we are root and that `ip netns` works (the tests need both);
 #   - installs the Debian packages (hack/install-deps.sh) when a program is missing;
-#   - builds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
-#     v1.36.1, sample-apiserver v0.36.1 and upstream proxy-server/proxy-agent
-#     v0.36.0 from this tools module into the cache dir.
+#   - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+#     and kubeadm v1.36.1, etcd v3.6.8 (the version kubeadm 1.36 deploys),
+#     sample-apiserver v0.36.1 and upstream proxy-server/proxy-agent v0.36.0
+#     from this tools module into the cache dir.
 #
 # A build is skipped when the cache holds binaries made from the same go.mod,
 # go.sum and Go version. The cache dir is $KONNECT_E2E_CACHE, or
@@ -52,7 +53,7 @@ export GOFLAGS="${GOFLAGS:-} -mod=readonly"
 go_version="$(go env GOVERSION)"
 key="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" "${tools_dir}"/pizza-webhook/*.go | sha256sum | cut -c1-16)-${go_version}"
 stamp="${bin_dir}/.stamp"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet sample-apiserver proxy-server proxy-agent pizza-webhook)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm etcd sample-apiserver proxy-server proxy-agent pizza-webhook)
 
 # One build at a time: the benchmarks and the tests may both call this script.
 exec 9>"${cache_dir}/.lock"
@@ -85,6 +86,10 @@ build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "${kube_ldflags}"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "${kube_ldflags}"
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "${kube_ldflags}"
 build kubelet k8s.io/kubernetes/cmd/kubelet "${kube_ldflags}"
+build kubeadm k8s.io/kubernetes/cmd/kubeadm "${kube_ldflags}"
+# etcd for kubeadm's static pod: static (CGO_ENABLED=0, as everything here) so that it runs in a scratch
+# image; Debian's etcd-server is dynamically linked and older (3.4) than the 3.6 kubeadm 1.36 expects.
+build etcd go.etcd.io/etcd/server/v3 "-s -w"
 # sample-apiserver reports the same version so its discovery and skew checks look normal.
 build sample-apiserver k8s.io/sample-apiserver "${kube_ldflags}"
 build proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server "-s -w"
