@@ -17,6 +17,8 @@ command -v containerd >/dev/null    || need+=(containerd)
 command -v runc >/dev/null          || need+=(runc)
 [ -x /usr/lib/cni/bridge ]          || need+=(containernetworking-plugins)
 command -v iptables >/dev/null      || need+=(iptables)
+# TestKubeadm: the load balancer in front of the three kube-apiservers and Konnectivity servers.
+[ -x /usr/sbin/haproxy ]            || need+=(haproxy)
 [ -x /bin/busybox ]                 || need+=(busybox-static)
 # make image-multiarch's test runs the linux/arm64 binary under qemu-user (statically linked, no binfmt needed).
 command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
