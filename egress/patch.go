@@ -104,6 +104,15 @@ type PatchResult struct {
 // mode; when it does not, no file is touched. The new manifest is encoded from the typed Pod, as kubeadm
 // writes it, so comments in a hand-written manifest survive only in the backup.
 func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
+	return editManifestFile(path, p.BackupDir, p.Now, func(data []byte) ([]byte, bool, error) {
+		return PatchManifest(data, path, p)
+	})
+}
+
+// editManifestFile rewrites the manifest at path with edit. When edit changes it, the original is first copied to
+// a backup in backupDir (empty: next to it, hidden), then path is replaced atomically, keeping its file mode;
+// when it does not, no file is touched.
+func editManifestFile(path, backupDir string, now func() time.Time, edit func([]byte) ([]byte, bool, error)) (PatchResult, error) {
 	// Write through a symlink to its target rather than replacing the link with a file, but only where
 	// pki.WriteFile would: never through a link, to a file or into a directory, that another user could
 	// change. Resolved here because the backup goes beside the target.
@@ -120,15 +129,14 @@ func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
 	if err != nil {
 		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)
 	}
-	out, changed, err := PatchManifest(data, path, p)
+	out, changed, err := edit(data)
 	if err != nil || !changed {
 		return PatchResult{}, err
 	}
-	now := time.Now
-	if p.Now != nil {
-		now = p.Now
+	if now == nil {
+		now = time.Now
 	}
-	backup, err := backupPath(path, p.BackupDir, now())
+	backup, err := backupPath(path, backupDir, now())
 	if err != nil {
 		return PatchResult{}, err
 	}
@@ -176,8 +184,13 @@ func PatchManifest(data []byte, source string, p ManifestPatch) (out []byte, cha
 	if !changed {
 		return data, false, nil
 	}
+	return encodePod(pod, source)
+}
+
+// encodePod writes pod as kubeadm does, from the typed Pod.
+func encodePod(pod *corev1.Pod, source string) ([]byte, bool, error) {
 	pod.APIVersion, pod.Kind = "v1", "Pod"
-	out, err = yaml.Marshal(pod)
+	out, err := yaml.Marshal(pod)
 	if err != nil {
 		return nil, false, fmt.Errorf("%s: encode: %w", source, err)
 	}

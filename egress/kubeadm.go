@@ -1,0 +1,350 @@
+package egress
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/yaml"
+)
+
+// kubeadm keeps the control plane's configuration in the ClusterConfiguration of the ConfigMap
+// kube-system/kubeadm-config, and writes kube-apiserver.yaml anew from it on `kubeadm upgrade apply`,
+// `kubeadm upgrade node` and `kubeadm join --control-plane`. What konnect changes in kube-apiserver must be
+// recorded there (apiServer.extraArgs, apiServer.extraVolumes), or the next of these drops it.
+const (
+	KubeadmConfigNamespace = "kube-system"
+	KubeadmConfigName      = "kubeadm-config"
+	KubeadmConfigKey       = "ClusterConfiguration"
+	// KubeadmRecordAnnotation, on the kubeadm-config ConfigMap, holds the KubeadmRecord of what konnect put in
+	// the ClusterConfiguration. kubeadm keeps the ConfigMap's metadata when it updates the ClusterConfiguration.
+	KubeadmRecordAnnotation = "konnect.dev/kubeadm"
+	kubeadmAPIVersion       = "kubeadm.k8s.io/v1beta4"
+)
+
+// KubeadmRecord is what konnect added to the ClusterConfiguration's apiServer, with what was there before, so
+// that it can be taken out again. It is also how kube-apiserver.yaml is put back (UnpatchPod).
+type KubeadmRecord struct {
+	ExtraArgs []RecordedArg `json:"extraArgs,omitempty"`
+	// ExtraVolumes are the names of konnect's hostPath volumes in apiServer.extraVolumes.
+	ExtraVolumes []string `json:"extraVolumes,omitempty"`
+	// Removed is set once konnect reset has put the ClusterConfiguration back; the other control-plane nodes'
+	// resets still read the record to put their kube-apiserver.yaml back.
+	Removed bool `json:"removed,omitempty"`
+}
+
+// RecordedArg is one kube-apiserver flag konnect set through apiServer.extraArgs.
+type RecordedArg struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+	// Previous is the ClusterConfiguration's own extraArgs value before konnect; nil when it had none.
+	Previous *string `json:"previous,omitempty"`
+	// ManifestPrevious is the flag's value in kube-apiserver.yaml before konnect, as kubeadm writes it without
+	// konnect's extraArgs; nil when kubeadm does not set the flag.
+	ManifestPrevious *string `json:"manifestPrevious,omitempty"`
+}
+
+// ParseKubeadmRecord reads the annotation's value; empty means no record.
+func ParseKubeadmRecord(s string) (KubeadmRecord, error) {
+	var r KubeadmRecord
+	if strings.TrimSpace(s) == "" {
+		return r, nil
+	}
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return r, fmt.Errorf("annotation %s: %w", KubeadmRecordAnnotation, err)
+	}
+	return r, nil
+}
+
+// String is the annotation's value.
+func (r KubeadmRecord) String() string {
+	b, _ := json.Marshal(r)
+	return string(b)
+}
+
+func (r *KubeadmRecord) arg(name string) *RecordedArg {
+	for i := range r.ExtraArgs {
+		if r.ExtraArgs[i].Name == name {
+			return &r.ExtraArgs[i]
+		}
+	}
+	return nil
+}
+
+// konnectVolume reports whether name is one of the hostPath volumes PatchPod owns.
+func konnectVolume(name string) bool {
+	return name == udsVolume || name == egressConfigVolume || isNumbered(name, certsVolume, 0)
+}
+
+// RecordInClusterConfiguration records in clusterConfig (the ClusterConfiguration YAML of kubeadm-config) what
+// the patch changed in kube-apiserver: before is kube-apiserver.yaml as it is, after as the patch makes it, and
+// managed names the flags the patch manages. A managed flag is recorded when after gives it a value that before
+// did not have, or when rec already holds it (a node that joined with konnect's extraArgs has them before the
+// patch); one rec holds that after no longer has is taken out again, putting back what the ClusterConfiguration
+// had. Every konnect volume of after is recorded, and one of rec that after lacks is taken out. It returns the
+// new ClusterConfiguration and record, and whether the ClusterConfiguration changed.
+func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, before, after *corev1.Pod, managed []string) (string, KubeadmRecord, bool, error) {
+	cc, err := decodeClusterConfiguration(clusterConfig)
+	if err != nil {
+		return "", rec, false, err
+	}
+	if rec.Removed {
+		rec = KubeadmRecord{}
+	}
+	bc, err := apiserverContainer(before)
+	if err != nil {
+		return "", rec, false, err
+	}
+	ac, err := apiserverContainer(after)
+	if err != nil {
+		return "", rec, false, err
+	}
+	api := mapAt(cc, "apiServer")
+	args := listAt(api, "extraArgs")
+	var out KubeadmRecord
+	for _, name := range managed {
+		av := lookupFlag(ac, name)
+		if len(av) == 0 || out.arg(name) != nil {
+			continue
+		}
+		value := av[len(av)-1]
+		bv := lookupFlag(bc, name)
+		old := rec.arg(name)
+		if old == nil && len(bv) > 0 && bv[len(bv)-1] == value {
+			continue // kubeadm sets it so already
+		}
+		ra := RecordedArg{Name: name, Value: value}
+		if old != nil {
+			ra.Previous, ra.ManifestPrevious = old.Previous, old.ManifestPrevious
+		} else {
+			if v, ok := argValue(args, name); ok {
+				ra.Previous = &v
+			}
+			if len(bv) > 0 {
+				ra.ManifestPrevious = &bv[len(bv)-1]
+			}
+		}
+		args = setArg(args, name, &value)
+		out.ExtraArgs = append(out.ExtraArgs, ra)
+	}
+	for _, old := range rec.ExtraArgs {
+		if out.arg(old.Name) == nil {
+			args = setArg(args, old.Name, old.Previous)
+		}
+	}
+	vols := listAt(api, "extraVolumes")
+	for _, name := range rec.ExtraVolumes {
+		vols = removeNamed(vols, name)
+	}
+	for _, v := range after.Spec.Volumes {
+		if !konnectVolume(v.Name) || v.HostPath == nil {
+			continue
+		}
+		m := map[string]any{"name": v.Name, "hostPath": v.HostPath.Path, "mountPath": v.HostPath.Path}
+		for _, vm := range ac.VolumeMounts {
+			if vm.Name == v.Name {
+				m["mountPath"] = vm.MountPath
+				m["readOnly"] = vm.ReadOnly
+			}
+		}
+		if v.HostPath.Type != nil {
+			m["pathType"] = string(*v.HostPath.Type)
+		}
+		vols = append(removeNamed(vols, v.Name), m)
+		out.ExtraVolumes = append(out.ExtraVolumes, v.Name)
+	}
+	setList(api, "extraArgs", args)
+	setList(api, "extraVolumes", vols)
+	cc["apiServer"] = api
+	newCC, err := encodeClusterConfiguration(cc)
+	if err != nil {
+		return "", rec, false, err
+	}
+	changed, err := clusterConfigChanged(clusterConfig, newCC)
+	return newCC, out, changed, err
+}
+
+// RemoveFromClusterConfiguration takes what rec recorded out of clusterConfig, putting back the values the
+// ClusterConfiguration had before konnect. A record already Removed changes nothing.
+func RemoveFromClusterConfiguration(clusterConfig string, rec KubeadmRecord) (string, bool, error) {
+	if rec.Removed {
+		return clusterConfig, false, nil
+	}
+	cc, err := decodeClusterConfiguration(clusterConfig)
+	if err != nil {
+		return "", false, err
+	}
+	api := mapAt(cc, "apiServer")
+	args := listAt(api, "extraArgs")
+	for _, a := range rec.ExtraArgs {
+		args = setArg(args, a.Name, a.Previous)
+	}
+	vols := listAt(api, "extraVolumes")
+	for _, name := range rec.ExtraVolumes {
+		vols = removeNamed(vols, name)
+	}
+	setList(api, "extraArgs", args)
+	setList(api, "extraVolumes", vols)
+	cc["apiServer"] = api
+	out, err := encodeClusterConfiguration(cc)
+	if err != nil {
+		return "", false, err
+	}
+	changed, err := clusterConfigChanged(clusterConfig, out)
+	return out, changed, err
+}
+
+// UnpatchPod takes konnect out of a kube-apiserver pod: the flags rec recorded get the values kubeadm gives them
+// without konnect (or go), --egress-selector-config-file and the flags konnect added on request
+// (AddedFlagsAnnotation) go, and so do konnect's volumes and annotations. It reports whether pod changed.
+func UnpatchPod(pod *corev1.Pod, rec KubeadmRecord) (bool, error) {
+	before := pod.DeepCopy()
+	c, err := apiserverContainer(pod)
+	if err != nil {
+		return false, err
+	}
+	for _, a := range rec.ExtraArgs {
+		if a.ManifestPrevious != nil {
+			setFlag(c, Flag{a.Name, *a.ManifestPrevious})
+		} else {
+			editFlag(c, a.Name, false, "")
+		}
+	}
+	editFlag(c, "egress-selector-config-file", false, "")
+	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
+		for _, name := range strings.Split(v, ",") {
+			editFlag(c, name, true, "")
+		}
+	}
+	for _, v := range slices.Clone(pod.Spec.Volumes) {
+		if konnectVolume(v.Name) {
+			removeVolume(pod, c, v.Name)
+		}
+	}
+	delete(pod.Annotations, AddedFlagsAnnotation)
+	delete(pod.Annotations, EgressConfigAnnotation)
+	return !equality.Semantic.DeepEqual(before, pod), nil
+}
+
+// UnpatchManifestFile takes konnect out of the kube-apiserver static pod manifest at path (UnpatchPod), keeping a
+// backup and writing atomically as PatchManifestFile does.
+func UnpatchManifestFile(path string, rec KubeadmRecord, backupDir string) (PatchResult, error) {
+	return editManifestFile(path, backupDir, nil, func(data []byte) ([]byte, bool, error) {
+		pod, err := DecodePod(data, path)
+		if err != nil {
+			return nil, false, err
+		}
+		changed, err := UnpatchPod(pod, rec)
+		if err != nil || !changed {
+			return data, false, err
+		}
+		return encodePod(pod, path)
+	})
+}
+
+func decodeClusterConfiguration(s string) (map[string]any, error) {
+	var cc map[string]any
+	if err := yaml.Unmarshal([]byte(s), &cc); err != nil {
+		return nil, fmt.Errorf("ClusterConfiguration: %w", err)
+	}
+	if cc == nil {
+		return nil, fmt.Errorf("ClusterConfiguration is empty")
+	}
+	if v, _ := cc["apiVersion"].(string); v != kubeadmAPIVersion {
+		return nil, fmt.Errorf("ClusterConfiguration is %q; konnect records its flags in a %s one (kubeadm 1.31 and later; kubeadm upgrade converts an older one)", v, kubeadmAPIVersion)
+	}
+	if k, _ := cc["kind"].(string); k != "ClusterConfiguration" {
+		return nil, fmt.Errorf("ClusterConfiguration has kind %q", k)
+	}
+	return cc, nil
+}
+
+func encodeClusterConfiguration(cc map[string]any) (string, error) {
+	b, err := yaml.Marshal(cc)
+	if err != nil {
+		return "", fmt.Errorf("ClusterConfiguration: %w", err)
+	}
+	return string(b), nil
+}
+
+// clusterConfigChanged compares two ClusterConfigurations by content, so that formatting alone is no change.
+func clusterConfigChanged(a, b string) (bool, error) {
+	var x, y any
+	if err := yaml.Unmarshal([]byte(a), &x); err != nil {
+		return false, err
+	}
+	if err := yaml.Unmarshal([]byte(b), &y); err != nil {
+		return false, err
+	}
+	xj, _ := json.Marshal(x)
+	yj, _ := json.Marshal(y)
+	return string(xj) != string(yj), nil
+}
+
+func mapAt(m map[string]any, key string) map[string]any {
+	if v, ok := m[key].(map[string]any); ok {
+		return v
+	}
+	return map[string]any{}
+}
+
+func listAt(m map[string]any, key string) []any {
+	v, _ := m[key].([]any)
+	return v
+}
+
+func setList(m map[string]any, key string, l []any) {
+	if len(l) == 0 {
+		delete(m, key)
+		return
+	}
+	m[key] = l
+}
+
+// argValue is the value of the last extraArgs entry called name.
+func argValue(args []any, name string) (string, bool) {
+	v, found := "", false
+	for _, a := range args {
+		if m, ok := a.(map[string]any); ok && m["name"] == name {
+			v, _ = m["value"].(string)
+			found = true
+		}
+	}
+	return v, found
+}
+
+// setArg replaces every extraArgs entry called name with one of value, in the place of the first, or removes them
+// all when value is nil.
+func setArg(args []any, name string, value *string) []any {
+	var out []any
+	placed := false
+	for _, a := range args {
+		m, ok := a.(map[string]any)
+		if !ok || m["name"] != name {
+			out = append(out, a)
+			continue
+		}
+		if value != nil && !placed {
+			out = append(out, map[string]any{"name": name, "value": *value})
+			placed = true
+		}
+	}
+	if value != nil && !placed {
+		out = append(out, map[string]any{"name": name, "value": *value})
+	}
+	return out
+}
+
+func removeNamed(list []any, name string) []any {
+	var out []any
+	for _, e := range list {
+		if m, ok := e.(map[string]any); ok && m["name"] == name {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}

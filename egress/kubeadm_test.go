@@ -1,0 +1,211 @@
+package egress
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/yaml"
+)
+
+// clusterConfiguration is what kubeadm 1.36 stores in kubeadm-config, with one extraArg of the user's.
+const clusterConfiguration = `apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: v1.36.1
+controlPlaneEndpoint: 198.18.4.1:6443
+apiServer:
+  extraArgs:
+  - name: audit-log-maxage
+    value: "7"
+controllerManager: {}
+`
+
+func patchedPair(t *testing.T, p ManifestPatch) (before, after *corev1.Pod) {
+	t.Helper()
+	before, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after = before.DeepCopy()
+	if _, err := PatchPod(after, p); err != nil {
+		t.Fatal(err)
+	}
+	return before, after
+}
+
+func managedNames(p ManifestPatch) []string {
+	var out []string
+	for _, f := range p.Flags {
+		out = append(out, f.Name)
+	}
+	return append(out, OptionalFlags...)
+}
+
+type apiServerSection struct {
+	APIServer struct {
+		ExtraArgs    []struct{ Name, Value string } `json:"extraArgs"`
+		ExtraVolumes []struct {
+			Name, HostPath, MountPath, PathType string
+			ReadOnly                            bool
+		} `json:"extraVolumes"`
+	} `json:"apiServer"`
+}
+
+func decodeSection(t *testing.T, cc string) apiServerSection {
+	t.Helper()
+	var s apiServerSection
+	if err := yaml.Unmarshal([]byte(cc), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// konnect's change to kubeadm's kube-apiserver goes into the ClusterConfiguration: exactly the flags whose
+// values it changed and its two volumes; the user's extraArgs stay; a second run changes nothing; removal puts
+// the ClusterConfiguration back as it was.
+func TestRecordInClusterConfiguration(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	cc, rec, changed, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil || !changed {
+		t.Fatalf("changed %v, err %v", changed, err)
+	}
+	got := map[string]string{}
+	for _, a := range decodeSection(t, cc).APIServer.ExtraArgs {
+		got[a.Name] = a.Value
+	}
+	want := map[string]string{
+		"audit-log-maxage":            "7",
+		"egress-selector-config-file": "/etc/kubernetes/egress-selector-configuration.yaml",
+		"requestheader-uid-headers":   "X-Remote-Uid",
+		"enable-aggregator-routing":   "true",
+	}
+	// The testdata manifest is kubeadm's: its requestheader and proxy-client flags are konnect's already.
+	if len(got) != len(want) {
+		t.Errorf("extraArgs %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("extraArgs %s=%q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	vols := decodeSection(t, cc).APIServer.ExtraVolumes
+	if len(vols) != 2 || vols[0].Name != udsVolume || vols[0].PathType != "DirectoryOrCreate" || vols[0].ReadOnly ||
+		vols[1].Name != egressConfigVolume || vols[1].PathType != "File" || !vols[1].ReadOnly ||
+		vols[1].HostPath != "/etc/kubernetes/egress-selector-configuration.yaml" || vols[1].MountPath != vols[1].HostPath {
+		t.Errorf("extraVolumes %+v", vols)
+	}
+	if len(rec.ExtraArgs) != 3 || len(rec.ExtraVolumes) != 2 {
+		t.Errorf("record %s", rec)
+	}
+	for _, a := range rec.ExtraArgs {
+		if a.Previous != nil || a.ManifestPrevious != nil {
+			t.Errorf("record of %s has a previous value: %s", a.Name, rec)
+		}
+	}
+
+	// Again, on the patched manifest (a second run, or a node that joined with these extraArgs): nothing changes.
+	cc2, rec2, changed, err := RecordInClusterConfiguration(cc, rec, after, after, managedNames(p))
+	if err != nil || changed || cc2 != cc || rec2.String() != rec.String() {
+		t.Errorf("second run: changed %v, err %v, record %s -> %s", changed, err, rec, rec2)
+	}
+
+	back, changed, err := RemoveFromClusterConfiguration(cc, rec)
+	if err != nil || !changed {
+		t.Fatalf("remove: changed %v, err %v", changed, err)
+	}
+	if differ, _ := clusterConfigChanged(clusterConfiguration, back); differ {
+		t.Errorf("after removal:\n%s\nwant the original:\n%s", back, clusterConfiguration)
+	}
+	done := rec
+	done.Removed = true
+	if again, changed, _ := RemoveFromClusterConfiguration(back, done); changed || again != back {
+		t.Errorf("a removed record removed again changed the ClusterConfiguration")
+	}
+}
+
+// A flag the user had in extraArgs keeps its value after removal; one konnect no longer sets goes out of the
+// ClusterConfiguration and the record.
+func TestRecordKeepsUsersValuesAndDropsWhatIsNoLongerSet(t *testing.T) {
+	users := strings.Replace(clusterConfiguration, "  - name: audit-log-maxage\n", "  - name: requestheader-uid-headers\n    value: X-My-Uid\n  - name: audit-log-maxage\n", 1)
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	cc, rec, _, err := RecordInClusterConfiguration(users, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := rec.arg("requestheader-uid-headers")
+	if uid == nil || uid.Previous == nil || *uid.Previous != "X-My-Uid" || uid.Value != "X-Remote-Uid" {
+		t.Fatalf("record %s", rec)
+	}
+	// Without --enable-aggregator-routing the next time.
+	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	after2 := after.DeepCopy()
+	if _, err := PatchPod(after2, off); err != nil {
+		t.Fatal(err)
+	}
+	cc2, rec2, changed, err := RecordInClusterConfiguration(cc, rec, after, after2, managedNames(off))
+	if err != nil || !changed || rec2.arg("enable-aggregator-routing") != nil || strings.Contains(cc2, "enable-aggregator-routing") {
+		t.Fatalf("changed %v err %v record %s:\n%s", changed, err, rec2, cc2)
+	}
+	back, _, err := RemoveFromClusterConfiguration(cc2, rec2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if differ, _ := clusterConfigChanged(users, back); differ {
+		t.Errorf("after removal:\n%s\nwant:\n%s", back, users)
+	}
+}
+
+func TestRecordRefusesOldClusterConfiguration(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	before, after := patchedPair(t, p)
+	old := strings.Replace(clusterConfiguration, "v1beta4", "v1beta3", 1)
+	if _, _, _, err := RecordInClusterConfiguration(old, KubeadmRecord{}, before, after, managedNames(p)); err == nil || !strings.Contains(err.Error(), "v1beta3") {
+		t.Fatalf("err %v, want one naming v1beta3", err)
+	}
+}
+
+// UnpatchPod puts kubeadm's kube-apiserver back exactly as it was before konnect's patch, also after kubeadm wrote
+// it anew from the recorded ClusterConfiguration (no annotations then).
+func TestUnpatchPodRestoresKubeadmsManifest(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	before, after := patchedPair(t, p)
+	_, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{
+		{"patched", after.DeepCopy()},
+		{"written anew by kubeadm", func() *corev1.Pod {
+			pod := after.DeepCopy()
+			pod.Annotations = before.DeepCopy().Annotations
+			return pod
+		}()},
+	} {
+		changed, err := UnpatchPod(tc.pod, rec)
+		if err != nil || !changed {
+			t.Fatalf("%s: changed %v err %v", tc.name, changed, err)
+		}
+		if len(tc.pod.Annotations) == 0 && len(before.Annotations) == 0 {
+			tc.pod.Annotations = before.Annotations
+		}
+		if !equality.Semantic.DeepEqual(tc.pod, before) {
+			a, _ := yaml.Marshal(tc.pod)
+			b, _ := yaml.Marshal(before)
+			t.Errorf("%s: after UnpatchPod:\n%s\nwant kubeadm's:\n%s", tc.name, a, b)
+		}
+		if changed, _ := UnpatchPod(tc.pod, rec); changed {
+			t.Errorf("%s: a second UnpatchPod changed the pod", tc.name)
+		}
+	}
+}
