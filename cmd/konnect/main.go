@@ -55,7 +55,7 @@ func newRootCommand() (*cobra.Command, error) {
 			root.AddCommand(c)
 		}
 	}
-	add("control-plane", initcmd.NewInitCommand(), initcmd.NewCertsCommand())
+	add("control-plane", initcmd.NewInitCommand(), initcmd.NewCertsCommand(), initcmd.NewResetCommand())
 	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), servercmd.NewDoctorCommand())
 	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())

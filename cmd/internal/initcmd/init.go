@@ -64,6 +64,7 @@ func phases() []phase {
 		},
 		{name: "kubeconfig", short: "Write DIR/" + pki.KubeconfigFile + " for the Konnectivity server", needs: needs{apiserverURL: true}, run: (*runner).kubeconfig},
 		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
+		{name: "kubeadm", short: "With --kubeadm, record the flags and volumes the flags phase sets on kube-apiserver in kubeadm's ClusterConfiguration (ConfigMap " + egress.KubeadmConfigNamespace + "/" + egress.KubeadmConfigName + "), so that kubeadm upgrade and join keep them", run: (*runner).kubeadm},
 		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
 		{name: "manifests", short: "Write the Konnectivity server static pod to DIR/" + ManifestsSubdir + "/, and the agent DaemonSet, RBAC, kustomization.yaml to DIR/" + AgentBundleDir + "/", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
 	}
@@ -334,13 +335,10 @@ func (r *runner) flags([]string) error {
 	if r.o.APIServerManifest == "" {
 		return r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644)
 	}
-	sel := r.o.selector()
-	config, err := sel.Marshal()
+	patch, err := r.manifestPatch(flags)
 	if err != nil {
 		return err
 	}
-	patch := egress.ManifestPatch{Flags: flags, Optional: egress.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
-		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}
 	path := r.o.APIServerManifest
 	if !r.o.DryRun {
 		// Before kube-apiserver.flags too: a refused phase writes nothing.
@@ -373,6 +371,17 @@ func (r *runner) flags([]string) error {
 	}
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
 	return nil
+}
+
+// manifestPatch is what the flags phase sets on the kube-apiserver static pod.
+func (r *runner) manifestPatch(flags []egress.Flag) (egress.ManifestPatch, error) {
+	sel := r.o.selector()
+	config, err := sel.Marshal()
+	if err != nil {
+		return egress.ManifestPatch{}, err
+	}
+	return egress.ManifestPatch{Flags: flags, Optional: egress.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
+		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}, nil
 }
 
 // requireFiles refuses a patch that points kube-apiserver at a file that does not exist yet, as when the

@@ -65,6 +65,10 @@ type Options struct {
 	// kube-apiserver.
 	EnableAggregatorRouting bool
 	APIServerManifest       string
+	// Kubeadm records konnect's kube-apiserver changes in kubeadm's ClusterConfiguration, through
+	// KubeadmKubeconfig.
+	Kubeadm           bool
+	KubeadmKubeconfig string
 
 	// Behaviour.
 	Force  bool
@@ -84,6 +88,8 @@ func NewOptions() *Options {
 		FrontendPort: egress.DefaultFrontendPort,
 		AgentAuth:    AgentAuthToken,
 		Image:        defaultImage(),
+
+		KubeadmKubeconfig: DefaultKubeadmKubeconfig,
 	}
 }
 
@@ -108,6 +114,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	_ = fs.MarkDeprecated("api-audiences", "it is ignored: kube-apiserver checks the agents' tokens against the audience the server's TokenReviews name, and listing that audience in --api-audiences would make the tokens credentials for its API")
 	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
 	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+egress.DefaultAPIServerManifest+"), keeping a backup")
+	fs.BoolVar(&o.Kubeadm, "kubeadm", o.Kubeadm, "the control plane is kubeadm's: patch "+egress.DefaultAPIServerManifest+" (unless --apiserver-manifest names another) and record the change in kubeadm's ClusterConfiguration (ConfigMap "+egress.KubeadmConfigNamespace+"/"+egress.KubeadmConfigName+"), so that kubeadm upgrade and kubeadm join --control-plane keep it")
+	fs.StringVar(&o.KubeadmKubeconfig, "kubeadm-kubeconfig", o.KubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+egress.KubeadmConfigName)
 	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, and rewrite a kubeconfig that points elsewhere (never a CA)")
 	fs.BoolVar(&o.DryRun, "dry-run", o.DryRun, "print what would be written, and write nothing")
 }
@@ -135,6 +143,9 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 			return fmt.Errorf("--dir %q: %w", o.Dir, err)
 		}
 		o.Dir = abs
+	}
+	if o.Kubeadm && o.APIServerManifest == "" {
+		o.APIServerManifest = egress.DefaultAPIServerManifest
 	}
 	udsNameSet := fs != nil && fs.Changed("uds-name")
 	if !udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
@@ -198,6 +209,9 @@ func (o *Options) Validate(n needs) error {
 	}
 	if o.Dir != "" {
 		errs = append(errs, o.checkOutputs()...)
+	}
+	if o.Kubeadm && o.KubeadmKubeconfig == "" {
+		errs = append(errs, errors.New("--kubeadm-kubeconfig must not be empty with --kubeadm"))
 	}
 	if o.APIServerManifest != "" {
 		if _, err := safepath.Resolve(o.APIServerManifest); err != nil {

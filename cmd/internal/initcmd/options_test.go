@@ -35,6 +35,8 @@ func TestFlagDefaults(t *testing.T) {
 		"api-audiences":             "[]",
 		"enable-aggregator-routing": "false",
 		"apiserver-manifest":        "",
+		"kubeadm":                   "false",
+		"kubeadm-kubeconfig":        "/etc/kubernetes/admin.conf",
 		"force":                     "false",
 		"dry-run":                   "false",
 	}

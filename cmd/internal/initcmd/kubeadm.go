@@ -1,0 +1,249 @@
+package initcmd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/pki"
+)
+
+// DefaultKubeadmKubeconfig is kubeadm's admin kubeconfig on a control-plane node.
+const DefaultKubeadmKubeconfig = "/etc/kubernetes/admin.conf"
+
+const kubeadmConfigMapName = "ConfigMap " + egress.KubeadmConfigNamespace + "/" + egress.KubeadmConfigName
+
+// kubeadm records in kubeadm's ClusterConfiguration what the flags phase changes (or changed) in kube-apiserver.
+// It runs before the flags phase: a cluster it cannot update leaves kube-apiserver.yaml as it was.
+func (r *runner) kubeadm([]string) error {
+	if !r.o.Kubeadm {
+		return nil
+	}
+	flags, err := r.o.apiserverFlags().Flags()
+	if err != nil {
+		return err
+	}
+	patch, err := r.manifestPatch(flags)
+	if err != nil {
+		return err
+	}
+	path := r.o.APIServerManifest
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--apiserver-manifest: %w", err)
+	}
+	before, err := egress.DecodePod(data, path)
+	if err != nil {
+		return err
+	}
+	after := before.DeepCopy()
+	if _, err := egress.PatchPod(after, patch); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	managed := flagNames(flags)
+	client, err := kubeadmClient(r.o.KubeadmKubeconfig)
+	if err != nil {
+		return err
+	}
+	var rec egress.KubeadmRecord
+	changed := false
+	err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
+		old, err := egress.ParseKubeadmRecord(cm.Annotations[egress.KubeadmRecordAnnotation])
+		if err != nil {
+			return false, err
+		}
+		cc, newRec, ccChanged, err := egress.RecordInClusterConfiguration(cm.Data[egress.KubeadmConfigKey], old, before, after, managed)
+		if err != nil {
+			return false, err
+		}
+		rec = newRec
+		changed = ccChanged || newRec.String() != old.String() || cm.Annotations[egress.KubeadmRecordAnnotation] == ""
+		if !changed || r.o.DryRun {
+			return false, nil
+		}
+		cm.Data[egress.KubeadmConfigKey] = cc
+		if cm.Annotations == nil {
+			cm.Annotations = map[string]string{}
+		}
+		cm.Annotations[egress.KubeadmRecordAnnotation] = newRec.String()
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, a := range rec.ExtraArgs {
+		names = append(names, "--"+a.Name)
+	}
+	note := "ClusterConfiguration apiServer: extraArgs " + strings.Join(names, ", ") + "; extraVolumes " + strings.Join(rec.ExtraVolumes, ", ")
+	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed && r.o.DryRun, file: kubeadmConfigMapName, note: note})
+	return nil
+}
+
+func flagNames(flags []egress.Flag) []string {
+	var out []string
+	for _, f := range flags {
+		out = append(out, f.Name)
+	}
+	return append(out, egress.OptionalFlags...)
+}
+
+func kubeadmClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeadm-kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.Timeout = 30 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+// updateKubeadmConfig reads the kubeadm-config ConfigMap, lets edit change it, and writes it back when edit says
+// so, again on a conflict with another writer (kubeadm, or konnect on another node).
+func updateKubeadmConfig(client kubernetes.Interface, edit func(*corev1.ConfigMap) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cms := client.CoreV1().ConfigMaps(egress.KubeadmConfigNamespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, egress.KubeadmConfigName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, ok := cm.Data[egress.KubeadmConfigKey]; !ok {
+			return fmt.Errorf("it has no %s", egress.KubeadmConfigKey)
+		}
+		write, err := edit(cm)
+		if err != nil || !write {
+			return err
+		}
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
+	}
+	return nil
+}
+
+// NewResetCommand returns `konnect reset`.
+func NewResetCommand() *cobra.Command {
+	var (
+		dir, manifest, kubeconfig string
+		kubeadm, dryRun           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "reset",
+		Short: "Take konnect out of this control-plane node's kube-apiserver (and, with --kubeadm, out of kubeadm's ClusterConfiguration)",
+		Long: `Take konnect out of this control-plane node again.
+
+kube-apiserver.yaml (--apiserver-manifest) loses --egress-selector-config-file, the flags konnect added on
+request, konnect's volumes and annotations, keeping a backup; kubelet then restarts kube-apiserver without
+the egress selector. With --kubeadm, the flags konnect recorded in kubeadm's ClusterConfiguration get back
+the values they had before (kubeadm's own, in the manifest), and the ClusterConfiguration loses konnect's
+extraArgs and extraVolumes: kubeadm upgrade and join write none of them back. The Konnectivity server's
+static pod DIR/manifests/konnectivity-server.yaml is removed. Certificates, keys and the other files
+konnect init wrote stay. Run it on every control-plane node; delete the agents with
+kubectl delete -k DIR/konnectivity-agent.`,
+		Example: `  konnect reset --kubeadm`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			say := func(verb, what, note string) {
+				if dryRun {
+					verb = "would be " + verb
+				}
+				line := fmt.Sprintf("[%s] %s", verb, what)
+				if note != "" {
+					line += " (" + note + ")"
+				}
+				fmt.Fprintln(out, line)
+			}
+			var rec egress.KubeadmRecord
+			if kubeadm {
+				client, err := kubeadmClient(kubeconfig)
+				if err != nil {
+					return err
+				}
+				verb := string(pki.Kept)
+				err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
+					var err error
+					if rec, err = egress.ParseKubeadmRecord(cm.Annotations[egress.KubeadmRecordAnnotation]); err != nil {
+						return false, err
+					}
+					if cm.Annotations[egress.KubeadmRecordAnnotation] == "" || rec.Removed {
+						return false, nil
+					}
+					cc, _, err := egress.RemoveFromClusterConfiguration(cm.Data[egress.KubeadmConfigKey], rec)
+					if err != nil {
+						return false, err
+					}
+					verb = string(pki.Updated)
+					if dryRun {
+						return false, nil
+					}
+					cm.Data[egress.KubeadmConfigKey] = cc
+					done := rec
+					done.Removed = true
+					cm.Annotations[egress.KubeadmRecordAnnotation] = done.String()
+					return true, nil
+				})
+				if err != nil {
+					return err
+				}
+				say(verb, kubeadmConfigMapName, "konnect's extraArgs and extraVolumes taken out of the ClusterConfiguration")
+			}
+			if dryRun {
+				data, err := os.ReadFile(manifest)
+				if err != nil {
+					return fmt.Errorf("--apiserver-manifest: %w", err)
+				}
+				pod, err := egress.DecodePod(data, manifest)
+				if err != nil {
+					return err
+				}
+				changed, err := egress.UnpatchPod(pod, rec)
+				if err != nil {
+					return err
+				}
+				say(string(actionFor(changed, true)), manifest, "")
+			} else {
+				res, err := egress.UnpatchManifestFile(manifest, rec, "")
+				if err != nil {
+					return err
+				}
+				note := ""
+				if res.Backup != "" {
+					note = "backup " + res.Backup
+				}
+				say(string(actionFor(res.Changed, true)), manifest, note)
+			}
+			server := filepath.Join(dir, ManifestsSubdir, "konnectivity-server.yaml")
+			if _, err := os.Stat(server); err == nil {
+				if !dryRun {
+					if err := os.Remove(server); err != nil {
+						return err
+					}
+				}
+				say("removed", server, "")
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&dir, "dir", pki.DefaultDir, "the directory konnect init wrote into")
+	fs.StringVar(&manifest, "apiserver-manifest", egress.DefaultAPIServerManifest, "the kube-apiserver static pod manifest konnect init patched")
+	fs.BoolVar(&kubeadm, "kubeadm", false, "also take konnect's flags and volumes out of kubeadm's ClusterConfiguration (ConfigMap "+egress.KubeadmConfigNamespace+"/"+egress.KubeadmConfigName+"), and put back in kube-apiserver.yaml the values kubeadm gives them")
+	fs.StringVar(&kubeconfig, "kubeadm-kubeconfig", DefaultKubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+egress.KubeadmConfigName)
+	fs.BoolVar(&dryRun, "dry-run", false, "print what would change, and change nothing")
+	return cmd
+}
