@@ -52,7 +52,7 @@ func (r *runner) kubeadm([]string) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	managed := flagNames(flags)
-	client, err := kubeadmClient(r.o.KubeadmKubeconfig)
+	client, err := newKubeadmClient(r.o.KubeadmKubeconfig)
 	if err != nil {
 		return err
 	}
@@ -98,6 +98,9 @@ func flagNames(flags []egress.Flag) []string {
 	}
 	return append(out, egress.OptionalFlags...)
 }
+
+// newKubeadmClient is kubeadmClient; tests replace it.
+var newKubeadmClient = kubeadmClient
 
 func kubeadmClient(kubeconfig string) (kubernetes.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
@@ -170,7 +173,7 @@ kubectl delete -k DIR/konnectivity-agent.`,
 			}
 			var rec egress.KubeadmRecord
 			if kubeadm {
-				client, err := kubeadmClient(kubeconfig)
+				client, err := newKubeadmClient(kubeconfig)
 				if err != nil {
 					return err
 				}

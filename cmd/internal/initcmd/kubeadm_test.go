@@ -1,0 +1,164 @@
+package initcmd
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/konnect-dev/konnect/egress"
+)
+
+// kubeadmAPIServer is kube-apiserver.yaml as kubeadm 1.36 writes it (the flags that matter here).
+const kubeadmAPIServer = `apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: 198.18.4.11:6443
+  labels:
+    component: kube-apiserver
+    tier: control-plane
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - kube-apiserver
+    - --advertise-address=198.18.4.11
+    - --client-ca-file=/etc/kubernetes/pki/ca.crt
+    - --proxy-client-cert-file=/etc/kubernetes/pki/front-proxy-client.crt
+    - --proxy-client-key-file=/etc/kubernetes/pki/front-proxy-client.key
+    - --requestheader-allowed-names=front-proxy-client
+    - --requestheader-client-ca-file=/etc/kubernetes/pki/front-proxy-ca.crt
+    - --requestheader-extra-headers-prefix=X-Remote-Extra-
+    - --requestheader-group-headers=X-Remote-Group
+    - --requestheader-username-headers=X-Remote-User
+    image: registry.k8s.io/kube-apiserver:v1.36.1
+    name: kube-apiserver
+    volumeMounts:
+    - mountPath: /etc/kubernetes/pki
+      name: k8s-certs
+      readOnly: true
+  hostNetwork: true
+  volumes:
+  - hostPath:
+      path: /etc/kubernetes/pki
+      type: DirectoryOrCreate
+    name: k8s-certs
+`
+
+const kubeadmClusterConfiguration = `apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: v1.36.1
+controlPlaneEndpoint: 198.18.4.1:6443
+apiServer: {}
+`
+
+func withFakeKubeadm(t *testing.T) *fake.Clientset {
+	t.Helper()
+	client := fake.NewClientset(&corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: egress.KubeadmConfigName, Namespace: egress.KubeadmConfigNamespace},
+		Data:       map[string]string{egress.KubeadmConfigKey: kubeadmClusterConfiguration},
+	})
+	old := newKubeadmClient
+	newKubeadmClient = func(string) (kubernetes.Interface, error) { return client, nil }
+	t.Cleanup(func() { newKubeadmClient = old })
+	return client
+}
+
+func kubeadmConfigMap(t *testing.T, client kubernetes.Interface) *corev1.ConfigMap {
+	t.Helper()
+	cm, err := client.CoreV1().ConfigMaps(egress.KubeadmConfigNamespace).Get(context.Background(), egress.KubeadmConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+func runReset(t *testing.T, args ...string) string {
+	t.Helper()
+	root := &cobra.Command{Use: "konnect", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(NewResetCommand())
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append([]string{"reset"}, args...))
+	if err := root.Execute(); err != nil {
+		t.Fatalf("konnect reset %v: %v\n%s", args, err, out.String())
+	}
+	return out.String()
+}
+
+// konnect init --kubeadm records its change in the kubeadm-config ClusterConfiguration, a second run changes
+// nothing, and konnect reset --kubeadm puts the manifest and the ClusterConfiguration back and removes the
+// server's static pod.
+func TestInitKubeadmAndReset(t *testing.T) {
+	client := withFakeKubeadm(t)
+	dir := t.TempDir()
+	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// kubeadm's layout under dir instead of /etc/kubernetes.
+	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest, "--enable-aggregator-routing")
+	out := mustRun(t, args...)
+	if !strings.Contains(out, "[updated] ConfigMap kube-system/kubeadm-config") || !strings.Contains(out, "[updated] "+manifest) {
+		t.Fatalf("konnect init --kubeadm:\n%s", out)
+	}
+	cm := kubeadmConfigMap(t, client)
+	cc := cm.Data[egress.KubeadmConfigKey]
+	for _, want := range []string{"egress-selector-config-file", "requestheader-uid-headers", "enable-aggregator-routing", "konnectivity-uds", "egress-selector-config"} {
+		if !strings.Contains(cc, want) {
+			t.Errorf("ClusterConfiguration lacks %s:\n%s", want, cc)
+		}
+	}
+	// kubeadm's own requestheader and proxy-client flags are konnect's already: nothing to record.
+	for _, not := range []string{"requestheader-allowed-names", "proxy-client-cert-file", "konnect-pki"} {
+		if strings.Contains(cc, not) {
+			t.Errorf("ClusterConfiguration records %s, which kubeadm sets itself:\n%s", not, cc)
+		}
+	}
+	if cm.Annotations[egress.KubeadmRecordAnnotation] == "" {
+		t.Fatalf("no record annotation")
+	}
+	if out := mustRun(t, args...); !strings.Contains(out, "[kept] ConfigMap kube-system/kubeadm-config") || !strings.Contains(out, "[kept] "+manifest) {
+		t.Fatalf("second run:\n%s", out)
+	}
+
+	out = runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest)
+	for _, want := range []string{"[updated] ConfigMap kube-system/kubeadm-config", "[updated] " + manifest, "[removed] " + filepath.Join(dir, "manifests", "konnectivity-server.yaml")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("konnect reset --kubeadm: no %q in:\n%s", want, out)
+		}
+	}
+	cm = kubeadmConfigMap(t, client)
+	if got := cm.Data[egress.KubeadmConfigKey]; strings.Contains(got, "extraArgs") || strings.Contains(got, "extraVolumes") {
+		t.Errorf("ClusterConfiguration after reset:\n%s", got)
+	}
+	got, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := egress.DecodePod(got, "after")
+	b, _ := egress.DecodePod([]byte(kubeadmPod), "kubeadm")
+	if !equality.Semantic.DeepEqual(a, b) {
+		t.Errorf("kube-apiserver.yaml after reset:\n%s\nwant kubeadm's:\n%s", got, kubeadmPod)
+	}
+	// On the next node the ClusterConfiguration is already back; the record still puts its manifest back.
+	if out := runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest); !strings.Contains(out, "[kept] ConfigMap") || !strings.Contains(out, "[kept] "+manifest) {
+		t.Errorf("second reset:\n%s", out)
+	}
+}
