@@ -206,6 +206,8 @@ type runner struct {
 	outcomes []outcome
 	// release lets go of --dir's lock.
 	release func()
+	// egressKept: the egress phase ran in this run and found the configuration as it was.
+	egressKept bool
 }
 
 type outcome struct {
@@ -324,7 +326,11 @@ func (r *runner) egress([]string) error {
 	if err != nil {
 		return err
 	}
-	return r.write(filepath.Join(r.o.Dir, EgressConfigFile), data, 0o644)
+	if err := r.write(filepath.Join(r.o.Dir, EgressConfigFile), data, 0o644); err != nil {
+		return err
+	}
+	r.egressKept = r.outcomes[len(r.outcomes)-1].action == pki.Kept
+	return nil
 }
 
 func (r *runner) flags([]string) error {
@@ -340,6 +346,7 @@ func (r *runner) flags([]string) error {
 		return err
 	}
 	path := r.o.APIServerManifest
+	r.keepUnannotated(patch, path)
 	if !r.o.DryRun {
 		// Before kube-apiserver.flags too: a refused phase writes nothing.
 		if err := requireFiles(patch); err != nil {
@@ -382,6 +389,23 @@ func (r *runner) manifestPatch(flags []egress.Flag) (egress.ManifestPatch, error
 	}
 	return egress.ManifestPatch{Flags: flags, Optional: egress.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
 		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}, nil
+}
+
+// keepUnannotated drops the egress configuration's annotation from patch when the manifest at path has none and
+// the egress phase of this run kept the configuration as it was: kubeadm wrote the manifest anew from a
+// ClusterConfiguration that carries konnect's flags (kubeadm join --control-plane, kubeadm upgrade), so
+// kube-apiserver started with this configuration, and adding the annotation would only restart it.
+func (r *runner) keepUnannotated(patch egress.ManifestPatch, path string) {
+	if !r.egressKept {
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	if pod, err := egress.DecodePod(data, path); err == nil && pod.Annotations[egress.EgressConfigAnnotation] == "" {
+		delete(patch.Annotations, egress.EgressConfigAnnotation)
+	}
 }
 
 // requireFiles refuses a patch that points kube-apiserver at a file that does not exist yet, as when the

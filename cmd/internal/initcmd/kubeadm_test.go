@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/konnect-dev/konnect/egress"
+	"sigs.k8s.io/yaml"
 )
 
 // kubeadmAPIServer is kube-apiserver.yaml as kubeadm 1.36 writes it (the flags that matter here).
@@ -136,6 +137,36 @@ func TestInitKubeadmAndReset(t *testing.T) {
 	}
 	if out := mustRun(t, args...); !strings.Contains(out, "[kept] ConfigMap kube-system/kubeadm-config") || !strings.Contains(out, "[kept] "+manifest) {
 		t.Fatalf("second run:\n%s", out)
+	}
+
+	// kubeadm writes the manifest anew from the ClusterConfiguration (upgrade, or a join of this node): konnect's
+	// flags and volumes are there, its annotations are not. init leaves it alone, sparing kube-apiserver a
+	// restart, unless the egress selector configuration changes.
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := egress.DecodePod(data, manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Annotations, egress.EgressConfigAnnotation)
+	delete(pod.Annotations, egress.AddedFlagsAnnotation)
+	rewritten, err := yaml.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, args...); !strings.Contains(out, "[kept] "+manifest) {
+		t.Fatalf("init on the manifest kubeadm wrote anew:\n%s", out)
+	}
+	if out := mustRun(t, append(args, "--mode", "http-connect")...); !strings.Contains(out, "[updated] "+manifest) {
+		t.Fatalf("init with a new egress selector configuration:\n%s", out)
+	}
+	if data, _ := os.ReadFile(manifest); !strings.Contains(string(data), egress.EgressConfigAnnotation) {
+		t.Fatalf("the new configuration did not annotate kube-apiserver, which would not restart:\n%s", data)
 	}
 
 	out = runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest)
