@@ -496,15 +496,11 @@ func cgroupMounts() []string {
 	return out
 }
 
-func (nc *nodeCluster) startNode(ctx context.Context, n *node) error {
-	for _, d := range []string{"containerd", "cni", "cni-ipam", "kubelet", "kubelet-certs", "pod-logs", "vp", "runc"} {
-		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
-			return err
-		}
-	}
-	// kubelet's cgroupRoot must exist in every hierarchy, with cpuset's cpus and mems filled in.
+// createCgroupRoot makes kubelet's cgroupRoot in every hierarchy, with cpuset's cpus and mems filled in: kubelet
+// needs it to exist.
+func createCgroupRoot(root string) error {
 	for _, m := range cgroupMounts() {
-		d := filepath.Join(m, n.cgroup)
+		d := filepath.Join(m, root)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("cgroup %s: %w", d, err)
 		}
@@ -515,6 +511,18 @@ func (nc *nodeCluster) startNode(ctx context.Context, n *node) error {
 				}
 			}
 		}
+	}
+	return nil
+}
+
+func (nc *nodeCluster) startNode(ctx context.Context, n *node) error {
+	for _, d := range []string{"containerd", "cni", "cni-ipam", "kubelet", "kubelet-certs", "pod-logs", "vp", "runc"} {
+		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := createCgroupRoot(n.cgroup); err != nil {
+		return err
 	}
 
 	n.sock = filepath.Join(n.dir, "containerd.sock")
