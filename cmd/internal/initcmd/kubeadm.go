@@ -155,8 +155,8 @@ the egress selector. With --kubeadm, the flags konnect recorded in kubeadm's Clu
 the values they had before (kubeadm's own, in the manifest), and the ClusterConfiguration loses konnect's
 extraArgs and extraVolumes: kubeadm upgrade and join write none of them back. The Konnectivity server's
 static pod DIR/manifests/konnectivity-server.yaml is removed. Certificates, keys and the other files
-konnect init wrote stay. Run it on every control-plane node; delete the agents with
-kubectl delete -k DIR/konnectivity-agent.`,
+konnect init wrote stay. Delete the agents first (kubectl delete -k DIR/konnectivity-agent), then run it
+on one control-plane node after the other, each kube-apiserver Ready again before the next.`,
 		Example: `  konnect reset --kubeadm`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
