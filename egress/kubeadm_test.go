@@ -209,3 +209,33 @@ func TestUnpatchPodRestoresKubeadmsManifest(t *testing.T) {
 		}
 	}
 }
+
+// Without a record (konnect reset without --kubeadm), UnpatchPod takes out what is konnect's alone: the egress
+// selector flag, the flags it added on request, its volumes and annotations.
+func TestUnpatchPodWithoutRecord(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	before, after := patchedPair(t, p)
+	changed, err := UnpatchPod(after, KubeadmRecord{})
+	if err != nil || !changed {
+		t.Fatalf("changed %v err %v", changed, err)
+	}
+	c := apiserverOf(t, after)
+	for _, gone := range []string{"egress-selector-config-file", "enable-aggregator-routing"} {
+		if v := lookupFlag(c, gone); len(v) > 0 || hasFlag(c, gone) {
+			t.Errorf("--%s is still there: %v", gone, v)
+		}
+	}
+	for _, v := range after.Spec.Volumes {
+		if konnectVolume(v.Name) {
+			t.Errorf("volume %s is still there", v.Name)
+		}
+	}
+	if len(after.Annotations) != len(before.Annotations) {
+		t.Errorf("annotations %v, want %v", after.Annotations, before.Annotations)
+	}
+	if len(c.VolumeMounts) != len(apiserverOf(t, before).VolumeMounts) {
+		t.Errorf("volume mounts %v", c.VolumeMounts)
+	}
+}
