@@ -354,8 +354,12 @@ func (kc *kadmCluster) mountNamespaces() error {
 				return err
 			}
 		}
-		if err := os.MkdirAll(filepath.Join(n.dir, "logs"), 0o755); err != nil {
-			return err
+		// logs; and kubelet's static pod directory, which the kubelet package makes on a node (kubelet on a
+		// worker would complain every second without it).
+		for _, d := range []string{"logs", filepath.Join("etc-kubernetes", "manifests")} {
+			if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
+				return err
+			}
 		}
 		resolv := filepath.Join(n.dir, "resolv.conf")
 		if err := os.WriteFile(resolv, nil, 0o644); err != nil {

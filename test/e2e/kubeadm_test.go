@@ -32,6 +32,11 @@ func TestKubeadm(t *testing.T) {
 	start := time.Now()
 	kc := sharedKubeadmCluster(t)
 	defer func() { t.Logf("kubeadm scenarios took %v (cluster included)", time.Since(start).Round(time.Second)) }()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("konnect's pods (last 30 lines each):%s", kc.konnectPodLogs())
+		}
+	})
 	for _, s := range []struct {
 		name string
 		fn   func(t *testing.T)
@@ -52,6 +57,27 @@ func TestKubeadm(t *testing.T) {
 			t.FailNow()
 		}
 	}
+}
+
+// konnectPodLogs returns the tail of every konnect server's and agent's container log on every node.
+func (kc *kadmCluster) konnectPodLogs() string {
+	var b strings.Builder
+	for _, n := range kc.nodes {
+		logs, _ := filepath.Glob(filepath.Join(n.dir, "var-log-pods", "kube-system_konnectivity-*", "*", "*.log"))
+		for _, l := range logs {
+			data, _ := os.ReadFile(l)
+			fmt.Fprintf(&b, "\n===== %s: %s =====\n%s\n", n.name, strings.TrimPrefix(l, n.dir), harness.Tail(lastLines(string(data), 30), 6000))
+		}
+	}
+	return b.String()
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
 
 // kubeadmSuccess are the lines kubeadm prints when init or a join succeeded.
@@ -187,8 +213,30 @@ func (kc *kadmCluster) joinWorkers(t *testing.T) {
 		return nil
 	})
 	if out, err := kc.kubectl(ctx, nsCP, "-n", "kube-system", "rollout", "status", "ds/konnectivity-agent", "--timeout=3m"); err != nil {
-		t.Fatalf("agent DaemonSet rollout: %v\n%s", err, out)
+		t.Fatalf("agent DaemonSet rollout: %v\n%s\nthe agents' readiness:\n%s", err, out, kc.agentsReadiness(ctx))
 	}
+}
+
+// agentsReadiness is each agent's /readyz?verbose, from its node's network namespace.
+func (kc *kadmCluster) agentsReadiness(ctx context.Context) string {
+	var b strings.Builder
+	nc := &nodeCluster{cluster: kc.cluster}
+	for _, n := range kc.nodes {
+		pod, err := nc.agentPod(ctx, n.name)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", n.name, err)
+			continue
+		}
+		ip, err := kc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pod", pod, "-o", "jsonpath={.status.podIP}")
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", n.name, err)
+			continue
+		}
+		var body string
+		err = httpGetOK(ctx, nsHTTPClient(n.ns, nil, 5*time.Second), "http://"+net.JoinHostPort(strings.TrimSpace(ip), "8093")+"/readyz?verbose", &body)
+		fmt.Fprintf(&b, "%s (%s): %v\n%s\n", n.name, pod, err, body)
+	}
+	return b.String()
 }
 
 // deployExtensions runs sample-apiserver on w1 and pizza-webhook on w2 (host network: the server's destHost
@@ -724,6 +772,11 @@ func (kc *kadmCluster) rollServers(t *testing.T) {
 			l.finish()
 			t.Fatal(err)
 		}
+		// Why the drain: kube-apiserver reports Ready with its node's server gone, and fails what goes through it.
+		if err := kc.checkReadyWithoutServer(t, ctx, n); err != nil {
+			l.finish()
+			t.Fatal(err)
+		}
 		if err := os.Rename(parked, path); err != nil {
 			l.finish()
 			t.Fatal(err)
@@ -740,6 +793,25 @@ func (kc *kadmCluster) rollServers(t *testing.T) {
 	if l.failed != 0 {
 		t.Errorf("rolling restart of the servers: %s, want none", l)
 	}
+}
+
+// checkReadyWithoutServer asks n's kube-apiserver directly, while n's server is stopped: /readyz must answer 200,
+// and a request for the APIService must fail.
+func (kc *kadmCluster) checkReadyWithoutServer(t *testing.T, ctx context.Context, n *kadmNode) error {
+	client, err := kc.apiHTTPClientLB()
+	if err != nil {
+		return err
+	}
+	base := "https://" + net.JoinHostPort(n.addr, "6443")
+	if err := httpGetOK(ctx, client, base+"/readyz", nil); err != nil {
+		return fmt.Errorf("%s's kube-apiserver with its server stopped: %w", n.name, err)
+	}
+	err = httpGetOK(ctx, client, base+flundersPath, nil)
+	if err == nil {
+		return fmt.Errorf("%s's kube-apiserver served flunders with its node's server stopped", n.name)
+	}
+	t.Logf("%s's kube-apiserver with its server stopped: /readyz 200, flunders: %s", n.name, tailString(err.Error(), 200))
+	return nil
 }
 
 // remove runs the README's removal: the agents deleted, then konnect reset --kubeadm on one control-plane node
