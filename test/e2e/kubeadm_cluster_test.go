@@ -754,8 +754,9 @@ func (kc *kadmCluster) restartExited(n *kadmNode) {
 	}
 }
 
-// readmeBlocks returns the shell blocks of the README's kubeadm section, by the name in the HTML comment
-// `<!-- kubeadm:NAME -->` that precedes each.
+// readmeBlocks returns the shell blocks of the README's kubeadm section, by the step named in the HTML
+// comment that precedes each, `<!-- needs: a kubeadm cluster (step NAME), covered by TestKubeadm -->`, the
+// marker by which TestREADME leaves them to this test.
 func readmeBlocks() (map[string]string, error) {
 	root, err := harness.RepoRoot()
 	if err != nil {
@@ -767,7 +768,7 @@ func readmeBlocks() (map[string]string, error) {
 	}
 	defer f.Close()
 	blocks := map[string]string{}
-	mark := regexp.MustCompile(`^<!-- kubeadm:([a-z0-9-]+) -->$`)
+	mark := regexp.MustCompile(`^<!-- needs: a kubeadm cluster \(step ([a-z0-9-]+)\), covered by TestKubeadm -->$`)
 	sc := bufio.NewScanner(f)
 	name, in := "", false
 	var body []string
@@ -790,7 +791,7 @@ func readmeBlocks() (map[string]string, error) {
 	}
 	for _, want := range kadmBlocks {
 		if blocks[want] == "" {
-			return nil, fmt.Errorf("README.md has no block <!-- kubeadm:%s --> followed by a ```sh block", want)
+			return nil, fmt.Errorf("README.md has no block marked (step %s) followed by a ```sh block", want)
 		}
 	}
 	return blocks, nil
