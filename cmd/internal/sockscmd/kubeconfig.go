@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -92,7 +93,7 @@ func (o *SetProxyOptions) kubeconfigPath() (string, error) {
 
 // Run sets (or clears) proxy-url on the cluster of the context, after saving a backup of the file next to it
 // (PATH.konnect-backup, or PATH.konnect-backup.N when earlier runs left one). Only that line of the file
-// changes. It reports what it did to out.
+// changes. It writes nothing where another user could redirect it. It reports what it did to out.
 func (o *SetProxyOptions) Run(out io.Writer) error {
 	if o.Context == "" {
 		return errors.New("--context: required")
@@ -104,7 +105,20 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	orig, err := os.ReadFile(path)
+	// Write through a symlink (a kubeconfig kept with one's dotfiles), as kubectl does, instead of replacing
+	// the link with a file; but only a link, and to a file, that no other user could change.
+	file, err := safepath.Resolve(path)
+	if errors.Is(err, safepath.ErrShared) {
+		return fmt.Errorf("--kubeconfig: refusing to write %s: %w", path, err)
+	}
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %s: %w", path, err)
+	}
+	st, err := os.Stat(file)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	orig, err := os.ReadFile(file)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
@@ -132,16 +146,6 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	data, err := setProxyURL(orig, kctx.Cluster, o.ProxyURL)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %s: %w", path, err)
-	}
-	// Write through a symlink (a kubeconfig kept with one's dotfiles), as kubectl does, instead of
-	// replacing the link with a file.
-	file, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return fmt.Errorf("--kubeconfig: %w", err)
-	}
-	st, err := os.Stat(file)
-	if err != nil {
-		return fmt.Errorf("--kubeconfig: %w", err)
 	}
 	mode := st.Mode().Perm()
 	backup, err := writeBackup(file, orig, mode)
@@ -174,7 +178,8 @@ func NewKubeconfigCommand() *cobra.Command {
 client-go program reach that API server through the proxy, e.g. konnect socks. client-go accepts http,
 https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). An empty --proxy-url
 removes the setting. Only that line of the file changes: its order and comments stay. The previous file is
-kept as PATH.konnect-backup; a later run keeps it and numbers its own (PATH.konnect-backup.2, ...).`,
+kept as PATH.konnect-backup; a later run keeps it and numbers its own (PATH.konnect-backup.2, ...).
+A symlink is written through only when no other user could change it or what it leads to.`,
 		Example: `  konnect kubeconfig set-proxy --context prod --proxy-url socks5://127.0.0.1:1080`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -108,6 +108,41 @@ func TestKubeconfigSetProxyThroughSymlink(t *testing.T) {
 	}
 }
 
+// A kubeconfig that is, or leads through, a symlink another user owns is refused, naming the file; the file
+// the link leads to is left as it was, and no backup is written beside it.
+func TestKubeconfigSetProxyRefusesForeignSymlink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving a symlink to another user needs root")
+	}
+	const other = 65534
+	dotfiles, home := t.TempDir(), t.TempDir()
+	target := filepath.Join(dotfiles, "kubeconfig")
+	os.WriteFile(target, []byte(testKubeconfig), 0o600)
+	theirs := filepath.Join(home, "theirs")
+	if err := os.Symlink(target, theirs); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(theirs, other, other); err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join(home, "config")
+	if err := os.Symlink(theirs, mine); err != nil {
+		t.Fatal(err)
+	}
+	for _, kc := range []string{theirs, mine} {
+		_, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080")
+		if err == nil || !strings.Contains(err.Error(), "--kubeconfig: refusing to write "+kc) || !strings.Contains(err.Error(), "symlink "+theirs+" belongs to uid 65534") {
+			t.Errorf("--kubeconfig %s: %v, want a refusal naming it and the other user's link", kc, err)
+		}
+	}
+	if b, _ := os.ReadFile(target); string(b) != testKubeconfig {
+		t.Errorf("the file the link leads to was changed")
+	}
+	if entries, _ := os.ReadDir(dotfiles); len(entries) != 1 {
+		t.Errorf("%s holds %d files, want only the kubeconfig (no backup, no lock)", dotfiles, len(entries))
+	}
+}
+
 func TestKubeconfigSetProxyErrors(t *testing.T) {
 	dir := t.TempDir()
 	kc := filepath.Join(dir, "config")
