@@ -93,8 +93,10 @@ func (o *SetProxyOptions) kubeconfigPath() (string, error) {
 
 // Run sets (or clears) proxy-url on the cluster of the context, after saving a backup of the file next to it
 // (PATH.konnect-backup, or PATH.konnect-backup.N when earlier runs left one). Only that line of the file
-// changes. It writes nothing where another user could redirect it. It reports what it did to out.
-func (o *SetProxyOptions) Run(out io.Writer) error {
+// changes. It holds kubectl's lock on the file from reading it to writing it, waiting for kubectl or another
+// run to finish (said on errOut), and writes nothing where another user could redirect it. It reports what
+// it did to out.
+func (o *SetProxyOptions) Run(out, errOut io.Writer) error {
 	if o.Context == "" {
 		return errors.New("--context: required")
 	}
@@ -118,6 +120,13 @@ func (o *SetProxyOptions) Run(out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
+	release, err := lockKubeconfig([]string{path, file}, kubeconfigLockWait, func(lock, holder string) {
+		fmt.Fprintf(errOut, "Waiting for %s, which holds %s (at most %s)...\n", holder, lock, kubeconfigLockWait)
+	})
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	defer release()
 	orig, err := os.ReadFile(file)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
@@ -179,14 +188,16 @@ client-go program reach that API server through the proxy, e.g. konnect socks. c
 https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). An empty --proxy-url
 removes the setting. Only that line of the file changes: its order and comments stay. The previous file is
 kept as PATH.konnect-backup; a later run keeps it and numbers its own (PATH.konnect-backup.2, ...).
-A symlink is written through only when no other user could change it or what it leads to.`,
+While it reads and writes the file it holds PATH.lock, the lock kubectl takes, so that it never loses a
+change that kubectl config or another run makes at the same time; it waits for another holder. A symlink
+is written through only when no other user could change it or what it leads to.`,
 		Example: `  konnect kubeconfig set-proxy --context prod --proxy-url socks5://127.0.0.1:1080`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("proxy-url") {
 				return errors.New("--proxy-url: required (an empty value removes the setting)")
 			}
-			return o.Run(cmd.OutOrStdout())
+			return o.Run(cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	set.Flags().StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file to edit. Default: the first file in $KUBECONFIG, else ~/.kube/config.")
