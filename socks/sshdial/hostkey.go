@@ -5,13 +5,18 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 	"k8s.io/klog/v2"
@@ -30,6 +35,9 @@ type HostKeyError struct {
 	Changed bool
 	Revoked bool
 	Known   []string
+	// Unrecorded is why --accept-new did not record an unknown host's key: the file is one another user
+	// could redirect (wraps safepath.ErrShared). Retrying cannot help, so the host is not trusted.
+	Unrecorded error
 }
 
 func (e *HostKeyError) Error() string {
@@ -43,12 +51,17 @@ func (e *HostKeyError) Error() string {
 			"(man-in-the-middle attack), or the host key has just been changed. Refusing to connect. "+
 			"If the change is expected, remove the old entry with: ssh-keygen -R '%s' -f %s",
 			e.Host, e.KeyType, e.Fingerprint, strings.Join(e.Known, ", "), e.Host, e.KnownHostsFile)
+	case e.Unrecorded != nil:
+		return fmt.Sprintf("host key for %s is not known: %s %s, and --accept-new cannot record it: %v",
+			e.Host, e.KeyType, e.Fingerprint, e.Unrecorded)
 	default:
 		return fmt.Sprintf("host key for %s is not known: %s %s. Verify this fingerprint with the server's "+
 			"administrator, then add this line to %s (or run once with --accept-new):\n%s",
 			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile, e.Line)
 	}
 }
+
+func (e *HostKeyError) Unwrap() error { return e.Unrecorded }
 
 // knownHosts checks host keys against one known_hosts file and, with acceptNew, appends unknown hosts.
 type knownHosts struct {
@@ -276,7 +289,10 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 			if hash {
 				line = knownhosts.Line([]string{knownhosts.HashHostname(hke.Host)}, key)
 			}
-			if err := k.appendLine(line); err != nil {
+			if err := k.appendLine(line); errors.Is(err, safepath.ErrShared) {
+				hke.Unrecorded = err
+				return hke
+			} else if err != nil {
 				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.file, err)
 			}
 			klog.InfoS("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,
@@ -288,30 +304,79 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 	}
 }
 
-// appendLine adds one line to the known_hosts file, creating it (0600, directory 0700) if needed, and syncs.
+// appendLine adds one line to the known_hosts file, as OpenSSH's add_host_to_hostfile does: in one write in
+// append mode, so that an ssh recording another host at the same time loses nothing, after a newline if the
+// last line has none. A new file is created mode 0644 less the umask, as ssh creates it (0600 under umask
+// 077; never writable by others), and appears whole: written beside it, then linked into place. Missing
+// directories are created 0700.
+//
+// A symlink is written through, as ssh does, but only where no other user could redirect the write
+// (safepath.Resolve): ssh follows any link, so that a user who can plant or change one makes --accept-new
+// append to a file of their choosing.
 func (k *knownHosts) appendLine(line string) error {
-	if err := os.MkdirAll(filepath.Dir(k.file), 0o700); err != nil {
-		return err
+	file, err := safepath.Resolve(k.file)
+	if errors.Is(err, safepath.ErrShared) {
+		return fmt.Errorf("refusing to write %s: %w", k.file, err)
 	}
-	f, err := os.OpenFile(k.file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
-	// Keep the file well formed if its last line has no newline.
-	if st, err := f.Stat(); err == nil && st.Size() > 0 {
-		if b, err := os.ReadFile(k.file); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return err
+	}
+	if err := createWhole(file, []byte(line+"\n")); !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	// O_NOFOLLOW: file is what the link led to; only root or we could have put a link there since.
+	f, err := os.OpenFile(file, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return err
+	} else if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", file)
+	} else if size := st.Size(); size > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, size-1); err == nil && last[0] != '\n' {
 			line = "\n" + line
 		}
 	}
 	if _, err := f.WriteString(line + "\n"); err != nil {
-		f.Close()
 		return err
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
 		return err
 	}
 	return f.Close()
+}
+
+// createWhole creates path holding data, mode 0644 less the umask, or fails with fs.ErrExist when something
+// is there already. Whoever reads path sees no file or the whole of it.
+func createWhole(path string, data []byte) (err error) {
+	var tmp *os.File
+	for range 100 {
+		name := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-"+strconv.FormatUint(rand.Uint64(), 36))
+		if tmp, err = os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err = tmp.Write(data); err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	// A hard link never replaces what is there.
+	return os.Link(tmp.Name(), path)
 }
 
 func keyTypeName(k ssh.PublicKey) string {
