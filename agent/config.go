@@ -142,6 +142,9 @@ func (c *Config) validate() error {
 		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 			return fmt.Errorf("agent: server address %q: bad port", s)
 		}
+		if err := pki.CheckDialable(host); err != nil {
+			return fmt.Errorf("agent: server address %q: %w", s, err)
+		}
 	}
 	if c.AgentID == "" {
 		return errors.New("agent: empty agent ID")
@@ -190,10 +193,16 @@ func SplitServers(hosts string, port int) ([]string, error) {
 	return out, nil
 }
 
-// validateServerHost checks one server host. A fully qualified name may end in a dot, as in
-// konnectivity-server.kube-system.svc.cluster.local., which skips the resolver's search domains.
+// validateServerHost checks one server host: a name or an address an agent can dial (not 0.0.0.0, ::, a
+// multicast or the broadcast address, where a dial reaches no server or the agent's own host). A fully
+// qualified name may end in a dot, as in konnectivity-server.kube-system.svc.cluster.local., which skips the
+// resolver's search domains.
 func validateServerHost(host string) error {
-	return pki.ValidateAddress(strings.TrimSuffix(strings.ToLower(host), "."))
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if err := pki.ValidateAddress(host); err != nil {
+		return err
+	}
+	return pki.CheckDialable(host)
 }
 
 // flowOffer is the window the agent grants each connection for data from a server.

@@ -60,10 +60,30 @@ func TestSplitServers(t *testing.T) {
 		{"999.1.1.1", "", true},
 		{"a.example.", "a.example.:8091", false},
 		{"a.example,999.1.1.1:9", "", true},
+		// Addresses nobody can dial to reach a server.
+		{"0.0.0.0", "", true},
+		{"::", "", true},
+		{"[::]:9", "", true},
+		{"0.0.0.0:8132", "", true},
+		{"a.example,224.0.0.1", "", true},
+		{"ff02::1", "", true},
+		{"255.255.255.255", "", true},
+		{"::ffff:0.0.0.0", "", true},
+		{"10.255.255.255", "10.255.255.255:8091", false},
 	} {
 		got, err := SplitServers(tc.in, 8091)
 		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
 			t.Errorf("SplitServers(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+}
+
+// New refuses a server address that no dial reaches a server at, as --proxy-server-host does.
+func TestNewRefusesUndialableServers(t *testing.T) {
+	for _, s := range []string{"0.0.0.0:8132", "[::]:8132", "224.0.0.1:8132", "255.255.255.255:8132", "[::ffff:0.0.0.0]:8132"} {
+		_, err := New(Config{Servers: []string{"127.0.0.1:8132", s}, AgentID: "a"})
+		if err == nil || !strings.Contains(err.Error(), s) {
+			t.Errorf("server %s: %v, want an error naming it", s, err)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/konnect-dev/konnect/pki"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -110,6 +111,10 @@ func (a Agent) Validate() error {
 		}
 		if err := checkHost("konnectivity-agent: --proxy-server-host", host); err != nil {
 			return err
+		}
+		// An agent dialling 0.0.0.0 or :: reaches its own node, never the server.
+		if err := pki.CheckDialable(host); err != nil {
+			return fmt.Errorf("konnectivity-agent: --proxy-server-host: %w", err)
 		}
 	}
 	if err := checkPort("konnectivity-agent: --proxy-server-port", a.ProxyServerPort); err != nil {

@@ -284,6 +284,14 @@ func badInputCases() []badInputCase {
 			want: []string{"--proxy-server-port", "70000"},
 		},
 		{
+			name: "agent/proxy-server-host-unspecified",
+			setup: func(t *testing.T) ([]string, string) {
+				d := copyBase(t)
+				return agentArgs(d, []int{harness.FreePort(t)}, harness.FreePort(t), harness.FreePort(t), "--proxy-server-host", "127.0.0.1,[::]:8132"), d
+			},
+			want: []string{"--proxy-server-host", ":: is the unspecified address"},
+		},
+		{
 			name: "proxy/port-out-of-range",
 			setup: func(t *testing.T) ([]string, string) {
 				d := shortDir(t)

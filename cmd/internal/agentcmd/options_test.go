@@ -127,6 +127,10 @@ func TestValidate(t *testing.T) {
 		{"health host", []string{"--health-server-host=999.1.1.1"}, "--health-server-host"},
 		{"health host name", []string{"--health-server-host=node-1.example"}, ""},
 		{"server name with a final dot", []string{"--proxy-server-host=konnectivity-server.kube-system.svc.cluster.local."}, ""},
+		{"unspecified server", []string{"--proxy-server-host=0.0.0.0"}, "--proxy-server-host: 0.0.0.0 is the unspecified address"},
+		{"unspecified IPv6 server in a list", []string{"--proxy-server-host=10.0.0.1,[::]:8132"}, "--proxy-server-host: :: is the unspecified address"},
+		{"multicast server", []string{"--proxy-server-host=224.0.0.1"}, "--proxy-server-host: 224.0.0.1 is a multicast address"},
+		{"broadcast server", []string{"--proxy-server-host=255.255.255.255"}, "--proxy-server-host: 255.255.255.255 is the broadcast address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := NewOptions()
