@@ -2,9 +2,10 @@
 // a Kubernetes API server with the credentials of a kubeconfig, so that curl, browsers and scripts can reach
 // the API without handling certificates or tokens.
 //
-// It keeps kubectl proxy's request filter exactly (accepted Host headers, accepted and rejected paths,
-// rejected methods), because its defaults are what stop a web page in the user's browser from reaching the
-// cluster through the proxy (DNS rebinding, kubernetes issue 8871). It streams watches, passes protocol
+// It keeps kubectl proxy's request filter (accepted Host headers, accepted and rejected paths, rejected
+// methods), because its defaults are what stop a web page in the user's browser from reaching the cluster
+// through the proxy (DNS rebinding, kubernetes issue 8871); its default rejected paths add the kubelet's
+// exec, attach, run and portForward through the node proxy to kubectl's (see DefaultRejectPaths). It streams watches, passes protocol
 // upgrades (exec, attach, port-forward over SPDY or WebSocket) when the filter allows them, honours the
 // kubeconfig's proxy-url, and can instead carry its traffic over an injected dialer, such as an SSH
 // connection.

@@ -11,7 +11,8 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Defaults of kubectl proxy's filter, spelled as kubectl spells them on its command line.
+// Defaults of the filter, spelled as kubectl spells them on its command line: kubectl proxy's, except that
+// DefaultRejectPaths also refuses the node proxy's way to the same calls.
 const (
 	// DefaultAcceptHosts accepts only Host headers that name the loopback interface, which is what defeats
 	// DNS rebinding (kubernetes issue 8871): a page served from evil.example that rebinds its name to
@@ -19,8 +20,16 @@ const (
 	DefaultAcceptHosts = `^localhost$,^127\.0\.0\.1$,^\[::1\]$`
 	// DefaultAcceptPaths accepts every path.
 	DefaultAcceptPaths = `^.*`
-	// DefaultRejectPaths refuses exec and attach, the two calls that run commands in a pod.
-	DefaultRejectPaths = `^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach`
+	// KubectlRejectPaths is kubectl proxy's default --reject-paths: exec and attach, the two calls that
+	// run commands in a pod.
+	KubectlRejectPaths = `^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach`
+	// NodeProxyRejectPaths refuses the kubelet API's exec, attach, run and portForward reached through a
+	// node's proxy subresource (/api/v1/nodes/NODE[:PORT]/proxy/exec/NS/POD/CONTAINER, ...), which
+	// kube-apiserver forwards to the kubelet as they are: they run commands in any pod on the node, and
+	// kubectl's default lets them through.
+	NodeProxyRejectPaths = `^/api/v1/nodes/[^/]+/proxy/(exec|attach|run|portForward)(/|$)`
+	// DefaultRejectPaths is kubectl's, and the node proxy's way to the same.
+	DefaultRejectPaths = KubectlRejectPaths + "," + NodeProxyRejectPaths
 	// DefaultRejectMethods refuses no method.
 	DefaultRejectMethods = `^$`
 )
@@ -51,7 +60,7 @@ type FilterSpec struct {
 	RejectMethods string
 }
 
-// DefaultFilterSpec returns kubectl proxy's default filter.
+// DefaultFilterSpec returns konnect proxy's default filter: kubectl proxy's, and NodeProxyRejectPaths.
 func DefaultFilterSpec() FilterSpec {
 	return FilterSpec{
 		AcceptPaths:   DefaultAcceptPaths,

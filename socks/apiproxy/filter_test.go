@@ -9,12 +9,14 @@ import (
 	kubectlproxy "k8s.io/kubectl/pkg/proxy"
 )
 
-// The defaults must be kubectl's, character for character.
+// The defaults must be kubectl's, character for character, but for the node proxy's paths that
+// --reject-paths adds to kubectl's.
 func TestDefaultsAreKubectls(t *testing.T) {
 	for _, c := range []struct{ name, ours, kubectl string }{
 		{"accept-hosts", DefaultAcceptHosts, kubectlproxy.DefaultHostAcceptRE},
 		{"accept-paths", DefaultAcceptPaths, kubectlproxy.DefaultPathAcceptRE},
-		{"reject-paths", DefaultRejectPaths, kubectlproxy.DefaultPathRejectRE},
+		{"reject-paths", KubectlRejectPaths, kubectlproxy.DefaultPathRejectRE},
+		{"reject-paths", DefaultRejectPaths, kubectlproxy.DefaultPathRejectRE + "," + NodeProxyRejectPaths},
 		{"reject-methods", DefaultRejectMethods, kubectlproxy.DefaultMethodRejectRE},
 	} {
 		if c.ours != c.kubectl {
@@ -75,7 +77,8 @@ func TestFilterAllows(t *testing.T) {
 }
 
 // Where kubectl's own filter and ours see the same request, they must decide the same; the only
-// difference is the bracketed IPv6 loopback with a port, which kubectl refuses against its own default.
+// differences are the bracketed IPv6 loopback with a port, which kubectl refuses against its own default,
+// and the node proxy's exec, which kubectl lets through (TestFilterRefusesNodeProxyExec).
 func TestFilterAgreesWithKubectl(t *testing.T) {
 	ours := mustFilter(t, DefaultFilterSpec())
 	theirs := &kubectlproxy.FilterServer{

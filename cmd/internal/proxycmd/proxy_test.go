@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
@@ -63,6 +64,23 @@ var kubectlGlobalFlags = []string{
 	"request-timeout", "cache-dir", "profile", "profile-output", "log-flush-frequency", "match-server-version", "warnings-as-errors",
 }
 
+// konnectDefaults are the kubectl proxy flags whose default konnect changes on purpose, and how: the
+// kubelet's exec, attach, run and portForward through the node proxy are refused too.
+var konnectDefaults = map[string]string{
+	"reject-paths": `^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach,` + apiproxy.NodeProxyRejectPaths,
+}
+
+// kubectlDefault is what konnect's default for kubectl's flag name must be, given kubectl's.
+func kubectlDefault(name, kubectls string) string {
+	if d, ok := konnectDefaults[name]; ok {
+		if !strings.HasPrefix(d, kubectls+",") {
+			return "kubectl's " + kubectls + " followed by konnect's additions"
+		}
+		return d
+	}
+	return kubectls
+}
+
 // konnectFlags are konnect's additions; a new flag has to be added here on purpose.
 // The SSH flags, shared with konnect socks, are checked where they are defined.
 var konnectFlags = []string{"allow-remote", "max-connections", "backend-http2", "via", "health-listen", "help"}
@@ -80,8 +98,8 @@ func TestFlagsMatchKubectlProxy(t *testing.T) {
 		if got.Shorthand != f.short {
 			t.Errorf("--%s: shorthand %q, kubectl has %q", f.name, got.Shorthand, f.short)
 		}
-		if got.DefValue != f.def {
-			t.Errorf("--%s: default %q, kubectl has %q", f.name, got.DefValue, f.def)
+		if want := kubectlDefault(f.name, f.def); got.DefValue != want {
+			t.Errorf("--%s: default %q, want %q (kubectl has %q)", f.name, got.DefValue, want, f.def)
 		}
 	}
 	for _, n := range append(append([]string{}, kubectlGlobalFlags...), konnectFlags...) {
@@ -129,7 +147,7 @@ func TestFlagsMatchInstalledKubectl(t *testing.T) {
 			t.Errorf("kubectl has --%s; konnect proxy does not", name)
 			continue
 		}
-		if got.Shorthand != short || got.DefValue != def {
+		if got.Shorthand != short || got.DefValue != kubectlDefault(name, def) {
 			t.Errorf("--%s: konnect -%s default %q; kubectl -%s default %q", name, got.Shorthand, got.DefValue, short, def)
 		}
 	}
