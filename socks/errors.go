@@ -58,9 +58,10 @@ func replyCode(err error) byte {
 	}
 }
 
-// httpStatus maps a dial error to the status a proxy answers with: 503 when a hop of the proxy's own route
-// is down, 504 when the destination did not answer in time, else 502.
-func httpStatus(err error) int {
+// HTTPStatus maps a dial error to the status a proxy answers with: 503 when a hop of the proxy's own route
+// is down (an error with a Hop method, see above), 504 when the destination did not answer in time, else
+// 502.
+func HTTPStatus(err error) int {
 	if _, ok := failedHop(err); ok {
 		return http.StatusServiceUnavailable
 	}
@@ -85,7 +86,7 @@ func dialReason(target string, err error) string {
 		why = "host unreachable"
 	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
 		why = "not allowed"
-	case httpStatus(err) == http.StatusGatewayTimeout:
+	case HTTPStatus(err) == http.StatusGatewayTimeout:
 		why = "timed out"
 	default:
 		why = err.Error()
@@ -105,7 +106,9 @@ const (
 	failureLogEvery = time.Second
 )
 
-type failureLog struct {
+// FailureLog is the one rate limit of konnect's local proxies on logging failed requests (see
+// failureLogBurst): Server's and apiproxy's each keep one. The zero value is ready to use.
+type FailureLog struct {
 	mu         sync.Mutex
 	tokens     float64
 	last       time.Time
@@ -113,7 +116,7 @@ type failureLog struct {
 }
 
 // allow reports whether a line may be written now, and how many were left out before it.
-func (l *failureLog) allow(now time.Time) (ok bool, suppressed int) {
+func (l *FailureLog) allow(now time.Time) (ok bool, suppressed int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.last.IsZero() {
@@ -131,15 +134,20 @@ func (l *failureLog) allow(now time.Time) (ok bool, suppressed int) {
 	return true, suppressed
 }
 
-// logDialFailure logs a request whose dial failed, with what the client was answered.
-func (s *Server) logDialFailure(kind string, remote net.Addr, dest string, answer any, err error) {
-	ok, suppressed := s.failures.allow(time.Now())
+// Log writes msg with the key/value pairs kv at the default level, unless the limit leaves it out; a line
+// written after some were left out says how many ("suppressedBefore").
+func (l *FailureLog) Log(msg string, kv ...any) {
+	ok, suppressed := l.allow(time.Now())
 	if !ok {
 		return
 	}
-	kv := []any{"kind", kind, "remote", remote, "dest", dest, "answer", answer, "err", err}
 	if suppressed > 0 {
 		kv = append(kv, "suppressedBefore", suppressed)
 	}
-	klog.InfoS("Proxy request failed", kv...)
+	klog.InfoS(msg, kv...)
+}
+
+// logDialFailure logs a request whose dial failed, with what the client was answered.
+func (s *Server) logDialFailure(kind string, remote net.Addr, dest string, answer any, err error) {
+	s.failures.Log("Proxy request failed", "kind", kind, "remote", remote, "dest", dest, "answer", answer, "err", err)
 }

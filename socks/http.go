@@ -187,7 +187,7 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 	// As for SOCKS5: the reply's deadline starts after the dial.
 	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
-		code := httpStatus(err)
+		code := HTTPStatus(err)
 		s.logDialFailure("http connect", c.RemoteAddr(), target, code, err)
 		writeHTTPError(c, s.name(), code, dialReason(target, err))
 		return
@@ -230,7 +230,7 @@ func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) boo
 	}
 	resp, err := s.transport.RoundTrip(out)
 	if err != nil {
-		code := httpStatus(err)
+		code := HTTPStatus(err)
 		s.logDialFailure("http", c.RemoteAddr(), req.URL.Host, code, err)
 		writeHTTPError(c, s.name(), code, dialReason(req.URL.Host, err))
 		return false

@@ -91,7 +91,7 @@ type Server struct {
 	limit     *ConnLimit
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
-	failures  failureLog
+	failures  FailureLog
 }
 
 func (s *Server) name() string {

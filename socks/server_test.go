@@ -492,8 +492,8 @@ func TestDialErrors(t *testing.T) {
 		if got := replyCode(tc.err); got != tc.reply {
 			t.Errorf("replyCode(%v) = %d, want %d", tc.err, got, tc.reply)
 		}
-		if got := httpStatus(tc.err); got != tc.code {
-			t.Errorf("httpStatus(%v) = %d, want %d", tc.err, got, tc.code)
+		if got := HTTPStatus(tc.err); got != tc.code {
+			t.Errorf("HTTPStatus(%v) = %d, want %d", tc.err, got, tc.code)
 		}
 	}
 }
@@ -544,7 +544,7 @@ func TestDialErrorsNameTheHop(t *testing.T) {
 // Failed requests are logged at the default level, a burst and then one per second, and the next line says
 // how many were left out.
 func TestFailureLogIsRateLimited(t *testing.T) {
-	var l failureLog
+	var l FailureLog
 	now := time.Unix(1000, 0)
 	written := 0
 	for range 100 {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks"
 	"golang.org/x/net/http/httpguts"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
@@ -69,6 +70,8 @@ type Handler struct {
 	// target and backend are where and how the API is reached; Probe uses them too.
 	target  *url.URL
 	backend http.RoundTripper
+	// failures rate-limits the log lines of failed requests, as konnect socks does.
+	failures socks.FailureLog
 }
 
 // NewHandler builds the handler and its connections' configuration; it dials nothing yet.
@@ -185,7 +188,7 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 		// others are complete documents that need no timed flushes.
 		FlushInterval: 0,
 		BufferPool:    newBufferPool(copyBufferSize),
-		ErrorHandler:  proxyError,
+		ErrorHandler:  h.proxyError,
 		ErrorLog:      klog.NewStandardLogger("WARNING"),
 	}
 	var api http.Handler = rp
@@ -198,14 +201,19 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 	return api, nil
 }
 
-// proxyError answers a request that could not be forwarded. A client that went away is not an error.
-func proxyError(w http.ResponseWriter, r *http.Request, err error) {
+// proxyError answers a request that could not be forwarded, as konnect socks answers one: 503 when a hop
+// of the dialer's route is down (with --via, the SSH server), 504 when the API server did not answer in
+// time, else 502 (the API server refused, as the SSH server reports it with --via). The body is the error,
+// which names the hop. Failures are logged at the default level, rate-limited. A client that went away is
+// not an error.
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		klog.V(4).InfoS("Client went away", "method", r.Method, "path", r.URL.Path, "err", err)
 		return
 	}
-	klog.ErrorS(err, "Proxying to the API server failed", "method", r.Method, "path", r.URL.Path)
-	http.Error(w, "konnect proxy: "+err.Error(), http.StatusBadGateway)
+	code := socks.HTTPStatus(err)
+	h.failures.Log("Proxying to the API server failed", "method", r.Method, "path", r.URL.Path, "answer", code, "err", err)
+	http.Error(w, "konnect proxy: "+err.Error(), code)
 }
 
 // stripPrefixKeepSlash is http.StripPrefix that leaves the path starting with "/", so that the filter's

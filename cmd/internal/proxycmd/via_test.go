@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/konnect-dev/konnect/test/harness"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 )
 
 // withProxyURL rewrites kubeconfig's cluster to use proxyURL.
@@ -98,9 +100,10 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 	})
 
-	// A failed request says which hop failed: the SSH server that is down, or the API server as the SSH
-	// server reports it.
+	// A failed request says which hop failed, as konnect socks does: the SSH server that is down (503), or
+	// the API server as the SSH server reports it (502). Each is logged at the default level, rate-limited.
 	t.Run("errors name the hop", func(t *testing.T) {
+		logs := captureKlog(t)
 		closedKC := b.kubeconfig(t, "cert")
 		kc, err := clientcmd.LoadFromFile(closedKC)
 		if err != nil {
@@ -122,13 +125,34 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 		sshd.Stop()
 		t.Cleanup(sshd.Restart)
-		code, body = get(t, "http://"+addr+"/api", "")
-		want = "konnect proxy: " + server + " is unreachable: "
-		if code != 502 || !strings.HasPrefix(body, want) {
-			t.Errorf("SSH server down: %d %q, want 502 %q...", code, body, want)
+		// At once: each waits for the SSH connection up to --connect-timeout, and they fail together.
+		const n = 20
+		var wg sync.WaitGroup
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, body := get(t, "http://"+addr+"/api", "")
+				want := "konnect proxy: " + server + " is unreachable: "
+				if code != 503 || !strings.HasPrefix(body, want) {
+					t.Errorf("SSH server down: %d %q, want 503 %q...", code, body, want)
+				}
+			}()
 		}
+		wg.Wait()
 		if err := stop(); err != nil {
 			t.Fatal(err)
+		}
+		klog.Flush()
+		log := logs.String()
+		for _, w := range []string{"answer=502", "could not open 127.0.0.1:" + strconv.Itoa(closed), "answer=503", server + " is unreachable"} {
+			if !strings.Contains(log, w) {
+				t.Errorf("the log does not say %q:\n%s", w, log)
+			}
+		}
+		// The first failure and a burst of 5 more at most, and one a second for the time the requests took.
+		if lines := strings.Count(log, `"Proxying to the API server failed"`); lines < 5 || lines > 8 {
+			t.Errorf("%d failures logged %d lines, want a burst of 5 and then one a second:\n%s", n+1, lines, log)
 		}
 	})
 
