@@ -67,6 +67,7 @@ func TestNodes(t *testing.T) {
 	})
 
 	t.Run("doctor-extensions", func(t *testing.T) { nc.checkDoctorExtensions(t) })
+	t.Run("slow-reader", func(t *testing.T) { nc.checkSlowReader(t) })
 	t.Run("least-privilege", func(t *testing.T) { nc.checkLeastPrivilege(t) })
 	t.Run("honest-streams", func(t *testing.T) { nc.checkHonestStreams(t) })
 	t.Run("server-leases", func(t *testing.T) { nc.checkServerLeases(t) })
