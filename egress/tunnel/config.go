@@ -43,6 +43,16 @@ type Config struct {
 	ClusterCA           string
 	ClusterAllowedNames []string
 
+	// Bounds on peers that have not authenticated (admission.go); zero values mean the defaults, and a
+	// negative count means no bound. HandshakeTimeout bounds the TLS handshake on both TCP listeners;
+	// AgentAuthTimeout is how long a connection to AgentAddr may take to have a Connect stream accepted;
+	// MaxUnauthenticated and MaxUnauthenticatedPerSource bound the agent connections not accepted yet, in
+	// all and from one source address.
+	HandshakeTimeout            time.Duration
+	AgentAuthTimeout            time.Duration
+	MaxUnauthenticated          int
+	MaxUnauthenticatedPerSource int
+
 	// CipherSuites and MinTLSVersion apply to both TLS listeners; zero values mean Go's defaults (TLS 1.2).
 	CipherSuites  []uint16
 	MinTLSVersion uint16
@@ -96,12 +106,20 @@ const (
 	DefaultMaxFrontendMessage = 256 << 20
 )
 
-// TokenAuth configures agent authentication by ServiceAccount token.
+// TokenAuth configures agent authentication by ServiceAccount token, checked as upstream checks it.
 type TokenAuth struct {
 	Namespace      string
 	ServiceAccount string
 	Audience       string
-	Client         kubernetes.Interface
+	// Client sends the agents' TokenReviews. ProbeClient, when set, sends the readiness check's, so that
+	// the two do not share a rate limiter and neither can starve the other.
+	Client      kubernetes.Interface
+	ProbeClient kubernetes.Interface
+	// CacheTTL is how long a successful review is remembered (by the token's SHA-256); 0 means
+	// DefaultTokenReviewCacheTTL and a negative value turns the cache off. MaxConcurrentReviews bounds
+	// the agents' TokenReviews in flight; 0 means DefaultMaxConcurrentReviews.
+	CacheTTL             time.Duration
+	MaxConcurrentReviews int
 }
 
 // Leases configures upstream's lease controller.
@@ -146,10 +164,29 @@ func (c *Config) withDefaults() Config {
 	if out.MaxFrontendMessage <= 0 {
 		out.MaxFrontendMessage = DefaultMaxFrontendMessage
 	}
+	if out.HandshakeTimeout <= 0 {
+		out.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if out.AgentAuthTimeout <= 0 {
+		out.AgentAuthTimeout = DefaultAgentAuthTimeout
+	}
+	out.MaxUnauthenticated = boundOrDefault(out.MaxUnauthenticated, DefaultMaxUnauthenticated)
+	out.MaxUnauthenticatedPerSource = boundOrDefault(out.MaxUnauthenticatedPerSource, DefaultMaxUnauthenticatedPerSource)
 	return out
 }
 
 // flowOffer is the window the server grants each connection for data from its agent.
 func (c *Config) flowOffer() flow.Offer {
 	return flow.Offer{Window: c.FlowWindow, Max: c.FlowMaxWindow}
+}
+
+// boundOrDefault maps a Config count to an admission bound: 0 is the default, negative is none (0).
+func boundOrDefault(n, def int) int {
+	switch {
+	case n == 0:
+		return def
+	case n < 0:
+		return 0
+	}
+	return n
 }

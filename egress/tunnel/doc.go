@@ -2,10 +2,16 @@
 // dials through (gRPC or HTTP CONNECT, over a Unix socket or mTLS TCP) and that agents connect to over TLS.
 //
 // It speaks the wire protocol of sigs.k8s.io/apiserver-network-proxy v0.36.0 and reuses that module's
-// ProxyServer for routing (proxy strategies, agent identifiers, token authentication, metrics), so it works
-// with upstream proxy-agent and with kube-apiserver's konnectivity client. Around it, this package adds what
-// upstream lacks:
+// ProxyServer for routing (proxy strategies, agent identifiers, metrics), so it works with upstream
+// proxy-agent and with kube-apiserver's konnectivity client. Around it, this package adds what upstream
+// lacks:
 //
+//   - agents must authenticate (client certificate or ServiceAccount token) unless the Config says
+//     otherwise; tokens are checked with upstream's checks and errors, but one Connect stream per
+//     connection at a time, with successful reviews cached briefly, concurrent reviews bounded, and sources
+//     of rejected tokens held back (auth.go);
+//   - a peer of a TCP listener that has not authenticated is bounded: a few seconds to authenticate, and a
+//     cap on such peers in all and per source (admission.go);
 //   - every listener is bound in New, a stale socket is replaced and a live one refused;
 //   - Run returns within a bounded graceful timeout even while tunnels are open (ANP issue 866);
 //   - DATA packets are cut below gRPC's 4 MiB default message size before they reach an agent or the

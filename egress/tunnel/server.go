@@ -71,6 +71,12 @@ type Server struct {
 	frontends atomic.Int64
 	draining  atomic.Bool
 
+	// Agent authentication and the bounds on unauthenticated peers (auth.go, admission.go); tokens is nil
+	// without token authentication, frontendAdm without the mTLS TCP frontend.
+	authMetrics *authMetrics
+	tokens      *tokenAuthenticator
+	frontendAdm *admission
+
 	connMu sync.Mutex
 	conns  map[*connectStream]struct{} // open HTTP CONNECT tunnels, which http.Server.Shutdown does not see
 
@@ -103,22 +109,23 @@ func New(c *Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: register metrics: %w", err)
 	}
-	auth := &server.AgentTokenAuthenticationOptions{}
-	if ta := cfg.TokenAuth; ta != nil {
-		auth = &server.AgentTokenAuthenticationOptions{
-			Enabled:                true,
-			AgentNamespace:         ta.Namespace,
-			AgentServiceAccount:    ta.ServiceAccount,
-			AuthenticationAudience: ta.Audience,
-			KubernetesClient:       ta.Client,
-		}
+	am, err := newAuthMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: register metrics: %w", err)
 	}
+	// Upstream's token authentication stays off: agentAuthInterceptor does it, bounded, before upstream's
+	// handler runs (auth.go).
+	auth := &server.AgentTokenAuthenticationOptions{}
 	s := &Server{
 		cfg:     cfg,
 		ps:      server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
 		agents:  agentTracker{agents: map[string]*AgentStatus{}},
 		conns:   map[*connectStream]struct{}{},
 		metrics: m,
+	}
+	s.authMetrics = am
+	if cfg.TokenAuth != nil {
+		s.tokens = newTokenAuthenticator(*cfg.TokenAuth, am)
 	}
 	// Dials are timed out by s.dials in both modes: upstream would hold a goroutine per dial for the whole
 	// timeout (dials.go).
@@ -155,8 +162,11 @@ func (s *Server) newAgentServer() error {
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
 		return &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
 	}
+	adm := newAdmission("agent", cfg.AgentAuthTimeout, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource, s.authMetrics)
+	s.agentLn = adm.listen(s.agentLn)
 	s.agentGRPC = grpc.NewServer(
-		grpc.Creds(batchtls.Credentials(credentials.NewTLS(agentTLS))),
+		grpc.Creds(admitCreds{batchtls.Credentials(credentials.NewTLS(agentTLS)), adm}),
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(streamWindow),
@@ -167,7 +177,7 @@ func (s *Server) newAgentServer() error {
 		grpc.WriteBufferSize(ioBufferSize),
 		grpc.SharedWriteBuffer(true),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
-		grpc.ChainStreamInterceptor(s.agentInterceptor, s.dials.agentInterceptor),
+		grpc.ChainStreamInterceptor(s.agentInterceptor, s.agentAuthInterceptor, s.dials.agentInterceptor),
 		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
@@ -194,7 +204,10 @@ func (s *Server) listenFrontend() error {
 		if err != nil {
 			return &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
 		}
-		s.frontendLn = ln
+		// kube-apiserver authenticates in the TLS handshake; until then a peer is bounded like an agent.
+		s.frontendAdm = newAdmission("frontend", cfg.HandshakeTimeout, maxFrontendHandshakes, 0, s.authMetrics)
+		s.frontendAdm.wait, s.frontendAdm.onHandshake = true, true
+		s.frontendLn = s.frontendAdm.listen(ln)
 		return nil
 	}
 	ln, err := listenUDS(cfg.UDSName, cfg.DeleteExistingUDS, cfg.UDSSharedDir)
@@ -216,10 +229,11 @@ func (s *Server) newFrontendGRPC() error {
 		if err != nil {
 			return &FieldError{"ServerCert", err}
 		}
-		creds = credentials.NewTLS(tc)
+		creds = admitCreds{credentials.NewTLS(tc), s.frontendAdm}
 	}
 	s.frontendGRPC = grpc.NewServer(
 		grpc.Creds(tunnelCreds{creds}),
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(streamWindow),
@@ -252,6 +266,15 @@ func (s *Server) newFrontendHTTP() error {
 		s.frontendHTTP.TLSConfig = tc
 		// CONNECT tunnels are HTTP/1.1 only.
 		s.frontendHTTP.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+		// net/http completes the handshake (with the client certificate verified) before a connection turns
+		// active.
+		s.frontendHTTP.ConnState = func(c net.Conn, st http.ConnState) {
+			if tc, ok := c.(*tls.Conn); ok && st == http.StateActive {
+				if ac, ok := tc.NetConn().(*admitConn); ok {
+					ac.authenticated()
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -452,11 +475,18 @@ func (s *Server) checkTokenReview(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ta := s.cfg.TokenAuth
-	_, err := ta.Client.AuthenticationV1().TokenReviews().Create(ctx, &authv1.TokenReview{
+	client := ta.ProbeClient
+	if client == nil {
+		client = ta.Client
+	}
+	_, err := client.AuthenticationV1().TokenReviews().Create(ctx, &authv1.TokenReview{
 		Spec: authv1.TokenReviewSpec{Token: "konnect-readiness-probe", Audiences: []string{ta.Audience}},
 	}, metav1.CreateOptions{})
 	if err != nil {
+		s.authMetrics.readinessReview.WithLabelValues("error").Inc()
 		err = fmt.Errorf("TokenReview through --kubeconfig: %w", err)
+	} else {
+		s.authMetrics.readinessReview.WithLabelValues("ok").Inc()
 	}
 	// /readyz?verbose withholds a check's reason, and kube-style health endpoints log it only at -v=2: say
 	// here, once per change, why agents cannot authenticate, and when they can again.

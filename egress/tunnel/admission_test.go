@@ -1,0 +1,327 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/proto/agent"
+	"sigs.k8s.io/apiserver-network-proxy/proto/header"
+)
+
+// agentTLS is the TLS config of an agent of e: the server's CA, and the agent's certificate unless
+// withCert is false (token mode).
+func agentTLS(t *testing.T, e *env, withCert bool) *tls.Config {
+	t.Helper()
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(e.ca.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(caPEM)
+	c := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if withCert {
+		cert, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c
+}
+
+// dialFrom opens a TCP connection to addr from the loopback address src (127.0.0.0/8 is all local).
+func dialFrom(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, src, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// idleHTTP2 completes TLS and the HTTP/2 preface on c, and then opens no stream.
+func idleHTTP2(t *testing.T, c net.Conn, cfg *tls.Config) net.Conn {
+	t.Helper()
+	tc := tls.Client(c, cfg)
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("TLS handshake: %v", err)
+	}
+	if _, err := tc.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	if err := http2.NewFramer(tc, tc).WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	return tc
+}
+
+// closedBy waits for the server to close c (reading and dropping what it sends) and fails the test if c is
+// still open at deadline.
+func closedBy(t *testing.T, c net.Conn, deadline time.Time) {
+	t.Helper()
+	_ = c.SetReadDeadline(deadline)
+	buf := make([]byte, 4096)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("connection from %s still open after the bound", c.LocalAddr())
+		}
+		return
+	}
+}
+
+// openAfter reports whether c is still open (the server neither closed nor reset it) after d.
+func openAfter(c net.Conn, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	}
+}
+
+// tokenConfig is e's config with agents authenticated by token through r.
+func tokenConfig(e *env, r *reviewer) *Config {
+	cfg := e.config("grpc")
+	cfg.ClusterCA = ""
+	cfg.TokenAuth = &TokenAuth{Namespace: "kube-system", ServiceAccount: "konnectivity-agent", Audience: testAudience, Client: r.client()}
+	return cfg
+}
+
+// TestAgentPortClosesUnauthenticatedPeers: connections to the agent port that never start TLS are closed
+// within the handshake timeout, and TLS+HTTP/2 connections that never open a Connect stream within the
+// authentication timeout, with or without a client certificate; a connected agent stays. gRPC's defaults
+// are 120 s for the first and forever for the second.
+func TestAgentPortClosesUnauthenticatedPeers(t *testing.T) {
+	for _, mode := range []string{"mtls", "token"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			r := newReviewer()
+			r.add("good", testAgentSA)
+			cfg := e.config("grpc")
+			if mode == "token" {
+				cfg = tokenConfig(e, r)
+			}
+			cfg.HandshakeTimeout, cfg.AgentAuthTimeout = time.Second, 2*time.Second
+			s := start(t, cfg)
+			var ag *silentAgent
+			if mode == "mtls" {
+				ag = connectAgent(t, e, s.AgentAddr(), "agent-1")
+			} else {
+				ag = connectAgent(t, e, s.AgentAddr(), "agent-1", grpc.WithPerRPCCredentials(tokenCreds("good")))
+			}
+			_ = ag
+
+			start := time.Now()
+			var raw, idle []net.Conn
+			for i := 0; i < 20; i++ {
+				raw = append(raw, dialFrom(t, "127.0.0.1", s.AgentAddr()))
+			}
+			for i := 0; i < 10; i++ {
+				idle = append(idle, idleHTTP2(t, dialFrom(t, "127.0.0.1", s.AgentAddr()), agentTLS(t, e, mode == "mtls")))
+			}
+			for _, c := range raw {
+				closedBy(t, c, start.Add(cfg.HandshakeTimeout+time.Second))
+			}
+			for _, c := range idle {
+				closedBy(t, c, start.Add(cfg.AgentAuthTimeout+time.Second))
+			}
+			if got := counterValue(s.authMetrics.connsExpired.WithLabelValues("agent")); got < 10 {
+				t.Errorf("connections timed out: %v counted, want at least the 10 idle HTTP/2 ones", got)
+			}
+			// The agent connected before them is still connected, well past both bounds.
+			s.waitAgents(t, 1)
+			for _, a := range s.Status().Agents {
+				if a.ID == "agent-1" && time.Since(a.Since) < cfg.AgentAuthTimeout {
+					t.Errorf("agent-1 reconnected (connected since %v): its connection was closed", a.Since)
+				}
+			}
+			if n := gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")); n != 0 {
+				t.Errorf("%v connections still counted as unauthenticated", n)
+			}
+		})
+	}
+}
+
+// tokenCreds sends an agent token as upstream's agent does.
+type tokenCreds string
+
+func (c tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{header.AuthenticationTokenContextKey: header.AuthenticationTokenContextSchemePrefix + string(c)}, nil
+}
+func (tokenCreds) RequireTransportSecurity() bool { return true }
+
+// TestAgentPortCapsUnauthenticated: at most MaxUnauthenticatedPerSource connections from one source and
+// MaxUnauthenticated in all may be unauthenticated at once; beyond, a connection is reset at once. Agents
+// that authenticated do not count.
+func TestAgentPortCapsUnauthenticated(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.MaxUnauthenticatedPerSource, cfg.MaxUnauthenticated = 4, 6
+	cfg.HandshakeTimeout, cfg.AgentAuthTimeout = time.Minute, time.Minute
+	s := start(t, cfg)
+	connectAgent(t, e, s.AgentAddr(), "agent-1")
+	s.waitAgents(t, 1)
+
+	var fromA []net.Conn
+	for i := 0; i < 4; i++ {
+		fromA = append(fromA, dialFrom(t, "127.0.0.1", s.AgentAddr()))
+	}
+	over := dialFrom(t, "127.0.0.1", s.AgentAddr())
+	if openAfter(over, 2*time.Second) {
+		t.Fatal("a fifth unauthenticated connection from one source was kept")
+	}
+	for _, c := range fromA {
+		if !openAfter(c, 100*time.Millisecond) {
+			t.Fatal("a connection within the per-source bound was closed")
+		}
+	}
+	b1, b2 := dialFrom(t, "127.0.0.2", s.AgentAddr()), dialFrom(t, "127.0.0.2", s.AgentAddr())
+	third := dialFrom(t, "127.0.0.3", s.AgentAddr())
+	if openAfter(third, 2*time.Second) {
+		t.Fatal("a seventh unauthenticated connection was kept")
+	}
+	if !openAfter(b1, 100*time.Millisecond) || !openAfter(b2, 100*time.Millisecond) {
+		t.Fatal("connections within the total bound were closed")
+	}
+	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent", "source")); got != 1 {
+		t.Errorf("refused for their source: %v, want 1", got)
+	}
+	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent", "total")); got != 1 {
+		t.Errorf("refused for the total: %v, want 1", got)
+	}
+	// A slot that frees is taken again, and an agent that authenticates leaves its slot.
+	fromA[0].Close()
+	harness.EventuallyTrue(t, 5*time.Second, "the closed connection's slot freed", func() bool {
+		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 5
+	})
+	for _, c := range append(fromA[1:], b1, b2) {
+		c.Close()
+	}
+	harness.EventuallyTrue(t, 5*time.Second, "every slot freed", func() bool {
+		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 0
+	})
+	connectAgent(t, e, s.AgentAddr(), "agent-2")
+	s.waitAgents(t, 2)
+	// The server counts the agent out once it has sent the headers the agent waited for.
+	harness.EventuallyTrue(t, 5*time.Second, "agent-2 counted as authenticated", func() bool {
+		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 0
+	})
+	for i := 0; i < 4; i++ {
+		if c := dialFrom(t, "127.0.0.1", s.AgentAddr()); !openAfter(c, 100*time.Millisecond) {
+			t.Fatal("connected agents count against the per-source bound")
+		}
+	}
+}
+
+// TestOneConnectStreamPerConnection: a connection that opens hundreds of Connect streams with bogus tokens
+// before it has authenticated costs one TokenReview, and a genuine agent connects meanwhile. Upstream
+// reviews every stream.
+func TestOneConnectStreamPerConnection(t *testing.T) {
+	e := newEnv(t)
+	r := newReviewer()
+	r.add("good", testAgentSA)
+	r.delay = 50 * time.Millisecond
+	s := start(t, tokenConfig(e, r))
+
+	cc, err := grpc.NewClient("passthrough:///"+s.AgentAddr(), grpc.WithTransportCredentials(credentials.NewTLS(agentTLS(t, e, false))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	const streams = 300
+	codesSeen := map[codes.Code]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < streams; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ctx = metadata.AppendToOutgoingContext(ctx, header.AgentID, fmt.Sprintf("flood-%d", i),
+				header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+fmt.Sprintf("bogus-%d", i))
+			st, err := agent.NewAgentServiceClient(cc).Connect(ctx)
+			if err == nil {
+				_, err = st.Recv()
+			}
+			mu.Lock()
+			codesSeen[status.Code(err)]++
+			mu.Unlock()
+		}()
+	}
+	// A genuine agent on its own connection gets in while the flood is refused.
+	begin := time.Now()
+	connectAgent(t, e, s.AgentAddr(), "genuine", grpc.WithPerRPCCredentials(tokenCreds("good")))
+	if d := time.Since(begin); d > 2*time.Second {
+		t.Errorf("the genuine agent took %v to connect during the flood", d)
+	}
+	wg.Wait()
+	if n := r.reviews.Load(); n != 2 { // one for the flood's connection, one for the genuine agent
+		t.Errorf("%d Connect streams on one connection and one genuine agent sent %d TokenReviews, want 2", streams, n)
+	}
+	if codesSeen[codes.OK] > 0 {
+		t.Errorf("a bogus token was accepted: %v", codesSeen)
+	}
+	if codesSeen[codes.Unknown] != 1 {
+		t.Errorf("want one stream rejected by the TokenReview (Unknown, upstream's code): %v", codesSeen)
+	}
+	if got := counterValue(s.authMetrics.authRefused.WithLabelValues("stream")); got != streams-1 {
+		t.Errorf("streams refused without a review: %v counted, want %d (codes %v)", got, streams-1, codesSeen)
+	}
+}
+
+// TestAuthenticatedConnectionMayOpenMoreStreams: once a connection has authenticated, each further Connect
+// stream is authenticated on its own (as upstream does), from the cache.
+func TestAuthenticatedConnectionMayOpenMoreStreams(t *testing.T) {
+	e := newEnv(t)
+	r := newReviewer()
+	r.add("good", testAgentSA)
+	s := start(t, tokenConfig(e, r))
+	cc, err := grpc.NewClient("passthrough:///"+s.AgentAddr(), grpc.WithTransportCredentials(credentials.NewTLS(agentTLS(t, e, false))),
+		grpc.WithPerRPCCredentials(tokenCreds("good")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for i := 0; i < 3; i++ {
+		ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), header.AgentID, fmt.Sprintf("a-%d", i)))
+		defer cancel()
+		st, err := agent.NewAgentServiceClient(cc).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := st.Header(); err != nil || len(h.Get(header.ServerID)) != 1 {
+			t.Fatalf("stream %d on an authenticated connection: %v %v", i, h, err)
+		}
+	}
+	s.waitAgents(t, 3)
+	if n := r.reviews.Load(); n != 1 {
+		t.Errorf("%d TokenReviews for one token, want 1", n)
+	}
+}
