@@ -325,3 +325,20 @@ func TestAuthenticatedConnectionMayOpenMoreStreams(t *testing.T) {
 		t.Errorf("%d TokenReviews for one token, want 1", n)
 	}
 }
+
+// TestNewRefusesUnauthenticatedAgents: without a CA for agents' certificates or token authentication, New
+// refuses to start unless the Config opts out; upstream registers any agent then.
+func TestNewRefusesUnauthenticatedAgents(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.ClusterCA = ""
+	var fe *FieldError
+	if _, err := New(cfg); !errors.As(err, &fe) || fe.Field != "AgentAuth" {
+		t.Fatalf("New without agent authentication: %v", err)
+	}
+	cfg.AllowUnauthenticatedAgents = true
+	s := start(t, cfg)
+	// Then any agent is taken, as upstream takes it (the server asks for no certificate, so none is sent).
+	connectAgent(t, e, s.AgentAddr(), "anyone")
+	s.waitAgents(t, 1)
+}

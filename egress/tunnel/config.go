@@ -42,6 +42,10 @@ type Config struct {
 	ClusterKey          string
 	ClusterCA           string
 	ClusterAllowedNames []string
+	// AllowUnauthenticatedAgents lets New start with neither ClusterCA nor TokenAuth, so that any peer that
+	// reaches AgentAddr can register as an agent and receive kube-apiserver's traffic. New refuses that
+	// otherwise.
+	AllowUnauthenticatedAgents bool
 
 	// Bounds on peers that have not authenticated (admission.go); zero values mean the defaults, and a
 	// negative count means no bound. HandshakeTimeout bounds the TLS handshake on both TCP listeners;

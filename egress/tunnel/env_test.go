@@ -96,6 +96,7 @@ func (e *env) config(mode string) *Config {
 		AgentAddr:         "127.0.0.1:0",
 		ClusterCert:       e.serverCert,
 		ClusterKey:        e.serverKey,
+		ClusterCA:         e.ca.file, // agents authenticate with e.agentCert unless a test says otherwise
 		GracefulTimeout:   5 * time.Second,
 	}
 }

@@ -85,6 +85,7 @@ func TestTokenAuthentication(t *testing.T) {
 		})
 	e := newEnv(t)
 	cfg := e.config("grpc")
+	cfg.ClusterCA = "" // agents present tokens, no certificates
 	cfg.TokenAuth = &TokenAuth{Namespace: "kube-system", ServiceAccount: "konnectivity-agent", Audience: aud, Client: client}
 	s := start(t, cfg)
 
@@ -144,6 +145,7 @@ func TestTokenReviewReadiness(t *testing.T) {
 	}
 	e := newEnv(t)
 	cfg := e.config("grpc")
+	cfg.ClusterCA = ""
 	cfg.TokenAuth = &TokenAuth{Namespace: "kube-system", ServiceAccount: "a", Audience: "x", Client: cs}
 	s := start(t, cfg)
 	logs := harness.CaptureKlog(t)
@@ -168,9 +170,7 @@ func TestTokenReviewReadiness(t *testing.T) {
 
 func TestWrongCARejected(t *testing.T) {
 	e := newEnv(t)
-	cfg := e.config("grpc")
-	cfg.ClusterCA = e.ca.file
-	s := start(t, cfg)
+	s := start(t, e.config("grpc"))
 	other := newCA(t, e.dir, "other")
 	badCert, badKey, _ := other.issue(t, e.dir, "bad-agent", true)
 
@@ -209,7 +209,6 @@ func TestWrongCARejected(t *testing.T) {
 func TestClusterAllowedNames(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")
-	cfg.ClusterCA = e.ca.file
 	cfg.ClusterAllowedNames = []string{"agent"} // the CN of e.agentCert
 	s := start(t, cfg)
 	nodeCert, nodeKey, _ := e.ca.issue(t, e.dir, "system:node:w1", true)
@@ -224,6 +223,7 @@ func TestClusterAllowedNames(t *testing.T) {
 	}
 
 	bad := e.config("grpc")
+	bad.ClusterCA = ""
 	bad.ClusterAllowedNames = []string{"agent"}
 	if _, err := New(bad); err == nil || !strings.Contains(err.Error(), "ClusterAllowedNames") {
 		t.Fatalf("allowed names without a CA: %v", err)

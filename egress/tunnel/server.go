@@ -105,6 +105,9 @@ func New(c *Config) (_ *Server, err error) {
 	if len(cfg.ServerAllowedNames) > 0 && (cfg.ServerCA == "" || cfg.UDSName != "") {
 		return nil, &FieldError{"ServerAllowedNames", errors.New("apply only to kube-apiserver's client certificate on the mTLS TCP frontend")}
 	}
+	if cfg.ClusterCA == "" && cfg.TokenAuth == nil && !cfg.AllowUnauthenticatedAgents {
+		return nil, &FieldError{"AgentAuth", errors.New("agents must authenticate, by client certificate (ClusterCA) or ServiceAccount token (TokenAuth)")}
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: register metrics: %w", err)
