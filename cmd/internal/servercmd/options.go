@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
@@ -55,6 +56,17 @@ type Options struct {
 	// signed, as upstream does.
 	ClusterAllowedNames []string
 	ServerAllowedNames  []string
+
+	// AllowUnauthenticatedAgents permits a server with neither --cluster-ca-cert nor token authentication,
+	// which upstream starts silently and konnect refuses.
+	AllowUnauthenticatedAgents bool
+	// Bounds on agent connections that have not authenticated, and on agents' TokenReviews: see
+	// tunnel.Config and tunnel.TokenAuth. A count of 0 means no bound, a cache TTL of 0 no cache.
+	AgentAuthTimeout            time.Duration
+	MaxUnauthenticated          int
+	MaxUnauthenticatedPerSource int
+	TokenReviewCacheTTL         time.Duration
+	MaxConcurrentTokenReviews   int
 }
 
 // NewOptions returns the defaults: upstream's for upstream's flags (but --backend-dial-timeout), and
@@ -71,6 +83,12 @@ func NewOptions() *Options {
 		MaxFrontendMessage: tunnel.DefaultMaxFrontendMessage,
 		MaxPendingDials:    tunnel.DefaultMaxPendingDials,
 		FlowControl:        daemon.NewFlowControl(),
+
+		AgentAuthTimeout:            tunnel.DefaultAgentAuthTimeout,
+		MaxUnauthenticated:          tunnel.DefaultMaxUnauthenticated,
+		MaxUnauthenticatedPerSource: tunnel.DefaultMaxUnauthenticatedPerSource,
+		TokenReviewCacheTTL:         tunnel.DefaultTokenReviewCacheTTL,
+		MaxConcurrentTokenReviews:   tunnel.DefaultMaxConcurrentReviews,
 	}
 }
 
@@ -118,6 +136,31 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	_ = fs.MarkDeprecated("stalled-reader-timeout", "use --connection-stall-timeout, the agent's name for the same bound")
 	fs.IntVar(&o.MaxFrontendMessage, "max-frontend-message-bytes", o.MaxFrontendMessage,
 		"konnect: largest gRPC message accepted from the frontend (kube-apiserver sends one write as one message).")
+	o.addAgentAuthFlags(fs)
+}
+
+// addAgentAuthFlags registers konnect's flags for agent authentication and the bounds on unauthenticated
+// agent connections, and amends the help of upstream's flags they change.
+func (o *Options) addAgentAuthFlags(fs *pflag.FlagSet) {
+	if f := fs.Lookup("kubeconfig-qps"); f != nil {
+		f.Usage += " konnect: applies to the client for /readyz and the lease controller, and, when given, to agents' TokenReviews too, which otherwise have no client-side rate limit but --max-concurrent-token-reviews."
+	}
+	if f := fs.Lookup("kubeconfig-burst"); f != nil {
+		f.Usage += " konnect: see --kubeconfig-qps."
+	}
+	fs.BoolVar(&o.AllowUnauthenticatedAgents, "allow-unauthenticated-agents", o.AllowUnauthenticatedAgents,
+		"konnect: start without agent authentication (neither --cluster-ca-cert nor --agent-namespace/--agent-service-account/--authentication-audience), "+
+			"so that anyone who reaches --agent-port can register as an agent and receive kube-apiserver's traffic. Upstream starts so silently; konnect refuses unless this is given, and then warns at every start.")
+	fs.DurationVar(&o.AgentAuthTimeout, "agent-auth-timeout", o.AgentAuthTimeout,
+		"konnect: a connection to --agent-port that has no accepted Connect stream this long after it was accepted (TLS handshake, bounded to 5s, and authentication included) is closed. gRPC's defaults are 120s for the handshake and no bound after it.")
+	fs.IntVar(&o.MaxUnauthenticated, "max-unauthenticated-agent-connections", o.MaxUnauthenticated,
+		"konnect: how many connections to --agent-port may be unauthenticated at once; beyond, new ones are reset and their agents retry. Authenticated agents do not count. 0 means no bound.")
+	fs.IntVar(&o.MaxUnauthenticatedPerSource, "max-unauthenticated-agent-connections-per-source", o.MaxUnauthenticatedPerSource,
+		"konnect: the same bound for one source address (an IPv4 address or an IPv6 /64). Raise it when agents reach the server through a NAT or a load balancer that hides their addresses. 0 means no bound.")
+	fs.DurationVar(&o.TokenReviewCacheTTL, "token-review-cache-ttl", o.TokenReviewCacheTTL,
+		"konnect: how long an agent token that kube-apiserver accepted is remembered (by its SHA-256, never the token, and never past the token's expiry), so that an agent that reconnects needs no new TokenReview. 0 turns the cache off.")
+	fs.IntVar(&o.MaxConcurrentTokenReviews, "max-concurrent-token-reviews", o.MaxConcurrentTokenReviews,
+		"konnect: how many agents' TokenReviews may be in flight at once; the others wait their turn. Upstream sends one per Connect stream through a client limited to 5 per second (--kubeconfig-qps), which /readyz shares.")
 }
 
 // Validate checks the options and names the flag in every error. It reads no file beyond checking that the
@@ -211,9 +254,36 @@ func (o *Options) checkListeners() error {
 	return nil
 }
 
-// checkAgentAuth: token authentication of agents is all or nothing, and excludes client certificates.
+// checkAgentAuth: agents authenticate, by client certificate or by token, unless
+// --allow-unauthenticated-agents; token authentication is all or nothing, and excludes client certificates.
 func (o *Options) checkAgentAuth() error {
 	u := o.Upstream
+	if !o.agentsAuthenticate() && !o.AllowUnauthenticatedAgents {
+		return errors.New("agents must authenticate: give --cluster-ca-cert (agents present client certificates signed by it), " +
+			"or --agent-namespace, --agent-service-account, --authentication-audience and --kubeconfig (agents present ServiceAccount tokens, reviewed by kube-apiserver); " +
+			"--allow-unauthenticated-agents lets anyone who reaches --agent-port register as an agent")
+	}
+	if o.AgentAuthTimeout <= 0 {
+		return fmt.Errorf("--agent-auth-timeout must be positive, not %v", o.AgentAuthTimeout)
+	}
+	for _, f := range []struct {
+		flag string
+		n    int
+	}{
+		{"--max-unauthenticated-agent-connections", o.MaxUnauthenticated},
+		{"--max-unauthenticated-agent-connections-per-source", o.MaxUnauthenticatedPerSource},
+		{"--max-concurrent-token-reviews", o.MaxConcurrentTokenReviews},
+	} {
+		if f.n < 0 {
+			return fmt.Errorf("%s must be >= 0, not %d", f.flag, f.n)
+		}
+	}
+	if o.MaxConcurrentTokenReviews == 0 {
+		return errors.New("--max-concurrent-token-reviews must be at least 1")
+	}
+	if o.TokenReviewCacheTTL < 0 {
+		return fmt.Errorf("--token-review-cache-ttl must be >= 0 (0: no cache), not %v", o.TokenReviewCacheTTL)
+	}
 	if u.AgentNamespace != "" || u.AgentServiceAccount != "" || u.AuthenticationAudience != "" {
 		if u.ClusterCaCert != "" {
 			return fmt.Errorf("--cluster-ca-cert cannot be combined with token authentication (--agent-namespace, --agent-service-account, --authentication-audience)")
@@ -228,6 +298,12 @@ func (o *Options) checkAgentAuth() error {
 		}
 	}
 	return nil
+}
+
+// agentsAuthenticate reports whether the flags give agents a way to authenticate.
+func (o *Options) agentsAuthenticate() bool {
+	u := o.Upstream
+	return u.ClusterCaCert != "" || u.AgentNamespace != "" || u.AgentServiceAccount != "" || u.AuthenticationAudience != ""
 }
 
 // checkTunnel: proxy strategies, channel size, server count and TLS parameters.
@@ -415,6 +491,10 @@ func (o *Options) Config() (*Config, error) {
 		FlowMaxWindow:         o.FlowControl.MaxWindow,
 		MaxFrontendMessage:    o.MaxFrontendMessage,
 	}
+	t.AllowUnauthenticatedAgents = o.AllowUnauthenticatedAgents && !o.agentsAuthenticate()
+	t.AgentAuthTimeout = o.AgentAuthTimeout
+	t.MaxUnauthenticated = noBound(o.MaxUnauthenticated)
+	t.MaxUnauthenticatedPerSource = noBound(o.MaxUnauthenticatedPerSource)
 	if u.UdsName == "" {
 		t.ServerAddr = net.JoinHostPort(u.ServerBindAddress, strconv.Itoa(u.ServerPort))
 	}
@@ -438,11 +518,29 @@ func (o *Options) Config() (*Config, error) {
 			return nil, fmt.Errorf("--kubeconfig %s: build client: %w", u.KubeconfigPath, err)
 		}
 		if u.AgentNamespace != "" {
+			// Agents' reviews get a client of their own, so that they and /readyz never wait for each other's
+			// rate limiter. Without --kubeconfig-qps it has none: --max-concurrent-token-reviews bounds them, so
+			// that a storm of reconnecting agents goes as fast as kube-apiserver answers.
+			reviews := rest.CopyConfig(rc)
+			if u.KubeconfigQPS == 0 {
+				reviews.QPS = -1
+			}
+			reviewClient, err := kubernetes.NewForConfig(reviews)
+			if err != nil {
+				return nil, fmt.Errorf("--kubeconfig %s: build client: %w", u.KubeconfigPath, err)
+			}
+			ttl := o.TokenReviewCacheTTL
+			if ttl == 0 {
+				ttl = -1 // tunnel.TokenAuth's "no cache"
+			}
 			t.TokenAuth = &tunnel.TokenAuth{
-				Namespace:      u.AgentNamespace,
-				ServiceAccount: u.AgentServiceAccount,
-				Audience:       u.AuthenticationAudience,
-				Client:         client,
+				Namespace:            u.AgentNamespace,
+				ServiceAccount:       u.AgentServiceAccount,
+				Audience:             u.AuthenticationAudience,
+				Client:               reviewClient,
+				ProbeClient:          client,
+				CacheTTL:             ttl,
+				MaxConcurrentReviews: o.MaxConcurrentTokenReviews,
 			}
 		}
 		if u.EnableLeaseController {
@@ -454,4 +552,12 @@ func (o *Options) Config() (*Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// noBound maps a flag's "0: no bound" to tunnel.Config's (negative).
+func noBound(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

@@ -57,6 +57,8 @@ func TestFlagsMatchUpstream(t *testing.T) {
 		"graceful-timeout": "15s", "allow-remote-admin": "false", "stalled-reader-timeout": "5s",
 		"backend-dial-timeout": "30s", "max-pending-dials": "2000",
 		"flow-control": "true", "flow-control-window-bytes": "65536", "flow-control-max-window-bytes": "4194304",
+		"allow-unauthenticated-agents": "false", "agent-auth-timeout": "10s", "max-unauthenticated-agent-connections": "1024",
+		"max-unauthenticated-agent-connections-per-source": "64", "token-review-cache-ttl": "10s", "max-concurrent-token-reviews": "32",
 	} {
 		if f := ours.Lookup(name); f == nil || f.DefValue != def {
 			t.Errorf("--%s default: got %v, want %q", name, f, def)
@@ -71,7 +73,12 @@ func TestValidate(t *testing.T) {
 	valid := func(o *Options) {
 		o.Upstream.UdsName = filepath.Join(dir, "s.sock")
 		o.Upstream.ServerPort = 0
-		o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
+		o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
+	}
+	tokenAuth := func(o *Options) {
+		o.Upstream.ClusterCaCert = ""
+		o.Upstream.AgentNamespace, o.Upstream.AgentServiceAccount, o.Upstream.AuthenticationAudience = "a", "b", "c"
+		o.Upstream.KubeconfigPath = file
 	}
 	for _, tc := range []struct {
 		name string
@@ -88,7 +95,15 @@ func TestValidate(t *testing.T) {
 		{"agent port reserved", func(o *Options) { o.Upstream.AgentPort = 80 }, "--agent-port"},
 		{"health port ephemeral", func(o *Options) { o.Upstream.HealthPort = 50000 }, "--health-port"},
 		{"admin port not a port", func(o *Options) { o.Upstream.AdminPort = 70000 }, "--admin-port"},
-		{"token auth partial", func(o *Options) { o.Upstream.AgentNamespace = "kube-system" }, "--agent-service-account"},
+		{"token auth partial", func(o *Options) { o.Upstream.ClusterCaCert, o.Upstream.AgentNamespace = "", "kube-system" }, "--agent-service-account is required"},
+		{"token auth", tokenAuth, ""},
+		{"no agent authentication", func(o *Options) { o.Upstream.ClusterCaCert = "" }, "agents must authenticate"},
+		{"no agent authentication, allowed", func(o *Options) { o.Upstream.ClusterCaCert, o.AllowUnauthenticatedAgents = "", true }, ""},
+		{"agent auth timeout", func(o *Options) { o.AgentAuthTimeout = 0 }, "--agent-auth-timeout"},
+		{"unauthenticated bound", func(o *Options) { o.MaxUnauthenticated = -1 }, "--max-unauthenticated-agent-connections must"},
+		{"unauthenticated bound per source", func(o *Options) { o.MaxUnauthenticatedPerSource = -1 }, "--max-unauthenticated-agent-connections-per-source"},
+		{"concurrent reviews", func(o *Options) { tokenAuth(o); o.MaxConcurrentTokenReviews = 0 }, "--max-concurrent-token-reviews"},
+		{"review cache", func(o *Options) { tokenAuth(o); o.TokenReviewCacheTTL = -time.Second }, "--token-review-cache-ttl"},
 		{"token auth with ca", func(o *Options) {
 			o.Upstream.AgentNamespace, o.Upstream.AgentServiceAccount, o.Upstream.AuthenticationAudience = "a", "b", "c"
 			o.Upstream.ClusterCaCert = file
@@ -133,7 +148,7 @@ func TestConfigGracefulTimeout(t *testing.T) {
 	os.WriteFile(file, []byte("x"), 0o600)
 	o := NewOptions()
 	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
-	o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
+	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
 	cfg, err := o.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +164,7 @@ func TestConfigGracefulTimeout(t *testing.T) {
 	o = NewOptions()
 	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	if err := fs.Parse([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file, "--graceful-shutdown-timeout=0"}); err != nil {
+	if err := fs.Parse([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file, "--cluster-ca-cert=" + file, "--graceful-shutdown-timeout=0"}); err != nil {
 		t.Fatal(err)
 	}
 	if cfg, err = o.Config(); err != nil || cfg.Tunnel.GracefulTimeout != 0 {
@@ -237,7 +252,7 @@ func TestDialLimitsReachConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			o.Upstream.UdsName, o.Upstream.ServerPort = filepath.Join(dir, "s.sock"), 0
-			o.Upstream.ClusterCert, o.Upstream.ClusterKey = file, file
+			o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
 			err := o.Validate()
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -14,6 +14,7 @@ import (
 	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 )
 
 // NewServerCommand returns `konnect server`.
@@ -103,6 +104,10 @@ func New(cfg *Config) (_ *Server, err error) {
 	if s.tunnel, err = tunnel.New(&tc); err != nil {
 		return nil, flagError(err)
 	}
+	if tc.AllowUnauthenticatedAgents {
+		klog.Warningf("Agents are not authenticated (--allow-unauthenticated-agents, and neither --cluster-ca-cert nor --agent-namespace): "+
+			"anyone who reaches %s can register as an agent and receive kube-apiserver's traffic", s.tunnel.AgentAddr())
+	}
 	// konnect's metrics come from the server's own registry, upstream's from the default registry, where
 	// upstream's package puts them (see tunnel.UpstreamMetrics).
 	health := daemon.NewHealthMux(nil, s.tunnel.ReadyChecks(), prometheus.Gatherers{reg, tunnel.UpstreamMetrics()})
@@ -143,6 +148,7 @@ func flagError(err error) error {
 		"ServerCert":          "--server-cert/--server-key/--server-ca-cert",
 		"ClusterAllowedNames": "--cluster-allowed-names (with --cluster-ca-cert)",
 		"ServerAllowedNames":  "--server-allowed-names (with --server-ca-cert)",
+		"AgentAuth":           "--cluster-ca-cert or --agent-namespace/--agent-service-account/--authentication-audience (or --allow-unauthenticated-agents)",
 	}[fe.Field]
 	if flags == "" {
 		return err

@@ -233,7 +233,7 @@ func httpBackend(t *testing.T) string {
 
 func TestServerFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	_, sc, sk, _, _ := writePKI(t, dir)
+	ca, sc, sk, _, _ := writePKI(t, dir)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -254,7 +254,7 @@ func TestServerFlagErrors(t *testing.T) {
 	if err := os.Chmod(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk,
+	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk, "--cluster-ca-cert=" + ca,
 		"--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}
 	for _, tc := range []struct {
 		name string
@@ -287,13 +287,13 @@ func TestServerFlagErrors(t *testing.T) {
 // neither fails to register nor shows the first one's metrics twice.
 func TestTwoServersInOneProcess(t *testing.T) {
 	dir := t.TempDir()
-	_, sc, sk, _, _ := writePKI(t, dir)
+	ca, sc, sk, _, _ := writePKI(t, dir)
 	for i := range 2 {
 		o := NewOptions()
 		fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
 		o.AddFlags(fs)
 		if err := fs.Parse([]string{"--uds-name=" + filepath.Join(dir, fmt.Sprintf("s%d.sock", i)), "--cluster-cert=" + sc,
-			"--cluster-key=" + sk, "--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}); err != nil {
+			"--cluster-key=" + sk, "--cluster-ca-cert=" + ca, "--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}); err != nil {
 			t.Fatal(err)
 		}
 		cfg, err := o.Config()
