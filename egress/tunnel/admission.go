@@ -32,11 +32,12 @@ const (
 	// a thousand at a time, the others retry. One source is one IPv4 address or IPv6 /64.
 	DefaultMaxUnauthenticated          = 1024
 	DefaultMaxUnauthenticatedPerSource = 64
-	// maxFrontendHandshakes bounds the TLS handshakes in progress on the mutual-TLS TCP frontend. Beyond it,
-	// new connections wait in the kernel's accept queue instead of being refused: kube-apiserver opens one
-	// connection per tunnel and does not retry a failed dial.
-	maxFrontendHandshakes = 1024
 )
+
+// maxFrontendHandshakes bounds the TLS handshakes in progress on the mutual-TLS TCP frontend. Beyond it, new
+// connections wait in the kernel's accept queue instead of being refused: kube-apiserver opens one connection
+// per tunnel and does not retry a failed dial. A variable for tests.
+var maxFrontendHandshakes = 1024
 
 const (
 	connPending int32 = iota
@@ -50,12 +51,13 @@ const (
 // never opens a stream forever. What "authenticated" means is the listener's: a completed TLS handshake
 // (which verified the client certificate) on the frontend, an accepted Connect stream on the agent port.
 type admission struct {
-	listener     string // "agent" or "frontend", for metrics and logs
-	timeout      time.Duration
-	maxTotal     int  // 0: no bound
-	maxPerSource int  // 0: no bound
-	wait         bool // at maxTotal, Accept waits for a slot instead of refusing the connection
-	onHandshake  bool // a completed TLS handshake authenticates the connection
+	listener     string        // "agent" or "frontend", for metrics and logs
+	handshake    time.Duration // to complete the TLS handshake
+	timeout      time.Duration // to authenticate (at least handshake)
+	maxTotal     int           // 0: no bound
+	maxPerSource int           // 0: no bound
+	wait         bool          // at maxTotal, Accept waits for a slot instead of refusing the connection
+	onHandshake  bool          // a completed TLS handshake authenticates the connection
 	m            *authMetrics
 
 	mu        sync.Mutex
@@ -64,9 +66,9 @@ type admission struct {
 	perSource map[netip.Addr]int
 }
 
-func newAdmission(listener string, timeout time.Duration, maxTotal, maxPerSource int, m *authMetrics) *admission {
-	return &admission{listener: listener, timeout: timeout, maxTotal: maxTotal, maxPerSource: maxPerSource, m: m,
-		slotFreed: make(chan struct{}), perSource: map[netip.Addr]int{}}
+func newAdmission(listener string, handshake, timeout time.Duration, maxTotal, maxPerSource int, m *authMetrics) *admission {
+	return &admission{listener: listener, handshake: min(handshake, timeout), timeout: timeout, maxTotal: maxTotal,
+		maxPerSource: maxPerSource, m: m, slotFreed: make(chan struct{}), perSource: map[netip.Addr]int{}}
 }
 
 // sourceOf is the address a per-source bound counts by: the IPv4 address, or the /64 of an IPv6 address,
@@ -163,8 +165,8 @@ func (l *admitListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		ac := &admitConn{Conn: c, a: l.a, src: src}
-		ac.timer = time.AfterFunc(l.a.timeout, ac.expire)
+		ac := &admitConn{Conn: c, a: l.a, src: src, deadline: time.Now().Add(l.a.timeout)}
+		ac.timer = time.AfterFunc(l.a.handshake, ac.check)
 		return ac, nil
 	}
 }
@@ -177,10 +179,12 @@ func (l *admitListener) Close() error {
 // admitConn is an accepted connection that counts against its admission until it authenticates or closes.
 type admitConn struct {
 	net.Conn
-	a     *admission
-	src   netip.Addr
-	timer *time.Timer
-	state atomic.Int32
+	a          *admission
+	src        netip.Addr
+	deadline   time.Time // to authenticate
+	timer      *time.Timer
+	state      atomic.Int32
+	handshaken atomic.Bool
 
 	// Agent port: whether a Connect stream is being authenticated now, and whether one ever was before the
 	// connection authenticated (it gets one attempt).
@@ -198,13 +202,21 @@ func (c *admitConn) authenticated() {
 
 func (c *admitConn) isAuthenticated() bool { return c.state.Load() == connAuthenticated }
 
-// expire closes a connection that has not authenticated in time.
-func (c *admitConn) expire() {
+// check closes a connection that has not completed its handshake, or not authenticated, in time.
+func (c *admitConn) check() {
+	stage, bound := "handshake", c.a.handshake
+	if c.handshaken.Load() {
+		if left := time.Until(c.deadline); left > 0 {
+			c.timer.Reset(left)
+			return
+		}
+		stage, bound = "auth", c.a.timeout
+	}
 	if c.state.CompareAndSwap(connPending, connClosed) {
 		c.a.release(c.src)
-		c.a.m.connsExpired.WithLabelValues(c.a.listener).Inc()
+		c.a.m.connsExpired.WithLabelValues(c.a.listener, stage).Inc()
 		klog.V(2).InfoS("Closed a connection that did not authenticate in time", "listener", c.a.listener,
-			"remote", c.RemoteAddr(), "timeout", c.a.timeout)
+			"remote", c.RemoteAddr(), "stage", stage, "timeout", bound)
 		_ = c.Conn.Close()
 	}
 }
@@ -254,6 +266,7 @@ func (c admitCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInf
 	if !ok {
 		return conn, info, nil
 	}
+	ac.handshaken.Store(true)
 	if c.a.onHandshake {
 		ac.authenticated()
 	}

@@ -91,6 +91,18 @@ func closedBy(t *testing.T, c net.Conn, deadline time.Time) {
 	}
 }
 
+// refused reports whether a connection from src to addr is reset (or closed) at once, if not already
+// while it was being made.
+func refused(src, addr string) bool {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return true
+	}
+	defer c.Close()
+	return !openAfter(c, 2*time.Second)
+}
+
 // openAfter reports whether c is still open (the server neither closed nor reset it) after d.
 func openAfter(c net.Conn, d time.Duration) bool {
 	_ = c.SetReadDeadline(time.Now().Add(d))
@@ -151,8 +163,11 @@ func TestAgentPortClosesUnauthenticatedPeers(t *testing.T) {
 			for _, c := range idle {
 				closedBy(t, c, start.Add(cfg.AgentAuthTimeout+time.Second))
 			}
-			if got := counterValue(s.authMetrics.connsExpired.WithLabelValues("agent")); got < 10 {
-				t.Errorf("connections timed out: %v counted, want at least the 10 idle HTTP/2 ones", got)
+			if got := counterValue(s.authMetrics.connsExpired.WithLabelValues("agent", "handshake")); got != 20 {
+				t.Errorf("connections timed out in the handshake: %v counted, want 20", got)
+			}
+			if got := counterValue(s.authMetrics.connsExpired.WithLabelValues("agent", "auth")); got != 10 {
+				t.Errorf("connections timed out before authenticating: %v counted, want 10", got)
 			}
 			// The agent connected before them is still connected, well past both bounds.
 			s.waitAgents(t, 1)
@@ -192,8 +207,7 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		fromA = append(fromA, dialFrom(t, "127.0.0.1", s.AgentAddr()))
 	}
-	over := dialFrom(t, "127.0.0.1", s.AgentAddr())
-	if openAfter(over, 2*time.Second) {
+	if !refused("127.0.0.1", s.AgentAddr()) {
 		t.Fatal("a fifth unauthenticated connection from one source was kept")
 	}
 	for _, c := range fromA {
@@ -202,8 +216,7 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 		}
 	}
 	b1, b2 := dialFrom(t, "127.0.0.2", s.AgentAddr()), dialFrom(t, "127.0.0.2", s.AgentAddr())
-	third := dialFrom(t, "127.0.0.3", s.AgentAddr())
-	if openAfter(third, 2*time.Second) {
+	if !refused("127.0.0.3", s.AgentAddr()) {
 		t.Fatal("a seventh unauthenticated connection was kept")
 	}
 	if !openAfter(b1, 100*time.Millisecond) || !openAfter(b2, 100*time.Millisecond) {
@@ -341,4 +354,51 @@ func TestNewRefusesUnauthenticatedAgents(t *testing.T) {
 	// Then any agent is taken, as upstream takes it (the server asks for no certificate, so none is sent).
 	connectAgent(t, e, s.AgentAddr(), "anyone")
 	s.waitAgents(t, 1)
+}
+
+// TestMTLSFrontendBoundsHandshakes: on the mutual-TLS TCP frontend, a connection that does not complete its
+// TLS handshake is closed within the handshake timeout (gRPC's default is 120 s, net/http's here 10 s),
+// and beyond the bound on handshakes in progress a connection waits its turn instead of being refused, so
+// that kube-apiserver's tunnels still get through.
+func TestMTLSFrontendBoundsHandshakes(t *testing.T) {
+	old := maxFrontendHandshakes
+	maxFrontendHandshakes = 4
+	t.Cleanup(func() { maxFrontendHandshakes = old })
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(mode)
+			cfg.UDSName, cfg.ServerAddr = "", "127.0.0.1:0"
+			cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
+			cfg.HandshakeTimeout = time.Second
+			s := start(t, cfg)
+			startUpstreamAgent(t, e, "agent-1", s.agentPort())
+			s.waitAgents(t, 1)
+			web := startHTTPBackend(t)
+
+			begin := time.Now()
+			var raw []net.Conn
+			for i := 0; i < maxFrontendHandshakes; i++ {
+				raw = append(raw, dialFrom(t, "127.0.0.1", s.FrontendAddr()))
+			}
+			pool := x509.NewCertPool()
+			pool.AddCert(e.ca.Cert.Cert)
+			pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := Frontend{Addr: s.FrontendAddr(), Mode: mode, TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
+			c := dial(t, f, web) // waits for a slot, which the silent connections free when they time out
+			if res, _ := httpGet(t, c, web, "/"); res.StatusCode != 200 {
+				t.Fatalf("status %s", res.Status)
+			}
+			c.Close()
+			for _, c := range raw {
+				closedBy(t, c, begin.Add(cfg.HandshakeTimeout+time.Second))
+			}
+			if got := counterValue(s.authMetrics.connsExpired.WithLabelValues("frontend", "handshake")); got != float64(maxFrontendHandshakes) {
+				t.Errorf("frontend connections timed out: %v, want %d", got, maxFrontendHandshakes)
+			}
+		})
+	}
 }

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type authMetrics struct {
 	unauthenticated *prometheus.GaugeVec   // listener
 	connsRefused    *prometheus.CounterVec // listener, bound
-	connsExpired    *prometheus.CounterVec // listener
+	connsExpired    *prometheus.CounterVec // listener, stage
 	authRefused     *prometheus.CounterVec // reason
 	reviews         *prometheus.CounterVec // result
 	cacheHits       *prometheus.CounterVec // result
@@ -29,8 +29,8 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 			"Connections closed at once because too many were unauthenticated, in total or from their source (bound).")),
 			[]string{"listener", "bound"}),
 		connsExpired: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_timed_out_total",
-			"Connections closed because they did not authenticate in time (--agent-auth-timeout on the agent port, the handshake timeout on the frontend).")),
-			[]string{"listener"}),
+			"Connections closed because they did not complete the TLS handshake (stage handshake, 5 s) or authenticate (stage auth, --agent-auth-timeout on the agent port) in time.")),
+			[]string{"listener", "stage"}),
 		authRefused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("agent_auth_refused_total",
 			"Agent Connect streams refused without a TokenReview: no token (no-token), a second stream on a connection that is authenticating or already tried (stream), a source whose tokens were rejected lately (source-backoff), or every waiter gone before the review could start (abandoned).")),
 			[]string{"reason"}),

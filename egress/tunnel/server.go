@@ -165,11 +165,12 @@ func (s *Server) newAgentServer() error {
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
 		return &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
 	}
-	adm := newAdmission("agent", cfg.AgentAuthTimeout, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource, s.authMetrics)
+	adm := newAdmission("agent", cfg.HandshakeTimeout, cfg.AgentAuthTimeout, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource, s.authMetrics)
 	s.agentLn = adm.listen(s.agentLn)
 	s.agentGRPC = grpc.NewServer(
 		grpc.Creds(admitCreds{batchtls.Credentials(credentials.NewTLS(agentTLS)), adm}),
-		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		// The admission closes slow handshakes first; gRPC's own bound (120 s by default) stays behind it.
+		grpc.ConnectionTimeout(cfg.AgentAuthTimeout+time.Second),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(streamWindow),
@@ -208,7 +209,7 @@ func (s *Server) listenFrontend() error {
 			return &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
 		}
 		// kube-apiserver authenticates in the TLS handshake; until then a peer is bounded like an agent.
-		s.frontendAdm = newAdmission("frontend", cfg.HandshakeTimeout, maxFrontendHandshakes, 0, s.authMetrics)
+		s.frontendAdm = newAdmission("frontend", cfg.HandshakeTimeout, cfg.HandshakeTimeout, maxFrontendHandshakes, 0, s.authMetrics)
 		s.frontendAdm.wait, s.frontendAdm.onHandshake = true, true
 		s.frontendLn = s.frontendAdm.listen(ln)
 		return nil
@@ -236,7 +237,8 @@ func (s *Server) newFrontendGRPC() error {
 	}
 	s.frontendGRPC = grpc.NewServer(
 		grpc.Creds(tunnelCreds{creds}),
-		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		// The admission closes slow handshakes first; this bounds the HTTP/2 preface after one.
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout+time.Second),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(streamWindow),
