@@ -36,6 +36,9 @@ type options struct {
 	kubeAPIServer, swarm                               string
 	swarmSizes                                         []int
 	swarmIdle                                          time.Duration
+	stormSizes                                         []int
+	stormRounds, stormReconnectMax                     int
+	stormTimeout                                       time.Duration
 	rounds                                             int
 	bulkBytes                                          int64
 	dialCount, scaleCount, socksCount, heyRequests     int
@@ -62,6 +65,10 @@ func main() {
 	flag.StringVar(&o.swarm, "swarm", "", "swarm binary (test/bench/swarm)")
 	swarmSizes := flag.String("swarm-sizes", "1000,5000", "idle agents per swarm round")
 	flag.DurationVar(&o.swarmIdle, "swarm-idle", 10*time.Second, "how long the swarm stays idle before the server's idle CPU and RSS are read")
+	stormSizes := flag.String("storm-sizes", "1000,5000", "agents per reconnect storm (row 10)")
+	flag.IntVar(&o.stormRounds, "storm-rounds", 1, "measured rounds per storm size and contender (each on a fresh server; no warm-up: upstream takes N/5 seconds)")
+	flag.IntVar(&o.stormReconnectMax, "storm-reconnect-max", 1000, "the largest storm that also measures agents reconnecting to a running server")
+	flag.DurationVar(&o.stormTimeout, "storm-timeout", 20*time.Minute, "how long one storm phase may take")
 	flag.IntVar(&o.rounds, "rounds", 5, "measured rounds per pair, after one warm-up round")
 	flag.Int64Var(&o.bulkBytes, "bulk-bytes", 1<<30, "bytes per bulk transfer")
 	flag.IntVar(&o.dialCount, "dial-count", 1000, "sequential single-use tunnels per dial round")
@@ -72,18 +79,23 @@ func main() {
 	flag.StringVar(&o.socksCipher, "socks-cipher", "aes128-gcm@openssh.com", "the cipher konnect socks negotiates, for the same-cipher ssh -D run")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file")
 	flag.StringVar(&o.svg, "svg", "docs/benchmarks.svg", "plot file")
-	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,8,9,11", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy, 8 swarm, 11 head-of-line and memory beside slow readers)")
+	flag.StringVar(&o.rows, "rows", "1,2,3,4,5,6,7,8,9,10,11", "which rows to run, e.g. 5,6 (1-3 tunnel, 4 agent idle, 5-6 and 9 SOCKS5, 7 API proxy, 8 swarm, 10 reconnect storm with tokens, 11 head-of-line and memory beside slow readers)")
 	flag.IntVar(&o.holRounds, "hol-rounds", 3, "head-of-line row: rounds of every scenario, each pair alternating")
 	flag.Int64Var(&o.holBytes, "hol-bytes", 8<<20, "head-of-line row: bytes of each slow transfer")
 	flag.DurationVar(&o.holMeasure, "hol-measure", 5*time.Second, "head-of-line row: how long quick requests are sent in each run")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces and processes for debugging (prints how to enter them)")
 	flag.Parse()
-	for _, f := range strings.Split(*swarmSizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			fatal(fmt.Errorf("--swarm-sizes %q: want positive counts separated by commas", *swarmSizes))
+	for _, sizes := range []struct {
+		flag, v string
+		to      *[]int
+	}{{"--swarm-sizes", *swarmSizes, &o.swarmSizes}, {"--storm-sizes", *stormSizes, &o.stormSizes}} {
+		for _, f := range strings.Split(sizes.v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				fatal(fmt.Errorf("%s %q: want positive counts separated by commas", sizes.flag, sizes.v))
+			}
+			*sizes.to = append(*sizes.to, n)
 		}
-		o.swarmSizes = append(o.swarmSizes, n)
 	}
 	for name, v := range map[string]string{"--proxy-server": o.proxyServer, "--proxy-agent": o.proxyAgent, "--loadgen": o.loadgen, "--backend": o.backend, "--relay": o.relay, "--kube-apiserver": o.kubeAPIServer, "--swarm": o.swarm} {
 		if v == "" {
@@ -148,7 +160,8 @@ type bench struct {
 	results []*measure
 
 	kServer, kAgent, uServer, uAgent *proc
-	bServer, bAgent                  *proc // --baseline's, or nil
+	bServer, bAgent                  *proc              // --baseline's, or nil
+	api                              *harness.APIServer // started by the first row that needs it
 
 	sshd          *proc
 	socksProcs    map[string]*proc  // SOCKS5 port → the proxy serving it
@@ -167,7 +180,7 @@ func (b *bench) run() error {
 		run  func() error
 	}{{[]string{"1"}, b.tunnelBulk}, {[]string{"2"}, b.tunnelDial}, {[]string{"3"}, b.tunnelScale},
 		{[]string{"5", "6", "9"}, b.socksRows}, {[]string{"7"}, b.apiProxy}, {[]string{"4"}, b.agentIdle},
-		{[]string{"8"}, b.swarmRows}, {[]string{"11"}, b.holRow}}
+		{[]string{"8"}, b.swarmRows}, {[]string{"10"}, b.stormRows}, {[]string{"11"}, b.holRow}}
 	want := b.wantRows()
 	for _, step := range steps {
 		if slices.ContainsFunc(step.rows, func(r string) bool { return want[r] }) {
@@ -870,11 +883,11 @@ func (b *bench) apiProxy() error {
 	if err := b.proxyPair("static HTTPS backend", b.path("bench.kubeconfig"), 8001, 8002); err != nil {
 		return err
 	}
-	apiKubeconfig, err := b.startAPIServer()
+	api, err := b.startAPIServer()
 	if err != nil {
 		return err
 	}
-	return b.proxyPair("kube-apiserver 1.36", apiKubeconfig, 8003, 8004)
+	return b.proxyPair("kube-apiserver 1.36", api.Kubeconfig, 8003, 8004)
 }
 
 // proxyPair starts konnect proxy and kubectl proxy for one kubeconfig and runs hey against each in turn.

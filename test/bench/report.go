@@ -164,6 +164,17 @@ func (b *bench) ratios() []ratio {
 		add(m, "swarm "+n+": dials ok konnect / upstream", "konnect", "upstream", "dials ok", true, 1)
 	}
 	out = append(out, b.holRatios(add)...)
+	for _, m := range b.results {
+		if !strings.HasPrefix(m.title, "10. agent reconnect storm") {
+			continue
+		}
+		n, _, _ := strings.Cut(strings.TrimPrefix(m.title, "10. agent reconnect storm, "), " ")
+		add(m, "storm "+n+": time until all connected upstream / konnect", "konnect", "upstream", "connect s", false, 1)
+		add(m, "storm "+n+": TokenReviews upstream / konnect", "konnect", "upstream", "TokenReviews", false, 1)
+		add(m, "storm "+n+": server CPU upstream / konnect", "konnect", "upstream", "server CPU s", false, 0)
+		add(m, "storm "+n+": reconnect time upstream / konnect", "konnect", "upstream", "reconnect s", false, 1)
+		add(m, "storm "+n+": reconnect TokenReviews upstream / konnect", "konnect", "upstream", "reconnect TokenReviews", false, 1)
+	}
 	socks := find("5. SOCKS5")
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (defaults)", "konnect", "ssh -D", "MB/s", true, 1.3)
 	add(socks, "SOCKS5 bulk: konnect / ssh -D (same cipher)", "konnect", "ssh -D -c "+b.o.socksCipher, "MB/s", true, 0)
@@ -218,9 +229,10 @@ func (b *bench) report() error {
 	sb.WriteString("address 198.19.0.10) and lap (SOCKS5 clients), joined by veth pairs in 198.18.0.0/15, no default\n")
 	sb.WriteString("routes. Tunnel clients dial through the server's UDS with konnectivity-client, one single-use\n")
 	sb.WriteString("tunnel per connection, as kube-apiserver does. Both tunnels run with the same drop-in arguments\n")
-	sb.WriteString("and mTLS agent authentication; both SSH proxies use the same sshd (OpenSSH, Debian) and key.\n")
-	sb.WriteString("Every tunnel server and agent, konnect's and upstream's, runs from its own copy of its executable,\n")
-	sb.WriteString("as on a node of its own: the kernel does not reclaim pages that several processes map.\n\n")
+	sb.WriteString("and mTLS agent authentication (row 10: ServiceAccount tokens reviewed by a real kube-apiserver);\n")
+	sb.WriteString("both SSH proxies use the same sshd (OpenSSH, Debian) and key. Every tunnel server and agent,\n")
+	sb.WriteString("konnect's and upstream's, runs from its own copy of its executable, as on a node of its own:\n")
+	sb.WriteString("the kernel does not reclaim pages that several processes map.\n\n")
 
 	sb.WriteString("## Ratios\n\nLarger is better for konnect in every row.\n\n| comparison | ratio | target | met |\n|---|---|---|---|\n")
 	for _, r := range ratios {

@@ -69,7 +69,7 @@ func (b *bench) swarmRound(n int, serverArgv []string) (map[string]float64, erro
 	swarm, err := b.t.start("swarm", "w1", b.o.swarm, "--server="+cpAddr+":"+strconv.Itoa(port), "--server-name="+cpAddr,
 		"--ca-cert="+filepath.Join(pki, "ca.crt"),
 		"--agent-cert="+filepath.Join(pki, "konnectivity-agent.crt"), "--agent-key="+filepath.Join(pki, "konnectivity-agent.key"),
-		"--agents="+strconv.Itoa(n), "--timeout=4m")
+		"--agents="+strconv.Itoa(n), "--timeout=4m", "--source-cidr="+swarmSources)
 	if err != nil {
 		return nil, err
 	}

@@ -40,6 +40,9 @@ const (
 	sshDCipher = "1082"
 	socksPortN = "1083" // konnect socks --ssh-connections 4
 	relayPort  = "8140" // the far relay of the tunnel's ceiling, in w1
+	// swarmSources are the swarm's source addresses in w1 (a local route there, routed to w1 from cp): as
+	// many agents' nodes, 1,022 of them.
+	swarmSources = "198.18.8.0/22"
 )
 
 func (t *topology) ns(name string) string { return t.prefix + "-" + name }
@@ -58,7 +61,9 @@ func newTopology(dir string) (*topology, error) {
 	err := harness.CreateNetns([]string{cp, w1, lap}, []harness.Link{
 		{A: cp, ADev: "to-w1", AAddr: cpAddr + "/30", B: w1, BDev: "to-cp", BAddr: w1Addr + "/30"},
 		{A: cp, ADev: "to-lap", AAddr: cpLapAddr + "/30", B: lap, BDev: "to-cp", BAddr: lapAddr + "/30"},
-	}, []string{"-n", w1, "addr", "add", podAddr + "/32", "dev", "lo"})
+	}, []string{"-n", w1, "addr", "add", podAddr + "/32", "dev", "lo"},
+		[]string{"-n", w1, "route", "add", "local", swarmSources, "dev", "lo"},
+		[]string{"-n", cp, "route", "add", swarmSources, "via", w1Addr})
 	if err != nil {
 		return nil, err
 	}

@@ -5,8 +5,14 @@
 // fixed HTTP 200 response, and CLOSE_REQ with CLOSE_RSP. There is no backend behind it: the benchmark
 // measures the server.
 //
-// It prints one JSON line when every agent is connected (or --timeout passes), and keeps the agents
-// connected until SIGTERM or SIGINT.
+// Agents authenticate with the client certificate (--agent-cert) or, as kubelet's projected tokens make them,
+// each with a ServiceAccount token of its own (--tokens). An attempt that fails is retried after a pause that
+// doubles from 1 s to 10 s, as agents do. --source-cidr spreads the agents over many source addresses, as
+// many nodes would be.
+//
+// It prints one JSON line when every agent is connected (or --timeout passes). With --reconnect, it then
+// drops every connection at once and connects them all again (a reconnect storm against a server that kept
+// running), and prints a second line. It keeps the agents connected until SIGTERM or SIGINT.
 package main
 
 import (
@@ -17,10 +23,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,9 +44,11 @@ import (
 )
 
 type report struct {
+	Phase     string  `json:"phase"` // "connect", or "reconnect"
 	Agents    int     `json:"agents"`
 	Connected int     `json:"connected"`
 	Failed    int     `json:"failed"`
+	Attempts  int64   `json:"attempts"` // connection attempts, retries included
 	Seconds   float64 `json:"seconds"`
 	FirstErr  string  `json:"first_error,omitempty"`
 }
@@ -48,35 +59,91 @@ func main() {
 	caFile := flag.String("ca-cert", "", "CA of the server's agent-facing certificate")
 	certFile := flag.String("agent-cert", "", "client certificate every agent presents (the server's --cluster-ca-cert signs it)")
 	keyFile := flag.String("agent-key", "", "its key")
+	tokensFile := flag.String("tokens", "", "ServiceAccount tokens, one a line: agent i presents line i (modulo their number)")
+	sourceCIDR := flag.String("source-cidr", "", "spread the agents' source addresses over this range (it must be local, e.g. a `local` route on lo)")
 	agents := flag.Int("agents", 1000, "how many agents to connect")
-	parallel := flag.Int("parallel", 64, "connection attempts in flight at once")
+	parallel := flag.Int("parallel", 64, "agents connecting at once (each retries until it is connected)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up connecting after this long")
+	reconnect := flag.Duration("reconnect", 0, "once all are connected, wait this long, drop every connection and connect them all again (0: no)")
 	flag.Parse()
 
 	tlsCfg, err := clientTLS(*caFile, *certFile, *keyFile, *serverName)
 	if err != nil {
 		fail(err)
 	}
+	var tokens []string
+	if *tokensFile != "" {
+		data, err := os.ReadFile(*tokensFile)
+		if err != nil {
+			fail(fmt.Errorf("--tokens: %w", err))
+		}
+		tokens = strings.Fields(string(data))
+		if len(tokens) == 0 {
+			fail(fmt.Errorf("--tokens %s: no token", *tokensFile))
+		}
+	}
+	var sources []netip.Addr
+	if *sourceCIDR != "" {
+		p, err := netip.ParsePrefix(*sourceCIDR)
+		if err != nil {
+			fail(fmt.Errorf("--source-cidr: %w", err))
+		}
+		for a := p.Masked().Addr().Next(); p.Contains(a) && len(sources) < *agents; a = a.Next() {
+			sources = append(sources, a)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	connectCtx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
 
+	swarm := make([]*swarmAgent, *agents)
+	for i := range swarm {
+		a := &swarmAgent{id: "swarm-" + strconv.Itoa(i), server: *server, tls: tlsCfg}
+		if len(tokens) > 0 {
+			a.token = tokens[i%len(tokens)]
+		}
+		if len(sources) > 0 {
+			a.source = sources[i%len(sources)]
+		}
+		swarm[i] = a
+	}
+	var wg sync.WaitGroup
+	if !connectAll(ctx, "connect", swarm, *parallel, *timeout, &wg) {
+		<-ctx.Done()
+		return
+	}
+	if *reconnect > 0 {
+		select {
+		case <-time.After(*reconnect):
+		case <-ctx.Done():
+			return
+		}
+		for _, a := range swarm {
+			a.cc.Close() // its serve loop ends
+		}
+		wg.Wait()
+		connectAll(ctx, "reconnect", swarm, *parallel, *timeout, &wg)
+	}
+	<-ctx.Done()
+	wg.Wait()
+}
+
+// connectAll connects every agent, parallel at a time, each retrying until it is connected or timeout
+// passes, prints the phase's report, and leaves the connected agents serving (counted in wg). It reports
+// whether all got connected.
+func connectAll(life context.Context, phase string, swarm []*swarmAgent, parallel int, timeout time.Duration, wg *sync.WaitGroup) bool {
+	connectCtx, cancel := context.WithTimeout(life, timeout)
+	defer cancel()
 	var (
-		connected, failed atomic.Int64
-		firstErr          atomic.Value
-		wg                sync.WaitGroup
+		connected, failed, attempts atomic.Int64
+		firstErr                    atomic.Value
 	)
 	start := time.Now()
-	sem := make(chan struct{}, *parallel)
-	ready := make(chan struct{}, *agents)
-	for i := 0; i < *agents; i++ {
+	sem := make(chan struct{}, parallel)
+	ready := make(chan struct{}, len(swarm))
+	for _, a := range swarm {
 		sem <- struct{}{}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			a := &swarmAgent{id: "swarm-" + strconv.Itoa(i)}
-			err := a.connect(connectCtx, ctx, *server, tlsCfg)
+		go func() {
+			err := a.connectRetrying(connectCtx, life, &attempts)
 			<-sem
 			if err != nil {
 				failed.Add(1)
@@ -85,20 +152,24 @@ func main() {
 				return
 			}
 			connected.Add(1)
+			wg.Add(1)
 			ready <- struct{}{}
-			a.serve()
-		}(i)
+			go func() {
+				defer wg.Done()
+				a.serve()
+			}()
+		}()
 	}
-	for i := 0; i < *agents; i++ {
+	for range swarm {
 		<-ready
 	}
-	r := report{Agents: *agents, Connected: int(connected.Load()), Failed: int(failed.Load()), Seconds: time.Since(start).Seconds()}
+	r := report{Phase: phase, Agents: len(swarm), Connected: int(connected.Load()), Failed: int(failed.Load()),
+		Attempts: attempts.Load(), Seconds: time.Since(start).Seconds()}
 	if e, ok := firstErr.Load().(string); ok {
 		r.FirstErr = e
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(r)
-	<-ctx.Done()
-	wg.Wait()
+	return r.Failed == 0
 }
 
 func fail(err error) {
@@ -115,16 +186,25 @@ func clientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error
 	if !pool.AppendCertsFromPEM(ca) {
 		return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", caFile)
 	}
+	c := &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}
+	if certFile == "" && keyFile == "" {
+		return c, nil // agents present tokens
+	}
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--agent-cert/--agent-key: %w", err)
 	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, ServerName: serverName, MinVersion: tls.VersionTLS12}, nil
+	c.Certificates = []tls.Certificate{pair}
+	return c, nil
 }
 
 // swarmAgent is one agent: one connection, one Connect stream.
 type swarmAgent struct {
 	id     string
+	server string
+	tls    *tls.Config
+	token  string     // "": the client certificate authenticates
+	source netip.Addr // the zero Addr: any
 	cc     *grpc.ClientConn
 	stream agentpb.AgentService_ConnectClient
 	sendMu sync.Mutex
@@ -136,19 +216,46 @@ type swarmAgent struct {
 // response is what every tunnel gets back for its request.
 var response = []byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
-func (a *swarmAgent) connect(connectCtx, life context.Context, server string, tlsCfg *tls.Config) error {
+// connectRetrying connects the agent, retrying after 1 s, 2 s, … up to 10 s (with 10% jitter), as
+// agents do, until connectCtx ends.
+func (a *swarmAgent) connectRetrying(connectCtx, life context.Context, attempts *atomic.Int64) error {
+	pause := time.Second
+	for {
+		attempts.Add(1)
+		err := a.connect(connectCtx, life)
+		if err == nil {
+			return nil
+		}
+		jitter := time.Duration(rand.Int64N(int64(pause / 10)))
+		select {
+		case <-connectCtx.Done():
+			return fmt.Errorf("%w (last attempt: %v)", connectCtx.Err(), err)
+		case <-time.After(pause + jitter):
+		}
+		pause = min(2*pause, 10*time.Second)
+	}
+}
+
+func (a *swarmAgent) connect(connectCtx, life context.Context) error {
 	// Small transport buffers: the load generator's own memory is not what is measured, and a few
 	// thousand agents with gRPC's 32 KiB defaults would crowd the machine.
-	cc, err := grpc.NewClient("passthrough:///"+server,
-		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+	d := &net.Dialer{}
+	if a.source.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: a.source.AsSlice()}
+	}
+	cc, err := grpc.NewClient("passthrough:///"+a.server,
+		grpc.WithTransportCredentials(credentials.NewTLS(a.tls)),
 		grpc.WithReadBufferSize(4096), grpc.WithWriteBufferSize(4096),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			return d.DialContext(ctx, "tcp", addr)
 		}))
 	if err != nil {
 		return err
 	}
 	md := metadata.Pairs(header.AgentID, a.id, header.AgentIdentifiers, "")
+	if a.token != "" {
+		md.Set(header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+a.token)
+	}
 	streamCtx := metadata.NewOutgoingContext(life, md)
 	stream, err := agentpb.NewAgentServiceClient(cc).Connect(streamCtx)
 	if err != nil {
