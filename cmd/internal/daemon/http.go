@@ -80,10 +80,11 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// Serve serves h on ln until ctx ends, then shuts down within ShutdownGrace and closes what is left. It
-// returns nil after a shutdown that ctx asked for.
+// Serve serves h on ln, at most MaxConnsPerSource connections from one source at once, until ctx ends, then
+// shuts down within ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	srv := NewHTTPServer(h)
+	ln = LimitPerSource(ln, MaxConnsPerSource)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
