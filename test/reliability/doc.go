@@ -5,6 +5,7 @@
 // two servers and two agents. docs/reliability.md lists each case with the test that shows it.
 //
 // It is not for unit behaviour of one package (each package tests its own bad input from the inside), nor
-// for the real kube-apiserver chain, which test/e2e runs. The tests expect root (bind mounts, tmpfs, sshd)
+// for the real kube-apiserver chain, which test/e2e runs; where kube-apiserver's own answers matter (a
+// TokenReview flood), it runs etcd and kube-apiserver alone on loopback. The tests expect root (bind mounts, tmpfs, sshd)
 // and fail, never skip, without it.
 package reliability
