@@ -30,7 +30,12 @@ or by client certificate (--cluster-ca-cert).
 
 It takes every flag of upstream proxy-server v0.36.0, so a manifest keeps its args, with upstream's
 defaults but two: --backend-dial-timeout is 30s (upstream: 0, off), and -v is 0 (upstream: 4). Also
-konnect's own: --max-pending-dials (default 2000) bounds the dials waiting for agents. Other differences:
+konnect's own: --max-pending-dials (default 2000) bounds the dials waiting for agents. Agents must
+authenticate: without --cluster-ca-cert or the token flags the server refuses to start, unless
+--allow-unauthenticated-agents. Peers of --agent-port that have not authenticated are bounded
+(--agent-auth-timeout, --max-unauthenticated-agent-connections[-per-source]), and tokens are reviewed with
+upstream's checks but a cache (--token-review-cache-ttl) and a bound on reviews in flight
+(--max-concurrent-token-reviews) instead of a 5-per-second rate limit. Other differences:
 every listener is bound before serving ("address in use" fails the start); --server-count must be at
 least 1; a stale socket is replaced but a live one refused, a file that is not a socket is never
 replaced, and a socket directory that another user could change (or one above it) is refused unless
