@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"syscall"
 	"time"
@@ -86,9 +87,13 @@ type Server struct {
 	// Name starts the text of error responses to HTTP clients ("konnect socks: cannot reach ..."), so that
 	// the user sees which program answered. "" means "proxy".
 	Name string
+	// MaxUnauthenticatedPerSource bounds, with Credentials, the connections from one source address that
+	// have not authenticated yet; more are reset. 0 means DefaultMaxUnauthenticatedPerSource.
+	MaxUnauthenticatedPerSource int
 
 	initOnce  sync.Once
 	limit     *ConnLimit
+	preAuth   *preAuth      // with Credentials
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
 	failures  FailureLog
@@ -108,6 +113,13 @@ func (s *Server) init() {
 			n = DefaultMaxConns
 		}
 		s.limit = NewConnLimit(n)
+		if s.Credentials != nil {
+			m := s.MaxUnauthenticatedPerSource
+			if m <= 0 {
+				m = DefaultMaxUnauthenticatedPerSource
+			}
+			s.preAuth = &preAuth{max: m, open: map[netip.Addr]int{}}
+		}
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
 			Proxy:                 nil,
@@ -205,6 +217,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 			return err
 		}
 		tempDelay = 0
+		if s.preAuth != nil {
+			var ok bool
+			if c, ok = s.preAuth.admit(c); !ok {
+				refuseSource(c, s.preAuth.max)
+				continue
+			}
+		}
 		if !s.limit.TryAcquire() {
 			// Over the cap: answer briefly in the client's protocol, unless too many refusals are
 			// already in flight, then just close.

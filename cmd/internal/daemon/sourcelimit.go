@@ -5,10 +5,11 @@ import (
 	"net/netip"
 	"sync"
 
+	"github.com/konnect-dev/konnect/socks"
 	"k8s.io/klog/v2"
 )
 
-// MaxConnsPerSource bounds the connections one source address (an IPv4 address or an IPv6 /64) may hold
+// MaxConnsPerSource bounds the connections one source address (socks.SourceOf) may hold
 // open at once to a health, metrics or admin endpoint. Those endpoints need no credentials and, once bound
 // beyond loopback, anyone may open connections to them; the timeouts above bound how long each lives, this
 // how many one peer holds. Probes and scrapers use a few.
@@ -33,7 +34,7 @@ func (l *sourceLimit) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := sourceOf(c.RemoteAddr())
+		src := socks.SourceOf(c.RemoteAddr())
 		l.mu.Lock()
 		full := l.open[src] >= l.max
 		if !full {
@@ -69,21 +70,4 @@ type sourceConn struct {
 func (c *sourceConn) Close() error {
 	c.once.Do(c.release)
 	return c.Conn.Close()
-}
-
-// sourceOf is the source a limit counts by: the IPv4 address, or the /64 of an IPv6 address, which one host
-// commonly owns whole. Other addresses (a Unix socket's) count as one. The tunnel's agent port counts the
-// same way (egress/tunnel's sourceOf; that package cannot import this one).
-func sourceOf(a net.Addr) netip.Addr {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	ip := ap.Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
 }

@@ -1,0 +1,95 @@
+package socks
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// DefaultMaxUnauthenticatedPerSource is Server.MaxUnauthenticatedPerSource's default.
+const DefaultMaxUnauthenticatedPerSource = 64
+
+// preAuth bounds, per source address, the connections that have not authenticated yet. A server that takes
+// credentials listens beyond loopback; without this bound one peer that never authenticates could hold
+// every one of MaxConns for a handshake timeout at a time, and again, and keep its users out.
+type preAuth struct {
+	max  int
+	mu   sync.Mutex
+	open map[netip.Addr]int
+}
+
+// admit counts c against its source, or reports false when the source is at the bound. The connection
+// counts until its handshake is over or it closes.
+func (p *preAuth) admit(c net.Conn) (net.Conn, bool) {
+	src := SourceOf(c.RemoteAddr())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[src] >= p.max {
+		return c, false
+	}
+	p.open[src]++
+	return &preAuthConn{Conn: c, release: func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.open[src]--; p.open[src] <= 0 {
+			delete(p.open, src)
+		}
+	}}, true
+}
+
+// preAuthConn is a connection counted by preAuth. Its handshake is over where the server lifts the
+// handshake's read deadline (SetReadDeadline with the zero time): after the credentials were checked and
+// the request read, in every protocol.
+type preAuthConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *preAuthConn) SetReadDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.once.Do(c.release)
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *preAuthConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection when the one underneath can (relay uses it).
+func (c *preAuthConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// refuseSource drops a connection whose source is at the bound, with a reset.
+func refuseSource(c net.Conn, max int) {
+	klog.V(1).InfoS("Proxy connection refused: too many unauthenticated connections from its source", "remote", c.RemoteAddr(), "max", max)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// SourceOf is the source a per-source bound counts by: the IPv4 address, or the /64 of an IPv6 address,
+// which one host commonly owns whole. Other addresses (a Unix socket's) count as one.
+func SourceOf(a net.Addr) netip.Addr {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
+}
