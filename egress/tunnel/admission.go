@@ -28,15 +28,17 @@ const (
 	DefaultAgentAuthTimeout = 10 * time.Second
 	// DefaultMaxUnauthenticated bounds the connections to the agent port that have not authenticated yet,
 	// in all and from one source address. A connection that authenticates stops counting, so these bound
-	// how many authenticate at once, not how many agents connect: 5,000 agents reconnecting together get in
-	// a thousand at a time, the others retry. One source is one IPv4 address or IPv6 /64.
+	// how many authenticate at once, not how many agents connect. Beyond the total, new connections wait
+	// in the kernel's accept queue, in order, until a slot frees: 5,000 agents reconnecting together get in
+	// a thousand at a time without a reset and a retry. Beyond the bound per source (one IPv4 address or
+	// IPv6 /64), a new connection is reset.
 	DefaultMaxUnauthenticated          = 1024
 	DefaultMaxUnauthenticatedPerSource = 64
 )
 
-// maxFrontendHandshakes bounds the TLS handshakes in progress on the mutual-TLS TCP frontend. Beyond it, new
-// connections wait in the kernel's accept queue instead of being refused: kube-apiserver opens one connection
-// per tunnel and does not retry a failed dial. A variable for tests.
+// maxFrontendHandshakes bounds the TLS handshakes in progress on the mutual-TLS TCP frontend; beyond it,
+// new connections wait in the accept queue as on the agent port (kube-apiserver opens one connection per
+// tunnel and does not retry a failed dial). A variable for tests.
 var maxFrontendHandshakes = 1024
 
 const (
@@ -47,7 +49,8 @@ const (
 
 // admission bounds the peers of one TCP listener until they authenticate. Each must authenticate within
 // timeout of being accepted or it is closed, and at most maxTotal (maxPerSource from one source) may be
-// unauthenticated at once. Without these, gRPC gives a TLS handshake 120 s and an HTTP/2 connection that
+// unauthenticated at once: past maxTotal the listener accepts nothing until a slot frees, past
+// maxPerSource a new connection is reset. Without these, gRPC gives a TLS handshake 120 s and an HTTP/2 connection that
 // never opens a stream forever. What "authenticated" means is the listener's: a completed TLS handshake
 // (which verified the client certificate) on the frontend, an accepted Connect stream on the agent port.
 type admission struct {
@@ -56,12 +59,11 @@ type admission struct {
 	timeout      time.Duration // to authenticate (at least handshake)
 	maxTotal     int           // 0: no bound
 	maxPerSource int           // 0: no bound
-	wait         bool          // at maxTotal, Accept waits for a slot instead of refusing the connection
 	onHandshake  bool          // a completed TLS handshake authenticates the connection
 	m            *authMetrics
 
 	mu        sync.Mutex
-	slotFreed chan struct{} // closed and replaced whenever a slot frees (wait mode)
+	slotFreed chan struct{} // closed and replaced whenever a slot frees
 	total     int
 	perSource map[netip.Addr]int
 }
@@ -87,20 +89,18 @@ func sourceOf(a net.Addr) netip.Addr {
 	return ip
 }
 
-// take counts a new unauthenticated connection from src, or reports why it may not have one.
-func (a *admission) take(src netip.Addr) (refused string) {
+// take counts a new unauthenticated connection from src, or reports false when src is at its bound. The
+// caller waited for a free slot in all (full).
+func (a *admission) take(src netip.Addr) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.maxTotal > 0 && a.total >= a.maxTotal {
-		return "total"
-	}
 	if a.maxPerSource > 0 && a.perSource[src] >= a.maxPerSource {
-		return "source"
+		return false
 	}
 	a.total++
 	a.perSource[src]++
 	a.m.unauthenticated.WithLabelValues(a.listener).Inc()
-	return ""
+	return true
 }
 
 func (a *admission) release(src netip.Addr) {
@@ -136,17 +136,18 @@ type admitListener struct {
 
 func (l *admitListener) Accept() (net.Conn, error) {
 	for {
-		if l.a.wait {
-			for {
-				full, freed := l.a.full()
-				if !full {
-					break
-				}
-				select {
-				case <-freed:
-				case <-l.closed:
-					return nil, net.ErrClosed
-				}
+		for waited := false; ; waited = true {
+			full, freed := l.a.full()
+			if !full {
+				break
+			}
+			if !waited {
+				l.a.m.acceptWaits.WithLabelValues(l.a.listener).Inc()
+			}
+			select {
+			case <-freed:
+			case <-l.closed:
+				return nil, net.ErrClosed
 			}
 		}
 		c, err := l.Listener.Accept()
@@ -154,10 +155,10 @@ func (l *admitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := sourceOf(c.RemoteAddr())
-		if reason := l.a.take(src); reason != "" {
-			l.a.m.connsRefused.WithLabelValues(l.a.listener, reason).Inc()
-			klog.V(2).InfoS("Refused a connection: too many unauthenticated connections", "listener", l.a.listener,
-				"remote", c.RemoteAddr(), "bound", reason)
+		if !l.a.take(src) {
+			l.a.m.connsRefused.WithLabelValues(l.a.listener).Inc()
+			klog.V(2).InfoS("Refused a connection: too many unauthenticated connections from its source", "listener", l.a.listener,
+				"remote", c.RemoteAddr(), "bound", l.a.maxPerSource)
 			// A reset rather than a FIN: nothing of the connection lingers here.
 			if tc, ok := c.(*net.TCPConn); ok {
 				_ = tc.SetLinger(0)

@@ -192,8 +192,8 @@ func (c tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]s
 func (tokenCreds) RequireTransportSecurity() bool { return true }
 
 // TestAgentPortCapsUnauthenticated: at most MaxUnauthenticatedPerSource connections from one source and
-// MaxUnauthenticated in all may be unauthenticated at once; beyond, a connection is reset at once. Agents
-// that authenticated do not count.
+// MaxUnauthenticated in all may be unauthenticated at once; beyond the first, a new connection is reset at
+// once, beyond the second it waits to be accepted until a slot frees. Agents that authenticated do not count.
 func TestAgentPortCapsUnauthenticated(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")
@@ -216,21 +216,37 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 		}
 	}
 	b1, b2 := dialFrom(t, "127.0.0.2", s.AgentAddr()), dialFrom(t, "127.0.0.2", s.AgentAddr())
-	if !refused("127.0.0.3", s.AgentAddr()) {
-		t.Fatal("a seventh unauthenticated connection was kept")
+	harness.EventuallyTrue(t, 5*time.Second, "six unauthenticated connections", func() bool {
+		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 6
+	})
+	// A seventh is not accepted, nor reset: it waits in the accept queue until a slot frees.
+	seventh := tls.Client(dialFrom(t, "127.0.0.3", s.AgentAddr()), agentTLS(t, e, true))
+	handshook := make(chan error, 1)
+	go func() {
+		_ = seventh.SetDeadline(time.Now().Add(20 * time.Second))
+		handshook <- seventh.Handshake()
+	}()
+	select {
+	case err := <-handshook:
+		t.Fatalf("a seventh unauthenticated connection was served at once (%v)", err)
+	case <-time.After(time.Second):
 	}
 	if !openAfter(b1, 100*time.Millisecond) || !openAfter(b2, 100*time.Millisecond) {
 		t.Fatal("connections within the total bound were closed")
 	}
-	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent", "source")); got != 1 {
+	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent")); got != 1 {
 		t.Errorf("refused for their source: %v, want 1", got)
 	}
-	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent", "total")); got != 1 {
-		t.Errorf("refused for the total: %v, want 1", got)
+	if got := counterValue(s.authMetrics.acceptWaits.WithLabelValues("agent")); got < 1 {
+		t.Errorf("waits for a slot counted: %v, want at least 1", got)
 	}
-	// A slot that frees is taken again, and an agent that authenticates leaves its slot.
+	// A slot that frees is taken by the waiting connection, and an agent that authenticates leaves its slot.
 	fromA[0].Close()
-	harness.EventuallyTrue(t, 5*time.Second, "the closed connection's slot freed", func() bool {
+	if err := <-handshook; err != nil {
+		t.Fatalf("the waiting connection's handshake once a slot freed: %v", err)
+	}
+	seventh.Close()
+	harness.EventuallyTrue(t, 5*time.Second, "the closed connections' slots freed", func() bool {
 		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 5
 	})
 	for _, c := range append(fromA[1:], b1, b2) {

@@ -6,7 +6,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // tokens (auth.go), next to the tunnel's metrics (metrics.go).
 type authMetrics struct {
 	unauthenticated *prometheus.GaugeVec   // listener
-	connsRefused    *prometheus.CounterVec // listener, bound
+	connsRefused    *prometheus.CounterVec // listener
+	acceptWaits     *prometheus.CounterVec // listener
 	connsExpired    *prometheus.CounterVec // listener, stage
 	authRefused     *prometheus.CounterVec // reason
 	reviews         *prometheus.CounterVec // result
@@ -26,8 +27,11 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 			"Connections accepted that have not authenticated yet (agent port: no Connect stream accepted; frontend: TLS handshake not done).")),
 			[]string{"listener"}),
 		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_refused_total",
-			"Connections closed at once because too many were unauthenticated, in total or from their source (bound).")),
-			[]string{"listener", "bound"}),
+			"Connections reset at once because too many from their source were unauthenticated.")),
+			[]string{"listener"}),
+		acceptWaits: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_accept_waits_total",
+			"Times the listener stopped accepting until a slot freed, because the bound on unauthenticated connections in all was reached.")),
+			[]string{"listener"}),
 		connsExpired: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_timed_out_total",
 			"Connections closed because they did not complete the TLS handshake (stage handshake, 5 s) or authenticate (stage auth, --agent-auth-timeout on the agent port) in time.")),
 			[]string{"listener", "stage"}),
@@ -54,7 +58,7 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.unauthenticated, m.connsRefused, m.connsExpired, m.authRefused, m.reviews,
+	for _, c := range []prometheus.Collector{m.unauthenticated, m.connsRefused, m.acceptWaits, m.connsExpired, m.authRefused, m.reviews,
 		m.cacheHits, m.reviewsWaiting, m.reviewsInFlight, m.reviewDuration, m.readinessReview} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -210,7 +210,7 @@ func (s *Server) listenFrontend() error {
 		}
 		// kube-apiserver authenticates in the TLS handshake; until then a peer is bounded like an agent.
 		s.frontendAdm = newAdmission("frontend", cfg.HandshakeTimeout, cfg.HandshakeTimeout, maxFrontendHandshakes, 0, s.authMetrics)
-		s.frontendAdm.wait, s.frontendAdm.onHandshake = true, true
+		s.frontendAdm.onHandshake = true
 		s.frontendLn = s.frontendAdm.listen(ln)
 		return nil
 	}

@@ -154,9 +154,9 @@ func (o *Options) addAgentAuthFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.AgentAuthTimeout, "agent-auth-timeout", o.AgentAuthTimeout,
 		"konnect: a connection to --agent-port that has no accepted Connect stream this long after it was accepted (TLS handshake, bounded to 5s, and authentication included) is closed. gRPC's defaults are 120s for the handshake and no bound after it.")
 	fs.IntVar(&o.MaxUnauthenticated, "max-unauthenticated-agent-connections", o.MaxUnauthenticated,
-		"konnect: how many connections to --agent-port may be unauthenticated at once; beyond, new ones are reset and their agents retry. Authenticated agents do not count. 0 means no bound.")
+		"konnect: how many connections to --agent-port may be unauthenticated at once; beyond, new ones wait in the accept queue until a slot frees. Authenticated agents do not count. 0 means no bound.")
 	fs.IntVar(&o.MaxUnauthenticatedPerSource, "max-unauthenticated-agent-connections-per-source", o.MaxUnauthenticatedPerSource,
-		"konnect: the same bound for one source address (an IPv4 address or an IPv6 /64). Raise it when agents reach the server through a NAT or a load balancer that hides their addresses. 0 means no bound.")
+		"konnect: how many connections to --agent-port from one source address (an IPv4 address or an IPv6 /64) may be unauthenticated at once; beyond, new ones are reset. Raise it when agents reach the server through a NAT or a load balancer that hides their addresses. 0 means no bound.")
 	fs.DurationVar(&o.TokenReviewCacheTTL, "token-review-cache-ttl", o.TokenReviewCacheTTL,
 		"konnect: how long an agent token that kube-apiserver accepted is remembered (by its SHA-256, never the token, and never past the token's expiry), so that an agent that reconnects needs no new TokenReview. 0 turns the cache off.")
 	fs.IntVar(&o.MaxConcurrentTokenReviews, "max-concurrent-token-reviews", o.MaxConcurrentTokenReviews,
