@@ -221,7 +221,11 @@ func (b *bench) report() error {
 	fmt.Fprintf(&sb, "- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&sb, "- CPU: %s\n", cpuLine())
 	fmt.Fprintf(&sb, "- Command: `%s`\n", strings.Join(os.Args, " "))
-	fmt.Fprintf(&sb, "- Rounds: %d measured per pair, after one warm-up\n", b.o.rounds)
+	fmt.Fprintf(&sb, "- Rounds: %d measured per pair, after one warm-up", b.o.rounds)
+	if b.wantRows()["10"] {
+		fmt.Fprintf(&sb, "; row 10: %d per storm size and contender, without a warm-up (each on a fresh server)", b.o.stormRounds)
+	}
+	sb.WriteString("\n")
 	if v, err := exec.Command(b.o.konnect, "version").Output(); err == nil {
 		fmt.Fprintf(&sb, "- %s", v)
 	}
