@@ -210,7 +210,8 @@ func TestFlowControlReachesConfig(t *testing.T) {
 		o := NewOptions()
 		fs := pflag.NewFlagSet("konnect", pflag.ContinueOnError)
 		o.AddFlags(fs)
-		args := append([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file}, tc.args...)
+		args := append([]string{"--uds-name=/x.sock", "--server-port=0", "--cluster-cert=" + file, "--cluster-key=" + file,
+			"--cluster-ca-cert=" + file}, tc.args...)
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
