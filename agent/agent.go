@@ -85,6 +85,15 @@ func (b *backoff) reset(cfg *Config) {
 	b.next = time.Now().Add(jitter(cfg.SyncInterval))
 }
 
+// spread schedules the next look for another server behind a load balancer at a random point between half
+// and one and a half --sync-interval. Agents that retry on a shared beat through one round-robin balancer
+// each land on the server they already have, round after round (three agents, three servers); a wide random
+// delay reorders them every round.
+func (b *backoff) spread(cfg *Config) {
+	b.delay = cfg.SyncInterval
+	b.next = time.Now().Add(cfg.SyncInterval/2 + time.Duration(rand.Int64N(int64(cfg.SyncInterval)+1)))
+}
+
 func jitter(d time.Duration) time.Duration {
 	return d + time.Duration(rand.Float64()*0.1*float64(d))
 }
@@ -128,13 +137,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	klog.InfoS("Agent starting", "agentID", a.cfg.AgentID, "servers", a.cfg.Servers, "identifiers", a.cfg.Identifiers)
-	tick := time.NewTicker(min(a.cfg.SyncInterval, time.Second))
-	defer tick.Stop()
+	// Not a ticker: a retry due between two ticks would wait for the second, and agents retrying through one
+	// round-robin balancer on a shared beat reach the same server every time (see backoff.spread).
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for ctx.Err() == nil {
-		a.sync(ctx, runCtx)
+		timer.Reset(a.sync(ctx, runCtx))
 		select {
 		case <-ctx.Done():
-		case <-tick.C:
+		case <-timer.C:
 		case <-a.wake:
 		}
 	}
@@ -254,16 +265,24 @@ func (a *Agent) connClosed() {
 // whose retry time has come; then, if the servers report more servers than the agent has reached, it dials
 // one more time through an address that already works (the load-balancer case). Lookups end with stopCtx
 // (Run's, cancelled by the signal); connections live on runCtx, which outlives the drain.
-func (a *Agent) sync(stopCtx, ctx context.Context) {
+// It returns how long to wait before the next sync: until the earliest retry falls due, and no longer than
+// the pause between connection checks.
+func (a *Agent) sync(stopCtx, ctx context.Context) time.Duration {
+	wait := min(a.cfg.SyncInterval, time.Second)
 	a.resolve(stopCtx)
 	if stopCtx.Err() != nil {
-		return
+		return wait
 	}
 	now := time.Now()
+	due := func(t time.Time) {
+		if d := t.Sub(now); d > 0 && d < wait {
+			wait = d
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.draining.Load() {
-		return
+		return wait
 	}
 	all := true
 	var working []*epState
@@ -279,7 +298,11 @@ func (a *Agent) sync(stopCtx, ctx context.Context) {
 		if !a.coveredLocked(st) && (st.busy || st.lastErr == nil) {
 			all = false
 		}
-		if st.busy || now.Before(st.retry.next) {
+		if st.busy {
+			continue
+		}
+		if now.Before(st.retry.next) {
+			due(st.retry.next)
 			continue
 		}
 		// Another address of a connected server: while no server is missing, there is nothing to find
@@ -291,15 +314,19 @@ func (a *Agent) sync(stopCtx, ctx context.Context) {
 		a.wg.Add(1)
 		go a.connect(ctx, st, false)
 	}
-	if all && len(working) > 0 && !a.lbBusy && !now.Before(a.lb.next) &&
-		(len(a.sessions) < want || a.cfg.SyncForever) {
-		st := working[a.lbNext%len(working)]
-		a.lbNext++
-		a.lbBusy = true
-		a.wg.Add(1)
-		go a.connect(ctx, st, true)
+	if all && len(working) > 0 && !a.lbBusy && (len(a.sessions) < want || a.cfg.SyncForever) {
+		if now.Before(a.lb.next) {
+			due(a.lb.next)
+		} else {
+			st := working[a.lbNext%len(working)]
+			a.lbNext++
+			a.lbBusy = true
+			a.wg.Add(1)
+			go a.connect(ctx, st, true)
+		}
 	}
 	a.m.knownServers.Set(float64(a.knownServersLocked()))
+	return wait
 }
 
 func (a *Agent) sortedEndpoints() []*epState {
@@ -429,7 +456,7 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 		// Expected behind a load balancer, or when two addresses lead to one server: no backoff, just wait
 		// for the next round.
 		if extra {
-			a.lb.reset(&a.cfg)
+			a.lb.spread(&a.cfg)
 		} else {
 			// Checked again now and then, in case the address comes to lead somewhere else.
 			st.aliasOf, st.lastErr = s.serverID, nil

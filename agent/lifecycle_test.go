@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -206,6 +207,42 @@ func TestLoadBalancedAddress(t *testing.T) {
 				t.Fatalf("Connected() = %d, want %d", n, tc.want)
 			}
 		})
+	}
+}
+
+// TestLoadBalancerSharedByAgents: agents that retry behind one round-robin balancer in a fixed rhythm reach
+// the same server every time (three agents, three servers: each retry lands where that agent already is),
+// unless the retries are spread in time. Each agent must still reach every server.
+func TestLoadBalancerSharedByAgents(t *testing.T) {
+	pki := newTestPKI(t)
+	var backends []string
+	var servers []*upstreamServer
+	for _, id := range []string{"s1", "s2", "s3"} {
+		s := startUpstreamServer(t, serverOpts{id: id, count: 3, ca: pki.ca})
+		servers = append(servers, s)
+		backends = append(backends, s.agentAddr)
+	}
+	lb := tcpBalancer(t, backends...)
+	var agents []*runningAgent
+	for i := range 3 {
+		cfg := pki.config(lb)
+		cfg.AgentID = fmt.Sprintf("agent-%d", i)
+		agents = append(agents, startAgent(t, cfg))
+		// Distinct phases within the sync interval, as agents started on different nodes have.
+		time.Sleep(cfg.SyncInterval / 3)
+	}
+	harness.EventuallyTrue(t, 20*time.Second, "every agent on all three servers", func() bool {
+		for _, ra := range agents {
+			if n, _ := ra.Connected(); n != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, s := range servers {
+		if got := s.backends(); got != 3 {
+			t.Fatalf("server has %d agents, want 3", got)
+		}
 	}
 }
 
