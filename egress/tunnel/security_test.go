@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress/uds"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/konnect-dev/konnect/test/harness"
 	authv1 "k8s.io/api/authentication/v1"
 	"k8s.io/client-go/kubernetes"

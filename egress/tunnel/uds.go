@@ -6,8 +6,8 @@ import (
 	"net"
 	"os"
 
-	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/pki/reload"
+	"github.com/konnect-dev/konnect/pki/uds"
 )
 
 const (

@@ -1,6 +1,6 @@
 // Package safepath decides whether a path on this host is one that only root and the running user can
 // change: the one rule behind "never write through a path another user controls", for konnect's keys,
-// manifests and kubeconfigs (pki.WriteFile) and for its Unix sockets (egress/uds).
+// manifests and kubeconfigs (pki.WriteFile) and for its Unix sockets (pki/uds).
 //
 // A user can change what a path leads to when they own, or may write to, a directory that the path is
 // looked up in, or own a symlink that it follows. So the path is resolved one name at a time, as the kernel

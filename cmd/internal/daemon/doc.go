@@ -12,7 +12,7 @@
 //     the files it is given, but binds, starts and dials nothing.
 //   - New(cfg *Config) builds the daemon and binds every listener it will serve, its own and its health
 //     and admin endpoints (Endpoints), TCP through Listen (loopback unless a flag allows more) and Unix
-//     sockets through egress/uds, so that an address in use fails the start. Nothing stays bound when New
+//     sockets through pki/uds, so that an address in use fails the start. Nothing stays bound when New
 //     fails.
 //   - Run(ctx) serves until ctx ends, then stops within the graceful timeout. It adds the endpoints and
 //     then the daemon's parts to a Group, which stops them in reverse order on SIGINT/SIGTERM or the first

@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress"
-	"github.com/konnect-dev/konnect/egress/uds"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/spf13/pflag"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
-	"github.com/konnect-dev/konnect/egress/uds"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/prometheus/client_golang/prometheus"

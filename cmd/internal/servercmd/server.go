@@ -11,7 +11,7 @@ import (
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
-	"github.com/konnect-dev/konnect/egress/uds"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
