@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/egress/konnectivity/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"google.golang.org/grpc"

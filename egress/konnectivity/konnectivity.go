@@ -3,8 +3,9 @@
 //
 // It is a leaf: it imports nothing of konnect's, so that pki, egress, agent, manifests and cmd can all use it.
 // It holds no logic beyond reading the refusal reasons that a tunnel carries as text, and reading upstream's
-// metrics from prometheus' default registry. Its subpackage wire holds the one gRPC codec that the server
-// and the agent speak, and flow the one per-connection queue.
+// metrics from prometheus' default registry. Its subpackages are the rest of the kit the server and the agent
+// share: wire (the one gRPC codec both ends speak), flow (per-connection flow control and its queue) and
+// batchtls (TLS records batched under the agent link).
 package konnectivity
 
 // Identities.

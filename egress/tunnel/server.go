@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/konnect-dev/konnect/agent/batchtls"
+	"github.com/konnect-dev/konnect/egress/konnectivity/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"github.com/konnect-dev/konnect/pki/reload"
 	"google.golang.org/grpc"

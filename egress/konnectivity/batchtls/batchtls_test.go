@@ -109,7 +109,7 @@ func TestBatchTLS(t *testing.T) {
 // BenchmarkBatchTLS moves data over TLS on loopback in gRPC-sized writes (the transport's 256 KiB buffer),
 // with crypto/tls writing each record itself ("plain") and with records batched under TLS.
 //
-//	go test -run '^$' -bench BatchTLS ./agent/batchtls
+//	go test -run '^$' -bench BatchTLS ./egress/konnectivity/batchtls
 func BenchmarkBatchTLS(b *testing.B) {
 	for _, batched := range []bool{false, true} {
 		name := "plain"
