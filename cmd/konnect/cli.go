@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
-	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
@@ -52,8 +52,8 @@ func unknownSubcommand(cmd *cobra.Command, name string) error {
 // flagValues are the shell completions of flags that take one of a few values, by flag name: every command
 // with a flag of that name offers them (TestFlagCompletion checks that each such flag's help names them).
 var flagValues = map[string][]string{
-	"mode":          {string(egress.ModeGRPC) + "\tgRPC tunnel (konnectivity-client)", string(egress.ModeHTTPConnect) + "\tHTTP CONNECT"},
-	"transport":     {string(egress.TransportUDS) + "\tunix socket", string(egress.TransportTCP) + "\tmTLS over TCP on 127.0.0.1"},
+	"mode":          {string(kubeapiserver.ModeGRPC) + "\tgRPC tunnel (konnectivity-client)", string(kubeapiserver.ModeHTTPConnect) + "\tHTTP CONNECT"},
+	"transport":     {string(kubeapiserver.TransportUDS) + "\tunix socket", string(kubeapiserver.TransportTCP) + "\tmTLS over TCP on 127.0.0.1"},
 	"agent-auth":    {initcmd.AgentAuthToken + "\tprojected ServiceAccount token, checked by TokenReview", initcmd.AgentAuthMTLS + "\tclient certificate"},
 	"key-algorithm": keyAlgorithms(),
 	"step": {

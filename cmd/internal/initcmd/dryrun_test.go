@@ -11,7 +11,7 @@ import (
 func TestDryRunShowsDiff(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "D")
 	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
-	orig, err := os.ReadFile("../../../egress/testdata/kube-apiserver.yaml")
+	orig, err := os.ReadFile("../../../manifests/kubeapiserver/testdata/kube-apiserver.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

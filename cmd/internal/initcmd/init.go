@@ -30,7 +30,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
@@ -64,7 +64,7 @@ func phases() []phase {
 		},
 		{name: "kubeconfig", short: "Write DIR/" + pki.KubeconfigFile + " for the Konnectivity server", needs: needs{apiserverURL: true}, run: (*runner).kubeconfig},
 		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
-		{name: "kubeadm", short: "With --kubeadm, record the flags and volumes the flags phase sets on kube-apiserver in kubeadm's ClusterConfiguration (ConfigMap " + egress.KubeadmConfigNamespace + "/" + egress.KubeadmConfigName + "), so that kubeadm upgrade and join keep them", run: (*runner).kubeadm},
+		{name: "kubeadm", short: "With --kubeadm, record the flags and volumes the flags phase sets on kube-apiserver in kubeadm's ClusterConfiguration (ConfigMap " + kubeapiserver.KubeadmConfigNamespace + "/" + kubeapiserver.KubeadmConfigName + "), so that kubeadm upgrade and join keep them", run: (*runner).kubeadm},
 		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
 		{name: "manifests", short: "Write the Konnectivity server static pod to DIR/" + ManifestsSubdir + "/, and the agent DaemonSet, RBAC, kustomization.yaml to DIR/" + AgentBundleDir + "/", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
 	}
@@ -339,7 +339,7 @@ func (r *runner) flags([]string) error {
 		return err
 	}
 	if r.o.APIServerManifest == "" {
-		return r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644)
+		return r.write(filepath.Join(r.o.Dir, FlagsFile), kubeapiserver.MarshalFlags(flags), 0o644)
 	}
 	patch, err := r.manifestPatch(flags)
 	if err != nil {
@@ -353,7 +353,7 @@ func (r *runner) flags([]string) error {
 			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
 		}
 	}
-	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), egress.MarshalFlags(flags), 0o644); err != nil {
+	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), kubeapiserver.MarshalFlags(flags), 0o644); err != nil {
 		return err
 	}
 	if r.o.DryRun {
@@ -361,14 +361,14 @@ func (r *runner) flags([]string) error {
 		if err != nil {
 			return fmt.Errorf("--apiserver-manifest: %w", err)
 		}
-		patched, changed, err := egress.PatchManifest(data, path, patch)
+		patched, changed, err := kubeapiserver.PatchManifest(data, path, patch)
 		if err != nil {
 			return err
 		}
 		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path, diff: dryRunDiff(path, data, patched, changed)})
 		return nil
 	}
-	res, err := egress.PatchManifestFile(path, patch)
+	res, err := kubeapiserver.PatchManifestFile(path, patch)
 	if err != nil {
 		return err
 	}
@@ -381,21 +381,21 @@ func (r *runner) flags([]string) error {
 }
 
 // manifestPatch is what the flags phase sets on the kube-apiserver static pod.
-func (r *runner) manifestPatch(flags []egress.Flag) (egress.ManifestPatch, error) {
+func (r *runner) manifestPatch(flags []kubeapiserver.Flag) (kubeapiserver.ManifestPatch, error) {
 	sel := r.o.selector()
 	config, err := sel.Marshal()
 	if err != nil {
-		return egress.ManifestPatch{}, err
+		return kubeapiserver.ManifestPatch{}, err
 	}
-	return egress.ManifestPatch{Flags: flags, Optional: egress.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
-		Annotations: map[string]string{egress.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}, nil
+	return kubeapiserver.ManifestPatch{Flags: flags, Optional: kubeapiserver.OptionalFlags, UDSDir: sel.UDSDir(), Files: sel.Files(),
+		Annotations: map[string]string{kubeapiserver.EgressConfigAnnotation: fmt.Sprintf("%x", sha256.Sum256(config))}}, nil
 }
 
 // keepUnannotated drops the egress configuration's annotation from patch when the manifest at path has none and
 // the egress phase of this run kept the configuration as it was: kubeadm wrote the manifest anew from a
 // ClusterConfiguration that carries konnect's flags (kubeadm join --control-plane, kubeadm upgrade), so
 // kube-apiserver started with this configuration, and adding the annotation would only restart it.
-func (r *runner) keepUnannotated(patch egress.ManifestPatch, path string) {
+func (r *runner) keepUnannotated(patch kubeapiserver.ManifestPatch, path string) {
 	if !r.egressKept {
 		return
 	}
@@ -403,15 +403,15 @@ func (r *runner) keepUnannotated(patch egress.ManifestPatch, path string) {
 	if err != nil {
 		return
 	}
-	if pod, err := egress.DecodePod(data, path); err == nil && pod.Annotations[egress.EgressConfigAnnotation] == "" {
-		delete(patch.Annotations, egress.EgressConfigAnnotation)
+	if pod, err := kubeapiserver.DecodePod(data, path); err == nil && pod.Annotations[kubeapiserver.EgressConfigAnnotation] == "" {
+		delete(patch.Annotations, kubeapiserver.EgressConfigAnnotation)
 	}
 }
 
 // requireFiles refuses a patch that points kube-apiserver at a file that does not exist yet, as when the
 // flags phase runs alone before the certs or egress phase: kube-apiserver would not start (and kubelet
 // refuses a hostPath volume of type File that is missing), taking the control plane down with it.
-func requireFiles(p egress.ManifestPatch) error {
+func requireFiles(p kubeapiserver.ManifestPatch) error {
 	files := slices.Clone(p.Files)
 	for _, f := range p.Flags {
 		if strings.HasSuffix(f.Name, "-file") {

@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
@@ -704,8 +704,8 @@ spec:
 			t.Errorf("patched manifest lacks %s", want)
 		}
 	}
-	if !strings.Contains(string(data), egress.EgressConfigAnnotation+": ") {
-		t.Errorf("patched manifest lacks the annotation %s", egress.EgressConfigAnnotation)
+	if !strings.Contains(string(data), kubeapiserver.EgressConfigAnnotation+": ") {
+		t.Errorf("patched manifest lacks the annotation %s", kubeapiserver.EgressConfigAnnotation)
 	}
 	before := sums(t, filepath.Dir(manifest))
 	out = mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)

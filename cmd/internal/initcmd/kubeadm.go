@@ -15,14 +15,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 )
 
 // DefaultKubeadmKubeconfig is kubeadm's admin kubeconfig on a control-plane node.
 const DefaultKubeadmKubeconfig = "/etc/kubernetes/admin.conf"
 
-const kubeadmConfigMapName = "ConfigMap " + egress.KubeadmConfigNamespace + "/" + egress.KubeadmConfigName
+const kubeadmConfigMapName = "ConfigMap " + kubeapiserver.KubeadmConfigNamespace + "/" + kubeapiserver.KubeadmConfigName
 
 // kubeadm records in kubeadm's ClusterConfiguration what the flags phase changes (or changed) in kube-apiserver.
 // It runs before the flags phase: a cluster it cannot update leaves kube-apiserver.yaml as it was.
@@ -43,12 +43,12 @@ func (r *runner) kubeadm([]string) error {
 	if err != nil {
 		return fmt.Errorf("--apiserver-manifest: %w", err)
 	}
-	before, err := egress.DecodePod(data, path)
+	before, err := kubeapiserver.DecodePod(data, path)
 	if err != nil {
 		return err
 	}
 	after := before.DeepCopy()
-	if _, err := egress.PatchPod(after, patch); err != nil {
+	if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	managed := flagNames(flags)
@@ -56,27 +56,27 @@ func (r *runner) kubeadm([]string) error {
 	if err != nil {
 		return err
 	}
-	var rec egress.KubeadmRecord
+	var rec kubeapiserver.KubeadmRecord
 	changed := false
 	err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
-		old, err := egress.ParseKubeadmRecord(cm.Annotations[egress.KubeadmRecordAnnotation])
+		old, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
 		if err != nil {
 			return false, err
 		}
-		cc, newRec, ccChanged, err := egress.RecordInClusterConfiguration(cm.Data[egress.KubeadmConfigKey], old, before, after, managed)
+		cc, newRec, ccChanged, err := kubeapiserver.RecordInClusterConfiguration(cm.Data[kubeapiserver.KubeadmConfigKey], old, before, after, managed)
 		if err != nil {
 			return false, err
 		}
 		rec = newRec
-		changed = ccChanged || newRec.String() != old.String() || cm.Annotations[egress.KubeadmRecordAnnotation] == ""
+		changed = ccChanged || newRec.String() != old.String() || cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] == ""
 		if !changed || r.o.DryRun {
 			return false, nil
 		}
-		cm.Data[egress.KubeadmConfigKey] = cc
+		cm.Data[kubeapiserver.KubeadmConfigKey] = cc
 		if cm.Annotations == nil {
 			cm.Annotations = map[string]string{}
 		}
-		cm.Annotations[egress.KubeadmRecordAnnotation] = newRec.String()
+		cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] = newRec.String()
 		return true, nil
 	})
 	if err != nil {
@@ -91,12 +91,12 @@ func (r *runner) kubeadm([]string) error {
 	return nil
 }
 
-func flagNames(flags []egress.Flag) []string {
+func flagNames(flags []kubeapiserver.Flag) []string {
 	var out []string
 	for _, f := range flags {
 		out = append(out, f.Name)
 	}
-	return append(out, egress.OptionalFlags...)
+	return append(out, kubeapiserver.OptionalFlags...)
 }
 
 // newKubeadmClient is kubeadmClient; tests replace it.
@@ -116,14 +116,14 @@ func kubeadmClient(kubeconfig string) (kubernetes.Interface, error) {
 func updateKubeadmConfig(client kubernetes.Interface, edit func(*corev1.ConfigMap) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cms := client.CoreV1().ConfigMaps(egress.KubeadmConfigNamespace)
+	cms := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := cms.Get(ctx, egress.KubeadmConfigName, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if _, ok := cm.Data[egress.KubeadmConfigKey]; !ok {
-			return fmt.Errorf("it has no %s", egress.KubeadmConfigKey)
+		if _, ok := cm.Data[kubeapiserver.KubeadmConfigKey]; !ok {
+			return fmt.Errorf("it has no %s", kubeapiserver.KubeadmConfigKey)
 		}
 		write, err := edit(cm)
 		if err != nil || !write {
@@ -171,7 +171,7 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 				}
 				fmt.Fprintln(out, line)
 			}
-			var rec egress.KubeadmRecord
+			var rec kubeapiserver.KubeadmRecord
 			if kubeadm {
 				client, err := newKubeadmClient(kubeconfig)
 				if err != nil {
@@ -180,13 +180,13 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 				verb := string(pki.Kept)
 				err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
 					var err error
-					if rec, err = egress.ParseKubeadmRecord(cm.Annotations[egress.KubeadmRecordAnnotation]); err != nil {
+					if rec, err = kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation]); err != nil {
 						return false, err
 					}
-					if cm.Annotations[egress.KubeadmRecordAnnotation] == "" || rec.Removed {
+					if cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] == "" || rec.Removed {
 						return false, nil
 					}
-					cc, _, err := egress.RemoveFromClusterConfiguration(cm.Data[egress.KubeadmConfigKey], rec)
+					cc, _, err := kubeapiserver.RemoveFromClusterConfiguration(cm.Data[kubeapiserver.KubeadmConfigKey], rec)
 					if err != nil {
 						return false, err
 					}
@@ -194,10 +194,10 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 					if dryRun {
 						return false, nil
 					}
-					cm.Data[egress.KubeadmConfigKey] = cc
+					cm.Data[kubeapiserver.KubeadmConfigKey] = cc
 					done := rec
 					done.Removed = true
-					cm.Annotations[egress.KubeadmRecordAnnotation] = done.String()
+					cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] = done.String()
 					return true, nil
 				})
 				if err != nil {
@@ -210,17 +210,17 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 				if err != nil {
 					return fmt.Errorf("--apiserver-manifest: %w", err)
 				}
-				pod, err := egress.DecodePod(data, manifest)
+				pod, err := kubeapiserver.DecodePod(data, manifest)
 				if err != nil {
 					return err
 				}
-				changed, err := egress.UnpatchPod(pod, rec)
+				changed, err := kubeapiserver.UnpatchPod(pod, rec)
 				if err != nil {
 					return err
 				}
 				say(string(actionFor(changed, true)), manifest, "")
 			} else {
-				res, err := egress.UnpatchManifestFile(manifest, rec, "")
+				res, err := kubeapiserver.UnpatchManifestFile(manifest, rec, "")
 				if err != nil {
 					return err
 				}
@@ -244,9 +244,9 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&dir, "dir", pki.DefaultDir, "the directory konnect init wrote into")
-	fs.StringVar(&manifest, "apiserver-manifest", egress.DefaultAPIServerManifest, "the kube-apiserver static pod manifest konnect init patched")
-	fs.BoolVar(&kubeadm, "kubeadm", false, "also take konnect's flags and volumes out of kubeadm's ClusterConfiguration (ConfigMap "+egress.KubeadmConfigNamespace+"/"+egress.KubeadmConfigName+"), and put back in kube-apiserver.yaml the values kubeadm gives them")
-	fs.StringVar(&kubeconfig, "kubeadm-kubeconfig", DefaultKubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+egress.KubeadmConfigName)
+	fs.StringVar(&manifest, "apiserver-manifest", kubeapiserver.DefaultAPIServerManifest, "the kube-apiserver static pod manifest konnect init patched")
+	fs.BoolVar(&kubeadm, "kubeadm", false, "also take konnect's flags and volumes out of kubeadm's ClusterConfiguration (ConfigMap "+kubeapiserver.KubeadmConfigNamespace+"/"+kubeapiserver.KubeadmConfigName+"), and put back in kube-apiserver.yaml the values kubeadm gives them")
+	fs.StringVar(&kubeconfig, "kubeadm-kubeconfig", DefaultKubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+kubeapiserver.KubeadmConfigName)
 	fs.BoolVar(&dryRun, "dry-run", false, "print what would change, and change nothing")
 	return cmd
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/konnect-dev/konnect/egress"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"sigs.k8s.io/yaml"
 )
 
@@ -67,8 +67,8 @@ apiServer: {}
 func withFakeKubeadm(t *testing.T) *fake.Clientset {
 	t.Helper()
 	client := fake.NewClientset(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: egress.KubeadmConfigName, Namespace: egress.KubeadmConfigNamespace},
-		Data:       map[string]string{egress.KubeadmConfigKey: kubeadmClusterConfiguration},
+		ObjectMeta: metav1.ObjectMeta{Name: kubeapiserver.KubeadmConfigName, Namespace: kubeapiserver.KubeadmConfigNamespace},
+		Data:       map[string]string{kubeapiserver.KubeadmConfigKey: kubeadmClusterConfiguration},
 	})
 	old := newKubeadmClient
 	newKubeadmClient = func(string) (kubernetes.Interface, error) { return client, nil }
@@ -78,7 +78,7 @@ func withFakeKubeadm(t *testing.T) *fake.Clientset {
 
 func kubeadmConfigMap(t *testing.T, client kubernetes.Interface) *corev1.ConfigMap {
 	t.Helper()
-	cm, err := client.CoreV1().ConfigMaps(egress.KubeadmConfigNamespace).Get(context.Background(), egress.KubeadmConfigName, metav1.GetOptions{})
+	cm, err := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace).Get(context.Background(), kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestInitKubeadmAndReset(t *testing.T) {
 		t.Fatalf("konnect init --kubeadm:\n%s", out)
 	}
 	cm := kubeadmConfigMap(t, client)
-	cc := cm.Data[egress.KubeadmConfigKey]
+	cc := cm.Data[kubeapiserver.KubeadmConfigKey]
 	for _, want := range []string{"egress-selector-config-file", "requestheader-uid-headers", "enable-aggregator-routing", "konnectivity-uds", "egress-selector-config"} {
 		if !strings.Contains(cc, want) {
 			t.Errorf("ClusterConfiguration lacks %s:\n%s", want, cc)
@@ -132,7 +132,7 @@ func TestInitKubeadmAndReset(t *testing.T) {
 			t.Errorf("ClusterConfiguration records %s, which kubeadm sets itself:\n%s", not, cc)
 		}
 	}
-	if cm.Annotations[egress.KubeadmRecordAnnotation] == "" {
+	if cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] == "" {
 		t.Fatalf("no record annotation")
 	}
 	if out := mustRun(t, args...); !strings.Contains(out, "[kept] ConfigMap kube-system/kubeadm-config") || !strings.Contains(out, "[kept] "+manifest) {
@@ -146,12 +146,12 @@ func TestInitKubeadmAndReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := egress.DecodePod(data, manifest)
+	pod, err := kubeapiserver.DecodePod(data, manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	delete(pod.Annotations, egress.EgressConfigAnnotation)
-	delete(pod.Annotations, egress.AddedFlagsAnnotation)
+	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
+	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
 	rewritten, err := yaml.Marshal(pod)
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestInitKubeadmAndReset(t *testing.T) {
 	if out := mustRun(t, append(args, "--mode", "http-connect")...); !strings.Contains(out, "[updated] "+manifest) {
 		t.Fatalf("init with a new egress selector configuration:\n%s", out)
 	}
-	if data, _ := os.ReadFile(manifest); !strings.Contains(string(data), egress.EgressConfigAnnotation) {
+	if data, _ := os.ReadFile(manifest); !strings.Contains(string(data), kubeapiserver.EgressConfigAnnotation) {
 		t.Fatalf("the new configuration did not annotate kube-apiserver, which would not restart:\n%s", data)
 	}
 
@@ -176,15 +176,15 @@ func TestInitKubeadmAndReset(t *testing.T) {
 		}
 	}
 	cm = kubeadmConfigMap(t, client)
-	if got := cm.Data[egress.KubeadmConfigKey]; strings.Contains(got, "extraArgs") || strings.Contains(got, "extraVolumes") {
+	if got := cm.Data[kubeapiserver.KubeadmConfigKey]; strings.Contains(got, "extraArgs") || strings.Contains(got, "extraVolumes") {
 		t.Errorf("ClusterConfiguration after reset:\n%s", got)
 	}
 	got, err := os.ReadFile(manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := egress.DecodePod(got, "after")
-	b, _ := egress.DecodePod([]byte(kubeadmPod), "kubeadm")
+	a, _ := kubeapiserver.DecodePod(got, "after")
+	b, _ := kubeapiserver.DecodePod([]byte(kubeadmPod), "kubeadm")
 	if !equality.Semantic.DeepEqual(a, b) {
 		t.Errorf("kube-apiserver.yaml after reset:\n%s\nwant kubeadm's:\n%s", got, kubeadmPod)
 	}

@@ -12,9 +12,9 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
-	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -272,7 +272,7 @@ func (o *Options) serverManifest() manifests.Server {
 		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
 	}
 	srv.LeaseController = o.ServerLeases
-	if o.Transport == egress.TransportTCP {
+	if o.Transport == kubeapiserver.TransportTCP {
 		srv.FrontendBindAddress = "127.0.0.1"
 		srv.FrontendPort = o.FrontendPort
 		srv.ServerCert = o.pkiPath(pki.KonnectivityFrontend, false)

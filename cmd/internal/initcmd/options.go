@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/konnect-dev/konnect/pki/uds"
@@ -48,8 +48,8 @@ type Options struct {
 	APIServerURL string
 
 	// How kube-apiserver reaches the Konnectivity server, and how agents authenticate.
-	Mode      egress.Mode
-	Transport egress.Transport
+	Mode      kubeapiserver.Mode
+	Transport kubeapiserver.Transport
 	UDSName   string
 	// AllowSharedUDSDir accepts a socket directory that another user could change, and passes the server's
 	// flag of that name into its static pod.
@@ -82,10 +82,10 @@ func NewOptions() *Options {
 		KeyAlgorithm: string(pki.RSA2048),
 		CAValidity:   pki.DefaultCAValidity,
 		CertValidity: pki.DefaultCertValidity,
-		Mode:         egress.ModeGRPC,
-		Transport:    egress.TransportUDS,
-		UDSName:      egress.DefaultUDSName,
-		FrontendPort: egress.DefaultFrontendPort,
+		Mode:         kubeapiserver.ModeGRPC,
+		Transport:    kubeapiserver.TransportUDS,
+		UDSName:      kubeapiserver.DefaultUDSName,
+		FrontendPort: kubeapiserver.DefaultFrontendPort,
 		AgentAuth:    AgentAuthToken,
 		Image:        defaultImage(),
 
@@ -113,9 +113,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSlice("api-audiences", nil, "")
 	_ = fs.MarkDeprecated("api-audiences", "it is ignored: kube-apiserver checks the agents' tokens against the audience the server's TokenReviews name, and listing that audience in --api-audiences would make the tokens credentials for its API")
 	fs.BoolVar(&o.EnableAggregatorRouting, "enable-aggregator-routing", o.EnableAggregatorRouting, "add --enable-aggregator-routing=true (no kube-proxy on the control-plane node)")
-	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+egress.DefaultAPIServerManifest+"), keeping a backup")
-	fs.BoolVar(&o.Kubeadm, "kubeadm", o.Kubeadm, "the control plane is kubeadm's: patch "+egress.DefaultAPIServerManifest+" (unless --apiserver-manifest names another) and record the change in kubeadm's ClusterConfiguration (ConfigMap "+egress.KubeadmConfigNamespace+"/"+egress.KubeadmConfigName+"), so that kubeadm upgrade and kubeadm join --control-plane keep it")
-	fs.StringVar(&o.KubeadmKubeconfig, "kubeadm-kubeconfig", o.KubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+egress.KubeadmConfigName)
+	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+kubeapiserver.DefaultAPIServerManifest+"), keeping a backup")
+	fs.BoolVar(&o.Kubeadm, "kubeadm", o.Kubeadm, "the control plane is kubeadm's: patch "+kubeapiserver.DefaultAPIServerManifest+" (unless --apiserver-manifest names another) and record the change in kubeadm's ClusterConfiguration (ConfigMap "+kubeapiserver.KubeadmConfigNamespace+"/"+kubeapiserver.KubeadmConfigName+"), so that kubeadm upgrade and kubeadm join --control-plane keep it")
+	fs.StringVar(&o.KubeadmKubeconfig, "kubeadm-kubeconfig", o.KubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+kubeapiserver.KubeadmConfigName)
 	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, and rewrite a kubeconfig that points elsewhere (never a CA)")
 	fs.BoolVar(&o.DryRun, "dry-run", o.DryRun, "print what would be written, and write nothing")
 }
@@ -145,12 +145,12 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		o.Dir = abs
 	}
 	if o.Kubeadm && o.APIServerManifest == "" {
-		o.APIServerManifest = egress.DefaultAPIServerManifest
+		o.APIServerManifest = kubeapiserver.DefaultAPIServerManifest
 	}
 	udsNameSet := fs != nil && fs.Changed("uds-name")
 	if !udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
 		// The socket sits where it would under the default directory, so that one --dir moves everything.
-		o.UDSName = filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))
+		o.UDSName = filepath.Join(o.Dir, strings.TrimPrefix(kubeapiserver.DefaultUDSName, pki.DefaultDir))
 	}
 	return nil
 }
@@ -202,7 +202,7 @@ func (o *Options) Validate(n needs) error {
 	if err := o.selector().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("--mode/--transport/--uds-name: %w", err))
 	}
-	if o.Transport != egress.TransportTCP && o.UDSName != "" && o.Dir != "" {
+	if o.Transport != kubeapiserver.TransportTCP && o.UDSName != "" && o.Dir != "" {
 		if err := o.checkSocketDir(); err != nil {
 			errs = append(errs, err)
 		}
@@ -220,7 +220,7 @@ func (o *Options) Validate(n needs) error {
 		// Decoded here, before anything is written, so that a manifest that is not a Pod leaves no PKI behind.
 		if data, err := os.ReadFile(o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
-		} else if _, err := egress.DecodePod(data, o.APIServerManifest); err != nil {
+		} else if _, err := kubeapiserver.DecodePod(data, o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
 		}
 	}
@@ -241,7 +241,7 @@ func (o *Options) checkSocketDir() error {
 	dir := filepath.Dir(sock)
 	refuse := func(what string) error {
 		return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
-			o.UDSName, dir, what, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(egress.DefaultUDSName, pki.DefaultDir))))
+			o.UDSName, dir, what, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(kubeapiserver.DefaultUDSName, pki.DefaultDir))))
 	}
 	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
 		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
@@ -329,7 +329,7 @@ func (o *Options) validateServerManifest() error {
 	if err := manifests.CheckImage(o.Image); err != nil {
 		return fmt.Errorf("--image: %w", err)
 	}
-	if o.Transport == egress.TransportTCP {
+	if o.Transport == kubeapiserver.TransportTCP {
 		for _, p := range []struct {
 			what string
 			port int
@@ -356,7 +356,7 @@ func (o *Options) PKI() pki.Config {
 		CAValidity:            o.CAValidity,
 		CertValidity:          o.CertValidity,
 		AgentMTLS:             o.AgentAuth == AgentAuthMTLS,
-		FrontendTLS:           o.Transport == egress.TransportTCP,
+		FrontendTLS:           o.Transport == kubeapiserver.TransportTCP,
 		Force:                 o.Force,
 		DryRun:                o.DryRun,
 	}
@@ -366,9 +366,9 @@ func (o *Options) PKI() pki.Config {
 func (o *Options) pkiDir() string { return (&pki.Config{Dir: o.Dir}).PKIDir() }
 
 // selector is kube-apiserver's egress configuration.
-func (o *Options) selector() egress.SelectorConfig {
-	c := egress.SelectorConfig{Mode: o.Mode, Transport: o.Transport}
-	if o.Transport == egress.TransportTCP {
+func (o *Options) selector() kubeapiserver.SelectorConfig {
+	c := kubeapiserver.SelectorConfig{Mode: o.Mode, Transport: o.Transport}
+	if o.Transport == kubeapiserver.TransportTCP {
 		pkiDir := o.pkiDir()
 		specs := pki.Specs()
 		ca, _ := pki.Lookup(specs, pki.CA)
@@ -385,12 +385,12 @@ func (o *Options) selector() egress.SelectorConfig {
 }
 
 // apiserverFlags are the kube-apiserver flags.
-func (o *Options) apiserverFlags() egress.APIServerFlags {
+func (o *Options) apiserverFlags() kubeapiserver.APIServerFlags {
 	pkiDir := o.pkiDir()
 	specs := pki.Specs()
 	fpca, _ := pki.Lookup(specs, pki.FrontProxyCA)
 	fpc, _ := pki.Lookup(specs, pki.FrontProxyClient)
-	return egress.APIServerFlags{
+	return kubeapiserver.APIServerFlags{
 		RequestHeaderClientCAFile: fpca.CertFile(pkiDir),
 		ProxyClientCertFile:       fpc.CertFile(pkiDir),
 		ProxyClientKeyFile:        fpc.KeyFile(pkiDir),

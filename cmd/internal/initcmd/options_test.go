@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
-	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/pflag"
 )
@@ -105,9 +105,9 @@ func TestSharedNamesAgree(t *testing.T) {
 		t.Fatalf("no %s spec", pki.KonnectivityServerClient)
 	}
 	for _, c := range []struct{ what, got, want string }{
-		{"token audience (egress, manifests)", egress.KonnectivityAudience, manifests.Audience},
+		{"token audience (egress, manifests)", kubeapiserver.KonnectivityAudience, manifests.Audience},
 		{"server user (pki certificate CN, manifests RBAC)", client.CommonName, manifests.ServerUser},
-		{"frontend port (egress, manifests)", strconv.Itoa(egress.DefaultFrontendPort), strconv.Itoa(manifests.DefaultFrontendPort)},
+		{"frontend port (egress, manifests)", strconv.Itoa(kubeapiserver.DefaultFrontendPort), strconv.Itoa(manifests.DefaultFrontendPort)},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %q and %q differ", c.what, c.got, c.want)

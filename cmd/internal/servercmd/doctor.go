@@ -14,9 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/spf13/cobra"
 )
 
@@ -246,7 +246,7 @@ admin port.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.UDSName, "uds-name", egress.DefaultUDSName, "The server's frontend socket (its --uds-name). The default is the socket of the static pod konnect init writes.")
+	fl.StringVar(&f.UDSName, "uds-name", kubeapiserver.DefaultUDSName, "The server's frontend socket (its --uds-name). The default is the socket of the static pod konnect init writes.")
 	fl.StringVar(&f.Mode, "mode", "grpc", "Frontend protocol: grpc or http-connect (the server's --mode).")
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "Dial timeout (kube-apiserver uses 30s) and request timeout.")
 	fl.StringVar(&request, "request", "", "Send one HTTP/1.1 request through the tunnel, e.g. 'GET /', and print the status line.")

@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/agent"
-	"github.com/konnect-dev/konnect/egress"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -347,16 +347,16 @@ func TestDoctorDialDefaultsToTheStaticPodSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := dial.Flags().Lookup("uds-name").DefValue; got != egress.DefaultUDSName {
-		t.Errorf("doctor dial --uds-name defaults to %q, want the static pod's %s", got, egress.DefaultUDSName)
+	if got := dial.Flags().Lookup("uds-name").DefValue; got != kubeapiserver.DefaultUDSName {
+		t.Errorf("doctor dial --uds-name defaults to %q, want the static pod's %s", got, kubeapiserver.DefaultUDSName)
 	}
 	// Without the flag the dial is tried (and here fails, naming the socket), not refused for a missing flag.
-	if _, err := os.Stat(egress.DefaultUDSName); err == nil {
-		t.Logf("%s exists on this machine; checking the defaults only", egress.DefaultUDSName)
+	if _, err := os.Stat(kubeapiserver.DefaultUDSName); err == nil {
+		t.Logf("%s exists on this machine; checking the defaults only", kubeapiserver.DefaultUDSName)
 		return
 	}
 	out, err := runCmd(t, context.Background(), "dial", "127.0.0.1:1", "--timeout", "2s")
-	if err == nil || strings.Contains(err.Error(), "required") || !strings.Contains(out, "through "+egress.DefaultUDSName) {
+	if err == nil || strings.Contains(err.Error(), "required") || !strings.Contains(out, "through "+kubeapiserver.DefaultUDSName) {
 		t.Errorf("doctor dial without --uds-name: %v\n%s", err, out)
 	}
 }
