@@ -36,7 +36,8 @@ func Image(version string) string { return ImageRepository + ":" + version }
 // DefaultBinary is the path of the konnect binary inside the image.
 const DefaultBinary = "/usr/local/bin/konnect"
 
-// Names shared by the server, the agents and kube-apiserver (held in package konnectivity).
+// Names shared by the server, the agents and kube-apiserver (held in package konnectivity, and the
+// certificates' common names in pki).
 const (
 	// Namespace holds the agents, their ServiceAccount and the server's static pod.
 	Namespace = konnectivity.Namespace
@@ -45,7 +46,7 @@ const (
 	// Audience is the audience of the agents' tokens, which the server's TokenReviews name.
 	Audience = konnectivity.Audience
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
-	ServerUser = konnectivity.ServerUser
+	ServerUser = pki.ServerUser
 	// ServerTokenReviewRole is the ClusterRole that lets ServerUser create TokenReviews, and nothing more.
 	ServerTokenReviewRole = "konnectivity-server-tokenreview"
 )

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -16,7 +15,7 @@ import (
 // Names inside the Konnectivity server's kubeconfig.
 const (
 	kubeconfigCluster = "kubernetes"
-	kubeconfigUser    = konnectivity.ServerUser
+	kubeconfigUser    = ServerUser
 	kubeconfigContext = kubeconfigUser + "@" + kubeconfigCluster
 )
 

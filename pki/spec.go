@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -21,6 +20,17 @@ const (
 	KubeconfigFile      = "konnectivity-server.conf"
 	DefaultCAValidity   = 10 * 365 * 24 * time.Hour
 	DefaultCertValidity = 365 * 24 * time.Hour
+)
+
+// Common names of the certificates that other programs match by name.
+const (
+	// ServerUser is the user name (certificate CN) the Konnectivity server authenticates to kube-apiserver as.
+	ServerUser = "system:konnectivity-server"
+	// AgentUser is the common name of the agents' client certificate (--agent-auth mtls).
+	AgentUser = "konnectivity-agent"
+	// EgressClientUser is the common name of kube-apiserver's client certificate towards the server's TCP
+	// frontend.
+	EgressClientUser = "apiserver-egress-client"
 )
 
 // Names of the specs in the table; other packages use them to find files.
@@ -241,7 +251,7 @@ func Specs() []*Spec {
 		},
 		{
 			// No O=system:masters: the Konnectivity server only needs to review agent tokens, which RBAC grants.
-			Name: KonnectivityServerClient, BaseName: "konnectivity-server-client", CA: CA, CommonName: konnectivity.ServerUser,
+			Name: KonnectivityServerClient, BaseName: "konnectivity-server-client", CA: CA, CommonName: ServerUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Description: "client certificate the Konnectivity server uses towards kube-apiserver (embedded in " + KubeconfigFile + ")",
 		},
@@ -261,7 +271,7 @@ func Specs() []*Spec {
 			Description: "CA of the agents' client certificate, which only the Konnectivity server trusts (--cluster-ca-cert; only with mTLS agent authentication)",
 		},
 		{
-			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: KonnectivityAgentCA, FormerCA: CA, CommonName: konnectivity.AgentUser,
+			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: KonnectivityAgentCA, FormerCA: CA, CommonName: AgentUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.AgentMTLS },
 			Description: "client certificate of the Konnectivity agents (only with mTLS agent authentication)",
@@ -277,7 +287,7 @@ func Specs() []*Spec {
 			Description: "serving certificate of the Konnectivity server's kube-apiserver port (only HTTPConnect over TCP)",
 		},
 		{
-			Name: APIServerEgressClient, BaseName: "apiserver-egress-client", CA: CA, CommonName: konnectivity.EgressClientUser,
+			Name: APIServerEgressClient, BaseName: "apiserver-egress-client", CA: CA, CommonName: EgressClientUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.FrontendTLS },
 			Description: "client certificate kube-apiserver presents to the Konnectivity server (only HTTPConnect over TCP)",

@@ -1,7 +1,8 @@
 // Package konnectivity holds, once, the names and numbers that the Konnectivity server, its agents,
 // kube-apiserver and konnect's manifests and certificates must agree on, as kubeadm's constants package does.
 //
-// It is a leaf: it imports nothing of konnect's, so that pki, egress, agent, manifests and cmd can all use it.
+// It is a leaf: it imports nothing of konnect's, so that egress, agent, manifests and cmd can all use it. The
+// certificates' common names are not here but in pki, on the certificate table.
 // It holds no logic beyond reading the refusal reasons that a tunnel carries as text, and reading upstream's
 // metrics from prometheus' default registry. Its subpackages are the rest of the kit the server and the agent
 // share: wire (the one gRPC codec both ends speak), flow (per-connection flow control and its queue) and
@@ -14,16 +15,9 @@ const (
 	Namespace = "kube-system"
 	// AgentServiceAccount is the ServiceAccount whose tokens the server accepts from agents.
 	AgentServiceAccount = "konnectivity-agent"
-	// AgentUser is the common name of the agents' client certificate (--agent-auth mtls).
-	AgentUser = "konnectivity-agent"
-	// EgressClientUser is the common name of kube-apiserver's client certificate towards the server's TCP
-	// frontend.
-	EgressClientUser = "apiserver-egress-client"
 	// Audience is the audience of the agents' tokens. The server's TokenReviews name it; kube-apiserver's
 	// --api-audiences must not, or the tokens would also be credentials for its API.
 	Audience = "system:konnectivity-server"
-	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
-	ServerUser = "system:konnectivity-server"
 )
 
 // Default ports: the server's are those the Kubernetes documentation uses, the agent's are upstream

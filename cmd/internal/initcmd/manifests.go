@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
-	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
@@ -266,7 +265,7 @@ func (o *Options) serverManifest() manifests.Server {
 		// konnectivity-agent.crt is signed by a CA of its own, which kube-apiserver does not trust; the server
 		// reviews no tokens then.
 		srv.AgentClientCA = o.pkiPath(pki.KonnectivityAgentCA, false)
-		srv.AgentAllowedNames = []string{konnectivity.AgentUser}
+		srv.AgentAllowedNames = []string{pki.AgentUser}
 	}
 	if o.AgentAuth != AgentAuthMTLS || o.ServerLeases {
 		srv.Kubeconfig = filepath.Join(o.Dir, pki.KubeconfigFile)
@@ -278,7 +277,7 @@ func (o *Options) serverManifest() manifests.Server {
 		srv.ServerCert = o.pkiPath(pki.KonnectivityFrontend, false)
 		srv.ServerKey = o.pkiPath(pki.KonnectivityFrontend, true)
 		srv.ServerCACert = o.pkiPath(pki.CA, false)
-		srv.FrontendAllowedNames = []string{konnectivity.EgressClientUser}
+		srv.FrontendAllowedNames = []string{pki.EgressClientUser}
 	} else {
 		srv.UDSName = o.UDSName
 		srv.AllowSharedUDSDir = o.AllowSharedUDSDir
