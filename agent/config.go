@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -142,7 +142,7 @@ func (c *Config) validate() error {
 		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 			return fmt.Errorf("agent: server address %q: bad port", s)
 		}
-		if err := pki.CheckDialable(host); err != nil {
+		if err := address.CheckDialable(host); err != nil {
 			return fmt.Errorf("agent: server address %q: %w", s, err)
 		}
 	}
@@ -199,10 +199,10 @@ func SplitServers(hosts string, port int) ([]string, error) {
 // resolver's search domains.
 func validateServerHost(host string) error {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if err := pki.ValidateAddress(host); err != nil {
+	if err := address.Validate(host); err != nil {
 		return err
 	}
-	return pki.CheckDialable(host)
+	return address.CheckDialable(host)
 }
 
 // flowOffer is the window the agent grants each connection for data from a server.

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -113,7 +113,7 @@ func (a Agent) Validate() error {
 			return err
 		}
 		// An agent dialling 0.0.0.0 or :: reaches its own node, never the server.
-		if err := pki.CheckDialable(host); err != nil {
+		if err := address.CheckDialable(host); err != nil {
 			return fmt.Errorf("konnectivity-agent: --proxy-server-host: %w", err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"sigs.k8s.io/yaml"
 )
 
@@ -212,7 +213,7 @@ func checkHost(what, host string) error {
 	if host == "" {
 		return fmt.Errorf("%s: a host is required", what)
 	}
-	if err := pki.ValidateAddress(strings.ToLower(host)); err != nil {
+	if err := address.Validate(strings.ToLower(host)); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil

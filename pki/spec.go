@@ -4,13 +4,12 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
+	"github.com/konnect-dev/konnect/pki/address"
 )
 
 // Default locations and lifetimes.
@@ -116,7 +115,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	for _, a := range c.ControlPlaneAddresses {
-		if err := ValidateAddress(a); err != nil {
+		if err := address.Validate(a); err != nil {
 			return err
 		}
 	}
@@ -127,65 +126,6 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("certificate validity %s exceeds CA validity %s", c.CertValidity, c.CAValidity)
 	}
 	return nil
-}
-
-// ValidateAddress is konnect's one check of an address flag: it accepts an IP address or a DNS name (RFC 1123
-// subdomain). A value that looks like an IP address but is not one is refused, although it would pass as a
-// DNS name and so land in a certificate's SANs, where it never matches: every dot-separated label is a
-// number (999.1.1.1, 10.0.0) or it holds a colon (a mistyped IPv6 address).
-func ValidateAddress(a string) error {
-	if net.ParseIP(a) != nil {
-		return nil
-	}
-	if err := MistypedIP(a); err != nil {
-		return fmt.Errorf("address %w", err)
-	}
-	if errs := validation.IsDNS1123Subdomain(a); len(errs) > 0 {
-		return fmt.Errorf("address %q is neither an IP address nor a DNS name: %s", a, strings.Join(errs, "; "))
-	}
-	return nil
-}
-
-// CheckDialable refuses an IP address that a client cannot dial to reach one host: the unspecified address
-// (0.0.0.0, ::), which only a listener may use, a multicast address, and the IPv4 broadcast address, also
-// spelt as IPv4-mapped IPv6. Anything else, DNS names included, passes; ValidateAddress checks the spelling.
-func CheckDialable(a string) error {
-	ip, err := netip.ParseAddr(a)
-	if err != nil {
-		return nil
-	}
-	ip = ip.Unmap()
-	switch {
-	case ip.IsUnspecified():
-		return fmt.Errorf("%s is the unspecified address, which a listener binds to but nobody can dial", a)
-	case ip.IsMulticast():
-		return fmt.Errorf("%s is a multicast address, not one host's", a)
-	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return fmt.Errorf("%s is the broadcast address, not one host's", a)
-	}
-	return nil
-}
-
-// MistypedIP refuses what looks like an IP address (dotted numbers, or a colon) but is not one, such as
-// 999.1.1.1: taken for a host name, it would go to DNS. An address, also an IPv6 one with a zone, and anything
-// else pass.
-func MistypedIP(a string) error {
-	if _, err := netip.ParseAddr(a); err == nil {
-		return nil
-	}
-	if strings.Contains(a, ":") || allNumeric(strings.Split(a, ".")) {
-		return fmt.Errorf("%q looks like an IP address but is not a valid one", a)
-	}
-	return nil
-}
-
-func allNumeric(labels []string) bool {
-	for _, l := range labels {
-		if l == "" || strings.Trim(l, "0123456789") != "" {
-			return false
-		}
-	}
-	return true
 }
 
 // Spec describes one certificate and its key.
@@ -349,7 +289,7 @@ func buildAltNames(addrs []string) AltNames {
 			continue
 		}
 		a = strings.ToLower(a)
-		if a == "" || seen[a] || ValidateAddress(a) != nil {
+		if a == "" || seen[a] || address.Validate(a) != nil {
 			continue
 		}
 		seen[a] = true

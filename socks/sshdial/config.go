@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kevinburke/ssh_config"
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -313,7 +313,7 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 		e.hostName = strings.NewReplacer("%%", "%", "%h", alias).Replace(hn)
 	}
 	// A typo in an IP address (999.1.1.1) would otherwise go to DNS on every reconnect, for ever.
-	if err := pki.MistypedIP(e.hostName); err != nil {
+	if err := address.MistypedIP(e.hostName); err != nil {
 		return endpoint{}, fmt.Errorf("host %w", err)
 	}
 	switch {

@@ -14,7 +14,7 @@ import (
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
@@ -137,7 +137,7 @@ func (o *Options) Validate() error {
 		add("admin-server-port", "port %d out of range 1-65535", u.AdminServerPort)
 	}
 	if u.HealthServerHost != "" {
-		if err := pki.ValidateAddress(strings.ToLower(u.HealthServerHost)); err != nil {
+		if err := address.Validate(strings.ToLower(u.HealthServerHost)); err != nil {
 			add("health-server-host", "%v", err)
 		}
 	}

@@ -3,10 +3,9 @@ package daemon
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"strings"
 
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 )
 
 // Listen binds addr before the daemon starts, so that "address in use" is an error returned at start-up and
@@ -35,10 +34,10 @@ func CheckLoopback(addr string, allowRemote bool, flagName string, allowFlag ...
 		return fmt.Errorf("%s: %q is not host:port: %w", flagName, addr, err)
 	}
 	// A mistyped IP address would be looked up in DNS when the listener binds.
-	if err := pki.MistypedIP(host); err != nil {
+	if err := address.MistypedIP(host); err != nil {
 		return fmt.Errorf("%s: %w", flagName, err)
 	}
-	if allowRemote || IsLoopbackHost(host) {
+	if allowRemote || address.IsLoopbackHost(host) {
 		return nil
 	}
 	shown := host
@@ -50,13 +49,4 @@ func CheckLoopback(addr string, allowRemote bool, flagName string, allowFlag ...
 		allow = allowFlag[0]
 	}
 	return fmt.Errorf("%s: refusing to listen on %s (%s is not loopback); pass %s if you really mean it", flagName, addr, shown, allow)
-}
-
-// IsLoopbackHost reports whether host is "localhost" or a loopback IP literal.
-func IsLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
-	return err == nil && ip.IsLoopback()
 }

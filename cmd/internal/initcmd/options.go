@@ -14,6 +14,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/spf13/pflag"
@@ -165,9 +166,9 @@ func (o *Options) Validate(n needs) error {
 		errs = append(errs, errors.New("--control-plane-address is required: it becomes a SAN of konnectivity-server.crt"))
 	}
 	for _, a := range o.ControlPlaneAddresses {
-		if err := pki.ValidateAddress(a); err != nil {
+		if err := address.Validate(a); err != nil {
 			errs = append(errs, fmt.Errorf("--control-plane-address: %w", err))
-		} else if err := pki.CheckDialable(a); err != nil {
+		} else if err := address.CheckDialable(a); err != nil {
 			// The first address becomes the agents' --proxy-server-host; each is a SAN they check.
 			errs = append(errs, fmt.Errorf("--control-plane-address: %w; give an address at which agents reach this control plane", err))
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
-	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -244,7 +244,7 @@ func (o *Options) checkListeners() error {
 		{"--server-bind-address", u.ServerBindAddress}, {"--agent-bind-address", u.AgentBindAddress},
 		{"--admin-bind-address", u.AdminBindAddress}, {"--health-bind-address", u.HealthBindAddress},
 	} {
-		if err := pki.MistypedIP(b.addr); err != nil {
+		if err := address.MistypedIP(b.addr); err != nil {
 			return fmt.Errorf("%s: %w", b.flag, err)
 		}
 	}

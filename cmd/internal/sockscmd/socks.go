@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/socks"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,7 +122,7 @@ func (o *Options) Config() (*Config, error) {
 			return nil, err
 		}
 		host, _, _ := net.SplitHostPort(a.addr)
-		if a.flag != "--health-listen" && !daemon.IsLoopbackHost(host) {
+		if a.flag != "--health-listen" && !address.IsLoopbackHost(host) {
 			remote = true
 		}
 	}

@@ -1,11 +1,11 @@
-package pki
+package address
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestValidateAddress(t *testing.T) {
+func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
 		addr string
 		want string // "" accepts; otherwise a substring of the error
@@ -23,18 +23,13 @@ func TestValidateAddress(t *testing.T) {
 		{"example.com:6443", "looks like an IP address"},
 		{"bad address", "neither an IP address nor a DNS name"},
 	} {
-		err := ValidateAddress(tc.addr)
+		err := Validate(tc.addr)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%q: %v", tc.addr, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%q: %v, want an error with %q", tc.addr, err, tc.want)
 		}
-	}
-	// Nor does such a value reach a certificate's SANs by another path.
-	an := buildAltNames([]string{"999.1.1.1", "10.0.0.1", "cp.example.com"})
-	if len(an.DNSNames) != 1 || an.DNSNames[0] != "cp.example.com" || len(an.IPs) != 1 {
-		t.Errorf("buildAltNames: %+v", an)
 	}
 }
 
