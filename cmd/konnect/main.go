@@ -9,6 +9,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/agentcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/buildinfo"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/doctorcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
 	"github.com/konnect-dev/konnect/cmd/internal/servercmd"
@@ -56,7 +57,7 @@ func newRootCommand() (*cobra.Command, error) {
 		}
 	}
 	add("control-plane", initcmd.NewInitCommand(), initcmd.NewCertsCommand(), initcmd.NewResetCommand())
-	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), servercmd.NewDoctorCommand())
+	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), doctorcmd.NewDoctorCommand())
 	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())
 	suggestSubcommands(root)

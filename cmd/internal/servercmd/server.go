@@ -1,5 +1,5 @@
-// Package servercmd is the `konnect server` command (the Konnectivity server, a drop-in for upstream
-// proxy-server) and `konnect doctor`, which inspects and dials through running servers.
+// Package servercmd is the `konnect server` command: the Konnectivity server, a drop-in for upstream
+// proxy-server.
 package servercmd
 
 import (

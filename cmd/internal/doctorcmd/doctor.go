@@ -1,4 +1,6 @@
-package servercmd
+// Package doctorcmd is `konnect doctor`: it reads running Konnectivity servers' status from their admin ports,
+// dials through a server as kube-apiserver does, and checks the extension servers kube-apiserver reaches.
+package doctorcmd
 
 import (
 	"bufio"

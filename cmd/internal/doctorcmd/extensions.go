@@ -1,4 +1,4 @@
-package servercmd
+package doctorcmd
 
 import (
 	"encoding/json"
