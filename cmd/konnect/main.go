@@ -11,6 +11,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/doctorcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/initcmd"
+	"github.com/konnect-dev/konnect/cmd/internal/kubeconfigcmd"
 	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
 	"github.com/konnect-dev/konnect/cmd/internal/servercmd"
 	"github.com/konnect-dev/konnect/cmd/internal/sockscmd"
@@ -58,7 +59,7 @@ func newRootCommand() (*cobra.Command, error) {
 	}
 	add("control-plane", initcmd.NewInitCommand(), initcmd.NewCertsCommand(), initcmd.NewResetCommand())
 	add("tunnel", servercmd.NewServerCommand(), agentcmd.NewAgentCommand(), doctorcmd.NewDoctorCommand())
-	add("developer", sockscmd.NewSocksCommand(), sockscmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
+	add("developer", sockscmd.NewSocksCommand(), kubeconfigcmd.NewKubeconfigCommand(), proxycmd.NewProxyCommand())
 	root.AddCommand(newVersionCommand())
 	suggestSubcommands(root)
 	if err := registerCompletions(root); err != nil {

@@ -1,5 +1,5 @@
-// Package sockscmd implements `konnect socks` (one SSH connection, local SOCKS5 and HTTP proxies, like
-// `ssh -D` with reconnects and health endpoints) and `konnect kubeconfig set-proxy`.
+// Package sockscmd implements `konnect socks`: one SSH connection, local SOCKS5 and HTTP proxies, like
+// `ssh -D` with reconnects and health endpoints.
 package sockscmd
 
 import (

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/kubeconfigcmd"
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -450,7 +451,7 @@ users:
   user:
     token: not-a-secret
 `, api.URL, caFile)), 0o600)
-	set := NewKubeconfigCommand()
+	set := kubeconfigcmd.NewKubeconfigCommand()
 	set.SetArgs([]string{"set-proxy", "--kubeconfig", kc, "--context", "remote", "--proxy-url", "socks5://" + e.proxy.SOCKSAddr().String()})
 	set.SetOut(io.Discard)
 	if err := set.Execute(); err != nil {

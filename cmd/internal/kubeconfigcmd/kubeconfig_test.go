@@ -1,4 +1,4 @@
-package sockscmd
+package kubeconfigcmd
 
 import (
 	"bytes"

@@ -1,4 +1,6 @@
-package sockscmd
+// Package kubeconfigcmd is `konnect kubeconfig set-proxy`: it sets the proxy-url of a kubeconfig's cluster,
+// keeping the rest of the file as it is, under kubectl's lock.
+package kubeconfigcmd
 
 import (
 	"bytes"
