@@ -6,38 +6,18 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 	"syscall"
-	"time"
 
-	"k8s.io/klog/v2"
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 )
 
-// A Dial whose route has hops of its own (an SSH server) tells the proxy which side failed through two
-// optional methods on its errors, found with errors.As:
-//
-//   - Hop() string: the route failed before the destination, at the hop named (an SSH server that is down).
-//     The client is told that the proxy itself cannot serve: SOCKS5 reply 0x01, "general SOCKS server
-//     failure" (RFC 1928 codes 0x03 to 0x05 describe the destination, which was never tried), and HTTP 503
-//     Service Unavailable. The error's text, which names the hop, is the HTTP body.
-//   - ReportedBy() string: the destination failed, as the hop named reports it (the SSH server could not
-//     connect). The reply describes the destination (0x05 connection refused, HTTP 502, ...), and the HTTP
-//     body says who reported it.
-type (
-	hopError      interface{ Hop() string }
-	reportedError interface{ ReportedBy() string }
-)
-
-func failedHop(err error) (hopError, bool) {
-	var h hopError
-	return h, errors.As(err, &h)
-}
-
-// replyCode maps a dial error to the SOCKS5 reply that tells the client what happened. Dialers that do not
+// replyCode maps a dial error to the SOCKS5 reply that tells the client what happened; a Dial's errors say
+// which side failed (a hop of its route, or the destination as a hop reports it) as localproxy describes.
+// Dialers that do not
 // use the local network (an SSH channel) report the far side's failure by wrapping the matching errno.
 func replyCode(err error) byte {
 	var dnsErr *net.DNSError
-	if _, ok := failedHop(err); ok {
+	if _, ok := localproxy.FailedHop(err); ok {
 		return ReplyGeneralFailure
 	}
 	switch {
@@ -51,29 +31,16 @@ func replyCode(err error) byte {
 		return ReplyNotAllowed
 	case errors.As(err, &dnsErr):
 		return ReplyHostUnreachable
-	case errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+	case errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, context.DeadlineExceeded), localproxy.IsTimeout(err):
 		return ReplyHostUnreachable
 	default:
 		return ReplyGeneralFailure
 	}
 }
 
-// HTTPStatus maps a dial error to the status a proxy answers with: 503 when a hop of the proxy's own route
-// is down (an error with a Hop method, see above), 504 when the destination did not answer in time, else
-// 502.
-func HTTPStatus(err error) int {
-	if _, ok := failedHop(err); ok {
-		return http.StatusServiceUnavailable
-	}
-	if errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusBadGateway
-}
-
 // dialReason is the short reason shown to an HTTP client.
 func dialReason(target string, err error) string {
-	if h, ok := failedHop(err); ok {
+	if h, ok := localproxy.FailedHop(err); ok {
 		return fmt.Sprintf("cannot reach %s: %v", target, h)
 	}
 	var why string
@@ -86,65 +53,15 @@ func dialReason(target string, err error) string {
 		why = "host unreachable"
 	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
 		why = "not allowed"
-	case HTTPStatus(err) == http.StatusGatewayTimeout:
+	case localproxy.HTTPStatus(err) == http.StatusGatewayTimeout:
 		why = "timed out"
 	default:
 		why = err.Error()
 	}
-	var r reportedError
-	if errors.As(err, &r) {
-		why += " (as reported by the " + r.ReportedBy() + ")"
+	if by, ok := localproxy.ReportedBy(err); ok {
+		why += " (as reported by the " + by + ")"
 	}
 	return fmt.Sprintf("cannot reach %s: %s", target, why)
-}
-
-// Failed requests are logged at the default level, but a client retrying in a loop against a dead
-// destination must not flood the log: a burst of failureLogBurst lines, then one per failureLogEvery, and
-// the next line that is written says how many were left out.
-const (
-	failureLogBurst = 5
-	failureLogEvery = time.Second
-)
-
-// FailureLog is the one rate limit of konnect's local proxies on logging failed requests (see
-// failureLogBurst): Server's and apiproxy's each keep one. The zero value is ready to use.
-type FailureLog struct {
-	mu         sync.Mutex
-	tokens     float64
-	last       time.Time
-	suppressed int
-}
-
-// allow reports whether a line may be written now, and how many were left out before it.
-func (l *FailureLog) allow(now time.Time) (ok bool, suppressed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.last.IsZero() {
-		l.tokens = failureLogBurst
-	} else {
-		l.tokens = min(failureLogBurst, l.tokens+float64(now.Sub(l.last))/float64(failureLogEvery))
-	}
-	l.last = now
-	if l.tokens < 1 {
-		l.suppressed++
-		return false, 0
-	}
-	l.tokens--
-	suppressed, l.suppressed = l.suppressed, 0
-	return true, suppressed
-}
-
-// Log writes msg with the key/value pairs kv at the default level, unless the limit leaves it out; a line
-// written after some were left out says how many ("suppressedBefore").
-func (l *FailureLog) Log(msg string, kv ...any) {
-	ok, suppressed := l.allow(time.Now())
-	if !ok {
-		return
-	}
-	if suppressed > 0 {
-		kv = append(kv, "suppressedBefore", suppressed)
-	}
-	klog.InfoS(msg, kv...)
 }
 
 // logDialFailure logs a request whose dial failed, with what the client was answered.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"k8s.io/klog/v2"
 )
 
@@ -143,7 +144,7 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 			switch {
 			case errors.Is(err, errHeaderTooLarge):
 				writeHTTPError(c, s.name(), http.StatusRequestHeaderFieldsTooLarge, "request header too large")
-			case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), isTimeout(err):
+			case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), localproxy.IsTimeout(err):
 			default:
 				writeHTTPError(c, s.name(), http.StatusBadRequest, "malformed request")
 			}
@@ -187,7 +188,7 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 	// As for SOCKS5: the reply's deadline starts after the dial.
 	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
-		code := HTTPStatus(err)
+		code := localproxy.HTTPStatus(err)
 		s.logDialFailure("http connect", c.RemoteAddr(), target, code, err)
 		writeHTTPError(c, s.name(), code, dialReason(target, err))
 		return
@@ -230,7 +231,7 @@ func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) boo
 	}
 	resp, err := s.transport.RoundTrip(out)
 	if err != nil {
-		code := HTTPStatus(err)
+		code := localproxy.HTTPStatus(err)
 		s.logDialFailure("http", c.RemoteAddr(), req.URL.Host, code, err)
 		writeHTTPError(c, s.name(), code, dialReason(req.URL.Host, err))
 		return false
@@ -268,9 +269,4 @@ func (r *eofReader) Read(p []byte) (int, error) {
 		r.eof.Store(true)
 	}
 	return n, err
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

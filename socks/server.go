@@ -8,8 +8,9 @@
 //
 // It handles only the protocols. It does not know what Dial does (an SSH client's DialContext plugs in
 // directly), does not resolve names itself, has no BIND or UDP ASSOCIATE, and does not filter destinations.
-// A Dial error may say that a hop of the route failed rather than the destination (see errors.go), and the
-// client is told so. Failed requests are logged at the default level, rate-limited.
+// A Dial error may say that a hop of the route failed rather than the destination (see
+// socks/internal/localproxy), and the client is told so. Failed requests are logged at the default level,
+// rate-limited.
 // Hostile clients are bounded: handshake deadlines, header size limits and a connection cap with a clear
 // refusal.
 package socks
@@ -27,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"k8s.io/klog/v2"
 )
 
@@ -92,11 +94,11 @@ type Server struct {
 	MaxUnauthenticatedPerSource int
 
 	initOnce  sync.Once
-	limit     *ConnLimit
+	limit     *localproxy.ConnLimit
 	preAuth   *preAuth      // with Credentials
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
-	failures  FailureLog
+	failures  localproxy.FailureLog
 }
 
 func (s *Server) name() string {
@@ -112,7 +114,7 @@ func (s *Server) init() {
 		if n <= 0 {
 			n = DefaultMaxConns
 		}
-		s.limit = NewConnLimit(n)
+		s.limit = localproxy.NewConnLimit(n)
 		if s.Credentials != nil {
 			m := s.MaxUnauthenticatedPerSource
 			if m <= 0 {

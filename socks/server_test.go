@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"go.uber.org/goleak"
 	"golang.org/x/net/proxy"
 )
@@ -492,7 +493,7 @@ func TestDialErrors(t *testing.T) {
 		if got := replyCode(tc.err); got != tc.reply {
 			t.Errorf("replyCode(%v) = %d, want %d", tc.err, got, tc.reply)
 		}
-		if got := HTTPStatus(tc.err); got != tc.code {
+		if got := localproxy.HTTPStatus(tc.err); got != tc.code {
 			t.Errorf("HTTPStatus(%v) = %d, want %d", tc.err, got, tc.code)
 		}
 	}
@@ -538,28 +539,6 @@ func TestDialErrorsNameTheHop(t *testing.T) {
 				t.Errorf("%v: %q answered %q, want %q ... %q", tc.err, req, resp, tc.head, tc.body)
 			}
 		}
-	}
-}
-
-// Failed requests are logged at the default level, a burst and then one per second, and the next line says
-// how many were left out.
-func TestFailureLogIsRateLimited(t *testing.T) {
-	var l FailureLog
-	now := time.Unix(1000, 0)
-	written := 0
-	for range 100 {
-		if ok, _ := l.allow(now); ok {
-			written++
-		}
-		now = now.Add(time.Millisecond)
-	}
-	if written != failureLogBurst {
-		t.Fatalf("100 failures in 0.1s wrote %d lines, want %d", written, failureLogBurst)
-	}
-	now = now.Add(failureLogEvery)
-	ok, suppressed := l.allow(now)
-	if !ok || suppressed != 100-failureLogBurst {
-		t.Fatalf("a failure a second later: written %v, suppressed %d, want true and %d", ok, suppressed, 100-failureLogBurst)
 	}
 }
 

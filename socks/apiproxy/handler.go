@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks"
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"golang.org/x/net/http/httpguts"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
@@ -71,7 +71,7 @@ type Handler struct {
 	target  *url.URL
 	backend http.RoundTripper
 	// failures rate-limits the log lines of failed requests, as konnect socks does.
-	failures socks.FailureLog
+	failures localproxy.FailureLog
 }
 
 // NewHandler builds the handler and its connections' configuration; it dials nothing yet.
@@ -211,7 +211,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		klog.V(4).InfoS("Client went away", "method", r.Method, "path", r.URL.Path, "err", err)
 		return
 	}
-	code := socks.HTTPStatus(err)
+	code := localproxy.HTTPStatus(err)
 	h.failures.Log("Proxying to the API server failed", "method", r.Method, "path", r.URL.Path, "answer", code, "err", err)
 	http.Error(w, "konnect proxy: "+err.Error(), code)
 }

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/konnect-dev/konnect/socks"
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 )
@@ -84,7 +84,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln := &cappedListener{Listener: cfg.Listener, limit: socks.NewConnLimit(cfg.MaxConnections)}
+	ln := &cappedListener{Listener: cfg.Listener, limit: localproxy.NewConnLimit(cfg.MaxConnections)}
 	s := &Server{cfg: cfg, ln: ln, handler: h}
 	if cfg.Registerer != nil {
 		if s.metrics, err = newMetrics(cfg.Registerer, ln.limit); err != nil {
@@ -201,7 +201,7 @@ func longRunning(r *http.Request) bool {
 // connections without end gets a clear answer and the proxy keeps its file descriptors.
 type cappedListener struct {
 	net.Listener
-	limit   *socks.ConnLimit
+	limit   *localproxy.ConnLimit
 	refused func() // counts a refusal; nil when the proxy keeps no metrics
 }
 

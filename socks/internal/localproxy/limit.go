@@ -1,8 +1,11 @@
-package socks
+// Package localproxy is what konnect's two local proxies (the SOCKS server and apiproxy) share: the cap on
+// client connections, the answer to a dial that failed (which hop, which status), and the rate-limited log of
+// those failures.
+package localproxy
 
 // ConnLimit caps how many client connections are served at once. It is the one cap of konnect's local
-// proxies: Server takes a slot per connection it serves, and apiproxy (konnect proxy) does the same in its
-// listener; each answers a connection over the cap in its own protocol. The zero value is not usable; call
+// proxies: socks.Server takes a slot per connection it serves, and apiproxy (konnect proxy) does the same in
+// its listener; each answers a connection over the cap in its own protocol. The zero value is not usable; call
 // NewConnLimit.
 type ConnLimit struct {
 	slots chan struct{}
