@@ -80,8 +80,10 @@ type Config struct {
 // MaxConnections bounds Config.Connections.
 const MaxConnections = 16
 
+// DefaultConnectTimeout bounds one SSH connection attempt when Config.ConnectTimeout is zero.
+const DefaultConnectTimeout = 15 * time.Second
+
 const (
-	defaultConnectTimeout = 15 * time.Second
 	// OpenSSH sends no keepalives by default. 5s × (3+1) notices a frozen server within 20s, well before a
 	// client gives up on its proxy, for one small packet every 5s.
 	defaultAliveInterval = 5 * time.Second
@@ -211,8 +213,8 @@ func loadSSHConfig(path string) (*sshConfig, error) {
 	return out, nil
 }
 
-// parseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
-func parseDestination(s string) (usr, host string, port int, err error) {
+// ParseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
+func ParseDestination(s string) (usr, host string, port int, err error) {
 	if s == "" {
 		return "", "", 0, errors.New("empty SSH destination")
 	}
@@ -304,7 +306,7 @@ func expandPath(p string, e endpoint) string {
 // resolveEndpoint applies the config file to one "[user@]host[:port]" hop. cliUser and cliPort (ssh -l,
 // -p) win over what the destination says, which wins over the config file.
 func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (endpoint, error) {
-	usr, alias, port, err := parseDestination(dest)
+	usr, alias, port, err := ParseDestination(dest)
 	if err != nil {
 		return endpoint{}, err
 	}
@@ -383,7 +385,7 @@ func resolve(cfg Config) (*plan, error) {
 		return nil, fmt.Errorf("SSH connections: %d is not from 1 to %d", cfg.Connections, MaxConnections)
 	}
 	if p.connectTimeout <= 0 {
-		p.connectTimeout = defaultConnectTimeout
+		p.connectTimeout = DefaultConnectTimeout
 		if v := sc.get(target.alias, "ConnectTimeout"); v != "" {
 			if n, err := strconv.Atoi(v); err == nil && n > 0 {
 				p.connectTimeout = time.Duration(n) * time.Second
@@ -415,7 +417,7 @@ func resolve(cfg Config) (*plan, error) {
 	jumps := cfg.JumpHosts
 	if len(jumps) == 0 {
 		if pj := sc.get(target.alias, "ProxyJump"); pj != "" {
-			jumps = splitJump(pj)
+			jumps = SplitJump(pj)
 		}
 	}
 	if len(jumps) == 1 && jumps[0] == "none" {
@@ -503,7 +505,8 @@ func checkIdentityFile(f string, allowOpen bool) error {
 	return nil
 }
 
-func splitJump(s string) []string {
+// SplitJump splits a comma-separated list of jump hosts (ssh -J), dropping empty entries.
+func SplitJump(s string) []string {
 	var out []string
 	for _, part := range strings.Split(s, ",") {
 		if part = strings.TrimSpace(part); part != "" {

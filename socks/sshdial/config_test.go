@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -38,7 +37,7 @@ func TestParseDestination(t *testing.T) {
 		{"ssh://host/path", "", "", 0, true},
 		{"ho st", "", "", 0, true},
 	} {
-		u, h, p, err := parseDestination(tc.in)
+		u, h, p, err := ParseDestination(tc.in)
 		if (err != nil) != tc.err {
 			t.Errorf("%q: err = %v, want error %v", tc.in, err, tc.err)
 			continue
@@ -127,7 +126,7 @@ Host *
 			if tg := p.hops[0]; tg.hostName != "bastion" || tg.port != 22 || len(p.defaultIDs) != 3 {
 				t.Errorf("target %+v, defaults %v", tg, p.defaultIDs)
 			}
-			if p.aliveInterval != defaultAliveInterval || p.connectTimeout != defaultConnectTimeout {
+			if p.aliveInterval != defaultAliveInterval || p.connectTimeout != DefaultConnectTimeout {
 				t.Errorf("defaults not applied: %+v", p)
 			}
 		}, ""},
@@ -160,61 +159,8 @@ Host *
 	}
 }
 
-func TestFlags(t *testing.T) {
-	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	// A command that owns -p keeps it; the SSH port is then only --ssh-port.
-	var port int
-	fs.IntVarP(&port, "port", "p", 8001, "")
-	f := NewFlags()
-	f.AddFlags(fs)
-	if fs.ShorthandLookup("p").Name != "port" || fs.ShorthandLookup("J").Name != "jump" {
-		t.Fatal("shorthands wrong")
-	}
-	if err := fs.Parse([]string{"--ssh-port", "2222", "-J", "a,b:23", "-i", "k1", "-i", "k2", "--cipher", "aes128-gcm@openssh.com", "--accept-new"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := f.Config("me@host")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Config{Destination: "me@host", Port: 2222, JumpHosts: []string{"a", "b:23"}, IdentityFiles: []string{"k1", "k2"},
-		AcceptNew: true, ConnectTimeout: defaultConnectTimeout, Ciphers: []string{"aes128-gcm@openssh.com"}, Connections: 1}
-	if !reflect.DeepEqual(cfg, want) {
-		t.Fatalf("Config = %+v\nwant %+v", cfg, want)
-	}
-	for _, tc := range []struct {
-		mutate func(f *Flags)
-		dest   string
-		want   string
-	}{
-		{func(f *Flags) {}, "", "destination"},
-		{func(f *Flags) { f.Port = -1 }, "h", "--ssh-port"},
-		{func(f *Flags) { f.ConnectTimeout = 0 }, "h", "--connect-timeout"},
-		{func(f *Flags) { f.Jump = "ok,-bad" }, "h", "--jump"},
-		{func(f *Flags) { f.Ciphers = []string{"arcfour"} }, "h", "--cipher"},
-	} {
-		f := NewFlags()
-		tc.mutate(f)
-		if _, err := f.Config(tc.dest); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("err = %v, want it to name %q", err, tc.want)
-		}
-	}
-}
-
-func TestConnectionsFlag(t *testing.T) {
-	for _, n := range []int{0, -1, MaxConnections + 1} {
-		f := NewFlags()
-		f.Connections = n
-		if _, err := f.Config("host"); err == nil || !strings.Contains(err.Error(), "--ssh-connections") {
-			t.Errorf("--ssh-connections %d: got %v, want an error naming the flag", n, err)
-		}
-	}
-	f := NewFlags()
-	f.Connections = 4
-	cfg, err := f.Config("host")
-	if err != nil || cfg.Connections != 4 {
-		t.Fatalf("--ssh-connections 4: %+v, %v", cfg.Connections, err)
-	}
+// TestNewRefusesTooManyConnections: Config.Connections is bounded by MaxConnections.
+func TestNewRefusesTooManyConnections(t *testing.T) {
 	if _, err := New(Config{Destination: "host", ConfigFile: "none", Connections: MaxConnections + 1}); err == nil {
 		t.Error("New accepted more than MaxConnections")
 	}

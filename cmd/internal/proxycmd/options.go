@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
@@ -57,7 +58,7 @@ type Options struct {
 	HealthListen   string // /healthz /livez /readyz and /metrics; off when empty
 	// Via is the SSH destination ([user@]host) that carries the API traffic; SSH holds the SSH flags.
 	Via string
-	SSH *sshdial.Flags
+	SSH *sshflags.Flags
 }
 
 // NewOptions returns kubectl proxy's defaults.
@@ -73,7 +74,7 @@ func NewOptions() *Options {
 		APIPrefix:      defaultAPIPrefix,
 		StaticPrefix:   defaultStaticPrefix,
 		MaxConnections: apiproxy.DefaultMaxConnections,
-		SSH:            sshdial.NewFlags(),
+		SSH:            sshflags.NewFlags(),
 	}
 }
 

@@ -23,9 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
-	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -106,7 +106,7 @@ func TestFlagsMatchKubectlProxy(t *testing.T) {
 		known[n] = true
 	}
 	sshFlags := pflag.NewFlagSet("ssh", pflag.ContinueOnError)
-	sshdial.NewFlags().AddFlags(sshFlags)
+	sshflags.NewFlags().AddFlags(sshFlags)
 	sshFlags.VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
 	NewProxyCommand().Flags().VisitAll(func(f *pflag.Flag) {
 		if !known[f.Name] {

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/socks"
 	"github.com/konnect-dev/konnect/socks/sshdial"
@@ -41,7 +42,7 @@ type Options struct {
 
 	MaxConnections int
 
-	SSH *sshdial.Flags
+	SSH *sshflags.Flags
 }
 
 // NewOptions returns the defaults: `ssh -D 1080` on loopback.
@@ -49,7 +50,7 @@ func NewOptions() *Options {
 	return &Options{
 		DynamicForward: "127.0.0.1:1080",
 		MaxConnections: socks.DefaultMaxConns,
-		SSH:            sshdial.NewFlags(),
+		SSH:            sshflags.NewFlags(),
 	}
 }
 

@@ -1,10 +1,13 @@
-package sshdial
+// Package sshflags holds the SSH flags of the commands that dial over SSH (`konnect socks`, `konnect proxy
+// --via`), spelled the same in both, and turns them into an sshdial.Config.
+package sshflags
 
 import (
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
 	"golang.org/x/crypto/ssh"
 )
@@ -34,7 +37,7 @@ type Flags struct {
 // NewFlags returns the defaults: everything from the SSH config file or OpenSSH's defaults.
 func NewFlags() *Flags {
 	return &Flags{
-		ConnectTimeout: defaultConnectTimeout,
+		ConnectTimeout: sshdial.DefaultConnectTimeout,
 		Connections:    1,
 	}
 }
@@ -83,43 +86,43 @@ func (f *Flags) Given() []string {
 func (f *Flags) AddConnectionsFlag(fs *pflag.FlagSet) {
 	fs.IntVar(&f.Connections, "ssh-connections", f.Connections, fmt.Sprintf("SSH connections to keep to the destination, 1 to %d. "+
 		"OpenSSH encrypts each connection on one core at each end; with more than one, concurrent proxied connections are spread over them "+
-		"(each new one to the connection carrying the fewest), each SSH connection reconnects on its own, and host keys are checked on every one.", MaxConnections))
+		"(each new one to the connection carrying the fewest), each SSH connection reconnects on its own, and host keys are checked on every one.", sshdial.MaxConnections))
 	f.registered = append(f.registered, fs.Lookup("ssh-connections"))
 }
 
 // Config checks the flags and builds a Config for destination, naming the flag in every error.
-func (f *Flags) Config(destination string) (Config, error) {
+func (f *Flags) Config(destination string) (sshdial.Config, error) {
 	if destination == "" {
-		return Config{}, fmt.Errorf("an SSH destination [user@]host is required")
+		return sshdial.Config{}, fmt.Errorf("an SSH destination [user@]host is required")
 	}
-	if _, _, _, err := parseDestination(destination); err != nil {
-		return Config{}, err
+	if _, _, _, err := sshdial.ParseDestination(destination); err != nil {
+		return sshdial.Config{}, err
 	}
 	if f.Port != 0 && (f.Port < 1 || f.Port > 65535) {
-		return Config{}, fmt.Errorf("--ssh-port: %d is not a port from 1 to 65535", f.Port)
+		return sshdial.Config{}, fmt.Errorf("--ssh-port: %d is not a port from 1 to 65535", f.Port)
 	}
 	if f.ConnectTimeout <= 0 {
-		return Config{}, fmt.Errorf("--connect-timeout: must be positive, got %s", f.ConnectTimeout)
+		return sshdial.Config{}, fmt.Errorf("--connect-timeout: must be positive, got %s", f.ConnectTimeout)
 	}
-	jumps := splitJump(f.Jump)
+	jumps := sshdial.SplitJump(f.Jump)
 	for _, j := range jumps {
 		if j == "none" && len(jumps) == 1 {
 			break
 		}
-		if _, _, _, err := parseDestination(j); err != nil {
-			return Config{}, fmt.Errorf("--jump: %w", err)
+		if _, _, _, err := sshdial.ParseDestination(j); err != nil {
+			return sshdial.Config{}, fmt.Errorf("--jump: %w", err)
 		}
 	}
-	if f.Connections < 1 || f.Connections > MaxConnections {
-		return Config{}, fmt.Errorf("--ssh-connections: %d is not from 1 to %d", f.Connections, MaxConnections)
+	if f.Connections < 1 || f.Connections > sshdial.MaxConnections {
+		return sshdial.Config{}, fmt.Errorf("--ssh-connections: %d is not from 1 to %d", f.Connections, sshdial.MaxConnections)
 	}
 	supported := ssh.SupportedAlgorithms().Ciphers
 	for _, c := range f.Ciphers {
 		if !slices.Contains(supported, c) {
-			return Config{}, fmt.Errorf("--cipher: %q is not supported; choose from %v", c, supported)
+			return sshdial.Config{}, fmt.Errorf("--cipher: %q is not supported; choose from %v", c, supported)
 		}
 	}
-	return Config{
+	return sshdial.Config{
 		Destination:          destination,
 		Port:                 f.Port,
 		User:                 f.User,
