@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/socks/internal/localproxy"
-	"k8s.io/klog/v2"
 )
 
 // hopHeaders are meaningful only between the client and the proxy (RFC 9110 section 7.6.1), and are not
@@ -149,7 +148,7 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 				writeHTTPError(c, s.name(), http.StatusBadRequest, "malformed request")
 			}
 			if first {
-				logHandshake(cl, "http request", err)
+				s.logHandshake(cl, "http request", err)
 			}
 			return
 		}
@@ -160,7 +159,7 @@ func (s *Server) serveHTTP(ctx context.Context, cl *client) {
 			return
 		}
 		if !s.proxyAuthorized(req) {
-			klog.InfoS("HTTP proxy authentication failed", "remote", c.RemoteAddr())
+			s.Log.Info("HTTP proxy authentication failed", "remote", c.RemoteAddr())
 			writeHTTPError(c, s.name(), http.StatusProxyAuthRequired, "proxy authentication required",
 				`Proxy-Authenticate: Basic realm="konnect"`)
 			return
@@ -198,7 +197,7 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 		return
 	}
 	c.SetWriteDeadline(time.Time{})
-	klog.V(2).InfoS("HTTP CONNECT", "remote", c.RemoteAddr(), "dest", target)
+	s.Log.V(2).Info("HTTP CONNECT", "remote", c.RemoteAddr(), "dest", target)
 	relay(c, cl.br, out)
 }
 

@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-
-	"k8s.io/klog/v2"
 )
 
 // DefaultMaxUnauthenticatedPerSource is Server.MaxUnauthenticatedPerSource's default.
@@ -70,8 +68,8 @@ func (c *preAuthConn) CloseWrite() error {
 }
 
 // refuseSource drops a connection whose source is at the bound, with a reset.
-func refuseSource(c net.Conn, max int) {
-	klog.V(1).InfoS("Proxy connection refused: too many unauthenticated connections from its source", "remote", c.RemoteAddr(), "max", max)
+func (s *Server) refuseSource(c net.Conn, max int) {
+	s.Log.V(1).Info("Proxy connection refused: too many unauthenticated connections from its source", "remote", c.RemoteAddr(), "max", max)
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}

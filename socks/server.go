@@ -28,8 +28,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/socks/internal/localproxy"
-	"k8s.io/klog/v2"
 )
 
 // Protocol selects what a listener serves.
@@ -92,6 +92,9 @@ type Server struct {
 	// MaxUnauthenticatedPerSource bounds, with Credentials, the connections from one source address that
 	// have not authenticated yet; more are reset. 0 means DefaultMaxUnauthenticatedPerSource.
 	MaxUnauthenticatedPerSource int
+	// Log receives the server's log lines: refused connections, failed handshakes and dials. The zero Logger
+	// discards them; a command passes klog's (klog.NewKlogr()).
+	Log logr.Logger
 
 	initOnce  sync.Once
 	limit     *localproxy.ConnLimit
@@ -115,6 +118,7 @@ func (s *Server) init() {
 			n = DefaultMaxConns
 		}
 		s.limit = localproxy.NewConnLimit(n)
+		s.failures.Logger = s.Log
 		if s.Credentials != nil {
 			m := s.MaxUnauthenticatedPerSource
 			if m <= 0 {
@@ -203,7 +207,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 				// Out of file descriptors, or a client gone before accept: back off instead of spinning
 				// or giving up; the connections being served will free descriptors.
 				tempDelay = min(max(2*tempDelay, 5*time.Millisecond), time.Second)
-				klog.V(1).InfoS("Proxy accept failed; retrying", "addr", ln.Addr(), "err", err, "in", tempDelay)
+				s.Log.V(1).Info("Proxy accept failed; retrying", "addr", ln.Addr(), "err", err, "in", tempDelay)
 				time.Sleep(tempDelay)
 				continue
 			} else {
@@ -222,7 +226,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		if s.preAuth != nil {
 			var ok bool
 			if c, ok = s.preAuth.admit(c); !ok {
-				refuseSource(c, s.preAuth.max)
+				s.refuseSource(c, s.preAuth.max)
 				continue
 			}
 		}
@@ -277,7 +281,7 @@ func (s *Server) ActiveConns() int {
 // refuse answers a connection over the cap in its own protocol, briefly (2s at most), so the client shows a
 // clear error rather than a reset. The caller closes c.
 func (s *Server) refuse(c net.Conn, proto Protocol) {
-	klog.V(1).InfoS("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
+	s.Log.V(1).Info("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	br := bufio.NewReaderSize(c, 512)
 	isSOCKS, err := sniff(br, proto)

@@ -11,8 +11,6 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
-
-	"k8s.io/klog/v2"
 )
 
 // SOCKS5 constants from RFC 1928 and RFC 1929.
@@ -205,7 +203,7 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	methods, err := readGreeting(cl.br)
 	if err != nil {
-		logHandshake(cl, "socks5 greeting", err)
+		s.logHandshake(cl, "socks5 greeting", err)
 		return
 	}
 	want := byte(methodNoAuth)
@@ -220,7 +218,7 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 	}
 	if !offered {
 		c.Write([]byte{socksVersion, methodNone})
-		klog.V(1).InfoS("SOCKS5 client offered no acceptable authentication method", "remote", c.RemoteAddr(), "required", want)
+		s.Log.V(1).Info("SOCKS5 client offered no acceptable authentication method", "remote", c.RemoteAddr(), "required", want)
 		return
 	}
 	if _, err := c.Write([]byte{socksVersion, want}); err != nil {
@@ -229,12 +227,12 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 	if s.Credentials != nil {
 		user, pass, err := readUserPass(cl.br)
 		if err != nil {
-			logHandshake(cl, "socks5 username/password", err)
+			s.logHandshake(cl, "socks5 username/password", err)
 			return
 		}
 		if !s.Credentials.match(user, pass) {
 			c.Write([]byte{userPassVer, 0x01})
-			klog.InfoS("SOCKS5 authentication failed", "remote", c.RemoteAddr())
+			s.Log.Info("SOCKS5 authentication failed", "remote", c.RemoteAddr())
 			return
 		}
 		if _, err := c.Write([]byte{userPassVer, 0x00}); err != nil {
@@ -247,7 +245,7 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 		if errors.As(err, &re) && re.reply != 0 {
 			writeReply(c, re.reply, nil)
 		}
-		logHandshake(cl, "socks5 request", err)
+		s.logHandshake(cl, "socks5 request", err)
 		return
 	}
 	// The handshake is over: no more header limits, and the connection may idle as long as the peers like.
@@ -268,13 +266,13 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 		return
 	}
 	c.SetWriteDeadline(time.Time{})
-	klog.V(2).InfoS("SOCKS5 connect", "remote", c.RemoteAddr(), "dest", addr)
+	s.Log.V(2).Info("SOCKS5 connect", "remote", c.RemoteAddr(), "dest", addr)
 	relay(c, cl.br, out)
 }
 
-func logHandshake(cl *client, what string, err error) {
+func (s *Server) logHandshake(cl *client, what string, err error) {
 	if errors.Is(err, io.EOF) {
 		return
 	}
-	klog.V(1).InfoS("Proxy handshake failed", "stage", what, "remote", cl.RemoteAddr(), "err", err)
+	s.Log.V(1).Info("Proxy handshake failed", "stage", what, "remote", cl.RemoteAddr(), "err", err)
 }

@@ -91,6 +91,7 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 		return nil, fmt.Errorf("--www-prefix: %q is also the API prefix (--api-prefix)", cfg.StaticPrefix)
 	}
 	h := &Handler{mux: http.NewServeMux()}
+	h.failures.Logger = klog.NewKlogr()
 	api, err := h.newAPIHandler(cfg)
 	if err != nil {
 		return nil, err

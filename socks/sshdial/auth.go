@@ -10,10 +10,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
-	"k8s.io/klog/v2"
 )
 
 // EncryptedKeyError is returned when an identity file needs a passphrase and there is no way to ask for it.
@@ -108,6 +108,7 @@ func openToOthers(fi fs.FileInfo, uid int) bool {
 type keyring struct {
 	passphrase func(file string) ([]byte, error)
 	allowOpen  bool
+	log        logr.Logger
 
 	mu      sync.Mutex
 	signers map[string]ssh.Signer // by file; nil value = absent or unusable default
@@ -115,11 +116,11 @@ type keyring struct {
 	ignored map[string]string     // default keys open to others: file -> "FILE (permissions 0644)"
 }
 
-func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool) *keyring {
+func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool, log logr.Logger) *keyring {
 	if passphrase == nil {
 		passphrase = terminalPassphrase
 	}
-	return &keyring{passphrase: passphrase, allowOpen: allowOpen, signers: map[string]ssh.Signer{},
+	return &keyring{passphrase: passphrase, allowOpen: allowOpen, log: log, signers: map[string]ssh.Signer{},
 		skipped: map[string]bool{}, ignored: map[string]string{}}
 }
 
@@ -165,7 +166,7 @@ func (k *keyring) load(file string, src keySource, pause func() (resume func()))
 			return nil, nil
 		case src == fromDefault && errors.As(err, &open):
 			// OpenSSH's words, once: the key is skipped, as OpenSSH skips it.
-			klog.InfoS("Ignoring an identity file that others may read (UNPROTECTED PRIVATE KEY FILE); run chmod 600 on it",
+			k.log.Info("Ignoring an identity file that others may read (UNPROTECTED PRIVATE KEY FILE); run chmod 600 on it",
 				"file", file, "permissions", fmt.Sprintf("%04o", open.Mode))
 			k.ignored[file] = fmt.Sprintf("%s (permissions %04o)", file, open.Mode)
 			k.signers[file] = nil
@@ -200,7 +201,7 @@ func (k *keyring) load(file string, src keySource, pause func() (resume func()))
 		}
 	} else if err != nil {
 		if src == fromDefault {
-			klog.V(2).InfoS("Skipping unreadable default identity file", "file", file, "err", err)
+			k.log.V(2).Info("Skipping unreadable default identity file", "file", file, "err", err)
 			k.signers[file] = nil
 			return nil, nil
 		}
@@ -306,7 +307,7 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	}
 	c, err := net.Dial("unix", sock)
 	if err != nil {
-		klog.V(1).InfoS("ssh-agent not reachable; using identity files only", "socket", sock, "err", err)
+		d.log.V(1).Info("ssh-agent not reachable; using identity files only", "socket", sock, "err", err)
 		cc.Auth = []ssh.AuthMethod{files}
 		return closer, offered
 	}

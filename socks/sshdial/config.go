@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/kevinburke/ssh_config"
 	"github.com/konnect-dev/konnect/pki/address"
 	"golang.org/x/crypto/ssh"
@@ -75,6 +76,9 @@ type Config struct {
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
 	// otherwise fails with an error that says to load the key into ssh-agent.
 	Passphrase func(keyFile string) ([]byte, error)
+	// Log receives the dialer's log lines: connections made, lost and retried, keys skipped, host keys
+	// added. The zero Logger discards them; a command passes klog's (klog.NewKlogr()).
+	Log logr.Logger
 }
 
 // MaxConnections bounds Config.Connections.

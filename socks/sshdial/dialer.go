@@ -34,8 +34,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/crypto/ssh"
-	"k8s.io/klog/v2"
 )
 
 // ErrStopped is returned by DialContext after Run has returned.
@@ -55,6 +55,7 @@ const demandGap = 250 * time.Millisecond
 // carries the fewest open dials. It is safe for concurrent use.
 type Dialer struct {
 	plan  *plan
+	log   logr.Logger
 	keys  *keyring
 	known *knownHosts
 
@@ -135,8 +136,9 @@ func New(cfg Config) (*Dialer, error) {
 	}
 	d := &Dialer{
 		plan:  p,
-		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys),
-		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew},
+		log:   cfg.Log,
+		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys, cfg.Log),
+		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew, log: cfg.Log},
 		up:    make(chan struct{}),
 		wake:  make(chan struct{}),
 	}
@@ -277,9 +279,9 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 			// Attempts made for waiting dials come every demandGap while the server is away; the first of
 			// them and every background one are worth a line at the default level.
 			if demanded && attempt > 1 {
-				klog.V(1).InfoS("SSH connection failed; a proxied connection is waiting, retrying", logArgs("attempt", attempt, "err", err)...)
+				d.log.V(1).Info("SSH connection failed; a proxied connection is waiting, retrying", logArgs("attempt", attempt, "err", err)...)
 			} else {
-				klog.InfoS("SSH connection failed; retrying", logArgs("attempt", attempt, "err", err)...)
+				d.log.Info("SSH connection failed; retrying", logArgs("attempt", attempt, "err", err)...)
 			}
 			if !d.pause(ctx, backoff) {
 				return nil
@@ -296,7 +298,7 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 				close(first)
 			}
 		}
-		klog.InfoS("SSH connection established", logArgs("server", string(s.client.ServerVersion()))...)
+		d.log.Info("SSH connection established", logArgs("server", string(s.client.ServerVersion()))...)
 
 		lost := make(chan error, 1)
 		go func() { lost <- s.client.Wait() }()
@@ -319,7 +321,7 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 			why = errors.New("connection closed")
 		}
 		d.clearSession(sl, s, fmt.Errorf("connection lost: %w", why))
-		klog.InfoS("SSH connection lost; reconnecting, new proxied connections wait up to the connect timeout",
+		d.log.Info("SSH connection lost; reconnecting, new proxied connections wait up to the connect timeout",
 			logArgs("err", why, "connectTimeout", d.plan.connectTimeout)...)
 	}
 }
@@ -493,7 +495,7 @@ func (d *Dialer) keepalive(ctx context.Context, s *session) {
 				}
 			}
 			if missed >= d.plan.aliveCountMax {
-				klog.InfoS("SSH server stopped answering keepalives; dropping the connection", "target", d.Target(),
+				d.log.Info("SSH server stopped answering keepalives; dropping the connection", "target", d.Target(),
 					"unanswered", missed, "interval", d.plan.aliveInterval)
 				s.close()
 				return
@@ -717,7 +719,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 			return nil, fmt.Errorf("SSH server %s did not open %s in time: %w", d.server(), addr, ctx.Err())
 		}
 		// The session died under us: drop it and try another, or wait for Run to bring one up.
-		klog.V(1).InfoS("SSH dial failed on a dying connection; trying again", "addr", addr, "err", err)
+		d.log.V(1).Info("SSH dial failed on a dying connection; trying again", "addr", addr, "err", err)
 		s.close()
 		d.clearSession(sl, s, fmt.Errorf("connection lost: %w", err))
 	}
@@ -765,7 +767,7 @@ func (d *Dialer) open(ctx context.Context, s *session, addr string) (net.Conn, e
 				probe.Reset(dialProbeAfter)
 				continue
 			}
-			klog.InfoS("SSH server did not answer a keepalive while a proxied connection waited; dropping the connection and reconnecting",
+			d.log.Info("SSH server did not answer a keepalive while a proxied connection waited; dropping the connection and reconnecting",
 				"target", d.Target(), "dest", addr, "waited", d.plan.probeTimeout()+dialProbeAfter)
 			s.close()
 			r := <-res

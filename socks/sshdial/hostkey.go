@@ -16,10 +16,10 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/pki/safepath"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
-	"k8s.io/klog/v2"
 )
 
 // HostKeyError is returned when a host key is not trusted: the host is unknown, or its key changed (or is
@@ -67,6 +67,7 @@ func (e *HostKeyError) Unwrap() error { return e.Unrecorded }
 type knownHosts struct {
 	file      string
 	acceptNew bool
+	log       logr.Logger
 	mu        sync.Mutex // serialises reading against appending
 }
 
@@ -106,7 +107,7 @@ func (k *knownHosts) loadParsable(data []byte) (ssh.HostKeyCallback, error) {
 			continue
 		}
 		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err != nil {
-			klog.V(1).InfoS("Skipping a known_hosts line that cannot be parsed", "file", k.file, "line", i+1, "err", err)
+			k.log.V(1).Info("Skipping a known_hosts line that cannot be parsed", "file", k.file, "line", i+1, "err", err)
 			lines[i] = nil
 		}
 	}
@@ -256,7 +257,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 			// A host certificate that no @cert-authority line vouches for (or that is not valid for this
 			// host) is judged by its plain key, as OpenSSH does: known, unknown (--accept-new records the
 			// plain key) or changed.
-			klog.V(2).InfoS("Host certificate not trusted; checking its plain key", "host", knownhosts.Normalize(addr), "err", err)
+			k.log.V(2).Info("Host certificate not trusted; checking its plain key", "host", knownhosts.Normalize(addr), "err", err)
 			key = cert.Key
 			if err = db.plainKey(addr, remote, key); err == nil {
 				return nil
@@ -295,7 +296,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 			} else if err != nil {
 				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.file, err)
 			}
-			klog.InfoS("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,
+			k.log.Info("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,
 				"fingerprint", hke.Fingerprint, "file", k.file)
 			return nil
 		default:

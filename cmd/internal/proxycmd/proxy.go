@@ -101,7 +101,9 @@ func New(cfg *Config) (_ *Proxy, err error) {
 	p := &Proxy{cfg: cfg}
 	pc := cfg.Proxy
 	if cfg.SSH != nil {
-		if p.dialer, err = sshdial.New(*cfg.SSH); err != nil {
+		ssh := *cfg.SSH
+		ssh.Log = klog.NewKlogr()
+		if p.dialer, err = sshdial.New(ssh); err != nil {
 			return nil, fmt.Errorf("--via: %w", err)
 		}
 		pc.Dial = p.dialer.DialContext

@@ -177,12 +177,15 @@ type Proxy struct {
 // New prepares the SSH dialer and binds every listener, so that a bad address or a port in use fails here.
 // Nothing stays bound when New fails.
 func New(cfg *Config) (_ *Proxy, err error) {
-	d, err := sshdial.New(cfg.SSH)
+	ssh := cfg.SSH
+	ssh.Log = klog.NewKlogr()
+	d, err := sshdial.New(ssh)
 	if err != nil {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, dialer: d}
-	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns, Name: "konnect socks"}
+	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns, Name: "konnect socks",
+		Log: klog.NewKlogr()}
 	defer func() {
 		if err != nil {
 			p.endpoints.Close()

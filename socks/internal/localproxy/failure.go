@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/klog/v2"
+	"github.com/go-logr/logr"
 )
 
 // A Dial whose route has hops of its own (an SSH server) tells the proxy which side failed through two
@@ -74,6 +74,9 @@ const (
 // FailureLog is the one rate limit of konnect's local proxies on logging failed requests (see
 // failureLogBurst): socks.Server's and apiproxy's each keep one. The zero value is ready to use.
 type FailureLog struct {
+	// Logger receives the lines; the zero Logger discards them.
+	Logger logr.Logger
+
 	mu         sync.Mutex
 	tokens     float64
 	last       time.Time
@@ -109,5 +112,5 @@ func (l *FailureLog) Log(msg string, kv ...any) {
 	if suppressed > 0 {
 		kv = append(kv, "suppressedBefore", suppressed)
 	}
-	klog.InfoS(msg, kv...)
+	l.Logger.Info(msg, kv...)
 }
