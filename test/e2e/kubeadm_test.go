@@ -608,6 +608,11 @@ type kadmLoop struct {
 	firstErr        error
 	lastErrAt       time.Time
 	apiErr, hookErr int
+	// apiShared counts the APIService requests answered 503 "service unavailable": kube-aggregator's answer,
+	// on any kube-apiserver, while the APIService's shared Available condition is False. Another node's
+	// kube-apiserver writes that condition when its own dials fail (its server down), and every node then
+	// refuses until a check passes again; no dial was tried.
+	apiShared int
 }
 
 func (kc *kadmCluster) startLoop(t *testing.T) *kadmLoop {
@@ -640,6 +645,9 @@ func (kc *kadmCluster) startLoop(t *testing.T) *kadmLoop {
 				l.failed++
 				if i%2 == 0 {
 					l.apiErr++
+					if strings.Contains(err.Error(), ": 503 Service Unavailable: service unavailable") {
+						l.apiShared++
+					}
 				} else {
 					l.hookErr++
 				}
@@ -660,7 +668,8 @@ func (l *kadmLoop) finish() *kadmLoop {
 }
 
 func (l *kadmLoop) String() string {
-	s := fmt.Sprintf("%d of %d requests failed (APIService %d, webhook %d)", l.failed, l.total, l.apiErr, l.hookErr)
+	s := fmt.Sprintf("%d of %d requests failed (APIService %d, of which %d refused by the shared Available condition; webhook %d)",
+		l.failed, l.total, l.apiErr, l.apiShared, l.hookErr)
 	if l.firstErr != nil {
 		s += fmt.Sprintf(" (first: %s)", tailString(l.firstErr.Error(), 300))
 	}
@@ -790,8 +799,11 @@ func (kc *kadmCluster) rollServers(t *testing.T) {
 	}
 	l.finish()
 	t.Logf("rolling restart of the servers on cp1, cp2, cp3: %s", l)
-	if l.failed != 0 {
-		t.Errorf("rolling restart of the servers: %s, want none", l)
+	// A request refused by the APIService's shared Available condition never reached a tunnel: the drained
+	// node's own availability check, failing while its server is down, set it for the whole cluster. Every
+	// other failure is one the tunnel lost.
+	if lost := l.failed - l.apiShared; lost != 0 {
+		t.Errorf("rolling restart of the servers: %s: %d lost, want none", l, lost)
 	}
 }
 
