@@ -8,8 +8,9 @@
 // filled into text templates. A misspelt field is then a compile error instead of a field the API server
 // silently drops, and user input (image references, host names, PEM blocks) is always quoted correctly.
 //
-// The package only renders. It does not write files (callers write File values atomically), create
-// certificates, or talk to a cluster.
+// The package renders. It does not write files (callers write File values atomically), create
+// certificates, or talk to a cluster; it only moves and removes konnect's own files of an earlier agents'
+// bundle (PrepareAgentBundle).
 //
 // The static pod belongs in kubelet's manifest directory; everything else is applied to the cluster with
 // `kubectl apply -k DIR`. Keep the two in different directories: kubelet tries to run every file in its

@@ -222,7 +222,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 
 // apiServiceNames are the APIServices a file written by an earlier run lists; none if it cannot be read.
 func apiServiceNames(path string) []string {
-	objs, _ := objectsIn(path)
+	objs, _ := manifests.ObjectsIn(path)
 	var names []string
 	for _, obj := range objs {
 		if obj.Kind == "APIService" && obj.Name != "" {

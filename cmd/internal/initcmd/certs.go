@@ -123,7 +123,7 @@ func newRenewCommand() *cobra.Command {
 SANs and its subject; only the validity changes. "all" renews every leaf present; a CA is renewed only when
 named, and is re-signed with its own key so that everything it issued stays valid. Renewing
 konnectivity-server-client or ca also updates DIR/` + pki.KubeconfigFile + `, which embeds both; after
-renewing ca, run konnect init again and re-apply DIR/` + AgentBundleDir + `, whose
+renewing ca, run konnect init again and re-apply DIR/` + manifests.AgentBundleDir + `, whose
 ConfigMap carries ca.crt to the agents. To replace a key, delete the certificate's files and run
 konnect init.
 
@@ -231,8 +231,8 @@ var afterRenewal = map[string][]string{
 	pki.KonnectivityFrontend:     {restartServer},
 	pki.KonnectivityAgentCA:      {restartServer},
 	pki.KonnectivityServerClient: {restartServer},
-	pki.CA:                       {restartServer, "run konnect init again and re-apply DIR/" + AgentBundleDir + ": its ConfigMap carries ca.crt to the agents"},
-	pki.KonnectivityAgent:        {"run konnect init again and re-apply DIR/" + AgentBundleDir + ": its Secret carries the agents' certificate"},
+	pki.CA:                       {restartServer, "run konnect init again and re-apply DIR/" + manifests.AgentBundleDir + ": its ConfigMap carries ca.crt to the agents"},
+	pki.KonnectivityAgent:        {"run konnect init again and re-apply DIR/" + manifests.AgentBundleDir + ": its Secret carries the agents' certificate"},
 	pki.APIServerEgressClient:    {"restart kube-apiserver: it loads its egress client certificate only when it starts"},
 }
 

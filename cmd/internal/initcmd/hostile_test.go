@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 )
 
@@ -69,7 +70,7 @@ func TestInitRefusesWhatOthersCanChange(t *testing.T) {
 			return nil, []string{"refusing to write " + link}
 		}},
 		{name: "planted symlink in the agents' bundle", root: true, setUp: func(t *testing.T, dir, victim string) ([]string, []string) {
-			link := filepath.Join(dir, AgentBundleDir, "konnectivity-agent.yaml")
+			link := filepath.Join(dir, manifests.AgentBundleDir, "konnectivity-agent.yaml")
 			plant(t, victim, link)
 			return nil, []string{"refusing to write " + link}
 		}},

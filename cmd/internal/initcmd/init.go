@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/pmezard/go-difflib/difflib"
@@ -66,7 +67,7 @@ func phases() []phase {
 		{name: "egress", short: "Write DIR/" + EgressConfigFile + " (kube-apiserver --egress-selector-config-file)", run: (*runner).egress},
 		{name: "kubeadm", short: "With --kubeadm, record the flags and volumes the flags phase sets on kube-apiserver in kubeadm's ClusterConfiguration (ConfigMap " + kubeapiserver.KubeadmConfigNamespace + "/" + kubeapiserver.KubeadmConfigName + "), so that kubeadm upgrade and join keep them", run: (*runner).kubeadm},
 		{name: "flags", short: "Write DIR/" + FlagsFile + " and, with --apiserver-manifest, patch the kube-apiserver static pod", run: (*runner).flags},
-		{name: "manifests", short: "Write the Konnectivity server static pod to DIR/" + ManifestsSubdir + "/, and the agent DaemonSet, RBAC, kustomization.yaml to DIR/" + AgentBundleDir + "/", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
+		{name: "manifests", short: "Write the Konnectivity server static pod to DIR/" + ManifestsSubdir + "/, and the agent DaemonSet, RBAC, kustomization.yaml to DIR/" + manifests.AgentBundleDir + "/", needs: needs{addresses: true, manifests: true}, run: (*runner).manifests},
 	}
 }
 
@@ -192,7 +193,7 @@ func outputList() string {
 		{EgressConfigFile, "EgressSelectorConfiguration for kube-apiserver's --egress-selector-config-file"},
 		{FlagsFile, "kube-apiserver flags, one --flag=value per line"},
 		{ManifestsSubdir + "/konnectivity-server.yaml", "Konnectivity server static pod (kubelet runs it when DIR is /etc/kubernetes)"},
-		{AgentBundleDir + "/", "agent DaemonSet, ServiceAccount, RBAC (--agent-auth mtls: certificate Secret), kustomization.yaml: kubectl apply -k"},
+		{manifests.AgentBundleDir + "/", "agent DaemonSet, ServiceAccount, RBAC (--agent-auth mtls: certificate Secret), kustomization.yaml: kubectl apply -k"},
 	} {
 		fmt.Fprintf(&b, "  DIR/%-41s %s\n", f[0], f[1])
 	}
@@ -266,7 +267,7 @@ func (r *runner) add(res pki.Result) {
 		// kubeadm copies ca and front-proxy-ca to joining control-plane nodes, but knows nothing of this one.
 		note = strings.TrimPrefix(note+"; with several control-plane nodes, copy it and its key to the same path on the others before init runs there: every server must trust the agents' certificate", "; ")
 	case res.Name == pki.KonnectivityAgent && res.Action == pki.Renewed && strings.HasPrefix(res.Reason, "moved from"):
-		note += "; re-apply " + filepath.Join(r.o.Dir, AgentBundleDir) + " at once: the server trusts only the new CA"
+		note += "; re-apply " + filepath.Join(r.o.Dir, manifests.AgentBundleDir) + " at once: the server trusts only the new CA"
 	}
 	file := res.CertFile
 	// One line per pair: DIR/pki/NAME.{crt,key}. A renewal re-signs the certificate and keeps the key; an

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/spf13/cobra"
@@ -313,8 +314,8 @@ func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
 		}
 	}
 
-	bundle := filepath.Join(dir, AgentBundleDir)
-	legacy := filepath.Join(dir, ManifestsSubdir, AgentBundleDir)
+	bundle := filepath.Join(dir, manifests.AgentBundleDir)
+	legacy := filepath.Join(dir, ManifestsSubdir, manifests.AgentBundleDir)
 	if err := os.Rename(bundle, legacy); err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestInitAgentBundleOutsideStaticPodDir(t *testing.T) {
 func TestInitRemovesStaleBundleFiles(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, initArgs(dir, "--server-leases", "--agent-auth", "mtls")...)
-	bundle := filepath.Join(dir, AgentBundleDir)
+	bundle := filepath.Join(dir, manifests.AgentBundleDir)
 	// The user's own copy of konnect's DaemonSet, labels and all.
 	ds, err := os.ReadFile(filepath.Join(bundle, "konnectivity-agent.yaml"))
 	if err != nil {
@@ -427,7 +428,7 @@ func TestInitRemovesStaleBundleFiles(t *testing.T) {
 func TestInitKeepsUserKustomization(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, initArgs(dir, "--server-leases")...)
-	kpath := filepath.Join(dir, AgentBundleDir, "kustomization.yaml")
+	kpath := filepath.Join(dir, manifests.AgentBundleDir, "kustomization.yaml")
 	k, err := os.ReadFile(kpath)
 	if err != nil {
 		t.Fatal(err)
@@ -801,7 +802,7 @@ func TestCertsCommands(t *testing.T) {
 	// The agents' certificate reaches them in the bundle's Secret, which only init writes.
 	mtls := t.TempDir()
 	mustRun(t, initArgs(mtls, "--agent-auth", "mtls")...)
-	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, AgentBundleDir)) {
+	if out := mustRun(t, "certs", "renew", "konnectivity-agent", "--dir", mtls); !strings.Contains(out, "next: run konnect init again and re-apply "+filepath.Join(mtls, manifests.AgentBundleDir)) {
 		t.Errorf("renew konnectivity-agent does not say how the agents get it:\n%s", out)
 	}
 	// The cluster CA and the server's client certificate reach the server in its kubeconfig, a file mount,

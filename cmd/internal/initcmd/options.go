@@ -96,7 +96,7 @@ func NewOptions() *Options {
 
 // AddFlags registers every option with its current value as the default.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir+", DIR/"+AgentBundleDir)
+	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir+", DIR/"+manifests.AgentBundleDir)
 	fs.StringArrayVar(&o.ControlPlaneAddresses, "control-plane-address", o.ControlPlaneAddresses, "IP address or DNS name under which agents reach this control plane (repeatable); SAN of konnectivity-server.crt")
 	fs.StringVar(&o.KeyAlgorithm, "key-algorithm", o.KeyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
 	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates")
@@ -244,7 +244,7 @@ func (o *Options) checkSocketDir() error {
 		return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
 			o.UDSName, dir, what, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(kubeapiserver.DefaultUDSName, pki.DefaultDir))))
 	}
-	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
+	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, manifests.AgentBundleDir)} {
 		if rel, err := filepath.Rel(dir, held); err == nil && !strings.HasPrefix(rel, "..") {
 			return refuse(held)
 		}
@@ -292,7 +292,7 @@ func (o *Options) checkOutputs() []error {
 		return []error{dirErr(err)}
 	}
 	var errs []error
-	for _, d := range []string{o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, AgentBundleDir)} {
+	for _, d := range []string{o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, manifests.AgentBundleDir)} {
 		if err := safepath.CheckDir(d); err != nil {
 			errs = append(errs, dirErr(err))
 			break // one is enough: they share --dir
@@ -317,9 +317,9 @@ func (o *Options) outputFiles() []string {
 	}
 	files = append(files,
 		filepath.Join(o.Dir, pki.KubeconfigFile), filepath.Join(o.Dir, EgressConfigFile), filepath.Join(o.Dir, FlagsFile),
-		filepath.Join(o.Dir, ManifestsSubdir, manifests.ServerPodFile), filepath.Join(o.Dir, AgentBundleDir, "kustomization.yaml"))
+		filepath.Join(o.Dir, ManifestsSubdir, manifests.ServerPodFile), filepath.Join(o.Dir, manifests.AgentBundleDir, "kustomization.yaml"))
 	for _, f := range manifests.AgentBundleFiles {
-		files = append(files, filepath.Join(o.Dir, AgentBundleDir, f))
+		files = append(files, filepath.Join(o.Dir, manifests.AgentBundleDir, f))
 	}
 	return files
 }
