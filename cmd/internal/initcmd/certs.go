@@ -173,7 +173,7 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 					note = ": " + r.Reason
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)%s\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339), note)
-				for _, step := range afterRenewal[r.Name] {
+				for _, step := range renewalSteps(r.Name) {
 					if !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
 						next = append(next, step)
 					}
@@ -224,21 +224,27 @@ func refreshServing(w io.Writer, d string) (next string, err error) {
 	return "apply DIR again (kubectl apply -k DIR): its Secret and caBundles now carry the renewed certificates", nil
 }
 
-// afterRenewal is what must happen before a renewed certificate is used, for those that are not read
-// again by whoever holds them.
-var afterRenewal = map[string][]string{
-	pki.KonnectivityServer:       {restartServer},
-	pki.KonnectivityFrontend:     {restartServer},
-	pki.KonnectivityAgentCA:      {restartServer},
-	pki.KonnectivityServerClient: {restartServer},
-	pki.CA:                       {restartServer, "run konnect init again and re-apply DIR/" + manifests.AgentBundleDir + ": its ConfigMap carries ca.crt to the agents"},
-	pki.KonnectivityAgent:        {"run konnect init again and re-apply DIR/" + manifests.AgentBundleDir + ": its Secret carries the agents' certificate"},
-	pki.APIServerEgressClient:    {"restart kube-apiserver: it loads its egress client certificate only when it starts"},
+// renewalSteps are what must happen before the renewed certificate called name is used: a step for each of
+// its readers that does not read it again by itself.
+func renewalSteps(name string) []string {
+	s, ok := pki.Lookup(pki.Specs(), name)
+	if !ok {
+		return nil
+	}
+	var steps []string
+	for _, f := range s.Feeds {
+		switch {
+		case f.Restart == "":
+		case f.Reader == pki.ServerPod:
+			steps = append(steps, "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: "+f.Restart)
+		case f.Reader == pki.AgentBundle:
+			steps = append(steps, "run konnect init again and re-apply DIR/"+manifests.AgentBundleDir+": "+f.Restart)
+		default:
+			steps = append(steps, "restart kube-apiserver: "+f.Restart)
+		}
+	}
+	return steps
 }
-
-// restartServer is the step for what the server's static pod mounts file by file: its certificates, CAs and
-// kubeconfig, which embeds the cluster CA and the server's client certificate.
-const restartServer = "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: its file mounts keep the certificates and kubeconfig it started with"
 
 func validities(ca, cert time.Duration) error {
 	if ca <= 0 {
