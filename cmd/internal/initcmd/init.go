@@ -4,10 +4,7 @@
 //
 // konnect init writes, under --dir (default /etc/kubernetes):
 //
-//	DIR/pki/ca.{crt,key}, front-proxy-ca.{crt,key}, front-proxy-client.{crt,key},
-//	    konnectivity-server-client.{crt,key}, konnectivity-server.{crt,key}
-//	    (+ konnectivity-agent.{crt,key} with --agent-auth mtls,
-//	     + konnectivity-frontend.{crt,key} and apiserver-egress-client.{crt,key} with --transport tcp)
+//	DIR/pki/BASENAME.{crt,key}                 each row of pki.Specs the flags call for (konnect init --help lists them)
 //	DIR/konnectivity-server.conf               kubeconfig of the Konnectivity server
 //	DIR/egress-selector-configuration.yaml     kube-apiserver --egress-selector-config-file
 //	DIR/kube-apiserver.flags                   kube-apiserver flags, one --flag=value per line
