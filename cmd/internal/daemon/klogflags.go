@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"flag"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -16,7 +17,7 @@ func AddKlogFlags(fs *pflag.FlagSet, names ...string) {
 	gfs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(gfs)
 	gfs.VisitAll(func(f *flag.Flag) {
-		if len(names) > 0 && !contains(names, f.Name) {
+		if len(names) > 0 && !slices.Contains(names, f.Name) {
 			return
 		}
 		f.Name = strings.ReplaceAll(f.Name, "_", "-")
@@ -24,13 +25,4 @@ func AddKlogFlags(fs *pflag.FlagSet, names ...string) {
 			fs.AddGoFlag(f)
 		}
 	})
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
