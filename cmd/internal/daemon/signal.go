@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 )
 
@@ -17,6 +18,7 @@ func SignalContext(parent context.Context) (context.Context, context.CancelFunc)
 	ctx, cancel := context.WithCancel(parent)
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{}) // closed by the returned cancel: no second signal is awaited any more
 	go func() {
 		select {
 		case sig := <-ch:
@@ -26,11 +28,18 @@ func SignalContext(parent context.Context) (context.Context, context.CancelFunc)
 			signal.Stop(ch)
 			return
 		}
-		<-ch
-		os.Exit(1)
+		select {
+		case <-ch:
+			os.Exit(1)
+		case <-done:
+		}
 	}()
+	var once sync.Once
 	return ctx, func() {
-		signal.Stop(ch)
+		once.Do(func() {
+			signal.Stop(ch)
+			close(done)
+		})
 		cancel()
 	}
 }
