@@ -134,7 +134,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return errors.New("agent: Run called twice")
 	}
 	// Sessions outlive ctx: they must stay up while draining.
-	runCtx, stop := context.WithCancel(context.Background())
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	klog.InfoS("Agent starting", "agentID", a.cfg.AgentID, "servers", a.cfg.Servers, "identifiers", a.cfg.Identifiers)
 	// Not a ticker: a retry due between two ticks would wait for the second, and agents retrying through one

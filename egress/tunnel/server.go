@@ -340,7 +340,7 @@ func (s *Server) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("frontend listener: %w", err)
 		}
 	}()
-	leaseCtx, stopLeases := context.WithCancel(context.Background())
+	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
 	if s.leases != nil {
 		s.leases.Run(leaseCtx)
 	}

@@ -114,7 +114,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.ran = true
 	s.mu.Unlock()
 
-	base, cancelBase := context.WithCancel(context.Background())
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	h := s.track(s.handler)
 	if s.metrics != nil {
@@ -138,7 +138,7 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.cancelStreams()
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownGrace)
 	if serr := srv.Shutdown(sctx); serr != nil {
 		klog.InfoS("Requests still in flight after the grace period; closing them", "grace", s.cfg.ShutdownGrace)
 	}

@@ -44,7 +44,7 @@ func (g *Group) Run(ctx context.Context) error {
 	cancels := make([]context.CancelFunc, len(g.parts))
 	done := make([]bool, len(g.parts))
 	for i, p := range g.parts {
-		pctx, cancel := context.WithCancel(context.Background())
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx)) // the caller's values, but stopped by g alone
 		cancels[i] = cancel
 		go func() { results <- result{i, p.run(pctx)} }()
 	}

@@ -54,3 +54,24 @@ func TestGroup(t *testing.T) {
 		}
 	})
 }
+
+// A part's context carries the caller's values (a logger, a trace ID) but is stopped by the Group alone, one
+// part at a time.
+func TestGroupPartsSeeCallerValues(t *testing.T) {
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "caller"))
+	var g Group
+	got := make(chan any, 1)
+	g.Add("part", func(ctx context.Context) error {
+		got <- ctx.Value(key{})
+		<-ctx.Done()
+		return nil
+	})
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if err := g.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; v != "caller" {
+		t.Errorf("a part's context has value %v, want the caller's %q", v, "caller")
+	}
+}
