@@ -76,3 +76,92 @@ func TestControlRepliesBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// pausedServer sends DATA for n connections the agent never had, so that the agent queues a CLOSE_RSP for
+// each, and reads nothing until release is closed; then it reads and closes drained when DRAIN arrives.
+type pausedServer struct {
+	agentpb.UnimplementedAgentServiceServer
+	n       int
+	release chan struct{}
+	drained chan struct{}
+}
+
+func (p *pausedServer) Connect(stream agentpb.AgentService_ConnectServer) error {
+	if err := stream.SendHeader(metadata.Pairs(header.ServerID, "paused", header.ServerCount, "1")); err != nil {
+		return err
+	}
+	for i := range p.n {
+		pkt := &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
+			Data: &client.Data{ConnectID: int64(i + 1), Data: []byte("x")}}}
+		if err := stream.Send(pkt); err != nil {
+			return err
+		}
+		if i%100 == 99 {
+			// Slower than the agent's replies, which then fill the stream's windows, not the queue alone:
+			// once the windows are full, the control writer is stuck in Send and the queue stays full.
+			time.Sleep(time.Millisecond)
+		}
+	}
+	select {
+	case <-p.release:
+	case <-stream.Context().Done():
+		return nil
+	}
+	for {
+		pkt, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		if pkt.Type == client.PacketType_DRAIN {
+			close(p.drained)
+			<-stream.Context().Done()
+			return nil
+		}
+	}
+}
+
+// TestDrainSurvivesFullControlQueue: replies may be dropped when the server stops reading, but DRAIN may
+// not. It is sent once, and a server that never gets it keeps sending new dials to a draining agent.
+func TestDrainSurvivesFullControlQueue(t *testing.T) {
+	const packets = 20000 // replies well past what fits in the stream's windows and the control queue
+	pki := newTestPKI(t)
+	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
+	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})),
+		grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	paused := &pausedServer{n: packets, release: make(chan struct{}), drained: make(chan struct{})}
+	agentpb.RegisterAgentServiceServer(srv, paused)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+
+	ra := startAgent(t, pki.config(ln.Addr().String()))
+	harness.EventuallyTrue(t, 30*time.Second, "agent received every DATA packet", func() bool {
+		return counterValue(ra.m.dataFromServer) == packets
+	})
+	// The control writer is stuck in Send, so the queue stays full.
+	harness.EventuallyTrue(t, 10*time.Second, "the control queue is full", func() bool {
+		ra.mu.Lock()
+		defer ra.mu.Unlock()
+		for _, s := range ra.sessions {
+			return len(s.ctrl) == cap(s.ctrl)
+		}
+		return false
+	})
+	dropped := counterValue(ra.m.controlDropped)
+	ra.drain() // what Run does when its context ends, without ending the sessions
+	if counterValue(ra.m.controlDropped) != dropped {
+		t.Error("DRAIN was dropped")
+	}
+	close(paused.release)
+	select {
+	case <-paused.drained:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server never received DRAIN")
+	}
+	if err := ra.Stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

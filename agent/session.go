@@ -30,8 +30,8 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
-// controlQueue is how many control replies (DRAIN, CLOSE_RSP for unknown connections, refused dials) a
-// session holds for its one control writer.
+// controlQueue is how many control replies (CLOSE_RSP for unknown connections, refused dials) a session holds
+// for its one control writer. DRAIN has its own slot (session.drainReq).
 const controlQueue = 256
 
 // connectTimeout bounds the TLS handshake, authentication and the server's response headers. Upstream's
@@ -70,9 +70,12 @@ type session struct {
 
 	sendMu sync.Mutex
 	ctrl   chan *client.Packet // control replies, sent in order by controlWriter
-	dead   atomic.Bool
-	errMu  sync.Mutex
-	err    error // why the session ended
+	// drainReq asks controlWriter to send DRAIN. It is apart from ctrl, which drops what does not fit: a
+	// server that never hears DRAIN keeps sending new dials to a draining agent.
+	drainReq chan struct{}
+	dead     atomic.Bool
+	errMu    sync.Mutex
+	err      error // why the session ended
 
 	nextConnID atomic.Int64
 	mu         sync.Mutex
@@ -110,7 +113,8 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	s := &session{a: a, ep: ep, cc: cc, ctx: sctx, cancel: cancel, ctrl: make(chan *client.Packet, controlQueue),
-		conns: make(map[int64]*conn), dials: make(map[int64]context.CancelFunc)}
+		drainReq: make(chan struct{}, 1),
+		conns:    make(map[int64]*conn), dials: make(map[int64]context.CancelFunc)}
 	fail := func(err error) (*session, error) {
 		cancel()
 		_ = cc.Close()
@@ -205,6 +209,11 @@ func (s *session) controlWriter() {
 			if s.send(pkt) != nil {
 				return
 			}
+		case <-s.drainReq:
+			klog.V(2).InfoS("Sending DRAIN", "serverID", s.serverID, "server", s.ep.addr)
+			if s.send(&client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}}) != nil {
+				return
+			}
 		}
 	}
 }
@@ -228,8 +237,7 @@ func (s *session) lastErr() error {
 
 func (s *session) drain() {
 	s.drainOnce.Do(func() {
-		klog.V(2).InfoS("Sending DRAIN", "serverID", s.serverID, "server", s.ep.addr)
-		s.sendAsync(&client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}})
+		s.drainReq <- struct{}{} // never blocks: the slot is only filled here, once
 	})
 }
 
