@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/address"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -128,14 +129,14 @@ func (a Agent) Validate() error {
 			return fmt.Errorf("konnectivity-agent: API server URL for the Leases: %w", err)
 		}
 	}
-	if len(a.CACert) > 0 && !containsPEMCertificate(a.CACert) {
+	if len(a.CACert) > 0 && !pki.HasPEMBlock(a.CACert, "CERTIFICATE") {
 		return fmt.Errorf("konnectivity-agent: CA certificate: no PEM CERTIFICATE block")
 	}
 	if len(a.ClientCert) > 0 || len(a.ClientKey) > 0 {
-		if !containsPEMCertificate(a.ClientCert) {
+		if !pki.HasPEMBlock(a.ClientCert, "CERTIFICATE") {
 			return fmt.Errorf("konnectivity-agent: --agent-cert: no PEM CERTIFICATE block")
 		}
-		if !containsPEM(a.ClientKey, "PRIVATE KEY") {
+		if !pki.HasPEMBlock(a.ClientKey, "PRIVATE KEY") {
 			return fmt.Errorf("konnectivity-agent: --agent-key: no PEM PRIVATE KEY block")
 		}
 		// Caught here rather than by every agent failing its handshake after `kubectl apply`. The

@@ -1,12 +1,12 @@
 package manifests
 
 import (
-	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/pki"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -140,30 +140,12 @@ func (a APIService) Validate() error {
 		data  []byte
 		block string
 	}{{"CA certificate", a.CACert, "CERTIFICATE"}, {"serving certificate", a.Cert, "CERTIFICATE"}, {"serving key", a.Key, "PRIVATE KEY"}} {
-		if !containsPEM(f.data, f.block) {
+		if !pki.HasPEMBlock(f.data, f.block) {
 			return fmt.Errorf("%s: no PEM %s block", f.what, f.block)
 		}
 	}
 	return nil
 }
-
-// containsPEM reports whether data holds a PEM block whose type ends in suffix ("PRIVATE KEY" matches
-// RSA, EC and PKCS #8 keys).
-func containsPEM(data []byte, suffix string) bool {
-	for len(data) > 0 {
-		var b *pem.Block
-		b, data = pem.Decode(data)
-		if b == nil {
-			return false
-		}
-		if strings.HasSuffix(b.Type, suffix) {
-			return true
-		}
-	}
-	return false
-}
-
-func containsPEMCertificate(data []byte) bool { return containsPEM(data, "CERTIFICATE") }
 
 // Render renders the Secret (0600: it holds the key), the APIServices (one file), a ClusterRoleBinding to
 // system:auth-delegator (TokenReview and SubjectAccessReview) and a RoleBinding in kube-system to

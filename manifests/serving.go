@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/konnect-dev/konnect/pki"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -48,7 +49,7 @@ func RenderServingSecret(ref ServiceRef, c ServingCerts) (File, error) {
 		data  []byte
 		block string
 	}{{"CA certificate", c.CA, "CERTIFICATE"}, {"serving certificate", c.Cert, "CERTIFICATE"}, {"serving key", c.Key, "PRIVATE KEY"}} {
-		if !containsPEM(f.data, f.block) {
+		if !pki.HasPEMBlock(f.data, f.block) {
 			return File{}, fmt.Errorf("%s: no PEM %s block", f.what, f.block)
 		}
 	}

@@ -70,7 +70,7 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pki: %s: %w", path, err)
 		}
-		cert, err := parseCert(certPEM)
+		cert, err := ParseCertificatePEM(certPEM)
 		if err != nil {
 			return nil, fmt.Errorf("pki: %s: embedded client certificate: %w", path, err)
 		}

@@ -107,57 +107,75 @@ func encodeCert(cert *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
 }
 
-// parseKey accepts PKCS#1, SEC 1 and PKCS#8 PEM.
-func parseKey(data []byte) (crypto.Signer, error) {
+// firstBlock returns the first PEM block in data whose type match accepts, skipping the others (such as the
+// "EC PARAMETERS" that openssl ecparam writes before a key), or nil.
+func firstBlock(data []byte, match func(typ string) bool) *pem.Block {
 	for {
 		var block *pem.Block
 		block, data = pem.Decode(data)
-		if block == nil {
-			return nil, errors.New("no PEM private key found")
+		if block == nil || match(block.Type) {
+			return block
 		}
-		var k any
-		var err error
-		switch block.Type {
-		case "RSA PRIVATE KEY":
-			k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-		case "EC PRIVATE KEY":
-			k, err = x509.ParseECPrivateKey(block.Bytes)
-		case "PRIVATE KEY":
-			k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-		default:
-			continue // e.g. "EC PARAMETERS" written by openssl ecparam
-		}
-		if err != nil {
-			return nil, fmt.Errorf("parse %s: %w", block.Type, err)
-		}
-		s, ok := k.(crypto.Signer)
-		if !ok {
-			return nil, fmt.Errorf("unsupported private key type %T", k)
-		}
-		if _, err := keyAlgorithmOf(s.Public()); err != nil {
-			return nil, err
-		}
-		return s, nil
 	}
 }
 
-// parseCert returns the first certificate of a PEM file.
-func parseCert(data []byte) (*x509.Certificate, error) {
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			return nil, errors.New("no PEM certificate found")
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parse certificate: %w", err)
-		}
-		return c, nil
+// HasPEMBlock reports whether data holds a PEM block whose type ends in typeSuffix ("PRIVATE KEY" matches
+// RSA, EC and PKCS #8 keys).
+func HasPEMBlock(data []byte, typeSuffix string) bool {
+	return firstBlock(data, func(typ string) bool { return strings.HasSuffix(typ, typeSuffix) }) != nil
+}
+
+// parseKey accepts PKCS#1, SEC 1 and PKCS#8 PEM.
+func parseKey(data []byte) (crypto.Signer, error) {
+	block := firstBlock(data, func(typ string) bool {
+		return typ == "RSA PRIVATE KEY" || typ == "EC PRIVATE KEY" || typ == "PRIVATE KEY"
+	})
+	if block == nil {
+		return nil, errors.New("no PEM private key found")
 	}
+	var k any
+	var err error
+	switch block.Type {
+	case "RSA PRIVATE KEY":
+		k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+	case "EC PRIVATE KEY":
+		k, err = x509.ParseECPrivateKey(block.Bytes)
+	default:
+		k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", block.Type, err)
+	}
+	s, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("unsupported private key type %T", k)
+	}
+	if _, err := keyAlgorithmOf(s.Public()); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ErrNoCertificate is the error of a PEM file that holds no CERTIFICATE block.
+var ErrNoCertificate = errors.New("no PEM certificate found")
+
+// ParseCertificatePEM returns the first certificate of PEM data, skipping blocks of other types.
+func ParseCertificatePEM(data []byte) (*x509.Certificate, error) {
+	block := firstBlock(data, func(typ string) bool { return typ == "CERTIFICATE" })
+	if block == nil {
+		return nil, ErrNoCertificate
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parse certificate: %w", err)
+	}
+	return c, nil
+}
+
+// ReadCertificate returns the first certificate of a PEM file; its errors name the file.
+func ReadCertificate(path string) (*x509.Certificate, error) {
+	c, _, err := readCert(path)
+	return c, err
 }
 
 func readCert(path string) (*x509.Certificate, []byte, error) {
@@ -165,7 +183,7 @@ func readCert(path string) (*x509.Certificate, []byte, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("read certificate %s: %w", path, err)
 	}
-	c, err := parseCert(data)
+	c, err := ParseCertificatePEM(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("certificate %s: %w", path, err)
 	}

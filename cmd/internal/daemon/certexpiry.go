@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"crypto/x509"
-	"encoding/pem"
-	"os"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -41,29 +39,9 @@ func (c *certExpiry) Collect(ch chan<- prometheus.Metric) {
 
 // CertNotAfter returns the NotAfter of the first certificate in a PEM file.
 func CertNotAfter(file string) (time.Time, error) {
-	data, err := os.ReadFile(file)
+	cert, err := pki.ReadCertificate(file)
 	if err != nil {
 		return time.Time{}, err
 	}
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			return time.Time{}, &os.PathError{Op: "parse", Path: file, Err: errNoCert}
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return time.Time{}, &os.PathError{Op: "parse", Path: file, Err: err}
-		}
-		return cert.NotAfter, nil
-	}
+	return cert.NotAfter, nil
 }
-
-type certError string
-
-func (e certError) Error() string { return string(e) }
-
-const errNoCert = certError("no CERTIFICATE block")

@@ -1,8 +1,6 @@
 package initcmd
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -230,11 +228,10 @@ func servingRef(dir string) (manifests.ServiceRef, error) {
 	if err != nil {
 		return manifests.ServiceRef{}, fmt.Errorf("--out %s: not a directory written by konnect certs apiservice or konnect certs webhook: %w", dir, err)
 	}
-	block, _ := pem.Decode(data)
-	if block == nil {
+	cert, err := pki.ParseCertificatePEM(data)
+	if errors.Is(err, pki.ErrNoCertificate) {
 		return manifests.ServiceRef{}, fmt.Errorf("%s: no PEM certificate", path)
 	}
-	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
 		return manifests.ServiceRef{}, fmt.Errorf("%s: %w", path, err)
 	}
