@@ -150,8 +150,6 @@ func New(c *Config) (_ *Server, err error) {
 		s.leases = leases.NewController(l.Client, cfg.ServerID, int32(leaseDuration.Seconds()), leaseRenew, leaseGC,
 			"konnectivity-proxy-server-"+cfg.ServerID, l.Namespace, l.Labels)
 	}
-	klog.InfoS("Konnectivity server bound", "serverID", cfg.ServerID, "mode", cfg.Mode,
-		"frontend", s.FrontendAddr(), "agent", s.AgentAddr())
 	return s, nil
 }
 
@@ -294,6 +292,12 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
 func (e *FieldError) Unwrap() error { return e.Err }
 
+// Close closes the listeners New bound, for a server that never runs.
+func (s *Server) Close() error {
+	s.closeListeners()
+	return nil
+}
+
 func (s *Server) closeListeners() {
 	if s.agentLn != nil {
 		s.agentLn.Close()
@@ -305,6 +309,9 @@ func (s *Server) closeListeners() {
 
 // FrontendAddr is the bound frontend address: the socket path or host:port.
 func (s *Server) FrontendAddr() string { return s.frontendLn.Addr().String() }
+
+// ID is the server's ID (Config.ServerID, or the one New chose).
+func (s *Server) ID() string { return s.cfg.ServerID }
 
 // AgentAddr is the bound agent address (host:port), with the real port when 0 was asked for.
 func (s *Server) AgentAddr() string { return s.agentLn.Addr().String() }

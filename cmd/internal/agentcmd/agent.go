@@ -6,6 +6,7 @@ package agentcmd
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/apiserver/pkg/server/healthz"
-	"k8s.io/klog/v2"
 )
 
 // NewAgentCommand returns `konnect agent`, a drop-in for upstream proxy-agent v0.36.0.
@@ -41,7 +41,7 @@ Health: /livez and /healthz (liveness), /readyz (checks server-connected and all
     --agent-identifiers=host=node1 --allow-destination=10.0.0.0/8:443,10250`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd.Context(), o)
+			return run(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	o.AddFlags(cmd.Flags())
@@ -49,18 +49,21 @@ Health: /livez and /healthz (liveness), /readyz (checks server-connected and all
 	return cmd
 }
 
-func run(ctx context.Context, o *Options) error {
-	return daemon.RunCommand(ctx, o.Config, New, nil)
+func run(ctx context.Context, o *Options, out io.Writer) error {
+	return daemon.RunCommand(ctx, out, o.Config, New)
 }
 
 // Agent is a `konnect agent` ready to run: the tunnel agent, its bound health and admin endpoints and, with
 // --count-server-leases, the lease watch.
 type Agent struct {
-	cfg          *Config
-	agent        *agent.Agent
-	endpoints    daemon.Endpoints
+	cfg       *Config
+	agent     *agent.Agent
+	endpoints daemon.Endpoints
+	bound     daemon.Bound
+	// stopLeases stops the lease watch of --count-server-leases, and leasesSynced (nil without it) waits
+	// for it.
 	stopLeases   context.CancelFunc
-	leasesSynced func(context.Context) error // nil without --count-server-leases
+	leasesSynced func(context.Context) error
 }
 
 // New binds the health and admin endpoints, starts the lease watch and builds the agent, so that a port in
@@ -68,14 +71,14 @@ type Agent struct {
 // not wait: Run waits for the leases, where a signal can end the wait.
 func New(cfg *Config) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, stopLeases: func() {}}
+	defer a.bound.CloseIfFailed(&err)
 	defer func() {
 		if err != nil {
-			a.endpoints.Close()
 			a.stopLeases()
 		}
 	}()
 	// The kubelet probes the pod IP, so the health port binds all interfaces by default as upstream's does.
-	if err := a.endpoints.ListenHealthAdmin(cfg.HealthAddr, "--health-server-host/--health-server-port",
+	if err := a.endpoints.ListenHealthAdmin(&a.bound, cfg.HealthAddr, "--health-server-host/--health-server-port",
 		cfg.AdminAddr, "--admin-bind-address/--admin-server-port", cfg.AllowRemoteAdmin); err != nil {
 		return nil, err
 	}
@@ -119,8 +122,18 @@ func New(cfg *Config) (_ *Agent, err error) {
 		dest.Scheme, dest.Host = "http", net.JoinHostPort(host, strconv.Itoa(healthPort))
 		http.Redirect(w, r, dest.String(), http.StatusMovedPermanently)
 	})
-	klog.InfoS("Health endpoints listening", "addr", a.endpoints.Health.Addr().String())
 	return a, nil
+}
+
+// Startup names the bound endpoints; the agent prints no line of its own, as upstream's does not.
+func (a *Agent) Startup() daemon.Startup {
+	return daemon.Startup{KV: []any{"health", a.endpoints.Health.Addr().String(), "admin", a.endpoints.Admin.Addr().String()}}
+}
+
+// Close releases what New bound, for an agent that never runs.
+func (a *Agent) Close() error {
+	a.stopLeases()
+	return a.bound.Close()
 }
 
 // Run connects to the servers and serves until ctx ends. Then the agent drains within its graceful timeout

@@ -11,14 +11,18 @@
 //   - Options.Config() validates every flag and returns a *Config, each error naming its flag. It may read
 //     the files it is given, but binds, starts and dials nothing.
 //   - New(cfg *Config) builds the daemon and binds every listener it will serve, its own and its health
-//     and admin endpoints (Endpoints), TCP through Listen (loopback unless a flag allows more) and Unix
-//     sockets through pki/uds, so that an address in use fails the start. Nothing stays bound when New
-//     fails.
-//   - Run(ctx) serves until ctx ends, then stops within the graceful timeout. It adds the endpoints and
-//     then the daemon's parts to a Group, which stops them in reverse order on SIGINT/SIGTERM or the first
-//     failure, and returns nil after a stop that ctx asked for.
+//     and admin endpoints (Endpoints), TCP through Bound.Listen (loopback unless a flag allows more) and
+//     Unix sockets through pki/uds, so that an address in use fails the start. It starts nothing: no
+//     goroutine, watch or informer runs before Run. Everything bound goes into the daemon's Bound, whose
+//     deferred CloseIfFailed leaves nothing bound when New fails.
+//   - The daemon New returns is a Daemon. Run(ctx) serves until ctx ends, then stops within the graceful
+//     timeout. It adds the endpoints and then the daemon's parts to a Group, which stops them in reverse
+//     order on SIGINT/SIGTERM or the first failure, and returns nil after a stop that ctx asked for.
+//     Close releases what New bound, for a daemon that never runs. Startup says where it serves.
 //
-// A command's run function is RunCommand: those four steps, the start-up line and SignalContext.
+// A command's run function is RunCommand: those steps and SignalContext. It alone reports a daemon's
+// Startup: the Line scripts read (the server's addresses, kubectl proxy's "Starting to serve on") on the
+// command's standard output, and one klog line "Serving" with the addresses.
 //
 // Every daemon serves /metrics next to its health endpoints: the server and the agent always, socks and
 // the proxy with --health-listen (kubectl proxy has none, so it stays off unless asked for). Each makes a

@@ -10,7 +10,7 @@ import (
 )
 
 // Endpoints are a daemon's health and admin listeners and what they serve. A daemon's New binds them with
-// Listen; its Run adds them to its Group before the daemon's own parts.
+// a Bound; its Run adds them to its Group before the daemon's own parts.
 type Endpoints struct {
 	Health, Admin       net.Listener // nil: not served
 	HealthMux, AdminMux http.Handler
@@ -27,24 +27,16 @@ func (e *Endpoints) AddTo(g *Group) {
 	}
 }
 
-// ListenHealthAdmin binds the health endpoint on healthAddr and the admin endpoint on adminAddr. The health
-// endpoint carries no secrets, so any address given is taken; the admin endpoint serves pprof and is refused
-// beyond loopback unless allowRemoteAdmin (--allow-remote-admin). The flags name the addresses in errors.
-func (e *Endpoints) ListenHealthAdmin(healthAddr, healthFlags, adminAddr, adminFlags string, allowRemoteAdmin bool) (err error) {
-	if e.Health, err = Listen("tcp", healthAddr, true, healthFlags); err != nil {
+// ListenHealthAdmin binds, through b, the health endpoint on healthAddr and the admin endpoint on adminAddr.
+// The health endpoint carries no secrets, so any address given is taken; the admin endpoint serves pprof and
+// is refused beyond loopback unless allowRemoteAdmin (--allow-remote-admin). The flags name the addresses in
+// errors.
+func (e *Endpoints) ListenHealthAdmin(b *Bound, healthAddr, healthFlags, adminAddr, adminFlags string, allowRemoteAdmin bool) (err error) {
+	if e.Health, err = b.Listen("tcp", healthAddr, true, healthFlags); err != nil {
 		return err
 	}
-	e.Admin, err = Listen("tcp", adminAddr, allowRemoteAdmin, adminFlags, "--allow-remote-admin")
+	e.Admin, err = b.Listen("tcp", adminAddr, allowRemoteAdmin, adminFlags, "--allow-remote-admin")
 	return err
-}
-
-// Close closes the listeners, for a New that fails after binding them.
-func (e *Endpoints) Close() {
-	for _, ln := range []net.Listener{e.Health, e.Admin} {
-		if ln != nil {
-			ln.Close()
-		}
-	}
 }
 
 // NewRegistry returns a fresh metrics registry holding the Go runtime and process collectors. Each daemon

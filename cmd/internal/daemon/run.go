@@ -1,14 +1,40 @@
 package daemon
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"k8s.io/klog/v2"
+)
+
+// Daemon is what a command's New returns: every listener bound, nothing started.
+type Daemon interface {
+	// Run serves until ctx ends, then stops within the daemon's graceful timeout; nil after a stop that ctx
+	// asked for. It starts everything the daemon runs, watches and informers included.
+	Run(ctx context.Context) error
+	// Close releases what New bound, for a daemon that never runs (a New that fails releases itself).
+	Close() error
+	// Startup says where the daemon serves. RunCommand, and nothing else, reports it.
+	Startup() Startup
+}
+
+// Startup is what RunCommand reports once New has bound everything.
+type Startup struct {
+	// Line, if any, goes to the command's standard output, which scripts read: "konnect server: frontend
+	// ...", or kubectl proxy's "Starting to serve on ADDR".
+	Line string
+	// KV are the key/value pairs of the one klog line "Serving": "health", addr, "admin", addr, ...
+	KV []any
+}
 
 // RunCommand is every daemon command's run, the contract in four steps: config validates the flags
-// (Options.Config), newDaemon binds every listener (New), started prints the start-up line or tunes the
-// process, and the daemon runs until ctx ends or SIGINT/SIGTERM arrives. Once it has run a while, the
-// memory only its start-up needed is given back (pageout.go). Signals are caught from the start:
-// one that arrives while New binds ends Run at once, which releases what New bound (a socket file, say).
-func RunCommand[C any, D interface{ Run(context.Context) error }](ctx context.Context, config func() (C, error),
-	newDaemon func(C) (D, error), started func(D)) error {
+// (Options.Config), newDaemon binds every listener (New), the daemon's Startup is reported (Line on out, KV
+// in one klog line), and the daemon runs until ctx ends or SIGINT/SIGTERM arrives. Once it has run a while,
+// the memory only its start-up needed is given back (pageout.go). Signals are caught from the start: one
+// that arrives while New binds ends Run at once, which releases what New bound (a socket file, say).
+func RunCommand[C any, D Daemon](ctx context.Context, out io.Writer, config func() (C, error),
+	newDaemon func(C) (D, error)) error {
 	ctx, cancel := SignalContext(ctx)
 	defer cancel()
 	cfg, err := config()
@@ -19,9 +45,11 @@ func RunCommand[C any, D interface{ Run(context.Context) error }](ctx context.Co
 	if err != nil {
 		return err
 	}
-	if started != nil {
-		started(d)
+	st := d.Startup()
+	if st.Line != "" {
+		fmt.Fprintln(out, st.Line)
 	}
+	klog.InfoS("Serving", st.KV...)
 	go releaseStartupPagesLater(ctx)
 	return d.Run(ctx)
 }

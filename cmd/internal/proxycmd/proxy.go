@@ -74,13 +74,11 @@ curl, client-go) are not affected.`,
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
-	return daemon.RunCommand(ctx, o.Config, New, func(p *Proxy) {
-		// The exact line kubectl prints: scripts read the port from it when --port=0.
-		fmt.Fprintf(out, "Starting to serve on %s\n", p.server.Addr())
-		// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request;
-		// the soft limit brings collection back when many connections hold buffers.
-		daemon.TuneGC(400, 256<<20)
-	})
+	// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request; the soft
+	// limit brings collection back when many connections hold buffers. Here, not in Run, which tests call in
+	// their own process.
+	daemon.TuneGC(400, 256<<20)
+	return daemon.RunCommand(ctx, out, o.Config, New)
 }
 
 // Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener, with --via the SSH
@@ -90,6 +88,7 @@ type Proxy struct {
 	dialer    *sshdial.Dialer
 	server    *apiproxy.Server
 	endpoints daemon.Endpoints // health only
+	bound     daemon.Bound
 }
 
 // probeTimeout bounds the readiness check's request to the API server.
@@ -99,6 +98,7 @@ const probeTimeout = 5 * time.Second
 // in use fails the start. Nothing stays bound when New fails.
 func New(cfg *Config) (_ *Proxy, err error) {
 	p := &Proxy{cfg: cfg}
+	defer p.bound.CloseIfFailed(&err)
 	pc := cfg.Proxy
 	if cfg.SSH != nil {
 		ssh := *cfg.SSH
@@ -112,17 +112,15 @@ func New(cfg *Config) (_ *Proxy, err error) {
 	if cfg.HealthAddr != "" {
 		reg = daemon.NewRegistry()
 		pc.Registerer = reg
-		if p.endpoints.Health, err = daemon.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
+		if p.endpoints.Health, err = p.bound.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
 			return nil, err
 		}
 	}
 	if pc.Listener, err = listen(cfg); err != nil {
-		p.endpoints.Close()
 		return nil, err
 	}
+	p.bound.Add(pc.Listener)
 	if p.server, err = apiproxy.New(pc); err != nil {
-		pc.Listener.Close()
-		p.endpoints.Close()
 		return nil, err
 	}
 	if reg != nil {
@@ -158,18 +156,29 @@ func listen(cfg *Config) (net.Listener, error) {
 	return ln, nil
 }
 
+// Startup is kubectl proxy's line, which scripts read the port from when --port=0, and the addresses.
+func (p *Proxy) Startup() daemon.Startup {
+	kv := []any{"addr", p.server.Addr().String()}
+	if p.dialer != nil {
+		kv = append(kv, "via", p.dialer.Target())
+	}
+	if p.endpoints.Health != nil {
+		kv = append(kv, "health", p.endpoints.Health.Addr().String())
+	}
+	return daemon.Startup{Line: fmt.Sprintf("Starting to serve on %s", p.server.Addr()), KV: kv}
+}
+
+// Close releases what New bound, for a proxy that never runs.
+func (p *Proxy) Close() error { return p.bound.Close() }
+
 // Run serves until ctx ends and then stops within the proxy's shutdown grace. With --via it also keeps the
 // SSH connection up, and returns its error if SSH refuses for good (an untrusted host key, failed
 // authentication).
 func (p *Proxy) Run(ctx context.Context) error {
 	// The proxy finishes requests in flight within its own grace; the bound sits above it.
 	g := daemon.Group{StopTimeout: p.cfg.Proxy.ShutdownGrace + daemon.ShutdownGrace}
-	if p.endpoints.Health != nil {
-		klog.InfoS("Serving health endpoints", "addr", p.endpoints.Health.Addr().String())
-	}
 	p.endpoints.AddTo(&g)
 	if p.dialer != nil {
-		klog.InfoS("Carrying API traffic over SSH", "via", p.dialer.Target())
 		// The dialer's errors name the SSH server; the prefix names the flag.
 		g.Add("--via", p.dialer.Run)
 	}

@@ -70,10 +70,7 @@ Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin po
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
-	return daemon.RunCommand(ctx, o.Config, New, func(s *Server) {
-		fmt.Fprintf(out, "konnect server: frontend %s (%s), agents %s, health %s, admin %s\n", s.tunnel.FrontendAddr(),
-			s.cfg.Tunnel.Mode, s.tunnel.AgentAddr(), s.endpoints.Health.Addr(), s.endpoints.Admin.Addr())
-	})
+	return daemon.RunCommand(ctx, out, o.Config, New)
 }
 
 // Server is a `konnect server` ready to run: the tunnel server and its endpoints, all bound.
@@ -81,19 +78,16 @@ type Server struct {
 	cfg       *Config
 	tunnel    *tunnel.Server
 	endpoints daemon.Endpoints
+	bound     daemon.Bound
 }
 
 // New binds the health and admin endpoints and the tunnel's frontend and agent listeners, so that a port in
 // use or an unreadable certificate fails the start, naming the flag. Nothing stays bound when New fails.
 func New(cfg *Config) (_ *Server, err error) {
 	s := &Server{cfg: cfg}
-	defer func() {
-		if err != nil {
-			s.endpoints.Close()
-		}
-	}()
+	defer s.bound.CloseIfFailed(&err)
 	// An explicit --health-bind-address is the user saying otherwise; the empty default is loopback.
-	if err := s.endpoints.ListenHealthAdmin(cfg.HealthAddr, "--health-bind-address/--health-port",
+	if err := s.endpoints.ListenHealthAdmin(&s.bound, cfg.HealthAddr, "--health-bind-address/--health-port",
 		cfg.AdminAddr, "--admin-bind-address/--admin-port", cfg.AllowRemoteAdmin); err != nil {
 		return nil, err
 	}
@@ -109,6 +103,7 @@ func New(cfg *Config) (_ *Server, err error) {
 	if s.tunnel, err = tunnel.New(&tc); err != nil {
 		return nil, flagError(err)
 	}
+	s.bound.Add(s.tunnel)
 	if tc.AllowUnauthenticatedAgents {
 		klog.Warningf("Agents are not authenticated (--allow-unauthenticated-agents, and neither --cluster-ca-cert nor --agent-namespace): "+
 			"anyone who reaches %s can register as an agent and receive kube-apiserver's traffic", s.tunnel.AgentAddr())
@@ -128,6 +123,19 @@ func New(cfg *Config) (_ *Server, err error) {
 	s.endpoints.HealthMux, s.endpoints.AdminMux = health, admin
 	return s, nil
 }
+
+// Startup is the line scripts read, with every bound address.
+func (s *Server) Startup() daemon.Startup {
+	return daemon.Startup{
+		Line: fmt.Sprintf("konnect server: frontend %s (%s), agents %s, health %s, admin %s", s.tunnel.FrontendAddr(),
+			s.cfg.Tunnel.Mode, s.tunnel.AgentAddr(), s.endpoints.Health.Addr(), s.endpoints.Admin.Addr()),
+		KV: []any{"serverID", s.tunnel.ID(), "mode", s.cfg.Tunnel.Mode, "frontend", s.tunnel.FrontendAddr(),
+			"agent", s.tunnel.AgentAddr(), "health", s.endpoints.Health.Addr().String(), "admin", s.endpoints.Admin.Addr().String()},
+	}
+}
+
+// Close releases what New bound, for a server that never runs.
+func (s *Server) Close() error { return s.bound.Close() }
 
 // Run serves until ctx ends. Then the tunnel drains within its graceful timeout while the endpoints still
 // answer, so that probes see /readyz fail during it.

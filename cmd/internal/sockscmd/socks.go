@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -172,6 +173,7 @@ type Proxy struct {
 	socksLn   net.Listener
 	httpLn    net.Listener
 	endpoints daemon.Endpoints // health only
+	bound     daemon.Bound
 }
 
 // New prepares the SSH dialer and binds every listener, so that a bad address or a port in use fails here.
@@ -186,26 +188,17 @@ func New(cfg *Config) (_ *Proxy, err error) {
 	p := &Proxy{cfg: cfg, dialer: d}
 	p.server = &socks.Server{Dial: d.DialContext, Credentials: cfg.Credentials, MaxConns: cfg.MaxConns, Name: "konnect socks",
 		Log: klog.NewKlogr()}
-	defer func() {
-		if err != nil {
-			p.endpoints.Close()
-			for _, ln := range []net.Listener{p.socksLn, p.httpLn} {
-				if ln != nil {
-					ln.Close()
-				}
-			}
-		}
-	}()
-	if p.socksLn, err = daemon.Listen("tcp", cfg.SOCKSAddr, cfg.AllowRemote, "-D"); err != nil {
+	defer p.bound.CloseIfFailed(&err)
+	if p.socksLn, err = p.bound.Listen("tcp", cfg.SOCKSAddr, cfg.AllowRemote, "-D"); err != nil {
 		return nil, err
 	}
 	if cfg.HTTPAddr != "" {
-		if p.httpLn, err = daemon.Listen("tcp", cfg.HTTPAddr, cfg.AllowRemote, "--http-listen"); err != nil {
+		if p.httpLn, err = p.bound.Listen("tcp", cfg.HTTPAddr, cfg.AllowRemote, "--http-listen"); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.HealthAddr != "" {
-		if p.endpoints.Health, err = daemon.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
+		if p.endpoints.Health, err = p.bound.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
 			return nil, err
 		}
 		p.endpoints.HealthMux = daemon.NewHealthMux(nil, p.ReadyChecks(), p.metrics())
@@ -240,22 +233,32 @@ func (p *Proxy) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{healthz.NamedCheck("ssh", func(*http.Request) error { return p.dialer.Ready() })}
 }
 
+// Startup names the bound addresses and the SSH server; socks prints no line of its own.
+func (p *Proxy) Startup() daemon.Startup {
+	kv := []any{"socks", p.socksLn.Addr().String(), "via", p.dialer.Target()}
+	if p.httpLn != nil {
+		kv = append(kv, "http", p.httpLn.Addr().String())
+	}
+	if p.endpoints.Health != nil {
+		kv = append(kv, "health", p.endpoints.Health.Addr().String())
+	}
+	return daemon.Startup{KV: kv}
+}
+
+// Close releases what New bound, for a proxy that never runs.
+func (p *Proxy) Close() error { return p.bound.Close() }
+
 // Run serves until ctx ends and returns nil then, once every listener and connection is closed. It returns
 // an error, after stopping everything, when the SSH connection is refused for good (untrusted host key,
 // failed authentication) or a listener fails.
 func (p *Proxy) Run(ctx context.Context) error {
 	// The graceful timeout is 0: proxied connections close at once on stop, so ShutdownGrace bounds every part.
 	g := daemon.Group{StopTimeout: daemon.ShutdownGrace}
-	if p.endpoints.Health != nil {
-		klog.InfoS("Serving health endpoints", "addr", p.endpoints.Health.Addr().String())
-	}
 	p.endpoints.AddTo(&g)
-	klog.InfoS("Serving SOCKS5 and HTTP proxy", "addr", p.socksLn.Addr().String(), "via", p.dialer.Target())
 	// Unnamed: the dialer's errors name the SSH server themselves.
 	g.Add("", p.dialer.Run)
 	g.Add("proxy", func(ctx context.Context) error { return p.server.Serve(ctx, p.socksLn, socks.Auto) })
 	if p.httpLn != nil {
-		klog.InfoS("Serving HTTP proxy", "addr", p.httpLn.Addr().String())
 		g.Add("http proxy", func(ctx context.Context) error { return p.server.Serve(ctx, p.httpLn, socks.HTTPOnly) })
 	}
 	return g.Run(ctx)
@@ -311,7 +314,7 @@ connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to over
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Destination = args[0]
-			return run(cmd.Context(), o)
+			return run(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	o.AddFlags(cmd.Flags())
@@ -319,17 +322,28 @@ connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to over
 	return cmd
 }
 
-func run(ctx context.Context, o *Options) error {
-	return daemon.RunCommand(ctx, o.Config, New, func(p *Proxy) {
-		// The SSH library allocates a fresh buffer for every 32 KiB packet; measured against sshd on
-		// loopback, GOGC=400 cut konnect's CPU per GiB by about 30%.
-		daemon.TuneGC(400, 0)
-		// x/crypto/ssh moves each SSH connection's packets through three goroutines in turn; with more Ps
-		// than SSH connections the hand-offs wake other threads, which costs more than the overlap gains.
-		// Measured against sshd: one P per connection used a quarter to a third less CPU per GiB and was
-		// faster in 8 of 9 paired single-stream rounds (docs/performance.md).
-		if os.Getenv("GOMAXPROCS") == "" {
-			runtime.GOMAXPROCS(max(1, min(runtime.GOMAXPROCS(0), p.cfg.SSH.Connections)))
+func run(ctx context.Context, o *Options, out io.Writer) error {
+	// The process is tuned here, not in Run, which tests call in their own process.
+	config := func() (*Config, error) {
+		cfg, err := o.Config()
+		if err == nil {
+			tuneProcess(cfg.SSH.Connections)
 		}
-	})
+		return cfg, err
+	}
+	return daemon.RunCommand(ctx, out, config, New)
+}
+
+// tuneProcess sets the collector and the scheduler for sshConns SSH connections.
+func tuneProcess(sshConns int) {
+	// The SSH library allocates a fresh buffer for every 32 KiB packet; measured against sshd on
+	// loopback, GOGC=400 cut konnect's CPU per GiB by about 30%.
+	daemon.TuneGC(400, 0)
+	// x/crypto/ssh moves each SSH connection's packets through three goroutines in turn; with more Ps
+	// than SSH connections the hand-offs wake other threads, which costs more than the overlap gains.
+	// Measured against sshd: one P per connection used a quarter to a third less CPU per GiB and was
+	// faster in 8 of 9 paired single-stream rounds (docs/performance.md).
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(max(1, min(runtime.GOMAXPROCS(0), sshConns)))
+	}
 }
