@@ -19,49 +19,72 @@ import (
 // leaseSyncReport is how often the wait for the lease watch says that it still waits.
 const leaseSyncReport = 30 * time.Second
 
-// StartLeaseCounter implements proxy-agent's --count-server-leases: it watches the servers' Lease objects
-// and returns a function that counts the valid ones, for Config.ServerCount, and one that waits until the
-// watch has synced, which must return nil before the count means anything. Like proxy-agent, it waits for
-// as long as that takes (kube-apiserver may be down while the agent starts), saying so every 30 s, and
-// returns an error only when its ctx ends first. It uses upstream's lease counter, so the count means
-// exactly what it means for proxy-agent. The watch stops when ctx ends.
-func StartLeaseCounter(ctx context.Context, kubeconfig, namespace, selector, contentType string) (count func() int, synced func(context.Context) error, err error) {
+// LeaseCounter implements proxy-agent's --count-server-leases: it watches the servers' Lease objects and
+// counts the valid ones, for Config.ServerCount. It uses upstream's lease counter, so the count means exactly
+// what it means for proxy-agent.
+type LeaseCounter struct {
+	namespace string
+	informer  cache.SharedIndexInformer
+	counter   *upstreamagent.ServerLeaseCounter
+}
+
+// NewLeaseCounter builds the client, the watch and the counter, and starts nothing: Run runs the watch.
+func NewLeaseCounter(kubeconfig, namespace, selector, contentType string) (*LeaseCounter, error) {
 	var cfg *rest.Config
+	var err error
 	if kubeconfig != "" {
 		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("lease counting: kubernetes client config: %w", err)
+		return nil, fmt.Errorf("lease counting: kubernetes client config: %w", err)
 	}
 	cfg.ContentType = contentType
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("lease counting: %w", err)
+		return nil, fmt.Errorf("lease counting: %w", err)
 	}
 	sel, err := labels.Parse(selector)
 	if err != nil {
-		return nil, nil, fmt.Errorf("lease counting: label selector %q: %w", selector, err)
+		return nil, fmt.Errorf("lease counting: label selector %q: %w", selector, err)
 	}
 	informer := upstreamagent.NewLeaseInformerWithMetrics(client, namespace, 10*time.Second)
-	go informer.Run(ctx.Done())
-	synced = func(wait context.Context) error {
-		began := time.Now()
-		for {
-			round, cancel := context.WithTimeout(wait, leaseSyncReport)
-			ok := cache.WaitForCacheSync(round.Done(), informer.HasSynced)
-			cancel()
-			switch {
-			case ok:
-				return nil
-			case wait.Err() != nil:
-				return fmt.Errorf("lease counting: leases in namespace %q did not sync: %w", namespace, wait.Err())
-			}
-			klog.InfoS("Waiting for the server leases before connecting; the lease watch's errors say why",
-				"namespace", namespace, "waited", time.Since(began).Round(time.Second))
+	return &LeaseCounter{
+		namespace: namespace,
+		informer:  informer,
+		counter:   upstreamagent.NewServerLeaseCounter(clock.RealClock{}, coordinationv1lister.NewLeaseLister(informer.GetIndexer()), sel),
+	}, nil
+}
+
+// Count counts the valid leases, for Config.ServerCount. It means nothing before WaitForSync returned nil.
+func (l *LeaseCounter) Count() int { return l.counter.Count() }
+
+// Run watches the leases until ctx ends, and returns then. The watch itself may end later: upstream's list
+// request cannot be cancelled (it runs on context.TODO), and one to a kube-apiserver that does not answer
+// would hold a stop for as long as it hangs.
+func (l *LeaseCounter) Run(ctx context.Context) error {
+	go l.informer.Run(ctx.Done())
+	<-ctx.Done()
+	return nil
+}
+
+// WaitForSync waits until the watch has synced. Like proxy-agent, it waits for as long as that takes
+// (kube-apiserver may be down while the agent starts), saying so every 30 s, and returns an error only when
+// ctx ends first.
+func (l *LeaseCounter) WaitForSync(ctx context.Context) error {
+	began := time.Now()
+	for {
+		round, cancel := context.WithTimeout(ctx, leaseSyncReport)
+		ok := cache.WaitForCacheSync(round.Done(), l.informer.HasSynced)
+		cancel()
+		switch {
+		case ok:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("lease counting: leases in namespace %q did not sync: %w", l.namespace, ctx.Err())
 		}
+		klog.InfoS("Waiting for the server leases before connecting; the lease watch's errors say why",
+			"namespace", l.namespace, "waited", time.Since(began).Round(time.Second))
 	}
-	counter := upstreamagent.NewServerLeaseCounter(clock.RealClock{}, coordinationv1lister.NewLeaseLister(informer.GetIndexer()), sel)
-	return counter.Count, synced, nil
 }

@@ -60,23 +60,15 @@ type Agent struct {
 	agent     *agent.Agent
 	endpoints daemon.Endpoints
 	bound     daemon.Bound
-	// stopLeases stops the lease watch of --count-server-leases, and leasesSynced (nil without it) waits
-	// for it.
-	stopLeases   context.CancelFunc
-	leasesSynced func(context.Context) error
+	leases    *agent.LeaseCounter // nil without --count-server-leases
 }
 
-// New binds the health and admin endpoints, starts the lease watch and builds the agent, so that a port in
-// use or an unreadable certificate fails the start. Nothing stays bound or running when New fails. It does
-// not wait: Run waits for the leases, where a signal can end the wait.
+// New binds the health and admin endpoints and builds the lease watch and the agent, so that a port in use
+// or an unreadable certificate fails the start. It starts nothing: Run runs the lease watch and waits for
+// it, where a signal can end the wait. Nothing stays bound when New fails.
 func New(cfg *Config) (_ *Agent, err error) {
-	a := &Agent{cfg: cfg, stopLeases: func() {}}
+	a := &Agent{cfg: cfg}
 	defer a.bound.CloseIfFailed(&err)
-	defer func() {
-		if err != nil {
-			a.stopLeases()
-		}
-	}()
 	// The kubelet probes the pod IP, so the health port binds all interfaces by default as upstream's does.
 	if err := a.endpoints.ListenHealthAdmin(&a.bound, cfg.HealthAddr, "--health-server-host/--health-server-port",
 		cfg.AdminAddr, "--admin-bind-address/--admin-server-port", cfg.AllowRemoteAdmin); err != nil {
@@ -91,12 +83,10 @@ func New(cfg *Config) (_ *Agent, err error) {
 		}
 	}
 	if l := cfg.Leases; l != nil {
-		// The lease watch must outlive the agent's drain: Run stops it when it returns.
-		var leaseCtx context.Context
-		leaseCtx, a.stopLeases = context.WithCancel(context.Background())
-		if ac.ServerCount, a.leasesSynced, err = agent.StartLeaseCounter(leaseCtx, l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
+		if a.leases, err = agent.NewLeaseCounter(l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
 			return nil, fmt.Errorf("--count-server-leases: %w", err)
 		}
+		ac.ServerCount = a.leases.Count
 	}
 	if a.agent, err = agent.New(ac); err != nil {
 		return nil, err
@@ -131,24 +121,24 @@ func (a *Agent) Startup() daemon.Startup {
 }
 
 // Close releases what New bound, for an agent that never runs.
-func (a *Agent) Close() error {
-	a.stopLeases()
-	return a.bound.Close()
-}
+func (a *Agent) Close() error { return a.bound.Close() }
 
 // Run connects to the servers and serves until ctx ends. Then the agent drains within its graceful timeout
 // while its endpoints still answer; a dead health endpoint would get the pod killed anyway, so it stops the
 // agent cleanly instead.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.stopLeases()
 	g := daemon.Group{StopTimeout: a.cfg.Agent.GracefulTimeout + daemon.ShutdownGrace}
 	a.endpoints.AddTo(&g)
+	if a.leases != nil {
+		// Added before the agent, the watch stops after it: the count stays true while the agent drains.
+		g.Add("--count-server-leases", a.leases.Run)
+	}
 	g.Add("", func(ctx context.Context) error {
-		if a.leasesSynced != nil {
+		if a.leases != nil {
 			// The count means nothing before the watch has synced, so the agent waits for it as upstream's
 			// does, rather than failing and waiting out the kubelet's back-off once kube-apiserver is back;
 			// a signal during the wait is a clean stop.
-			if err := a.leasesSynced(ctx); err != nil {
+			if err := a.leases.WaitForSync(ctx); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
