@@ -1,10 +1,7 @@
 package manifests
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +9,6 @@ import (
 
 	"github.com/konnect-dev/konnect/pki"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
@@ -196,20 +192,20 @@ func ObjectsIn(path string) ([]metav1.PartialObjectMetadata, error) {
 
 // objectsInData is ObjectsIn for data read from path.
 func objectsInData(data []byte, path string) ([]metav1.PartialObjectMetadata, error) {
+	docs, err := SplitDocuments(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	var objs []metav1.PartialObjectMetadata
-	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := docs.Read()
-		if err == io.EOF {
-			return objs, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+	for _, doc := range docs {
+		if len(doc.Body) == 0 {
+			continue
 		}
 		var obj metav1.PartialObjectMetadata
-		if err := yaml.Unmarshal(doc, &obj); err != nil {
+		if err := yaml.Unmarshal(doc.Body, &obj); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		objs = append(objs, obj)
 	}
+	return objs, nil
 }

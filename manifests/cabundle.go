@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 
 	yaml "go.yaml.in/yaml/v3"
@@ -27,9 +26,6 @@ type Patched struct {
 }
 
 func (p Patched) String() string { return p.Kind + " " + p.Name }
-
-// docSeparator matches a YAML document start marker on a line of its own, ended by "\n" or "\r\n".
-var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#[^\r\n]*)?\r?$`)
 
 // SetCABundle sets caBundle to bundle wherever an object in the YAML stream data reaches its server through
 // the Service ref:
@@ -51,9 +47,12 @@ func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched,
 	value := base64.StdEncoding.EncodeToString(bundle)
 	var out bytes.Buffer
 	var patched []Patched
-	docs := splitDocuments(data)
+	docs, err := SplitDocuments(data)
+	if err != nil {
+		return nil, nil, err
+	}
 	for i, doc := range docs {
-		root, err := decodeDocument(doc.body)
+		root, err := decodeDocument(doc.Body)
 		if err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
@@ -61,14 +60,14 @@ func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched,
 		if len(root.Content) == 1 {
 			found = setCABundle(root.Content[0], ref, value)
 		}
-		out.Write(doc.separator)
+		out.Write(doc.Separator)
 		if len(found) == 0 {
-			out.Write(doc.body)
+			out.Write(doc.Body)
 			continue
 		}
 		patched = append(patched, found...)
 		var b []byte
-		if json.Valid(doc.body) {
+		if json.Valid(doc.Body) {
 			b, err = encodeJSON(root)
 		} else {
 			b, err = encodeYAML(root)
@@ -76,7 +75,7 @@ func SetCABundle(data []byte, ref ServiceRef, bundle []byte) ([]byte, []Patched,
 		if err != nil {
 			return nil, nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
-		if bytes.Contains(doc.body, []byte("\r\n")) {
+		if bytes.Contains(doc.Body, []byte("\r\n")) {
 			// The encoders end lines with "\n" alone; a line break inside a scalar they write is read back as
 			// "\n" either way.
 			b = bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))
@@ -230,31 +229,6 @@ func yamlSafeJSON(body []byte) []byte {
 		i = end + 1
 	}
 	return out.Bytes()
-}
-
-type document struct {
-	separator []byte // the "---" line before the body, with its newline; empty for the first document
-	body      []byte
-}
-
-// splitDocuments cuts a YAML stream at its document markers, keeping every byte.
-func splitDocuments(data []byte) []document {
-	var docs []document
-	var sep []byte
-	for {
-		loc := docSeparator.FindIndex(data)
-		if loc == nil {
-			return append(docs, document{separator: sep, body: data})
-		}
-		end := loc[1]
-		if end < len(data) && data[end] == '\n' {
-			end++
-		}
-		if loc[0] > 0 || sep != nil {
-			docs = append(docs, document{separator: sep, body: data[:loc[0]]})
-		}
-		sep, data = data[loc[0]:end], data[end:]
-	}
 }
 
 // setCABundle patches one object, or each item of a list, and says what it patched.

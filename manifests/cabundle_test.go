@@ -73,7 +73,7 @@ func TestSetCABundle(t *testing.T) {
 	if got := strings.Join(names, ","); got != "ValidatingWebhookConfiguration pizzas/validate.pizza.example.com,CustomResourceDefinition pizzas.restaurant.example.com" {
 		t.Fatalf("patched %s", got)
 	}
-	docs := splitDocuments(out)
+	docs := splitForTest(t, out)
 	if len(docs) != 3 {
 		t.Fatalf("%d documents:\n%s", len(docs), out)
 	}
@@ -82,7 +82,7 @@ func TestSetCABundle(t *testing.T) {
 		t.Fatalf("first document changed:\n%s", out)
 	}
 	var vwc admissionv1.ValidatingWebhookConfiguration
-	if err := yaml.UnmarshalStrict(docs[1].body, &vwc); err != nil {
+	if err := yaml.UnmarshalStrict(docs[1].Body, &vwc); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{string(bundle), "old", ""}
@@ -94,7 +94,7 @@ func TestSetCABundle(t *testing.T) {
 	if vwc.Webhooks[0].ClientConfig.Service.Path == nil || *vwc.Webhooks[0].ClientConfig.Service.Path != "/validate" {
 		t.Error("the service path was lost")
 	}
-	if !strings.Contains(string(docs[1].body), "# ours") {
+	if !strings.Contains(string(docs[1].Body), "# ours") {
 		t.Error("a comment in a patched document was lost")
 	}
 	// The CRD type lives in k8s.io/apiextensions-apiserver; its clientConfig is admission's WebhookClientConfig.
@@ -107,7 +107,7 @@ func TestSetCABundle(t *testing.T) {
 			} `json:"conversion"`
 		} `json:"spec"`
 	}
-	if err := yaml.Unmarshal(docs[2].body, &crd); err != nil {
+	if err := yaml.Unmarshal(docs[2].Body, &crd); err != nil {
 		t.Fatal(err)
 	}
 	if cc := crd.Spec.Conversion.Webhook.ClientConfig; string(cc.CABundle) != string(bundle) || cc.Service == nil || *cc.Service.Path != "/convert" {
@@ -167,14 +167,14 @@ func TestSetCABundleCRLF(t *testing.T) {
 		if !strings.Contains(string(out), crlf(configMap)) {
 			t.Errorf("the ConfigMap went missing or changed:\n%q", out)
 		}
-		docs := splitDocuments(out)
+		docs := splitForTest(t, out)
 		if len(docs) != 2 {
 			t.Fatalf("%d documents:\n%q", len(docs), out)
 		}
 		var vwc admissionv1.ValidatingWebhookConfiguration
-		body := docs[0].body
+		body := docs[0].Body
 		if order[0] != hooks {
-			body = docs[1].body
+			body = docs[1].Body
 		}
 		if err := yaml.UnmarshalStrict(body, &vwc); err != nil {
 			t.Fatal(err)
@@ -189,8 +189,8 @@ func TestSetCABundleCRLF(t *testing.T) {
 	}
 }
 
-// A second document behind a marker splitDocuments does not cut at would be left out of the output; that
-// must be an error instead.
+// A second document behind a marker that is not a "---" line of its own would be left out of the output;
+// that must be an error instead.
 func TestSetCABundleSecondDocumentInBody(t *testing.T) {
 	for in, want := range map[string]string{
 		"kind: ConfigMap\n--- {kind: ValidatingWebhookConfiguration, metadata: {name: x}}\n": "document 1: holds more than one YAML document",
@@ -269,7 +269,7 @@ func TestSetCABundleList(t *testing.T) {
 		"ValidatingWebhookConfiguration typed/typed.pizza.example.com"; got != want {
 		t.Fatalf("patched %s, want %s", got, want)
 	}
-	docs := splitDocuments(out)
+	docs := splitForTest(t, out)
 	if len(docs) != 3 {
 		t.Fatalf("%d documents:\n%s", len(docs), out)
 	}
@@ -282,19 +282,19 @@ func TestSetCABundleList(t *testing.T) {
 			}
 		}
 	}
-	if err := yaml.Unmarshal(docs[1].body, &list); err != nil {
+	if err := yaml.Unmarshal(docs[1].Body, &list); err != nil {
 		t.Fatal(err)
 	}
 	if len(list.Items) != 3 || string(list.Items[0].Webhooks[0].ClientConfig.CABundle) != string(bundle) ||
 		list.Items[1].Kind != "ConfigMap" || string(list.Items[2].Spec.CABundle) != string(bundle) {
-		t.Errorf("List:\n%s", docs[1].body)
+		t.Errorf("List:\n%s", docs[1].Body)
 	}
 	var typed admissionv1.ValidatingWebhookConfigurationList
-	if err := yaml.UnmarshalStrict(docs[2].body, &typed); err != nil {
+	if err := yaml.UnmarshalStrict(docs[2].Body, &typed); err != nil {
 		t.Fatal(err)
 	}
 	if len(typed.Items) != 1 || string(typed.Items[0].Webhooks[0].ClientConfig.CABundle) != string(bundle) {
-		t.Errorf("ValidatingWebhookConfigurationList:\n%s", docs[2].body)
+		t.Errorf("ValidatingWebhookConfigurationList:\n%s", docs[2].Body)
 	}
 }
 

@@ -1,11 +1,9 @@
 package kubeapiserver
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -19,10 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/version"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
 )
@@ -222,20 +220,17 @@ func DecodePod(data []byte, source string) (*corev1.Pod, error) {
 
 // countDocuments counts the non-empty documents of a YAML stream.
 func countDocuments(data []byte) (int, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	docs, err := manifests.SplitDocuments(data)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		if len(bytes.TrimSpace(doc)) > 0 && !onlyComments(doc) {
+	for _, doc := range docs {
+		if len(bytes.TrimSpace(doc.Body)) > 0 && !onlyComments(doc.Body) {
 			n++
 		}
 	}
+	return n, nil
 }
 
 func onlyComments(doc []byte) bool {
