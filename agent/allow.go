@@ -113,15 +113,6 @@ func (l AllowList) Allows(ip netip.Addr, port uint16) bool {
 	return false
 }
 
-// notAllowedError is the text a refused dial carries back to the server (and so to kube-apiserver).
-type notAllowedError struct{ addr string }
-
-func (e *notAllowedError) Error() string {
-	return fmt.Sprintf("konnect agent refused to dial %s: %v", e.addr, konnectivity.ErrNotAllowed)
-}
-
-func (e *notAllowedError) Unwrap() error { return konnectivity.ErrNotAllowed }
-
 // check refuses a literal address outside the list before anything is dialled. Host names pass here and
 // are checked, address by address, by control when the socket is about to connect.
 func (l AllowList) check(address string) error {
@@ -138,7 +129,7 @@ func (l AllowList) check(address string) error {
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil || !l.Allows(ip, uint16(p)) {
-		return &notAllowedError{address}
+		return konnectivity.NotAllowed(address)
 	}
 	return nil
 }
@@ -151,7 +142,7 @@ func (l AllowList) control(_, address string, _ syscall.RawConn) error {
 	}
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil || !l.Allows(ap.Addr(), ap.Port()) {
-		return &notAllowedError{address}
+		return konnectivity.NotAllowed(address)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/konnectivity/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
@@ -385,9 +386,8 @@ func (s *session) handleDial(req *client.DialRequest) {
 		if err != nil {
 			reason := dialFailureUnknown
 			var ne net.Error
-			var na *notAllowedError
 			switch {
-			case errors.As(err, &na):
+			case errors.Is(err, konnectivity.ErrNotAllowed):
 				reason = dialFailureNotAllowed
 			case errors.As(err, &ne) && ne.Timeout():
 				reason = dialFailureTimeout

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 )
 
 func TestClassify(t *testing.T) {
@@ -41,5 +42,28 @@ func TestClassify(t *testing.T) {
 	inner := errors.New("inner")
 	if err := Classify(fmt.Errorf("wrap: %w: tunnel closed", inner)); !errors.Is(err, inner) || !errors.Is(err, ErrTunnelClosed) {
 		t.Errorf("lost the wrapped error or the reason: %v", err)
+	}
+}
+
+// TestRefusalsRoundTrip: what konnect's producers send is, read back off the wire as text, what it is on
+// their side; and the texts are the bytes that servers, agents and doctors of earlier releases exchange.
+func TestRefusalsRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		r    *Refusal
+		want string
+	}{
+		{TooManyDials(2000), "konnect server: 2000 dials already wait for an agent's answer (--max-pending-dials=2000); dial refused, try again later"},
+		{DialTimedOut(5 * time.Second), "konnect server: timed out waiting for backend dial: no agent answered within 5s (--backend-dial-timeout)"},
+		{NotAllowed("10.0.0.1:22"), "konnect agent refused to dial 10.0.0.1:22: destination not in --allow-destination"},
+	} {
+		if tc.r.Error() != tc.want {
+			t.Errorf("refusal text = %q, want %q", tc.r.Error(), tc.want)
+		}
+		if !errors.Is(tc.r, tc.r.Reason) {
+			t.Errorf("%q is not %v on the producer's side", tc.r, tc.r.Reason)
+		}
+		if got := Classify(errors.New(tc.r.Error())); !errors.Is(got, tc.r.Reason) {
+			t.Errorf("Classify(%q) is not %v", tc.r, tc.r.Reason)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
@@ -36,9 +37,6 @@ const (
 	// either upstream is handing the agent's answer to the frontend (the dial is released in a moment), or
 	// upstream has not registered the dial yet (a frontend that sent several DIAL_REQs on one stream).
 	pendingRecheck = time.Second
-	// upstreamTimeoutText is upstream's dial timeout error, kept in konnect's so that tools matching it
-	// still do.
-	upstreamTimeoutText = "timed out waiting for backend dial"
 )
 
 // pendingDials holds one server's pending dials. It sees every DIAL_REQ on its way from a frontend (gRPC or
@@ -79,14 +77,9 @@ func (p *pendingDials) pending() int {
 	return p.n
 }
 
-func (p *pendingDials) fullError() error {
-	return fmt.Errorf("konnect server: %d dials already wait for an agent's answer (--max-pending-dials=%d); dial refused, try again later",
-		p.max, p.max)
-}
+func (p *pendingDials) fullError() error { return konnectivity.TooManyDials(p.max) }
 
-func (p *pendingDials) timeoutError() string {
-	return fmt.Sprintf("konnect server: %s: no agent answered within %s (--backend-dial-timeout)", upstreamTimeoutText, p.timeout)
-}
+func (p *pendingDials) timeoutError() string { return konnectivity.DialTimedOut(p.timeout).Text }
 
 // take claims a slot; the caller holds p.mu.
 func (p *pendingDials) take() error {

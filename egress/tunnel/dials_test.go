@@ -21,6 +21,10 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
+// upstreamTimeoutText is upstream proxy-server's dial timeout error, which konnect's keeps so that tools
+// matching it still do.
+const upstreamTimeoutText = "timed out waiting for backend dial"
+
 // silentAgent is an in-process client of the agent protocol that reads what the server sends and answers
 // only when the test says so: an agent that is stuck, or slow.
 type silentAgent struct {
