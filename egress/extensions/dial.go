@@ -36,8 +36,8 @@ func (d TunnelDialer) Via() string { return "konnectivity socket " + d.Frontend.
 // portForwardProtocol is the SPDY sub-protocol of pods/portforward (client-go tools/portforward).
 const portForwardProtocol = "portforward.k8s.io"
 
-// ErrNotPod is returned by PortForwardDialer for an endpoint that is not a pod.
-var ErrNotPod = errors.New("the endpoint is not a pod, and pods/portforward reaches only pods: run konnect doctor extensions on a control-plane node with --uds-name")
+// ErrNotPod is returned by PortForwardDialer for an endpoint that is not a pod (cause CauseNotPod).
+var ErrNotPod = errors.New("the endpoint is not a pod, and pods/portforward reaches only pods")
 
 // PortForwardDialer reaches an endpoint's pod through kube-apiserver's pods/portforward, from wherever
 // kubectl works (a laptop through `konnect socks`, say). kube-apiserver reaches the pod's kubelet through
@@ -175,7 +175,7 @@ func DialCause(ctx context.Context, err error) string {
 		errors.Is(err, konnectivity.ErrDialTimeout), errors.Is(err, konnectivity.ErrIOTimeout):
 		return CauseDialTimeout
 	case errors.Is(err, ErrNotPod):
-		return "endpoint is not a pod"
+		return CauseNotPod
 	}
 	return ""
 }

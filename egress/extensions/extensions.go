@@ -50,6 +50,7 @@ const (
 	CauseNameMismatch    = "name mismatch"
 	CauseExpired         = "expired"
 	CauseNoCABundle      = "no caBundle"
+	CauseNotPod          = "endpoint is not a pod"
 )
 
 // ExpiryWarning is how close to its expiry a serving certificate draws a warning.

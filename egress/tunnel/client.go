@@ -90,7 +90,7 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 			return nil, &FrontendError{Where: f.where(), Err: err}
 		}
 		if http1 {
-			return nil, &FrontendError{Where: f.where(), Err: errOtherMode}
+			return nil, &FrontendError{Where: f.where(), Err: ErrOtherMode}
 		}
 	}
 	// The tunnel lives as long as the connection; cancelling tunnelCtx on Close releases it.
@@ -110,7 +110,7 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	if err != nil {
 		cancel()
 		if http1, _ := f.speaksHTTP1(context.Background()); http1 {
-			err = fmt.Errorf("%w: %w", errOtherMode, err)
+			err = fmt.Errorf("%w: %w", ErrOtherMode, err)
 		}
 		return nil, &FrontendError{Where: f.where(), Err: err}
 	}
@@ -122,8 +122,8 @@ func (f Frontend) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
 	return &cancelConn{Conn: c, cancel: cancel}, nil
 }
 
-// errOtherMode: the server answered in the other protocol of --mode.
-var errOtherMode = errors.New("the server speaks HTTP/1.1 (--mode http-connect), not gRPC")
+// ErrOtherMode: the server answered in the other protocol of its --mode (the server's flag).
+var ErrOtherMode = errors.New("the server speaks HTTP/1.1 (--mode http-connect), not gRPC")
 
 // speaksHTTP1 reports whether the server answers an HTTP/2 connection preface in HTTP/1.1, as an http-connect
 // server does; the error is that of reaching the server at all. It tells a --mode mismatch from a server that
@@ -203,51 +203,3 @@ type bufferedConn struct {
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// Reason explains a Dial error in the terms an operator acts on (the failures users meet: k0s issues 1352
-// and 5809). It returns "" for an error it does not recognise.
-func Reason(err error) string {
-	if err == nil {
-		return ""
-	}
-	err = konnectivity.Classify(err)
-	is := func(reason error) bool { return errors.Is(err, reason) }
-	var fe *FrontendError
-	switch {
-	case errors.As(err, &fe):
-		switch {
-		case is(konnectivity.ErrNoSuchFile):
-			return "the server's socket does not exist: is konnect server running with this --uds-name?"
-		case is(konnectivity.ErrConnectionRefused):
-			return "nothing listens on the server's socket or port: the server is down or still starting"
-		case is(konnectivity.ErrPermissionDenied):
-			return "no permission on the server's socket: run as its owner or group"
-		case is(errOtherMode) || strings.Contains(err.Error(), "malformed HTTP response"):
-			// An http-connect server answered gRPC's preface in HTTP/1.1, or a gRPC server's frames were read as
-			// an HTTP/1.1 response.
-			return "the server speaks the other protocol: use its --mode (grpc or http-connect)"
-		}
-		return "cannot reach the konnectivity server"
-	case is(konnectivity.ErrNoAgent):
-		return "no agent is connected to this server (or none matches the destination): check `konnect doctor status` and the agents' logs"
-	case is(konnectivity.ErrTooManyDials):
-		return "the server already holds --max-pending-dials dials that agents have not answered: an agent is stuck or overloaded (konnect_tunnel_server_pending_dials on the server's /metrics)"
-	case is(konnectivity.ErrDialTimeout):
-		return "the agent did not answer in time: the agent is overloaded or stuck, or the destination drops packets"
-	case is(konnectivity.ErrConnectionRefused):
-		return "the agent reached the destination host, but nothing listens on that port"
-	case is(konnectivity.ErrIOTimeout):
-		return "the agent's dial to the destination timed out: the destination drops packets or is down"
-	case is(konnectivity.ErrUnreachable):
-		return "the agent has no route to the destination"
-	case is(konnectivity.ErrNoSuchHost):
-		return "the agent cannot resolve the destination's name"
-	case is(konnectivity.ErrDraining):
-		return "the agent is draining (shutting down); the next dial goes to another agent"
-	case is(konnectivity.ErrNotAllowed):
-		return "the agent's --allow-destination list does not include this address and port"
-	case is(konnectivity.ErrTunnelClosed):
-		return "the server closed the tunnel during the dial (server or agent went away)"
-	}
-	return ""
-}

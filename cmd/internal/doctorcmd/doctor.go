@@ -222,7 +222,7 @@ admin port.`,
 			conn, err := f.Dial(ctx, addr)
 			took := time.Since(start)
 			if err != nil {
-				reason := tunnel.Reason(err)
+				reason := Reason(err)
 				if reason == "" {
 					reason = "unrecognised failure"
 				}

@@ -88,7 +88,7 @@ The exit code is 0 when every check passes and 1 when any fails; warnings do not
 			results := make([]extensions.Result, 0, len(targets))
 			failed := 0
 			for _, t := range targets {
-				r := checker.Check(ctx, t)
+				r := withRemedy(checker.Check(ctx, t))
 				if !r.OK {
 					failed++
 				}
@@ -116,6 +116,15 @@ The exit code is 0 when every check passes and 1 when any fails; warnings do not
 	fl.StringVarP(&output, "output", "o", "table", "output format: table or json")
 	fl.DurationVar(&timeout, "timeout", 10*time.Second, "bound on each API request, dial and handshake (kube-apiserver's webhook default is 10s)")
 	return cmd
+}
+
+// withRemedy adds doctor's advice to a result's detail where the library's cause has one: for an endpoint
+// that pods/portforward cannot reach, the tunnel, which reaches any endpoint, from where its socket is.
+func withRemedy(r extensions.Result) extensions.Result {
+	if r.Cause == extensions.CauseNotPod {
+		r.Detail += ": run konnect doctor extensions on a control-plane node with --uds-name"
+	}
+	return r
 }
 
 func printExtensionsJSON(w io.Writer, results []extensions.Result) error {
