@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
@@ -361,8 +363,8 @@ func TestNewRefusesUnauthenticatedAgents(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")
 	cfg.ClusterCA = ""
-	var fe *FieldError
-	if _, err := New(cfg); !errors.As(err, &fe) || fe.Field != "AgentAuth" {
+	var fe *field.Error
+	if _, err := New(cfg); !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"AgentAuth"}) {
 		t.Fatalf("New without agent authentication: %v", err)
 	}
 	cfg.AllowUnauthenticatedAgents = true

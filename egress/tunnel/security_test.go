@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/konnect-dev/konnect/test/harness"
 	authv1 "k8s.io/api/authentication/v1"
@@ -358,8 +359,8 @@ func TestUDS(t *testing.T) {
 		cfg.UDSName = filepath.Join(base, "inuse.sock")
 		cfg.AgentAddr = ln.Addr().String()
 		_, err = New(cfg)
-		var fe *FieldError
-		if err == nil || !strings.Contains(err.Error(), "address already in use") || !errors.As(err, &fe) || fe.Field != "AgentAddr" {
+		var fe *field.Error
+		if err == nil || !strings.Contains(err.Error(), "address already in use") || !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"AgentAddr"}) {
 			t.Fatalf("agent port in use: %v", err)
 		}
 		// Nothing stays bound after the failure.

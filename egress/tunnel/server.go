@@ -14,6 +14,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/pki/reload"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -88,25 +89,27 @@ type Server struct {
 }
 
 // New builds the server and binds its frontend (socket or mTLS TCP) and agent listeners. An error with one
-// Config field is a *FieldError naming it, and nothing stays bound when New fails.
+// Config field is a *field.Error naming it ("Mode", "FlowWindow" (with FlowMaxWindow), "ClusterAllowedNames",
+// "ServerAllowedNames", "AgentAuth", "AgentAddr", "ServerAddr", "UDSName", "ClusterCert" or "ServerCert" (each
+// with its key and CA)), and nothing stays bound when New fails.
 func New(c *Config) (_ *Server, err error) {
 	cfg := c.withDefaults()
 	if cfg.Mode != server.ModeGRPC && cfg.Mode != server.ModeHTTPConnect {
-		return nil, &FieldError{"Mode", fmt.Errorf("must be grpc or http-connect, not %q", cfg.Mode)}
+		return nil, field.Errorf("{Mode}: must be grpc or http-connect, not %q", cfg.Mode)
 	}
 	if !cfg.DisableFlowControl {
 		if err := cfg.flowOffer().Validate(); err != nil {
-			return nil, &FieldError{"FlowWindow", err}
+			return nil, field.Errorf("{FlowWindow}: %w", err)
 		}
 	}
 	if len(cfg.ClusterAllowedNames) > 0 && cfg.ClusterCA == "" {
-		return nil, &FieldError{"ClusterAllowedNames", errors.New("apply only to agents' client certificates, which need a CA to verify them")}
+		return nil, field.Errorf("{ClusterAllowedNames}: apply only to agents' client certificates, which need a CA to verify them")
 	}
 	if len(cfg.ServerAllowedNames) > 0 && (cfg.ServerCA == "" || cfg.UDSName != "") {
-		return nil, &FieldError{"ServerAllowedNames", errors.New("apply only to kube-apiserver's client certificate on the mTLS TCP frontend")}
+		return nil, field.Errorf("{ServerAllowedNames}: apply only to kube-apiserver's client certificate on the mTLS TCP frontend")
 	}
 	if cfg.ClusterCA == "" && cfg.TokenAuth == nil && !cfg.AllowUnauthenticatedAgents {
-		return nil, &FieldError{"AgentAuth", errors.New("agents must authenticate, by client certificate (ClusterCA) or ServiceAccount token (TokenAuth)")}
+		return nil, field.Errorf("{AgentAuth}: agents must authenticate, by client certificate (ClusterCA) or ServiceAccount token (TokenAuth)")
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -158,10 +161,10 @@ func (s *Server) newAgentServer() error {
 	cfg := s.cfg
 	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, cfg.ClusterAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 	if err != nil {
-		return &FieldError{"ClusterCert", err}
+		return field.Errorf("{ClusterCert}: %w", err)
 	}
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
-		return &FieldError{"AgentAddr", fmt.Errorf("listen on %s: %w", cfg.AgentAddr, err)}
+		return field.Errorf("{AgentAddr}: listen on %s: %w", cfg.AgentAddr, err)
 	}
 	adm := newAdmission("agent", cfg.HandshakeTimeout, cfg.AgentAuthTimeout, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource, s.authMetrics)
 	s.agentLn = adm.listen(s.agentLn)
@@ -204,7 +207,7 @@ func (s *Server) listenFrontend() error {
 	if cfg.UDSName == "" {
 		ln, err := net.Listen("tcp", cfg.ServerAddr)
 		if err != nil {
-			return &FieldError{"ServerAddr", fmt.Errorf("listen on %s: %w", cfg.ServerAddr, err)}
+			return field.Errorf("{ServerAddr}: listen on %s: %w", cfg.ServerAddr, err)
 		}
 		// kube-apiserver authenticates in the TLS handshake; until then a peer is bounded like an agent.
 		s.frontendAdm = newAdmission("frontend", cfg.HandshakeTimeout, cfg.HandshakeTimeout, maxFrontendHandshakes, 0, s.authMetrics)
@@ -229,7 +232,7 @@ func (s *Server) newFrontendGRPC() error {
 	if cfg.UDSName == "" {
 		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
-			return &FieldError{"ServerCert", err}
+			return field.Errorf("{ServerCert}: %w", err)
 		}
 		creds = admitCreds{credentials.NewTLS(tc), s.frontendAdm}
 	}
@@ -264,7 +267,7 @@ func (s *Server) newFrontendHTTP() error {
 	if cfg.UDSName == "" {
 		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
-			return &FieldError{"ServerCert", err}
+			return field.Errorf("{ServerCert}: %w", err)
 		}
 		s.frontendHTTP.TLSConfig = tc
 		// CONNECT tunnels are HTTP/1.1 only.
@@ -281,16 +284,6 @@ func (s *Server) newFrontendHTTP() error {
 	}
 	return nil
 }
-
-// A FieldError is an error New met with one Config field, such as a certificate that does not load or an
-// address that cannot be bound, so that a command can name the flag behind the field.
-type FieldError struct {
-	Field string // "Mode", "AgentAddr", "ServerAddr", "UDSName", "ClusterCert" (with its key and CA), "ServerCert" (likewise) or "FlowWindow" (with FlowMaxWindow)
-	Err   error
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
 
 // Close closes the listeners New bound, for a server that never runs.
 func (s *Server) Close() error {
@@ -496,7 +489,7 @@ func (s *Server) checkTokenReview(ctx context.Context) error {
 	}, metav1.CreateOptions{})
 	if err != nil {
 		s.authMetrics.readinessReview.WithLabelValues("error").Inc()
-		err = fmt.Errorf("TokenReview through --kubeconfig: %w", err)
+		err = field.Errorf("TokenReview through {TokenAuth.Client}: %w", err)
 	} else {
 		s.authMetrics.readinessReview.WithLabelValues("ok").Inc()
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/pki/reload"
 	"github.com/konnect-dev/konnect/pki/uds"
 )
@@ -22,7 +23,7 @@ const (
 func listenUDS(path string, replaceStale, sharedDir bool) (*net.UnixListener, error) {
 	ln, err := uds.Listen(path, uds.Options{Mode: socketMode, DirMode: socketDirMode, ReplaceStale: replaceStale, SharedDir: sharedDir})
 	if err != nil {
-		return nil, &FieldError{"UDSName", err}
+		return nil, field.Errorf("{UDSName}: %w", err)
 	}
 	return ln, nil
 }

@@ -4,9 +4,11 @@
 package flagerr
 
 import (
+	"net/http"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apiserver/pkg/server/healthz"
 )
 
 // namer is an error whose text names Config fields: *field.Error, and sshdial's error types.
@@ -79,3 +81,19 @@ type named struct {
 
 func (e *named) Error() string { return e.text }
 func (e *named) Unwrap() error { return e.err }
+
+// Checks returns checks whose failures are named, for a daemon's /readyz and /livez reasons.
+func (n Names) Checks(checks []healthz.HealthChecker) []healthz.HealthChecker {
+	out := make([]healthz.HealthChecker, len(checks))
+	for i, c := range checks {
+		out[i] = namedCheck{c, n}
+	}
+	return out
+}
+
+type namedCheck struct {
+	healthz.HealthChecker
+	names Names
+}
+
+func (c namedCheck) Check(r *http.Request) error { return c.names.Error(c.HealthChecker.Check(r)) }

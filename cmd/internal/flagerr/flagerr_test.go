@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"testing"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apiserver/pkg/server/healthz"
 
 	"github.com/konnect-dev/konnect/pki/field"
 )
@@ -83,5 +85,19 @@ func TestRunE(t *testing.T) {
 	}
 	if err := names.RunE(func(*cobra.Command, []string) error { return nil })(nil, nil); err != nil {
 		t.Errorf("RunE returned %v for nil", err)
+	}
+}
+
+func TestChecks(t *testing.T) {
+	checks := names.Checks([]healthz.HealthChecker{
+		healthz.NamedCheck("tokenreview", func(*http.Request) error { return field.Errorf("through {Mode}: %w", fs.ErrClosed) }),
+		healthz.PingHealthz,
+	})
+	err := checks[0].Check(nil)
+	if checks[0].Name() != "tokenreview" || err == nil || err.Error() != "through --mode: "+fs.ErrClosed.Error() || !errors.Is(err, fs.ErrClosed) {
+		t.Errorf("check %q: %v", checks[0].Name(), err)
+	}
+	if err := checks[1].Check(nil); checks[1].Name() != "ping" || err != nil {
+		t.Errorf("check %q: %v", checks[1].Name(), err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,7 +111,7 @@ func New(cfg *Config) (_ *Server, err error) {
 	}
 	// konnect's metrics come from the server's own registry, upstream's from the default registry, where
 	// upstream's package puts them (see tunnel.UpstreamMetrics).
-	health := daemon.NewHealthMux(nil, s.tunnel.ReadyChecks(), prometheus.Gatherers{reg, tunnel.UpstreamMetrics()})
+	health := daemon.NewHealthMux(nil, names.Checks(s.tunnel.ReadyChecks()), prometheus.Gatherers{reg, tunnel.UpstreamMetrics()})
 	// Upstream's deprecated /ready, kept for probes that still use it.
 	health.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
 		r2 := r.Clone(r.Context())
@@ -146,31 +147,31 @@ func (s *Server) Run(ctx context.Context) error {
 	return g.Run(ctx)
 }
 
-// flagError names the flags behind the tunnel.Config field that tunnel.New could not use.
+// names are the flags behind the tunnel.Config fields that the tunnel's errors name.
+var names = flagerr.Names{
+	"Mode":                "--mode",
+	"AgentAddr":           "--agent-bind-address/--agent-port",
+	"ServerAddr":          "--server-bind-address/--server-port",
+	"UDSName":             "--uds-name",
+	"ClusterCert":         "--cluster-cert/--cluster-key/--cluster-ca-cert",
+	"ServerCert":          "--server-cert/--server-key/--server-ca-cert",
+	"ClusterAllowedNames": "--cluster-allowed-names (with --cluster-ca-cert)",
+	"ServerAllowedNames":  "--server-allowed-names (with --server-ca-cert)",
+	"AgentAuth":           "--cluster-ca-cert or --agent-namespace/--agent-service-account/--authentication-audience (or --allow-unauthenticated-agents)",
+	// Options.Validate checks the flow-control flags first, so the tunnel's own check is not reached.
+	"FlowWindow":       "--flow-control-window-bytes/--flow-control-max-window-bytes",
+	"TokenAuth.Client": "--kubeconfig",
+}
+
+// flagError names the flags behind the tunnel.Config field that tunnel.New could not use, with the flag
+// that gets past the two socket refusals an operator may override.
 func flagError(err error) error {
-	var fe *tunnel.FieldError
-	if !errors.As(err, &fe) {
-		return err
-	}
-	flags := map[string]string{
-		"Mode":                "--mode",
-		"AgentAddr":           "--agent-bind-address/--agent-port",
-		"ServerAddr":          "--server-bind-address/--server-port",
-		"UDSName":             "--uds-name",
-		"ClusterCert":         "--cluster-cert/--cluster-key/--cluster-ca-cert",
-		"ServerCert":          "--server-cert/--server-key/--server-ca-cert",
-		"ClusterAllowedNames": "--cluster-allowed-names (with --cluster-ca-cert)",
-		"ServerAllowedNames":  "--server-allowed-names (with --server-ca-cert)",
-		"AgentAuth":           "--cluster-ca-cert or --agent-namespace/--agent-service-account/--authentication-audience (or --allow-unauthenticated-agents)",
-	}[fe.Field]
-	if flags == "" {
-		return err
-	}
+	named := names.Error(err)
 	if errors.Is(err, uds.ErrStale) {
-		return fmt.Errorf("%s: %w; remove it or pass --delete-existing-uds-file", flags, fe.Err)
+		return fmt.Errorf("%w; remove it or pass --delete-existing-uds-file", named)
 	}
 	if errors.Is(err, uds.ErrSharedDir) {
-		return fmt.Errorf("%s: %w; use a directory of its own, or pass --allow-shared-uds-dir if only kube-apiserver's pod can write there", flags, fe.Err)
+		return fmt.Errorf("%w; use a directory of its own, or pass --allow-shared-uds-dir if only kube-apiserver's pod can write there", named)
 	}
-	return fmt.Errorf("%s: %w", flags, fe.Err)
+	return named
 }
