@@ -78,10 +78,17 @@ type UnprotectedKeyError struct {
 	Mode fs.FileMode // permission bits
 }
 
-func (e *UnprotectedKeyError) Error() string {
+func (e *UnprotectedKeyError) Error() string { return e.Named(fieldName) }
+
+// Named is Error with the Config field that allows the key (AllowUnprotectedKeys) spelled as name returns
+// it: a command names its flag (cmd/internal/flagerr).
+func (e *UnprotectedKeyError) Named(name func(field string) string) string {
 	return fmt.Sprintf("UNPROTECTED PRIVATE KEY FILE: permissions %04o for identity file %s are too open: a private key "+
-		"must not be accessible by others; run chmod 600 %s, or pass --allow-unprotected-key", e.Mode.Perm(), e.File, e.File)
+		"must not be accessible by others; run chmod 600 %s, or pass %s", e.Mode.Perm(), e.File, e.File, name("AllowUnprotectedKeys"))
 }
+
+// fieldName spells a Config field by its own name, for Error.
+func fieldName(field string) string { return field }
 
 // checkKeyPermissions refuses, as OpenSSH's sshkey_perm_ok does, a key file owned by the running user that
 // group or others have any access to. A file owned by someone else (root's key read by root's service,

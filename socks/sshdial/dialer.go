@@ -384,8 +384,12 @@ type StartError struct {
 	Err    error
 }
 
-func (e *StartError) Error() string {
-	return fmt.Sprintf("cannot connect to %s: %v; check the host and port, or pass --retry-first to keep trying until the server answers", e.Target, e.Err)
+func (e *StartError) Error() string { return e.Named(fieldName) }
+
+// Named is Error with the Config field that retries (RetryFirst) spelled as name returns it.
+func (e *StartError) Named(name func(field string) string) string {
+	return fmt.Sprintf("cannot connect to %s: %v; check the host and port, or pass %s to keep trying until the server answers",
+		e.Target, e.Err, name("RetryFirst"))
 }
 
 func (e *StartError) Unwrap() error { return e.Err }

@@ -35,12 +35,15 @@ type HostKeyError struct {
 	Changed bool
 	Revoked bool
 	Known   []string
-	// Unrecorded is why --accept-new did not record an unknown host's key: the file is one another user
+	// Unrecorded is why AcceptNew did not record an unknown host's key: the file is one another user
 	// could redirect (wraps safepath.ErrShared). Retrying cannot help, so the host is not trusted.
 	Unrecorded error
 }
 
-func (e *HostKeyError) Error() string {
+func (e *HostKeyError) Error() string { return e.Named(fieldName) }
+
+// Named is Error with the Config field that records unknown keys (AcceptNew) spelled as name returns it.
+func (e *HostKeyError) Named(name func(field string) string) string {
 	switch {
 	case e.Revoked:
 		return fmt.Sprintf("host key for %s (%s %s) is marked @revoked in %s; refusing to connect",
@@ -52,12 +55,12 @@ func (e *HostKeyError) Error() string {
 			"If the change is expected, remove the old entry with: ssh-keygen -R '%s' -f %s",
 			e.Host, e.KeyType, e.Fingerprint, strings.Join(e.Known, ", "), e.Host, e.KnownHostsFile)
 	case e.Unrecorded != nil:
-		return fmt.Sprintf("host key for %s is not known: %s %s, and --accept-new cannot record it: %v",
-			e.Host, e.KeyType, e.Fingerprint, e.Unrecorded)
+		return fmt.Sprintf("host key for %s is not known: %s %s, and %s cannot record it: %v",
+			e.Host, e.KeyType, e.Fingerprint, name("AcceptNew"), e.Unrecorded)
 	default:
 		return fmt.Sprintf("host key for %s is not known: %s %s. Verify this fingerprint with the server's "+
-			"administrator, then add this line to %s (or run once with --accept-new):\n%s",
-			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile, e.Line)
+			"administrator, then add this line to %s (or run once with %s):\n%s",
+			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile, name("AcceptNew"), e.Line)
 	}
 }
 

@@ -114,7 +114,7 @@ func TestAcceptNewWritesAsOpenSSH(t *testing.T) {
 		if !errors.As(err, &hk) || !errors.Is(err, safepath.ErrShared) {
 			t.Fatalf("Run: %v, want a HostKeyError that --accept-new could not record", err)
 		}
-		for _, w := range append(words, "--accept-new cannot record it", "refusing to write "+link) {
+		for _, w := range append(words, "AcceptNew cannot record it", "refusing to write "+link) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("error does not say %q: %v", w, err)
 			}

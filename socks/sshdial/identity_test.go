@@ -129,7 +129,7 @@ func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
 				t.Fatalf("New = %v, want UnprotectedKeyError", err)
 			}
 			mode := "0" + strconv.FormatUint(uint64(c.mode), 8)
-			for _, want := range []string{"UNPROTECTED PRIVATE KEY FILE", f, mode, "--allow-unprotected-key"} {
+			for _, want := range []string{"UNPROTECTED PRIVATE KEY FILE", f, mode, "AllowUnprotectedKeys"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error does not say %q: %v", want, err)
 				}

@@ -178,7 +178,7 @@ func TestStartMistakesEndRun(t *testing.T) {
 		if !errors.As(err, &se) || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(t0) > 5*time.Second {
 			t.Fatalf("Run = %v after %s, want a StartError (connection refused) at once", err, time.Since(t0))
 		}
-		for _, want := range []string{cfg.Destination, "--retry-first"} {
+		for _, want := range []string{cfg.Destination, "RetryFirst"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error does not name %q: %v", want, err)
 			}
@@ -248,7 +248,7 @@ func TestStartMistakesEndRun(t *testing.T) {
 func TestStartMistakeUnknownHost(t *testing.T) {
 	d := &Dialer{plan: &plan{hops: []endpoint{{hostName: "bastion.invalid", port: 22, user: "u"}}}}
 	notFound := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "bastion.invalid", IsNotFound: true}}
-	if err := d.startMistake(notFound); err == nil || !strings.Contains(err.Error(), "--retry-first") {
+	if err := d.startMistake(notFound); err == nil || !strings.Contains(err.Error(), "RetryFirst") {
 		t.Fatalf("startMistake(no such host) = %v, want a StartError", err)
 	}
 	timeout := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}

@@ -190,7 +190,7 @@ func TestHostKeys(t *testing.T) {
 			t.Errorf("line = %q, want %q", hk.Line, want)
 		}
 		fp := ssh.FingerprintSHA256(parsePub(t, f.sshd.HostKeyLine))
-		for _, s := range []string{fp, want, "--accept-new"} {
+		for _, s := range []string{fp, want, "AcceptNew"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("error does not mention %q: %v", s, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
@@ -64,14 +65,17 @@ curl, client-go) are not affected.`,
   konnect proxy --api-prefix=/k8s-api --www=./www`,
 		DisableFlagsInUseLine: true,
 		Args:                  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: names.RunE(func(cmd *cobra.Command, _ []string) error {
 			return run(cmd.Context(), o, cmd.OutOrStdout())
-		},
+		}),
 	}
 	o.AddFlags(cmd.Flags())
 	daemon.AddKlogFlags(cmd.Flags(), "v", "vmodule")
 	return cmd
 }
+
+// names are the flags behind the Config fields that the libraries' errors name: the SSH flags of --via.
+var names = sshflags.Names
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
 	// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request; the soft
@@ -124,7 +128,7 @@ func New(cfg *Config) (_ *Proxy, err error) {
 		return nil, err
 	}
 	if reg != nil {
-		p.endpoints.HealthMux = daemon.NewHealthMux(nil, p.readyChecks(), reg)
+		p.endpoints.HealthMux = daemon.NewHealthMux(nil, names.Checks(p.readyChecks()), reg)
 	}
 	return p, nil
 }

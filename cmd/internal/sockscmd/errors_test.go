@@ -69,6 +69,8 @@ func TestProcessStartMistakesEndTheCommand(t *testing.T) {
 			[]string{"no SSH identity to offer root@" + srv.Addr(), "no -i", filepath.Join(emptyHome, ".ssh", "id_ed25519")}},
 		{"key others may read", nil, []string{"-i", open, srv.Addr()},
 			[]string{"permissions 0644 for identity file " + open, "UNPROTECTED PRIVATE KEY FILE", "--allow-unprotected-key"}},
+		{"host not in known_hosts", nil, []string{"-i", key, "--known-hosts", filepath.Join(dir, "absent"), srv.Addr()},
+			[]string{"is not known: ED25519 SHA256:", "(or run once with --accept-new):"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"-D", "127.0.0.1:0", "--known-hosts", kh, "-F", "none", "-l", "root"}, c.args...)

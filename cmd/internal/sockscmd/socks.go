@@ -201,7 +201,7 @@ func New(cfg *Config) (_ *Proxy, err error) {
 		if p.endpoints.Health, err = p.bound.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
 			return nil, err
 		}
-		p.endpoints.HealthMux = daemon.NewHealthMux(nil, p.ReadyChecks(), p.metrics())
+		p.endpoints.HealthMux = daemon.NewHealthMux(nil, sshflags.Names.Checks(p.ReadyChecks()), p.metrics())
 	}
 	return p, nil
 }
@@ -312,10 +312,10 @@ connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to over
   konnect socks -J jump.example.com -i ~/.ssh/id_ed25519 --health-listen 127.0.0.1:8081 bastion
   konnect socks -D 1080 --ssh-connections 4 alice@bastion.example.com`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: sshflags.Names.RunE(func(cmd *cobra.Command, args []string) error {
 			o.Destination = args[0]
 			return run(cmd.Context(), o, cmd.OutOrStdout())
-		},
+		}),
 	}
 	o.AddFlags(cmd.Flags())
 	daemon.AddKlogFlags(cmd.Flags(), "v", "vmodule")

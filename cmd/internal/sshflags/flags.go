@@ -7,10 +7,18 @@ import (
 	"slices"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
 	"golang.org/x/crypto/ssh"
 )
+
+// Names are the flags behind the sshdial.Config fields that sshdial's errors name.
+var Names = flagerr.Names{
+	"AcceptNew":            "--accept-new",
+	"RetryFirst":           "--retry-first",
+	"AllowUnprotectedKeys": "--allow-unprotected-key",
+}
 
 // Flags are the SSH command-line flags shared by every command that dials over SSH, so that they are spelled
 // the same everywhere. NewFlags spells out the defaults.
