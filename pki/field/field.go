@@ -36,6 +36,11 @@ func Errorf(format string, args ...any) *Error {
 	return e
 }
 
+// Wrap is Errorf("{name}: %w", err), for a loop over several fields: the error err met with the field name.
+func Wrap(name string, err error) *Error {
+	return &Error{format: "{" + name + "}: %w", args: []any{err}, fields: []string{name}, err: err}
+}
+
 // Error spells each field by its Config name: "{Mode} %q: …" reads "Mode "x": …".
 func (e *Error) Error() string { return e.Named(func(f string) string { return f }) }
 

@@ -91,3 +91,13 @@ func TestWrap(t *testing.T) {
 		t.Errorf("%%v wrapped its argument")
 	}
 }
+
+func TestWrapField(t *testing.T) {
+	err := Wrap("AcceptPaths", fs.ErrInvalid)
+	if got, want := err.Named(func(f string) string { return "--accept-paths" }), "--accept-paths: "+fs.ErrInvalid.Error(); got != want {
+		t.Errorf("Named() = %q, want %q", got, want)
+	}
+	if err.Error() != Errorf("{AcceptPaths}: %w", fs.ErrInvalid).Error() || !slices.Equal(err.Fields(), []string{"AcceptPaths"}) || !errors.Is(err, fs.ErrInvalid) {
+		t.Errorf("Wrap differs from Errorf: %q %q", err, err.Fields())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"k8s.io/klog/v2"
 )
 
@@ -70,22 +71,22 @@ func DefaultFilterSpec() FilterSpec {
 	}
 }
 
-// Compile compiles every list. An error names the list that failed, by the name of kubectl's flag for it.
+// Compile compiles every list. An error is a *field.Error naming the FilterSpec field that failed.
 func (s FilterSpec) Compile() (*Filter, error) {
 	var f Filter
 	for _, l := range []struct {
-		flag string
-		src  string
-		dst  *[]*regexp.Regexp
+		field string
+		src   string
+		dst   *[]*regexp.Regexp
 	}{
-		{"--accept-paths", s.AcceptPaths, &f.AcceptPaths},
-		{"--reject-paths", s.RejectPaths, &f.RejectPaths},
-		{"--accept-hosts", s.AcceptHosts, &f.AcceptHosts},
-		{"--reject-methods", s.RejectMethods, &f.RejectMethods},
+		{"AcceptPaths", s.AcceptPaths, &f.AcceptPaths},
+		{"RejectPaths", s.RejectPaths, &f.RejectPaths},
+		{"AcceptHosts", s.AcceptHosts, &f.AcceptHosts},
+		{"RejectMethods", s.RejectMethods, &f.RejectMethods},
 	} {
 		res, err := ParseRegexps(l.src)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", l.flag, err)
+			return nil, field.Wrap(l.field, err)
 		}
 		*l.dst = res
 	}

@@ -1,11 +1,14 @@
 package apiproxy
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	kubectlproxy "k8s.io/kubectl/pkg/proxy"
 )
 
@@ -120,19 +123,20 @@ func TestFilterWrapAnswers403(t *testing.T) {
 	}
 }
 
-func TestFilterSpecCompileNamesTheFlag(t *testing.T) {
+func TestFilterSpecCompileNamesTheField(t *testing.T) {
 	for _, c := range []struct {
-		spec FilterSpec
-		flag string
+		spec  FilterSpec
+		field string
 	}{
-		{FilterSpec{AcceptPaths: "("}, "--accept-paths"},
-		{FilterSpec{RejectPaths: "^/ok,[z-a]"}, "--reject-paths"},
-		{FilterSpec{AcceptHosts: "*"}, "--accept-hosts"},
-		{FilterSpec{RejectMethods: "^(GET"}, "--reject-methods"},
+		{FilterSpec{AcceptPaths: "("}, "AcceptPaths"},
+		{FilterSpec{RejectPaths: "^/ok,[z-a]"}, "RejectPaths"},
+		{FilterSpec{AcceptHosts: "*"}, "AcceptHosts"},
+		{FilterSpec{RejectMethods: "^(GET"}, "RejectMethods"},
 	} {
 		_, err := c.spec.Compile()
-		if err == nil || !strings.Contains(err.Error(), c.flag) {
-			t.Errorf("Compile(%+v) = %v, want an error naming %s", c.spec, err, c.flag)
+		var fe *field.Error
+		if !errors.As(err, &fe) || !slices.Contains(fe.Fields(), c.field) {
+			t.Errorf("Compile(%+v) = %v, want an error naming %s", c.spec, err, c.field)
 		}
 	}
 }

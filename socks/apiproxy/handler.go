@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"golang.org/x/net/http/httpguts"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
@@ -79,16 +80,16 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	if cfg.REST == nil {
 		return nil, errors.New("apiproxy: no API server configuration")
 	}
-	for _, p := range []struct{ name, v string }{{"--api-prefix", cfg.APIPrefix}, {"--www-prefix", cfg.StaticPrefix}} {
-		if p.name == "--www-prefix" && cfg.StaticDir == "" {
+	for _, p := range []struct{ field, v string }{{"APIPrefix", cfg.APIPrefix}, {"StaticPrefix", cfg.StaticPrefix}} {
+		if p.field == "StaticPrefix" && cfg.StaticDir == "" {
 			continue
 		}
 		if err := checkPrefix(p.v); err != nil {
-			return nil, fmt.Errorf("%s: %w", p.name, err)
+			return nil, field.Wrap(p.field, err)
 		}
 	}
 	if cfg.StaticDir != "" && cfg.StaticPrefix == cfg.APIPrefix {
-		return nil, fmt.Errorf("--www-prefix: %q is also the API prefix (--api-prefix)", cfg.StaticPrefix)
+		return nil, field.Errorf("{StaticPrefix}: %q is also the API prefix ({APIPrefix})", cfg.StaticPrefix)
 	}
 	h := &Handler{mux: http.NewServeMux()}
 	h.failures.Logger = klog.NewKlogr()
@@ -158,9 +159,9 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 		// Both errors client-go gives here quote the server's URL, and so a password in it.
 		var ue *url.Error
 		if errors.As(err, &ue) {
-			return nil, fmt.Errorf("the API server's URL (the kubeconfig's server, or --server) is not valid: %w", ue.Err)
+			return nil, field.Errorf("the API server's URL (the kubeconfig's server, or {REST.Host}) is not valid: %w", ue.Err)
 		}
-		return nil, errors.New("the API server's URL (the kubeconfig's server, or --server) must be a URL with a scheme, or a host:port pair")
+		return nil, field.Errorf("the API server's URL (the kubeconfig's server, or {REST.Host}) must be a URL with a scheme, or a host:port pair")
 	}
 	if !cfg.AppendServerPath {
 		target.Path, target.RawPath = "", ""

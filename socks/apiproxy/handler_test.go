@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,11 +12,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -293,17 +296,19 @@ func TestNewHandlerRefusesBadPrefixes(t *testing.T) {
 	p := newTestPKI(t)
 	_, rc := p.kubeconfig(t, "https://127.0.0.1:1", "")
 	for _, c := range []struct {
-		cfg  HandlerConfig
-		flag string
+		cfg   HandlerConfig
+		field string
 	}{
-		{HandlerConfig{APIPrefix: "api/"}, "--api-prefix"},
-		{HandlerConfig{APIPrefix: "/{x}/"}, "--api-prefix"},
-		{HandlerConfig{APIPrefix: "/", StaticDir: ".", StaticPrefix: "/a b/"}, "--www-prefix"},
-		{HandlerConfig{APIPrefix: "/x/", StaticDir: ".", StaticPrefix: "/x/"}, "--www-prefix"},
+		{HandlerConfig{APIPrefix: "api/"}, "APIPrefix"},
+		{HandlerConfig{APIPrefix: "/{x}/"}, "APIPrefix"},
+		{HandlerConfig{APIPrefix: "/", StaticDir: ".", StaticPrefix: "/a b/"}, "StaticPrefix"},
+		{HandlerConfig{APIPrefix: "/x/", StaticDir: ".", StaticPrefix: "/x/"}, "StaticPrefix"},
 	} {
 		c.cfg.REST = rc
-		if _, err := NewHandler(c.cfg); err == nil || !strings.Contains(err.Error(), c.flag) {
-			t.Errorf("NewHandler(%+v) = %v, want an error naming %s", c.cfg, err, c.flag)
+		_, err := NewHandler(c.cfg)
+		var fe *field.Error
+		if !errors.As(err, &fe) || fe.Fields()[0] != c.field {
+			t.Errorf("NewHandler(%+v) = %v, want an error naming %s", c.cfg, err, c.field)
 		}
 	}
 }
@@ -315,7 +320,8 @@ func TestNewHandlerHidesServerPassword(t *testing.T) {
 	for _, host := range []string{"https://dev:s3cret-pw@127.0.0.1:abc", "dev:s3cret-pw@127.0.0.1:6443/some/path"} {
 		rc.Host = host
 		_, err := NewHandler(HandlerConfig{REST: rc, APIPrefix: "/"})
-		if err == nil || strings.Contains(err.Error(), "s3cret-pw") || !strings.Contains(err.Error(), "--server") {
+		var fe *field.Error
+		if err == nil || strings.Contains(err.Error(), "s3cret-pw") || !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"REST.Host"}) {
 			t.Errorf("server %s: %v", host, err)
 		}
 	}

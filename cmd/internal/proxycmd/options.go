@@ -158,7 +158,7 @@ func (o *Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return names.Error(errors.Join(errs...))
 }
 
 func (o *Options) filterSpec() apiproxy.FilterSpec {

@@ -7,11 +7,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
@@ -74,8 +76,21 @@ curl, client-go) are not affected.`,
 	return cmd
 }
 
-// names are the flags behind the Config fields that the libraries' errors name: the SSH flags of --via.
-var names = sshflags.Names
+// names are the flags behind the Config fields that the libraries' errors name: apiproxy's (kubectl's
+// spellings) and the SSH flags of --via.
+var names = func() flagerr.Names {
+	n := flagerr.Names{
+		"APIPrefix":     "--api-prefix",
+		"StaticPrefix":  "--www-prefix",
+		"REST.Host":     "--server",
+		"AcceptPaths":   "--accept-paths",
+		"RejectPaths":   "--reject-paths",
+		"AcceptHosts":   "--accept-hosts",
+		"RejectMethods": "--reject-methods",
+	}
+	maps.Copy(n, sshflags.Names)
+	return n
+}()
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
 	// The proxy's heap is small and short-lived, so collecting it less often saves CPU per request; the soft

@@ -172,6 +172,8 @@ func TestValidate(t *testing.T) {
 		{"IPv6 loopback", []string{"--address=::1"}, ""},
 		{"bad accept-hosts", []string{"--accept-hosts=("}, "--accept-hosts"},
 		{"bad reject-paths", []string{"--reject-paths=[z-a]"}, "--reject-paths"},
+		{"bad accept-paths", []string{"--accept-paths=("}, "--accept-paths"},
+		{"bad reject-methods", []string{"--reject-methods=^(GET"}, "--reject-methods"},
 		{"bad pattern ignored with the filter off", []string{"--accept-hosts=(", "--disable-filter"}, ""},
 		{"max connections", []string{"--max-connections=0"}, "--max-connections"},
 		{"health endpoint on loopback", []string{"--health-listen=127.0.0.1:8002"}, ""},
