@@ -8,13 +8,14 @@ import (
 	"strconv"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/pki/field"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/apis/apiserver/v1beta1"
 	"sigs.k8s.io/yaml"
 )
 
 // Mode is the protocol kube-apiserver speaks to the Konnectivity server (the --mode flag of konnect init
-// and of the server). It implements pflag.Value.
+// and of the server; initcmd makes it a flag value).
 type Mode string
 
 // Modes, spelled as the upstream proxy-server's --mode flag spells them.
@@ -26,26 +27,13 @@ const (
 // String returns the flag spelling of m.
 func (m Mode) String() string { return string(m) }
 
-// Set parses s as a Mode; it lets a Mode be a pflag.Value.
-func (m *Mode) Set(s string) error {
-	v, err := ParseMode(s)
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
-
-// Type names the flag value type in help text.
-func (m *Mode) Type() string { return "mode" }
-
 // ParseMode parses "grpc" or "http-connect".
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
 	case ModeGRPC, ModeHTTPConnect:
 		return m, nil
 	}
-	return "", fmt.Errorf("--mode %q: must be %q or %q", s, ModeGRPC, ModeHTTPConnect)
+	return "", field.Errorf("{Mode} %q: must be %q or %q", s, ModeGRPC, ModeHTTPConnect)
 }
 
 // protocol maps m to the proxyProtocol value of the EgressSelectorConfiguration.
@@ -56,8 +44,8 @@ func (m Mode) protocol() v1beta1.ProtocolType {
 	return v1beta1.ProtocolGRPC
 }
 
-// Transport is how kube-apiserver reaches the Konnectivity server (the --transport flag of konnect init).
-// It implements pflag.Value.
+// Transport is how kube-apiserver reaches the Konnectivity server (the --transport flag of konnect init,
+// which makes it a flag value).
 type Transport string
 
 // Transports.
@@ -69,26 +57,13 @@ const (
 // String returns the flag spelling of t.
 func (t Transport) String() string { return string(t) }
 
-// Set parses s as a Transport; it lets a Transport be a pflag.Value.
-func (t *Transport) Set(s string) error {
-	v, err := ParseTransport(s)
-	if err != nil {
-		return err
-	}
-	*t = v
-	return nil
-}
-
-// Type names the flag value type in help text.
-func (t *Transport) Type() string { return "transport" }
-
 // ParseTransport parses "uds" or "tcp".
 func ParseTransport(s string) (Transport, error) {
 	switch t := Transport(s); t {
 	case TransportUDS, TransportTCP:
 		return t, nil
 	}
-	return "", fmt.Errorf("--transport %q: must be %q or %q", s, TransportUDS, TransportTCP)
+	return "", field.Errorf("{Transport} %q: must be %q or %q", s, TransportUDS, TransportTCP)
 }
 
 const (
@@ -164,12 +139,12 @@ func (c SelectorConfig) Validate() error {
 				c.UDSName, len(c.UDSName), maxUDSName)
 		}
 		if c.URL != "" || c.CABundle != "" || c.ClientCert != "" || c.ClientKey != "" || c.TLSServerName != "" {
-			return fmt.Errorf("egress selector: a URL and TLS files apply only to --transport %s", TransportTCP)
+			return field.Errorf("egress selector: a URL and TLS files apply only to {Transport} %s", TransportTCP)
 		}
 	case TransportTCP:
 		if c.Mode == ModeGRPC {
-			return fmt.Errorf("egress selector: --mode %s with --transport %s is not supported by kube-apiserver "+
-				"(GRPC works only over a unix socket); use --transport %s, or --mode %s for TCP",
+			return field.Errorf("egress selector: {Mode} %s with {Transport} %s is not supported by kube-apiserver "+
+				"(GRPC works only over a unix socket); use {Transport} %s, or {Mode} %s for TCP",
 				ModeGRPC, TransportTCP, TransportUDS, ModeHTTPConnect)
 		}
 		if err := validateFrontendURL(c.URL); err != nil {
@@ -179,7 +154,7 @@ func (c SelectorConfig) Validate() error {
 			{"caBundle", c.CABundle}, {"clientCert", c.ClientCert}, {"clientKey", c.ClientKey},
 		} {
 			if f.path == "" {
-				return fmt.Errorf("egress selector: %s file is required for mutual TLS over --transport %s", f.name, TransportTCP)
+				return field.Errorf("egress selector: %s file is required for mutual TLS over {Transport} %s", f.name, TransportTCP)
 			}
 			if !filepath.IsAbs(f.path) {
 				return fmt.Errorf("egress selector: %s file %q must be an absolute path (kube-apiserver resolves it from its own working directory)", f.name, f.path)
@@ -193,7 +168,7 @@ func (c SelectorConfig) Validate() error {
 // mutual TLS, and kube-apiserver ignores a path.
 func validateFrontendURL(raw string) error {
 	if raw == "" {
-		return fmt.Errorf("egress selector: the Konnectivity server URL (https://HOST:PORT) is required with --transport %s", TransportTCP)
+		return field.Errorf("egress selector: the Konnectivity server URL (https://HOST:PORT) is required with {Transport} %s", TransportTCP)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {

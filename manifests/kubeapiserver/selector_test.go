@@ -1,11 +1,14 @@
 package kubeapiserver
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/server/egressselector"
 )
@@ -143,25 +146,26 @@ func TestSelectorRefusesWhatKubeAPIServerRefuses(t *testing.T) {
 	ca, cert, key := tlsFiles(t)
 	long := "/" + strings.Repeat("d", 120) + "/s.socket"
 	tests := []struct {
-		name string
-		cfg  SelectorConfig
-		want string
+		name  string
+		cfg   SelectorConfig
+		want  string
+		field string // the Config field a *field.Error names, if any
 	}{
-		{"grpc over tcp", SelectorConfig{Mode: ModeGRPC, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "not supported by kube-apiserver"},
-		{"zero mode over tcp is grpc", SelectorConfig{Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "not supported by kube-apiserver"},
-		{"unknown mode", SelectorConfig{Mode: "socks5"}, "--mode"},
-		{"unknown transport", SelectorConfig{Transport: "quic"}, "--transport"},
-		{"relative socket", SelectorConfig{UDSName: "konnectivity-server.socket"}, "absolute"},
-		{"socket path too long", SelectorConfig{UDSName: long}, "unix socket allows"},
-		{"tls files with uds", SelectorConfig{CABundle: ca}, "only to --transport tcp"},
-		{"tcp without url", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, CABundle: ca, ClientCert: cert, ClientKey: key}, "URL"},
-		{"tcp over plain http", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "http://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "https"},
-		{"tcp url without port", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1", CABundle: ca, ClientCert: cert, ClientKey: key}, "HOST:PORT"},
-		{"tcp url with path", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090/proxy", CABundle: ca, ClientCert: cert, ClientKey: key}, "only https://HOST:PORT"},
-		{"tcp url port out of range", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:70000", CABundle: ca, ClientCert: cert, ClientKey: key}, "bad port"},
-		{"tcp without client key", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert}, "clientKey"},
-		{"tcp without ca bundle", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", ClientCert: cert, ClientKey: key}, "caBundle"},
-		{"tcp with relative cert", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: "pki/x.crt", ClientKey: key}, "absolute"},
+		{"grpc over tcp", SelectorConfig{Mode: ModeGRPC, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "not supported by kube-apiserver", ""},
+		{"zero mode over tcp is grpc", SelectorConfig{Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "not supported by kube-apiserver", ""},
+		{"unknown mode", SelectorConfig{Mode: "socks5"}, `"socks5": must be`, "Mode"},
+		{"unknown transport", SelectorConfig{Transport: "quic"}, `"quic": must be`, "Transport"},
+		{"relative socket", SelectorConfig{UDSName: "konnectivity-server.socket"}, "absolute", ""},
+		{"socket path too long", SelectorConfig{UDSName: long}, "unix socket allows", ""},
+		{"tls files with uds", SelectorConfig{CABundle: ca}, "only to Transport tcp", "Transport"},
+		{"tcp without url", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, CABundle: ca, ClientCert: cert, ClientKey: key}, "URL", ""},
+		{"tcp over plain http", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "http://127.0.0.1:8090", CABundle: ca, ClientCert: cert, ClientKey: key}, "https", ""},
+		{"tcp url without port", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1", CABundle: ca, ClientCert: cert, ClientKey: key}, "HOST:PORT", ""},
+		{"tcp url with path", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090/proxy", CABundle: ca, ClientCert: cert, ClientKey: key}, "only https://HOST:PORT", ""},
+		{"tcp url port out of range", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:70000", CABundle: ca, ClientCert: cert, ClientKey: key}, "bad port", ""},
+		{"tcp without client key", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: cert}, "clientKey", ""},
+		{"tcp without ca bundle", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", ClientCert: cert, ClientKey: key}, "caBundle", ""},
+		{"tcp with relative cert", SelectorConfig{Mode: ModeHTTPConnect, Transport: TransportTCP, URL: "https://127.0.0.1:8090", CABundle: ca, ClientCert: "pki/x.crt", ClientKey: key}, "absolute", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,24 +173,27 @@ func TestSelectorRefusesWhatKubeAPIServerRefuses(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Marshal() error = %v, want one containing %q", err, tc.want)
 			}
+			var fe *field.Error
+			if tc.field != "" && (!errors.As(err, &fe) || !slices.Contains(fe.Fields(), tc.field)) {
+				t.Fatalf("Marshal() error = %v, want a field error naming %s", err, tc.field)
+			}
 		})
 	}
 }
 
-func TestModeAndTransportAreFlagValues(t *testing.T) {
-	var m Mode
-	if err := m.Set("http-connect"); err != nil || m != ModeHTTPConnect {
-		t.Fatalf("Set(http-connect) = %v, mode %q", err, m)
+func TestParseModeAndTransport(t *testing.T) {
+	if m, err := ParseMode("http-connect"); err != nil || m != ModeHTTPConnect {
+		t.Fatalf("ParseMode(http-connect) = %q, %v", m, err)
 	}
-	if err := m.Set("HTTPConnect"); err == nil {
-		t.Fatal("Set(HTTPConnect) accepted the egress-selector spelling; the flag takes the proxy-server spelling")
+	if _, err := ParseMode("HTTPConnect"); err == nil {
+		t.Fatal("ParseMode(HTTPConnect) accepted the egress-selector spelling; the flag takes the proxy-server spelling")
 	}
-	var tr Transport
-	if err := tr.Set("tcp"); err != nil || tr != TransportTCP {
-		t.Fatalf("Set(tcp) = %v, transport %q", err, tr)
+	if tr, err := ParseTransport("tcp"); err != nil || tr != TransportTCP {
+		t.Fatalf("ParseTransport(tcp) = %q, %v", tr, err)
 	}
-	if err := tr.Set("udp"); err == nil || !strings.Contains(err.Error(), "--transport") {
-		t.Fatalf("Set(udp) = %v, want an error naming --transport", err)
+	var fe *field.Error
+	if _, err := ParseTransport("udp"); !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"Transport"}) {
+		t.Fatalf("ParseTransport(udp) = %v, want an error naming Transport", err)
 	}
 }
 

@@ -86,7 +86,7 @@ With ca.crt but no ca.key (an external CA), the certificates it signs must alrea
 		Example: `  konnect init --control-plane-address 198.18.0.1 --apiserver-url https://198.18.0.1:6443
   konnect init --dir ./_demo --control-plane-address 127.0.0.1 --apiserver-url https://127.0.0.1:6443 --dry-run`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: fieldFlags.RunE(func(cmd *cobra.Command, _ []string) error {
 			all := needs{}
 			for _, p := range phases() {
 				all.addresses = all.addresses || p.needs.addresses
@@ -106,7 +106,7 @@ With ca.crt but no ca.key (an external CA), the certificates it signs must alrea
 			}
 			r.print()
 			return nil
-		},
+		}),
 	}
 	o.AddFlags(cmd.Flags())
 	cmd.AddCommand(newPhaseCommand())
@@ -149,7 +149,7 @@ func newPhaseSubcommand(p phase, sub string) *cobra.Command {
 		Use:   use,
 		Short: short,
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: fieldFlags.RunE(func(cmd *cobra.Command, _ []string) error {
 			r, err := newRunner(cmd, o, n)
 			if err != nil {
 				return err
@@ -158,7 +158,7 @@ func newPhaseSubcommand(p phase, sub string) *cobra.Command {
 			err = p.run(r, names)
 			r.print()
 			return err
-		},
+		}),
 	}
 	if sub == "" && p.subphases != nil {
 		var lines []string

@@ -499,6 +499,8 @@ func TestInitBadFlags(t *testing.T) {
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--key-algorithm", "rsa-1024"}, "--key-algorithm"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "tcp"}, "--mode"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "ssh"}, "--mode"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "quic"}, `--transport "quic": must be "uds" or "tcp"`},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--transport", "tcp"}, "use --transport uds, or --mode http-connect for TCP"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--agent-auth", "none"}, "--agent-auth"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--cert-validity-period", "100000h"}, "--cert-validity-period"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--apiserver-manifest", "/nonexistent/kube-apiserver.yaml"}, "--apiserver-manifest"},

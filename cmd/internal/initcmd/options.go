@@ -102,8 +102,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates")
 	fs.DurationVar(&o.CertValidity, "cert-validity-period", o.CertValidity, "lifetime of new leaf certificates")
 	fs.StringVar(&o.APIServerURL, "apiserver-url", o.APIServerURL, "https URL of kube-apiserver, written into "+pki.KubeconfigFile)
-	fs.Var(&o.Mode, "mode", "protocol between kube-apiserver and the Konnectivity server: grpc or http-connect")
-	fs.Var(&o.Transport, "transport", "transport between kube-apiserver and the Konnectivity server: uds or tcp (tcp needs --mode http-connect)")
+	fs.Var(modeValue{&o.Mode}, "mode", "protocol between kube-apiserver and the Konnectivity server: grpc or http-connect")
+	fs.Var(transportValue{&o.Transport}, "transport", "transport between kube-apiserver and the Konnectivity server: uds or tcp (tcp needs --mode http-connect)")
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "unix socket of the Konnectivity server (--transport uds); with a non-default --dir, defaults to DIR/konnectivity-server/konnectivity-server.socket")
 	fs.BoolVar(&o.AllowSharedUDSDir, "allow-shared-uds-dir", o.AllowSharedUDSDir, "accept a --uds-name directory, or one above it, that another user could change (everyone may write to it without the sticky bit, or it belongs to another user), and run the Konnectivity server with --allow-shared-uds-dir; whoever can write there could replace the socket")
 	fs.IntVar(&o.FrontendPort, "frontend-port", o.FrontendPort, "TCP port of the Konnectivity server's kube-apiserver frontend on 127.0.0.1 (--transport tcp)")
@@ -228,7 +228,7 @@ func (o *Options) Validate(n needs) error {
 	if n.manifests && len(errs) == 0 {
 		errs = append(errs, o.validateServerManifest())
 	}
-	return errors.Join(errs...)
+	return fieldFlags.Error(errors.Join(errs...))
 }
 
 // checkSocketDir refuses a socket directory that holds anything but the socket: kube-apiserver and the
