@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/field"
 )
 
 // Action says what happened to a certificate.
@@ -39,7 +41,9 @@ type Result struct {
 	// External is set for a CA whose key is not on this node, and for leaves it signs.
 	External bool `json:"external,omitempty"`
 	// Reason says why a certificate was created or renewed.
-	Reason   string    `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Forced marks a file rewritten only because Config.Force was set.
+	Forced   bool      `json:"forced,omitempty"`
 	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
@@ -147,7 +151,7 @@ type engine struct {
 }
 
 func (e *engine) fail(format string, args ...any) {
-	e.problems = append(e.problems, fmt.Errorf(format, args...))
+	e.problems = append(e.problems, field.Errorf(format, args...))
 }
 
 func (e *engine) run(sel map[string]bool) ([]Result, error) {
@@ -271,8 +275,8 @@ func (e *engine) planCA(s *Spec) {
 			e.fail("%s is not a CA certificate (basic constraints CA:TRUE and key usage certSign are required)", certFile)
 		}
 		if e.now.After(cert.NotAfter) {
-			// --dir is the directory above pki, for the control plane's certificates and an extension server's alike.
-			e.fail("%s expired on %s; a CA is never replaced automatically: run `konnect certs renew %s --dir %s` to re-sign it with its key",
+			// Dir is the directory above pki, for the control plane's certificates and an extension server's alike.
+			e.fail("%s expired on %s; a CA is never replaced automatically: run `konnect certs renew %s {Dir} %s` to re-sign it with its key",
 				certFile, cert.NotAfter.UTC().Format(time.RFC3339), s.Name, filepath.Dir(e.dir))
 		}
 		r.Action = Kept
@@ -410,7 +414,7 @@ func (e *engine) planLeaf(s *Spec) {
 		return
 	}
 	if !e.cfg.Force {
-		e.fail("%s: %s (run with --force to renew it)", certFile, detail)
+		e.fail("%s: %s (run with {Force} to renew it)", certFile, detail)
 		return
 	}
 	// Re-sign the existing key when it is sound, also when the certificate is for another key: one atomic

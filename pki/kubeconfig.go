@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -86,11 +87,11 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 		server, perr := kubeconfigServer(old)
 		switch {
 		case perr != nil && !cfg.Force:
-			return res, fmt.Errorf("pki: %s: %w (run with --force to rewrite it)", path, perr)
+			return res, field.Errorf("pki: %s: %w (run with {Force} to rewrite it)", path, perr)
 		case perr == nil && server != apiserverURL && !cfg.Force:
-			return res, fmt.Errorf("pki: %s points at server %q, not %q (run with --force to rewrite it)", path, server, apiserverURL)
+			return res, field.Errorf("pki: %s points at server %q, not %q (run with {Force} to rewrite it)", path, server, apiserverURL)
 		case perr != nil || server != apiserverURL:
-			res.Reason = "rewritten with --force"
+			res.Reason, res.Forced = "rewritten", true
 		}
 	}
 	if cfg.DryRun {

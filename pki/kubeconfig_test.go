@@ -4,12 +4,15 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -69,12 +72,13 @@ func TestKubeconfig(t *testing.T) {
 		t.Fatalf("changed %v", changed)
 	}
 
-	if _, err := EnsureKubeconfig(cfg, "https://198.18.0.9:6443"); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "--force") {
+	var fe *field.Error
+	if _, err := EnsureKubeconfig(cfg, "https://198.18.0.9:6443"); err == nil || !strings.Contains(err.Error(), path) || !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"Force"}) {
 		t.Fatalf("other URL: %v", err)
 	}
 	forced := cfg
 	forced.Force = true
-	if r, err := EnsureKubeconfig(forced, "https://198.18.0.9:6443"); err != nil || r.Action != Updated {
+	if r, err := EnsureKubeconfig(forced, "https://198.18.0.9:6443"); err != nil || r.Action != Updated || !r.Forced || r.Reason != "rewritten" {
 		t.Fatalf("forced %+v %v", r, err)
 	}
 

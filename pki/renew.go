@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/field"
 )
 
 // All is the name that renews every leaf.
@@ -111,7 +113,7 @@ func (r *renewal) selected(names []string) (map[string]bool, error) {
 		}
 		if _, ok := Lookup(r.specs, n); !ok {
 			if _, serving := Lookup(ServingSpecs("x", "x", ServingFromNext), n); serving && !r.serving {
-				return nil, fmt.Errorf("pki: %q is a certificate of an extension server's directory, and %s holds none (no tls.crt): give --dir the directory konnect certs apiservice or konnect certs webhook wrote (its pki subdirectory holds tls.crt)", n, r.dir)
+				return nil, field.Errorf("pki: %q is a certificate of an extension server's directory, and %s holds none (no tls.crt): give {Dir} the directory konnect certs apiservice or konnect certs webhook wrote (its pki subdirectory holds tls.crt)", n, r.dir)
 			}
 			return nil, fmt.Errorf("pki: unknown certificate %q (want %s or one of %s)", n, All, strings.Join(Names(r.specs), ", "))
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/field"
 )
 
 // RotationPhase is how far the rotation of an extension server's serving CA has come. Each step is applied
@@ -54,7 +56,7 @@ func servingPhaseFor(cfg Config) (RotationPhase, error) {
 	phase, err := servingRotationPhase(cfg.Dir, false)
 	next := ServingSpecs("x", "x", ServingFromNext)[1]
 	if err == nil && exists(next.CertFile(cfg.Dir)) && !exists(next.KeyFile(cfg.Dir)) {
-		return 0, fmt.Errorf("pki: %s: step 3 of konnect certs rotate-ca was cut short between its two renames (%s is there without its key); a run without --dry-run finishes it first, and a dry run checks nothing before that",
+		return 0, field.Errorf("pki: %s: step 3 of konnect certs rotate-ca was cut short between its two renames (%s is there without its key); a run without {DryRun} finishes it first, and a dry run checks nothing before that",
 			cfg.Dir, filepath.Base(next.CertFile(cfg.Dir)))
 	}
 	return phase, err

@@ -2,12 +2,15 @@ package pki
 
 import (
 	"crypto/x509"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/field"
 )
 
 // servingSpec returns the spec of name in the serving table.
@@ -32,7 +35,7 @@ func TestRenewExpiredServingCA(t *testing.T) {
 	caSpec, tlsSpec := servingSpec(t, APIServiceCA), servingSpec(t, APIServiceServing)
 	oldCA, oldTLS := loadCert(t, caSpec.CertFile(dir)), loadCert(t, tlsSpec.CertFile(dir))
 
-	advice := "konnect certs renew " + APIServiceCA + " --dir " + out
+	advice := "konnect certs renew " + APIServiceCA + " Dir " + out
 	snap := snapshot(t, out)
 	if _, _, err := EnsureServing(Config{Dir: dir, Force: true}, "hook", "pizza"); err == nil || !strings.Contains(err.Error(), advice) {
 		t.Fatalf("EnsureServing with an expired CA: %v, want %q", err, advice)
@@ -81,7 +84,8 @@ func TestRenewExpiredServingCA(t *testing.T) {
 
 	// A serving certificate's name given with a control plane's directory, or the pki directory itself,
 	// says which directory --dir wants.
-	if _, err := Renew(Config{Dir: dir}, APIServiceCA); err == nil || !strings.Contains(err.Error(), "--dir") {
+	var fe *field.Error
+	if _, err := Renew(Config{Dir: dir}, APIServiceCA); !errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{"Dir"}) {
 		t.Fatalf("Renew(%s) one level too deep: %v", APIServiceCA, err)
 	}
 }
@@ -179,7 +183,7 @@ func TestCheckExpirationServing(t *testing.T) {
 	// Nor does a dry run finish it: it says that a real run will.
 	dry := cfg
 	dry.DryRun = true
-	const says = "a run without --dry-run finishes it"
+	const says = "a run without DryRun finishes it"
 	if _, err := Renew(Config{Dir: out, DryRun: true}, All); err == nil || !strings.Contains(err.Error(), says) {
 		t.Errorf("renew --dry-run: %v", err)
 	}

@@ -25,6 +25,7 @@ func NewCertsCommand() *cobra.Command {
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newCheckExpirationCommand(), newRenewCommand(), newAPIServiceCommand(), newWebhookCommand(), newRotateCACommand())
+	nameFields(cmd)
 	return cmd
 }
 

@@ -256,6 +256,9 @@ func lockDir(stderr io.Writer, flag, dir string, create bool) (release func(), e
 
 func (r *runner) add(res pki.Result) {
 	note := res.Reason
+	if res.Forced {
+		note += " with " + fieldFlags["Force"]
+	}
 	if res.External {
 		note = strings.TrimPrefix(note+"; external CA", "; ")
 	}

@@ -3,12 +3,26 @@ package initcmd
 import (
 	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
+	"github.com/spf13/cobra"
 )
 
 // fieldFlags are the flags of init and certs behind the Config fields that the libraries' errors name.
 var fieldFlags = flagerr.Names{
 	"Mode":      "--mode",
 	"Transport": "--transport",
+	"Force":     "--force",
+	"Dir":       "--dir",
+	"DryRun":    "--dry-run",
+}
+
+// nameFields makes every command of the tree return its errors with fieldFlags' flags.
+func nameFields(cmd *cobra.Command) {
+	if cmd.RunE != nil {
+		cmd.RunE = fieldFlags.RunE(cmd.RunE)
+	}
+	for _, c := range cmd.Commands() {
+		nameFields(c)
+	}
 }
 
 // modeValue is --mode as a pflag.Value. pflag prints what Set returns itself, so the flag boundary owns Set.
