@@ -7,6 +7,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/field"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -98,31 +99,31 @@ func (a APIService) Names() []string {
 func (a APIService) Validate() error {
 	a = a.withDefaults()
 	if errs := validation.IsDNS1035Label(a.Service); len(errs) > 0 {
-		return fmt.Errorf("--service %q: %s", a.Service, strings.Join(errs, "; "))
+		return field.Errorf("{Service} %q: %s", a.Service, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Label(a.Namespace); len(errs) > 0 {
-		return fmt.Errorf("--namespace %q: %s", a.Namespace, strings.Join(errs, "; "))
+		return field.Errorf("{Namespace} %q: %s", a.Namespace, strings.Join(errs, "; "))
 	}
 	// The core group has no APIService of this kind; extension servers always serve a named group.
 	if errs := validation.IsDNS1123Subdomain(a.Group); len(errs) > 0 {
-		return fmt.Errorf("--group %q: %s", a.Group, strings.Join(errs, "; "))
+		return field.Errorf("{Group} %q: %s", a.Group, strings.Join(errs, "; "))
 	}
 	if len(a.Versions) == 0 {
-		return fmt.Errorf("--version: at least one version is required")
+		return field.Errorf("{Versions}: at least one version is required")
 	}
 	for i, v := range a.Versions {
 		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
-			return fmt.Errorf("--version %q: %s", v, strings.Join(errs, "; "))
+			return field.Errorf("{Versions} %q: %s", v, strings.Join(errs, "; "))
 		}
 		if slices.Contains(a.Versions[:i], v) {
-			return fmt.Errorf("--version %q: given twice", v)
+			return field.Errorf("{Versions} %q: given twice", v)
 		}
 	}
 	if errs := validation.IsDNS1123Subdomain(a.SecretName); len(errs) > 0 {
 		return fmt.Errorf("secret name %q: %s", a.SecretName, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Subdomain(a.ServiceAccount); len(errs) > 0 {
-		return fmt.Errorf("--service-account %q: %s", a.ServiceAccount, strings.Join(errs, "; "))
+		return field.Errorf("{ServiceAccount} %q: %s", a.ServiceAccount, strings.Join(errs, "; "))
 	}
 	if a.Port < 1 || a.Port > 65535 {
 		return fmt.Errorf("service port %d: must be between 1 and 65535", a.Port)

@@ -2,11 +2,13 @@ package manifests
 
 import (
 	"encoding/base64"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
@@ -141,12 +143,12 @@ func TestAPIServiceRefusesBadInput(t *testing.T) {
 		edit func(*APIService)
 		want string
 	}{
-		{"service not a DNS label", func(a *APIService) { a.Service = "Api.Server" }, "--service"},
-		{"namespace not a DNS label", func(a *APIService) { a.Namespace = "wardle_ns" }, "--namespace"},
-		{"empty group", func(a *APIService) { a.Group = "" }, "--group"},
-		{"version not a DNS label", func(a *APIService) { a.Versions = []string{"v1alpha1", "1.0"} }, "--version"},
-		{"no version", func(a *APIService) { a.Versions = nil }, "--version"},
-		{"version twice", func(a *APIService) { a.Versions = []string{"v1", "v1"} }, "--version"},
+		{"service not a DNS label", func(a *APIService) { a.Service = "Api.Server" }, "Service"},
+		{"namespace not a DNS label", func(a *APIService) { a.Namespace = "wardle_ns" }, "Namespace"},
+		{"empty group", func(a *APIService) { a.Group = "" }, "Group"},
+		{"version not a DNS label", func(a *APIService) { a.Versions = []string{"v1alpha1", "1.0"} }, "Versions"},
+		{"no version", func(a *APIService) { a.Versions = nil }, "Versions"},
+		{"version twice", func(a *APIService) { a.Versions = []string{"v1", "v1"} }, "Versions"},
 		{"no caBundle", func(a *APIService) { a.CACert = nil }, "CA certificate"},
 		{"key given as certificate", func(a *APIService) { a.Key = a.Cert }, "serving key"},
 		{"certificate not PEM", func(a *APIService) { a.Cert = []byte("-----BEGIN garbage") }, "serving certificate"},
@@ -161,6 +163,10 @@ func TestAPIServiceRefusesBadInput(t *testing.T) {
 			_, err := a.Render()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Render() error = %v, want one containing %q", err, tc.want)
+			}
+			var fe *field.Error
+			if slices.Contains([]string{"Service", "Namespace", "Group", "Versions"}, tc.want) && (!errors.As(err, &fe) || !slices.Equal(fe.Fields(), []string{tc.want})) {
+				t.Fatalf("Render() error = %v, want a field error naming %s", err, tc.want)
 			}
 		})
 	}

@@ -13,6 +13,12 @@ var fieldFlags = flagerr.Names{
 	"Force":     "--force",
 	"Dir":       "--dir",
 	"DryRun":    "--dry-run",
+	// manifests.APIService, for certs apiservice.
+	"Service":        "--service",
+	"Namespace":      "--namespace",
+	"Group":          "--group",
+	"Versions":       "--version",
+	"ServiceAccount": "--service-account",
 }
 
 // nameFields makes every command of the tree return its errors with fieldFlags' flags.

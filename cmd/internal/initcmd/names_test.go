@@ -20,6 +20,11 @@ func TestFieldFlags(t *testing.T) {
 		{field.Errorf("run with {Force}"), "run with --force"},
 		{field.Errorf("give {Dir} x"), "give --dir x"},
 		{field.Errorf("a run without {DryRun} finishes it"), "a run without --dry-run finishes it"},
+		{field.Errorf("{Service} x"), "--service x"},
+		{field.Errorf("{Namespace} x"), "--namespace x"},
+		{field.Errorf("{Group} x"), "--group x"},
+		{field.Errorf("{Versions} x"), "--version x"},
+		{field.Errorf("{ServiceAccount} x"), "--service-account x"},
 	} {
 		if got := fieldFlags.Error(tc.err).Error(); got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.err.Fields(), got, tc.want)
@@ -56,5 +61,30 @@ func TestRefusalsNameFlags(t *testing.T) {
 	// A serving certificate's name with a control plane's directory.
 	if _, err := run(t, "certs", "renew", pki.APIServiceServing, "--dir", dir); err == nil || !strings.Contains(err.Error(), "give --dir the directory konnect certs apiservice") {
 		t.Errorf("certs renew %s --dir CONTROL-PLANE-DIR: %v", pki.APIServiceServing, err)
+	}
+}
+
+// certs apiservice names its flags in manifests.APIService's refusals. (It checks --service and --namespace
+// itself before, so the library's refusals of those two are named in TestFieldFlags only.)
+func TestAPIServiceRefusalsNameFlags(t *testing.T) {
+	base := map[string]string{"--service": "api", "--namespace": "pizza", "--group": "restaurant.example.com", "--version": "v1alpha1"}
+	for _, tc := range []struct {
+		flag, value, want string
+	}{
+		{"--group", "Bad_Group", `--group "Bad_Group": `},
+		{"--version", "1.0", `--version "1.0": `},
+		{"--version", "v1,v1", `--version "v1": given twice`},
+		{"--service-account", "Bad_SA", `--service-account "Bad_SA": `},
+	} {
+		args := []string{"certs", "apiservice", "--out", filepath.Join(t.TempDir(), "x")}
+		for f, v := range base {
+			if f != tc.flag {
+				args = append(args, f, v)
+			}
+		}
+		args = append(args, tc.flag, tc.value)
+		if _, err := run(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %s: %v, want %q", tc.flag, tc.value, err, tc.want)
+		}
 	}
 }
