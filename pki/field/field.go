@@ -44,7 +44,7 @@ func Wrap(name string, err error) *Error {
 // Error spells each field by its Config name: "{Mode} %q: …" reads "Mode "x": …".
 func (e *Error) Error() string { return e.Named(func(f string) string { return f }) }
 
-// Named spells each field as name returns it, e.g. a command's flag: "{Mode}" reads "--mode".
+// Named spells each field as name returns it, e.g. as the flag of a command that sets it.
 func (e *Error) Named(name func(field string) string) string {
 	format := placeholder.ReplaceAllStringFunc(e.format, func(p string) string {
 		return strings.ReplaceAll(name(p[1:len(p)-1]), "%", "%%")
