@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 
+	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/pki/reload"
 )
 
@@ -28,26 +29,39 @@ type credentials struct {
 }
 
 // newCredentials loads every file once, so that New reports a missing or broken file instead of the first
-// dial.
+// dial. The files are labelled by path for the reloads' log lines; a start-up error names the Config field.
 func newCredentials(cfg *Config) (*credentials, error) {
 	c := &credentials{alpn: cfg.ALPNProtos}
 	var err error
 	if cfg.CAFile != "" {
-		if c.ca, err = reload.CAPool("CA bundle (--ca-cert)", cfg.CAFile); err != nil {
-			return nil, err
+		if c.ca, err = reload.CAPool("CA bundle "+cfg.CAFile, cfg.CAFile); err != nil {
+			return nil, startupError("CA bundle ({CAFile})", err)
 		}
 	}
 	if cfg.CertFile != "" {
-		if c.keyPair, err = reload.KeyPair("client certificate (--agent-cert/--agent-key)", cfg.CertFile, cfg.KeyFile); err != nil {
-			return nil, err
+		if c.keyPair, err = reload.KeyPair("client certificate "+cfg.CertFile, cfg.CertFile, cfg.KeyFile); err != nil {
+			return nil, startupError("client certificate ({CertFile}/{KeyFile})", err)
 		}
 	}
 	if cfg.TokenFile != "" {
-		if c.token, err = reload.New("token (--service-account-token-path)", parseToken, cfg.TokenFile); err != nil {
-			return nil, err
+		if c.token, err = reload.New("token "+cfg.TokenFile, parseToken, cfg.TokenFile); err != nil {
+			return nil, startupError("token ({TokenFile})", err)
 		}
 	}
 	return c, nil
+}
+
+// startupError tells a reload.LoadError with label, which names the Config fields of the files, in the place
+// of the path the reloads log.
+func startupError(label string, err error) error {
+	var le *reload.LoadError
+	if !errors.As(err, &le) {
+		return err
+	}
+	if le.Paths != nil {
+		return field.Errorf(label+" (%v): %w", le.Paths, le.Err)
+	}
+	return field.Errorf(label+": %w", le.Err)
 }
 
 // tlsConfig returns the TLS configuration for one connection to a server. It is built on each connect, so a

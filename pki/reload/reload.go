@@ -61,6 +61,23 @@ type Files[T any] struct {
 	lastCheck time.Time
 }
 
+// LoadError is files that could not be read (Paths nil) or parsed. Its text starts with What, the label the
+// files were given; a caller whose label suits its logs can say otherwise at start-up from the other fields.
+type LoadError struct {
+	What  string
+	Paths []string // the files that did not parse
+	Err   error
+}
+
+func (e *LoadError) Error() string {
+	if e.Paths != nil {
+		return fmt.Sprintf("%s (%v): %v", e.What, e.Paths, e.Err)
+	}
+	return e.What + ": " + e.Err.Error()
+}
+
+func (e *LoadError) Unwrap() error { return e.Err }
+
 // New reads and parses the files once; an error here (a missing or broken file) names what and is the
 // caller's to report at start-up. parse gets the files' contents in the order of paths.
 func New[T any](what string, parse func(data [][]byte) (T, error), paths ...string) (*Files[T], error) {
@@ -80,7 +97,7 @@ func (f *Files[T]) load() (T, []stamp, error) {
 	for i, p := range f.paths {
 		s, err := stampOf(p)
 		if err != nil {
-			return zero, nil, fmt.Errorf("%s: %w", f.what, err)
+			return zero, nil, &LoadError{What: f.what, Err: err}
 		}
 		stamps[i] = s
 	}
@@ -88,13 +105,13 @@ func (f *Files[T]) load() (T, []stamp, error) {
 	for i, p := range f.paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return zero, nil, fmt.Errorf("%s: %w", f.what, err)
+			return zero, nil, &LoadError{What: f.what, Err: err}
 		}
 		data[i] = b
 	}
 	v, err := f.parse(data)
 	if err != nil {
-		return zero, nil, fmt.Errorf("%s (%v): %w", f.what, f.paths, err)
+		return zero, nil, &LoadError{What: f.what, Paths: f.paths, Err: err}
 	}
 	return v, stamps, nil
 }

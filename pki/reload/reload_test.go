@@ -2,6 +2,7 @@ package reload
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,4 +64,19 @@ func TestFiles(t *testing.T) {
 	}
 	write("three")
 	waitFor("three")
+}
+
+// LoadError reads as the errors it replaced: "what: cause", and "what ([paths]): cause" for a parse.
+func TestLoadErrorText(t *testing.T) {
+	cause := errors.New("no PEM data")
+	if got, want := (&LoadError{What: "CA bundle /ca.crt", Err: cause}).Error(), fmt.Errorf("%s: %w", "CA bundle /ca.crt", cause).Error(); got != want {
+		t.Errorf("unread: %q, want %q", got, want)
+	}
+	paths := []string{"/a.crt", "/a.key"}
+	if got, want := (&LoadError{What: "pair", Paths: paths, Err: cause}).Error(), fmt.Errorf("%s (%v): %w", "pair", paths, cause).Error(); got != want {
+		t.Errorf("unparsed: %q, want %q", got, want)
+	}
+	if !errors.Is(&LoadError{Err: cause}, cause) {
+		t.Error("LoadError does not unwrap to its cause")
+	}
 }

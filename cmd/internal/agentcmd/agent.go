@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/agent"
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
+	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -40,13 +41,21 @@ Health: /livez and /healthz (liveness), /readyz (checks server-connected and all
     --service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token \
     --agent-identifiers=host=node1 --allow-destination=10.0.0.0/8:443,10250`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: names.RunE(func(cmd *cobra.Command, _ []string) error {
 			return run(cmd.Context(), o, cmd.OutOrStdout())
-		},
+		}),
 	}
 	o.AddFlags(cmd.Flags())
 	daemon.AddKlogFlags(cmd.Flags())
 	return cmd
+}
+
+// names are the flags behind the agent.Config fields that the agent's start-up errors name.
+var names = flagerr.Names{
+	"CAFile":    "--ca-cert",
+	"CertFile":  "--agent-cert",
+	"KeyFile":   "--agent-key",
+	"TokenFile": "--service-account-token-path",
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {

@@ -122,6 +122,10 @@ func TestAgentCommand(t *testing.T) {
 }
 
 func TestAgentCommandRefusals(t *testing.T) {
+	garbage := filepath.Join(t.TempDir(), "garbage")
+	if err := os.WriteFile(garbage, []byte("not PEM\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -130,6 +134,9 @@ func TestAgentCommandRefusals(t *testing.T) {
 		{"remote admin", []string{"--admin-bind-address=0.0.0.0", "--health-server-host=127.0.0.1", "--admin-server-port=" + freePort(t), "--health-server-port=" + freePort(t)}, "--admin-bind-address"},
 		{"bad allow", []string{"--allow-destination=10.0.0.0/8"}, "--allow-destination"},
 		{"missing CA", []string{"--ca-cert=/nonexistent/ca.crt"}, "--ca-cert"},
+		{"CA not PEM", []string{"--ca-cert=" + garbage}, "agent: CA bundle (--ca-cert) ([" + garbage + "]): "},
+		{"client certificate not PEM", []string{"--agent-cert=" + garbage, "--agent-key=" + garbage}, "agent: client certificate (--agent-cert/--agent-key) ([" + garbage + " " + garbage + "]): "},
+		{"empty token", []string{"--service-account-token-path=" + os.DevNull}, "agent: token (--service-account-token-path) ([" + os.DevNull + "]): "},
 		{"health port taken", nil, "--health-server-port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
