@@ -18,12 +18,16 @@ IMAGE_BIN_DIR   ?= bin/image
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # Unit and integration tests: every package of the module (test/reliability needs root, sshd, openssl and
-# kubectl, which `deps` provides; test/e2e sits behind its build tag and runs in `e2e`).
+# kubectl, which `deps` provides; test/e2e sits behind its build tag and runs in `e2e`). The tiers, in
+# test/README.md:
+#   go test ./...                    the inner loop: no root, sshd, namespace or upstream binary (`make test-fast`)
+#   go test -tags integration ./...  all but the real clusters: root, sshd, upstream binaries, kubectl, curl
+#   test/e2e                         behind its own tag, in `make e2e`
 UNIT_PKGS := ./...
 E2E_TIMEOUT ?= 60m
 FUZZTIME  ?= 10s
 
-.PHONY: all build static static-multiarch image image-multiarch test test-unit fuzz e2e e2e-tools deps bench demo lint clean
+.PHONY: all build static static-multiarch image image-multiarch test test-unit test-fast fuzz e2e e2e-tools deps bench demo lint clean
 
 all: build
 
@@ -70,7 +74,11 @@ test: lint test-unit fuzz e2e
 
 # deps first: -race needs a C compiler, and the integration tests need sshd, openssl and curl.
 test-unit: deps
-	$(GO) test -race -count=1 -timeout 20m $(UNIT_PKGS)
+	$(GO) test -race -count=1 -timeout 20m -tags integration $(UNIT_PKGS)
+
+# The inner loop: the tests that need nothing beyond Go, as any user.
+test-fast:
+	$(GO) test $(UNIT_PKGS)
 
 fuzz:
 	bash hack/fuzz.sh $(FUZZTIME)
@@ -97,6 +105,7 @@ lint:
 	@big=$$(git ls-files -z 2>/dev/null | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1000000 {print $$2}'); if [ -n "$$big" ]; then echo "tracked files over 1 MB:"; echo "$$big"; exit 1; fi
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags integration ./...
 	$(GO) vet -tags e2e ./test/e2e/
 
 clean:
