@@ -14,6 +14,8 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
 	"github.com/konnect-dev/konnect/test/harness"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
@@ -214,4 +216,26 @@ func startHTTPBackend(t testing.TB) string {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+// download reads one /bytes response of n bytes on a fresh tunnel and checks every byte.
+func download(t *testing.T, f Frontend, web string, n int64) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c := dial(t, f, web)
+	defer c.Close()
+	res, body := httpGet(t, c, web, fmt.Sprintf("/bytes?n=%d", n))
+	if res.StatusCode != 200 || int64(len(body)) != n {
+		t.Fatalf("got %s, %d bytes", res.Status, len(body))
+	}
+	checkPattern(t, body, 0)
+	return time.Since(start)
 }

@@ -2,12 +2,10 @@ package tunnel
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -70,74 +68,6 @@ func pemCert(c *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 }
 
-func TestTokenAuthentication(t *testing.T) {
-	const aud = "system:konnectivity-server"
-	agentUser := authv1.UserInfo{Username: "system:serviceaccount:kube-system:konnectivity-agent"}
-	client := fakeTokenReview(t,
-		map[string]authv1.UserInfo{
-			"good-token":      agentUser,
-			"wrong-aud-token": agentUser,
-			"wrong-sa-token":  {Username: "system:serviceaccount:default:intruder"},
-		},
-		map[string][]string{
-			"good-token":      {aud},
-			"wrong-aud-token": {"https://kubernetes.default.svc"},
-			"wrong-sa-token":  {aud},
-		})
-	e := newEnv(t)
-	cfg := e.config("grpc")
-	cfg.ClusterCA = "" // agents present tokens, no certificates
-	cfg.TokenAuth = &TokenAuth{Namespace: "kube-system", ServiceAccount: "konnectivity-agent", Audience: aud, Client: client}
-	s := start(t, cfg)
-
-	for _, chk := range s.ReadyChecks() {
-		if err := chk.Check(&http.Request{}); err != nil {
-			t.Errorf("readiness %s: %v", chk.Name(), err)
-		}
-	}
-
-	tokenFile := func(name, tok string) string {
-		f := filepath.Join(e.dir, name)
-		if err := os.WriteFile(f, []byte(tok), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return "--service-account-token-path=" + f
-	}
-	for _, tc := range []struct{ id, token, wantErr string }{
-		{"agent-wrong-aud", "wrong-aud-token", "invalid for the target audiences"},
-		{"agent-wrong-sa", "wrong-sa-token", `"default" namespace`},
-	} {
-		startUpstreamAgent(t, e, tc.id, s.agentPort(), tokenFile(tc.id, tc.token))
-		deadline := time.Now().Add(15 * time.Second)
-		var got AgentStatus
-		for time.Now().Before(deadline) {
-			for _, a := range s.Status().Agents {
-				if a.ID == tc.id {
-					got = a
-				}
-			}
-			if got.LastError != "" {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if got.Connected || !strings.Contains(got.LastError, tc.wantErr) {
-			t.Errorf("%s: want rejected with %q, got %+v", tc.id, tc.wantErr, got)
-		}
-		if strings.Contains(got.LastError, tc.token) {
-			t.Errorf("%s: the token appears in the recorded error", tc.id)
-		}
-	}
-	startUpstreamAgent(t, e, "agent-good", s.agentPort(), tokenFile("good", "good-token"))
-	s.waitAgents(t, 1)
-	web := startHTTPBackend(t)
-	c := dial(t, s.frontend("grpc"), web)
-	defer c.Close()
-	if res, _ := httpGet(t, c, web, "/"); res.StatusCode != 200 {
-		t.Fatalf("status %s", res.Status)
-	}
-}
-
 func TestTokenReviewReadiness(t *testing.T) {
 	// A kube-apiserver that cannot be reached makes the server not ready.
 	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "https://" + harness.ClosedAddr(t), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
@@ -167,107 +97,6 @@ func TestTokenReviewReadiness(t *testing.T) {
 	if l := logs(); !strings.Contains(l, "agents cannot authenticate") || !strings.Contains(l, "connection refused") {
 		t.Errorf("the failing TokenReview is not logged with its reason:\n%s", l)
 	}
-}
-
-func TestWrongCARejected(t *testing.T) {
-	e := newEnv(t)
-	s := start(t, e.config("grpc"))
-	other := newCA(t, e.dir, "other")
-	badCert, badKey, _ := other.issue(t, e.dir, "bad-agent", true)
-
-	// The handshake itself fails for a certificate from another CA.
-	pair, err := tls.LoadX509KeyPair(badCert, badKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(e.ca.Cert.Cert)
-	c, err := tls.Dial("tcp", s.AgentAddr(), &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, NextProtos: []string{"h2"}})
-	if err == nil {
-		// TLS 1.3 reports the client-certificate failure on the first read.
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = c.Read(make([]byte, 1))
-		c.Close()
-	}
-	if err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("handshake with a foreign CA's cert: %v", err)
-	}
-
-	// And upstream's agent with such a certificate never gets connected, while one from the cluster CA does.
-	startUpstreamAgent(t, e, "bad", s.agentPort(), "--agent-cert="+badCert, "--agent-key="+badKey)
-	startUpstreamAgent(t, e, "good", s.agentPort())
-	s.waitAgents(t, 1)
-	time.Sleep(500 * time.Millisecond) // give the bad agent several retries
-	for _, a := range s.Status().Agents {
-		if a.ID == "bad" && a.Connected {
-			t.Fatal("agent with a foreign CA's certificate is connected")
-		}
-	}
-}
-
-// TestClusterAllowedNames: with allowed names, a client certificate from the cluster CA is not enough; its
-// common name must be one of them (a kubelet's certificate from kubeadm's CA is not an agent's).
-func TestClusterAllowedNames(t *testing.T) {
-	e := newEnv(t)
-	cfg := e.config("grpc")
-	cfg.ClusterAllowedNames = []string{"agent"} // the CN of e.agentCert
-	s := start(t, cfg)
-	nodeCert, nodeKey, _ := e.ca.issue(t, e.dir, "system:node:w1", true)
-	startUpstreamAgent(t, e, "impostor", s.agentPort(), "--agent-cert="+nodeCert, "--agent-key="+nodeKey)
-	startUpstreamAgent(t, e, "good", s.agentPort())
-	s.waitAgents(t, 1)
-	time.Sleep(500 * time.Millisecond) // give the impostor several retries
-	for _, a := range s.Status().Agents {
-		if a.ID == "impostor" && a.Connected {
-			t.Fatal("an agent whose certificate CN is not allowed is connected")
-		}
-	}
-
-	bad := e.config("grpc")
-	bad.ClusterCA = ""
-	bad.ClusterAllowedNames = []string{"agent"}
-	if _, err := New(bad); err == nil || !strings.Contains(err.Error(), "ClusterAllowedNames") {
-		t.Fatalf("allowed names without a CA: %v", err)
-	}
-}
-
-func servedSerial(t *testing.T, addr string) *big.Int {
-	t.Helper()
-	c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
-	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
-	}
-	defer c.Close()
-	return c.ConnectionState().PeerCertificates[0].SerialNumber
-}
-
-// TestClusterCertReload: a renewed --cluster-cert is served to new agent connections without a restart,
-// and a tunnel open during the renewal keeps working.
-func TestClusterCertReload(t *testing.T) {
-	e := newEnv(t)
-	s := start(t, e.config("grpc"))
-	startUpstreamAgent(t, e, "agent-1", s.agentPort())
-	s.waitAgents(t, 1)
-	echo := harness.StartEcho(t).Addr
-	c := dial(t, s.frontend("grpc"), echo)
-	defer c.Close()
-	echoRoundTrip(t, c, 1<<20, 64<<10)
-
-	old := servedSerial(t, s.AgentAddr())
-	_, _, renewed := e.ca.issue(t, e.dir, "server", false) // same files, new certificate
-	if renewed.Cmp(old) == 0 {
-		t.Fatal("test bug: same serial")
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for servedSerial(t, s.AgentAddr()).Cmp(renewed) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("renewed certificate not served")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	echoRoundTrip(t, c, 1<<20, 64<<10) // the open tunnel survived
-	startUpstreamAgent(t, e, "agent-2", s.agentPort())
-	s.waitAgents(t, 2)
 }
 
 func TestUDS(t *testing.T) {

@@ -1,3 +1,5 @@
+//go:build integration
+
 package tunnel
 
 import (
@@ -7,24 +9,7 @@ import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
-
-// download reads one /bytes response of n bytes on a fresh tunnel and checks every byte.
-func download(t *testing.T, f Frontend, web string, n int64) time.Duration {
-	t.Helper()
-	start := time.Now()
-	c := dial(t, f, web)
-	defer c.Close()
-	res, body := httpGet(t, c, web, fmt.Sprintf("/bytes?n=%d", n))
-	if res.StatusCode != 200 || int64(len(body)) != n {
-		t.Fatalf("got %s, %d bytes", res.Status, len(body))
-	}
-	checkPattern(t, body, 0)
-	return time.Since(start)
-}
 
 // TestSlowReaderDoesNotStallOthers: connection A has 4 MiB on its way and its reader takes nothing until
 // connection B, on the same agent stream, has downloaded 32 MiB. Upstream writes to A on the agent stream's
@@ -158,12 +143,4 @@ func TestSlowReaderIsNotCutOff(t *testing.T) {
 			}
 		})
 	}
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return -1
-	}
-	return m.GetCounter().GetValue()
 }
