@@ -1,3 +1,5 @@
+//go:build integration
+
 package sockscmd
 
 import (
@@ -100,9 +102,6 @@ func BenchmarkVsOpenSSH(b *testing.B) {
 		})
 	}
 }
-
-// childEnv makes the test binary run `konnect socks` with its arguments (see TestMain).
-const childEnv = "KONNECT_SOCKS_CHILD"
 
 // startKonnect runs `konnect socks` as a separate process, like a user would, and returns its SOCKS address
 // and pid.
