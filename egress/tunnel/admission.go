@@ -296,7 +296,7 @@ func admittedConn(ctx context.Context) *admitConn {
 }
 
 // agentAuthInterceptor authenticates each Connect stream (by token, when configured; a client certificate
-// was checked in the handshake) before upstream's handler sees it, with one stream per connection in
+// was checked in the handshake) before anything else looks at it, with one stream per connection in
 // authentication at a time. A stream whose response headers are sent was accepted, which authenticates its
 // connection (see admission).
 func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -318,6 +318,8 @@ func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Str
 			src = sourceOf(p.Addr)
 		}
 		if err := s.tokens.authenticate(ctx, md, src); err != nil {
+			id, idents, remote := agentOf(ctx)
+			s.agents.refused(id, idents, remote, err)
 			return err
 		}
 	}

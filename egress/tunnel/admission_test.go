@@ -9,10 +9,12 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/http2"
@@ -355,6 +357,109 @@ func TestAuthenticatedConnectionMayOpenMoreStreams(t *testing.T) {
 	if n := r.reviews.Load(); n != 1 {
 		t.Errorf("%d TokenReviews for one token, want 1", n)
 	}
+}
+
+// TestBadOfferIsOneAttempt: a connection that has not authenticated and opens many Connect streams with a
+// bad flow-control offer gets one attempt, as with any other Connect stream, and a peer that did not
+// authenticate does not change what the status says of a connected agent whose ID it claims. A bad offer
+// from an agent that authenticated is still refused (InvalidArgument) and recorded under its ID.
+func TestBadOfferIsOneAttempt(t *testing.T) {
+	const streams, badOffer = 100, "v1;window=x"
+	for _, mode := range []string{"token", "mtls"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			r := newReviewer()
+			r.add("good", testAgentSA)
+			cfg := e.config("grpc")
+			var good, bogus []grpc.DialOption
+			if mode == "token" {
+				cfg = tokenConfig(e, r)
+				good = []grpc.DialOption{grpc.WithPerRPCCredentials(tokenCreds("good"))}
+				bogus = []grpc.DialOption{grpc.WithPerRPCCredentials(tokenCreds("bogus"))}
+			}
+			s := start(t, cfg)
+			connectAgent(t, e, s.AgentAddr(), "genuine", good...)
+			s.waitAgents(t, 1)
+			before := agentStatus(s, "genuine")
+
+			// With a certificate, the connection's peer is authenticated and may claim any ID, as upstream
+			// lets it; without a token it is not, and claims the connected agent's.
+			claimed := "genuine"
+			if mode == "mtls" {
+				claimed = "claimed"
+			}
+			cc, err := grpc.NewClient("passthrough:///"+s.AgentAddr(), append(bogus,
+				grpc.WithTransportCredentials(credentials.NewTLS(agentTLS(t, e, mode == "mtls"))))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			codesSeen := map[codes.Code]int{}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for range streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					ctx = metadata.AppendToOutgoingContext(ctx, header.AgentID, claimed, flow.Header, badOffer)
+					st, err := agent.NewAgentServiceClient(cc).Connect(ctx)
+					if err == nil {
+						_, err = st.Recv()
+					}
+					mu.Lock()
+					codesSeen[status.Code(err)]++
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			// The one attempt fails on the token (upstream's code, Unknown), or with a certificate on the offer.
+			attempt := codes.Unknown
+			if mode == "mtls" {
+				attempt = codes.InvalidArgument
+			}
+			if codesSeen[attempt] != 1 || codesSeen[codes.PermissionDenied]+codesSeen[codes.ResourceExhausted] != streams-1 {
+				t.Errorf("%d Connect streams with a bad offer on one connection: %v, want one %v and the rest refused as further attempts",
+					streams, codesSeen, attempt)
+			}
+			if got := counterValue(s.authMetrics.authRefused.WithLabelValues("stream")); got != streams-1 {
+				t.Errorf("streams refused as further attempts: %v counted, want %d", got, streams-1)
+			}
+			if after := agentStatus(s, "genuine"); after != before {
+				t.Errorf("the connected agent's status changed:\nbefore %+v\nafter  %+v", before, after)
+			}
+
+			// An agent that authenticates and offers badly is refused for its offer, which its status says.
+			cc2, err := grpc.NewClient("passthrough:///"+s.AgentAddr(), append(good,
+				grpc.WithTransportCredentials(credentials.NewTLS(agentTLS(t, e, mode == "mtls"))))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc2.Close()
+			ctx := metadata.AppendToOutgoingContext(context.Background(), header.AgentID, "bad-offer", flow.Header, badOffer)
+			st, err := agent.NewAgentServiceClient(cc2).Connect(ctx)
+			if err == nil {
+				_, err = st.Recv()
+			}
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("an authenticated agent's bad offer: %v, want InvalidArgument", err)
+			}
+			if got := agentStatus(s, "bad-offer"); got.Connected || !strings.Contains(got.LastError, "InvalidArgument") {
+				t.Errorf("the bad offer is not recorded: %+v", got)
+			}
+		})
+	}
+}
+
+// agentStatus is what s's status says of the agent id (the zero value if nothing).
+func agentStatus(s *running, id string) AgentStatus {
+	for _, a := range s.Status().Agents {
+		if a.ID == id {
+			return a
+		}
+	}
+	return AgentStatus{}
 }
 
 // TestNewRefusesUnauthenticatedAgents: without a CA for agents' certificates or token authentication, New

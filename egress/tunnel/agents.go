@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"sort"
@@ -155,10 +156,31 @@ func (t *agentTracker) disconnected(id string, err error) {
 	t.prune()
 }
 
-// failed records an agent that never got connected (for example, authentication failed).
+// failed records an agent stream that authenticated but never got connected (for example, upstream
+// refused it).
 func (t *agentTracker) failed(id, idents, remote string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.record(id, idents, remote, err)
+}
+
+// refused records a stream that failed to authenticate under the agent ID it claims, so that doctor can say
+// why an agent cannot get in; but not while an agent of that ID is connected: a peer that did not
+// authenticate must not change what the status says of one that did (the server's log has the refusal).
+func (t *agentTracker) refused(id, idents, remote string, err error) {
+	if id == "" {
+		id = noAgentID
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if a := t.agents[id]; a != nil && a.Connected {
+		return
+	}
+	t.record(id, idents, remote, err)
+}
+
+// record sets id's last error; the caller holds t.mu.
+func (t *agentTracker) record(id, idents, remote string, err error) {
 	a := t.get(id)
 	now := time.Now()
 	a.Identifiers, a.Remote, a.LastSeen = idents, remote, now
@@ -197,20 +219,30 @@ func (t *agentTracker) list() []AgentStatus {
 	return out
 }
 
-// agentInterceptor splits large DATA packets and records each agent's connection for Status.
-func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	ctx := ss.Context()
+// noAgentID is what Status calls a stream that sent no agent ID.
+const noAgentID = "(no agent ID)"
+
+// agentOf is who a Connect stream says it is: its agent ID and identifiers, and its remote address.
+func agentOf(ctx context.Context) (id, idents, remote string) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	id := first(md.Get(header.AgentID))
-	idents := strings.Join(md.Get(header.AgentIdentifiers), ",")
-	remote := ""
 	if p, ok := peer.FromContext(ctx); ok {
 		remote = p.Addr.String()
 	}
+	return first(md.Get(header.AgentID)), strings.Join(md.Get(header.AgentIdentifiers), ","), remote
+}
+
+// agentInterceptor takes up the agent's flow-control offer, splits large DATA packets and records each
+// agent's connection for Status. It runs after agentAuthInterceptor, so that only a stream that
+// authenticated gets this far: one that did not can neither skip its connection's one attempt (a bad offer
+// is refused here) nor write on an agent's status.
+func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx := ss.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	id, idents, remote := agentOf(ctx)
 	if id == "" {
 		// Upstream refuses it too; record it so that doctor can say why.
 		err := status.Error(codes.InvalidArgument, "agent sent no agentID header")
-		s.agents.failed("(no agent ID)", idents, remote, err)
+		s.agents.failed(noAgentID, idents, remote, err)
 		return err
 	}
 	as := &agentStream{ServerStream: ss, split: s.metrics.chunkedPackets}
@@ -227,8 +259,8 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 			defer as.flow.end()
 		}
 	}
-	// Upstream authenticates inside its handler and returns before SendHeader when that fails; a stream
-	// that has sent headers was accepted.
+	// Upstream's handler returns before SendHeader when it refuses a stream; a stream that has sent headers
+	// was accepted.
 	hs := &headerWatch{ServerStream: as, accepted: func() { s.agents.connected(id, idents, remote) }}
 	err := handler(srv, hs)
 	if !hs.sent {

@@ -182,7 +182,8 @@ func (s *Server) newAgentServer() error {
 		grpc.WriteBufferSize(ioBufferSize),
 		grpc.SharedWriteBuffer(true),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
-		grpc.ChainStreamInterceptor(s.agentInterceptor, s.agentAuthInterceptor, s.dials.agentInterceptor),
+		// Authentication comes first: nothing a peer sends is acted on before it authenticates (agents.go).
+		grpc.ChainStreamInterceptor(s.agentAuthInterceptor, s.agentInterceptor, s.dials.agentInterceptor),
 		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
 	)
