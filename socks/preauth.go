@@ -2,9 +2,10 @@ package socks
 
 import (
 	"net"
-	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/source"
 )
 
 // DefaultMaxUnauthenticatedPerSource is Server.MaxUnauthenticatedPerSource's default.
@@ -14,28 +15,17 @@ const DefaultMaxUnauthenticatedPerSource = 64
 // credentials listens beyond loopback; without this bound one peer that never authenticates could hold
 // every one of MaxConns for a handshake timeout at a time, and again, and keep its users out.
 type preAuth struct {
-	max  int
-	mu   sync.Mutex
-	open map[netip.Addr]int
+	sources source.Counter
 }
 
 // admit counts c against its source, or reports false when the source is at the bound. The connection
 // counts until its handshake is over or it closes.
 func (p *preAuth) admit(c net.Conn) (net.Conn, bool) {
-	src := SourceOf(c.RemoteAddr())
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.open[src] >= p.max {
+	src := source.Of(c.RemoteAddr())
+	if !p.sources.Take(src) {
 		return c, false
 	}
-	p.open[src]++
-	return &preAuthConn{Conn: c, release: func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.open[src]--; p.open[src] <= 0 {
-			delete(p.open, src)
-		}
-	}}, true
+	return &preAuthConn{Conn: c, release: func() { p.sources.Release(src) }}, true
 }
 
 // preAuthConn is a connection counted by preAuth. Its handshake is over where the server lifts the
@@ -70,24 +60,5 @@ func (c *preAuthConn) CloseWrite() error {
 // refuseSource drops a connection whose source is at the bound, with a reset.
 func (s *Server) refuseSource(c net.Conn, max int) {
 	s.Log.V(1).Info("Proxy connection refused: too many unauthenticated connections from its source", "remote", c.RemoteAddr(), "max", max)
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	c.Close()
-}
-
-// SourceOf is the source a per-source bound counts by: the IPv4 address, or the /64 of an IPv6 address,
-// which one host commonly owns whole. Other addresses (a Unix socket's) count as one.
-func SourceOf(a net.Addr) netip.Addr {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	ip := ap.Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
+	source.Refuse(c)
 }

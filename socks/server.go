@@ -23,12 +23,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/konnect-dev/konnect/pki/source"
 	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 )
 
@@ -124,7 +124,7 @@ func (s *Server) init() {
 			if m <= 0 {
 				m = DefaultMaxUnauthenticatedPerSource
 			}
-			s.preAuth = &preAuth{max: m, open: map[netip.Addr]int{}}
+			s.preAuth = &preAuth{sources: source.Counter{Max: m}}
 		}
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
@@ -226,7 +226,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		if s.preAuth != nil {
 			var ok bool
 			if c, ok = s.preAuth.admit(c); !ok {
-				s.refuseSource(c, s.preAuth.max)
+				s.refuseSource(c, s.preAuth.sources.Max)
 				continue
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/source"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -54,62 +55,43 @@ const (
 // never opens a stream forever. What "authenticated" means is the listener's: a completed TLS handshake
 // (which verified the client certificate) on the frontend, an accepted Connect stream on the agent port.
 type admission struct {
-	listener     string        // "agent" or "frontend", for metrics and logs
-	handshake    time.Duration // to complete the TLS handshake
-	timeout      time.Duration // to authenticate (at least handshake)
-	maxTotal     int           // 0: no bound
-	maxPerSource int           // 0: no bound
-	onHandshake  bool          // a completed TLS handshake authenticates the connection
-	m            *authMetrics
+	listener    string        // "agent" or "frontend", for metrics and logs
+	handshake   time.Duration // to complete the TLS handshake
+	timeout     time.Duration // to authenticate (at least handshake)
+	maxTotal    int           // 0: no bound
+	onHandshake bool          // a completed TLS handshake authenticates the connection
+	m           *authMetrics
+
+	sources source.Counter // the unauthenticated connections of each source; Max is maxPerSource (0: no bound)
 
 	mu        sync.Mutex
 	slotFreed chan struct{} // closed and replaced whenever a slot frees
 	total     int
-	perSource map[netip.Addr]int
 }
 
 func newAdmission(listener string, handshake, timeout time.Duration, maxTotal, maxPerSource int, m *authMetrics) *admission {
 	return &admission{listener: listener, handshake: min(handshake, timeout), timeout: timeout, maxTotal: maxTotal,
-		maxPerSource: maxPerSource, m: m, slotFreed: make(chan struct{}), perSource: map[netip.Addr]int{}}
-}
-
-// sourceOf is the address a per-source bound counts by: the IPv4 address, or the /64 of an IPv6 address,
-// which one host commonly owns whole.
-func sourceOf(a net.Addr) netip.Addr {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	ip := ap.Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
+		m: m, sources: source.Counter{Max: maxPerSource}, slotFreed: make(chan struct{})}
 }
 
 // take counts a new unauthenticated connection from src, or reports false when src is at its bound. The
 // caller waited for a free slot in all (full).
 func (a *admission) take(src netip.Addr) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.maxPerSource > 0 && a.perSource[src] >= a.maxPerSource {
+	if !a.sources.Take(src) {
 		return false
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.total++
-	a.perSource[src]++
 	a.m.unauthenticated.WithLabelValues(a.listener).Inc()
 	return true
 }
 
 func (a *admission) release(src netip.Addr) {
+	a.sources.Release(src)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.total--
-	if a.perSource[src]--; a.perSource[src] <= 0 {
-		delete(a.perSource, src)
-	}
 	a.m.unauthenticated.WithLabelValues(a.listener).Dec()
 	close(a.slotFreed)
 	a.slotFreed = make(chan struct{})
@@ -154,16 +136,12 @@ func (l *admitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := sourceOf(c.RemoteAddr())
+		src := source.Of(c.RemoteAddr())
 		if !l.a.take(src) {
 			l.a.m.connsRefused.WithLabelValues(l.a.listener).Inc()
 			klog.V(2).InfoS("Refused a connection: too many unauthenticated connections from its source", "listener", l.a.listener,
-				"remote", c.RemoteAddr(), "bound", l.a.maxPerSource)
-			// A reset rather than a FIN: nothing of the connection lingers here.
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0)
-			}
-			c.Close()
+				"remote", c.RemoteAddr(), "bound", l.a.sources.Max)
+			source.Refuse(c)
 			continue
 		}
 		ac := &admitConn{Conn: c, a: l.a, src: src, deadline: time.Now().Add(l.a.timeout)}
@@ -315,7 +293,7 @@ func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Str
 		md, _ := metadata.FromIncomingContext(ctx)
 		var src netip.Addr
 		if p, ok := peer.FromContext(ctx); ok {
-			src = sourceOf(p.Addr)
+			src = source.Of(p.Addr)
 		}
 		if err := s.tokens.authenticate(ctx, md, src); err != nil {
 			id, idents, remote := agentOf(ctx)

@@ -110,7 +110,7 @@ func newTokenAuthenticator(cfg TokenAuth, m *authMetrics) *tokenAuthenticator {
 		sources: map[netip.Addr]*sourceRejections{}}
 }
 
-// authenticate checks the token in an agent's Connect metadata; src is the agent's source (sourceOf).
+// authenticate checks the token in an agent's Connect metadata; src is the agent's source (source.Of).
 func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, src netip.Addr) error {
 	token, err := bearerToken(md)
 	if err != nil {
