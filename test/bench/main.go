@@ -274,8 +274,11 @@ func (b *bench) setup() error {
 	return b.waitTunnel(b.path("konnect.sock"), b.kServer)
 }
 
-// startBaseline starts --baseline's server and agent, with the same arguments as konnect's, on ports 10132
-// and up.
+// startBaseline starts --baseline's server and agent, with the same arguments as konnect's, on ports
+// baselinePort and up: ports of their own, since they run beside every row (row 8's swarm server has 10132,
+// row 10's servers 12132 and 13132).
+const baselinePort, baselineAgentHealth = 14132, 14093
+
 func (b *bench) startBaseline(agentArgs func(port, health int) []string) error {
 	serverBin, err := b.ownCopy(b.o.baseline, "baseline-server")
 	if err != nil {
@@ -285,16 +288,16 @@ func (b *bench) startBaseline(agentArgs func(port, health int) []string) error {
 	if err != nil {
 		return err
 	}
-	if b.bServer, err = b.t.start("baseline-server", "cp", append([]string{serverBin, "server"}, b.serverArgs(b.path("baseline.sock"), 10132)...)...); err != nil {
+	if b.bServer, err = b.t.start("baseline-server", "cp", append([]string{serverBin, "server"}, b.serverArgs(b.path("baseline.sock"), baselinePort)...)...); err != nil {
 		return err
 	}
-	if err := b.t.waitHTTP("cp", "http://127.0.0.1:10134/healthz", 30*time.Second, b.bServer); err != nil {
+	if err := b.t.waitHTTP("cp", fmt.Sprintf("http://127.0.0.1:%d/healthz", baselinePort+2), 30*time.Second, b.bServer); err != nil {
 		return err
 	}
-	if b.bAgent, err = b.t.start("baseline-agent", "w1", append([]string{agentBin, "agent"}, agentArgs(10132, 10093)...)...); err != nil {
+	if b.bAgent, err = b.t.start("baseline-agent", "w1", append([]string{agentBin, "agent"}, agentArgs(baselinePort, baselineAgentHealth)...)...); err != nil {
 		return err
 	}
-	if err := b.t.waitHTTP("w1", "http://127.0.0.1:10093/readyz", 30*time.Second, b.bAgent); err != nil {
+	if err := b.t.waitHTTP("w1", fmt.Sprintf("http://127.0.0.1:%d/readyz", baselineAgentHealth), 30*time.Second, b.bAgent); err != nil {
 		return err
 	}
 	return b.waitTunnel(b.path("baseline.sock"), b.bServer)
@@ -531,7 +534,7 @@ func (b *bench) agentIdle() error {
 	}
 	kinds := []kind{{"konnect", b.o.konnect, []string{"agent"}, 8132}, {"upstream", b.o.proxyAgent, nil, 9132}}
 	if b.o.baseline != "" {
-		kinds = append(kinds, kind{baselineName, b.o.baseline, []string{"agent"}, 10132})
+		kinds = append(kinds, kind{baselineName, b.o.baseline, []string{"agent"}, baselinePort})
 	}
 	agents := map[string][]*proc{}
 	for i := 0; i < b.o.rounds; i++ {
