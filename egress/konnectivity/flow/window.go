@@ -48,6 +48,7 @@ type Window struct {
 	max      int64
 	budget   *Budget // shared with the other connections of the stream; nil: none
 	charged  int64   // what this connection holds of budget: its commitment beyond initial
+	released bool    // the connection is over: nothing more is granted, nor taken from budget
 	granted  int64   // credit given to the sender since the start, its initial window included
 	received int64
 	consumed int64
@@ -113,12 +114,14 @@ func (b *Budget) Left() int {
 	return int(b.left)
 }
 
-// Release gives what the connection holds of its budget back: the connection is over. It is idempotent.
+// Release gives what the connection holds of its budget back: the connection is over. It is idempotent,
+// and a Consume after it (a writer that was still writing when the connection ended) grants nothing and
+// takes no budget, which no later Release would give back.
 func (w *Window) Release() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.budget.give(w.charged)
-	w.charged = 0
+	w.charged, w.released = 0, true
 }
 
 // Receive accounts n bytes that arrived from the sender. It fails once the sender has sent more than it was
@@ -137,10 +140,13 @@ func (w *Window) Receive(n int) error {
 // what is owed is too small to be worth a message (a quarter of the window), or while the connection has
 // more outstanding than its window (it shrank) or than its budget allows. Up to the window it started with,
 // a connection needs no budget: a sender with no credit left is always owed a grant once what it sent has
-// been consumed down to three quarters of that window.
+// been consumed down to three quarters of that window. After Release it returns 0.
 func (w *Window) Consume(n int) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.released {
+		return 0
+	}
 	w.consumed += int64(n)
 	// What the connection holds beyond its first window shrank as it was consumed: give that back.
 	if over := max(w.granted-w.consumed-w.initial, 0); over < w.charged {

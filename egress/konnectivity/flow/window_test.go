@@ -292,3 +292,32 @@ func TestBudgetBoundsGrowthTogether(t *testing.T) {
 		t.Fatalf("after every window was released, %d of 1 MiB is left", budget.Left())
 	}
 }
+
+// TestWindowConsumeAfterReleaseTakesNothing: a connection's writer may still be in a write when the
+// connection ends and releases its window; the Consume that follows must not take budget that nothing will
+// ever give back, or the stream's other connections could never grow again.
+func TestWindowConsumeAfterReleaseTakesNothing(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	b := NewBudget(4 << 20)
+	w := NewWindow(64<<10, 4<<20, b)
+	w.now = clock.now
+	for range 8 {
+		clock.t = clock.t.Add(growEvery)
+		credit := w.granted - w.received
+		if err := w.Receive(int(credit)); err != nil {
+			t.Fatal(err)
+		}
+		w.Consume(int(credit))
+	}
+	credit := w.granted - w.received
+	if err := w.Receive(int(credit)); err != nil {
+		t.Fatal(err)
+	}
+	w.Release()
+	if g := w.Consume(int(credit)); g != 0 { // the writer's last write returns
+		t.Errorf("a released window granted %d bytes", g)
+	}
+	if b.Left() != 4<<20 {
+		t.Errorf("a Consume after Release took %d bytes of budget for good", 4<<20-b.Left())
+	}
+}
