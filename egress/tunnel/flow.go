@@ -141,6 +141,7 @@ func (c *connFlow) broke(reason string, err error) {
 // are single-use, so at most one) and how to close it.
 type frontendFlow struct {
 	close func()
+	queue *flow.Queue[*client.Packet] // its queue towards kube-apiserver
 
 	mu    sync.Mutex
 	conns map[int64]*connFlow
@@ -153,6 +154,9 @@ func (f *frontendFlow) add(c *connFlow) {
 	}
 	f.conns[c.id] = c
 	f.mu.Unlock()
+	// The connection's window bounds what the agent sends it, so its queue takes that without waiting: a
+	// reader that stops holds its window, never the agent's stream.
+	f.queue.Unbound()
 }
 
 func (f *frontendFlow) conn(id int64) *connFlow {

@@ -376,3 +376,60 @@ func connectRaw(t *testing.T, e *env, s *running) *grpc.ClientConn {
 	t.Cleanup(func() { cc.Close() })
 	return cc
 }
+
+// TestFlowSmallPacketsWithinWindow: a connection whose reader stopped takes its whole window, even in tiny
+// DATA packets, without ever making the agent stream wait: another connection of that agent gets its data
+// at once, and the paused one is not closed as stalled.
+func TestFlowSmallPacketsWithinWindow(t *testing.T) {
+	e, s := flowServer(t, func(c *Config) {
+		c.ConnectionBuffer = 64 << 10
+		c.FlowWindow, c.FlowMaxWindow = 1<<20, 1<<20
+		c.StallTimeout = 2 * time.Second
+	})
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	f := s.frontend("grpc")
+	paused := dialAsync(f, "198.18.0.1:80")
+	a.accept(1)
+	_ = connOf(t, paused) // never read
+	other := dialAsync(f, "198.18.0.1:81")
+	a.accept(2)
+	oc := connOf(t, other)
+	go func() {
+		for range a.recv {
+		}
+	}()
+	start := time.Now()
+	sent := make(chan time.Time, 1)
+	go func() {
+		for range (1 << 20) / 16 { // exactly the window, in 16-byte packets
+			if a.sendPacket(data(1, 16)) != nil {
+				return
+			}
+		}
+		sent <- time.Now()
+		_ = a.sendPacket(data(2, 10))
+	}()
+	got := make(chan error, 1)
+	go func() { _, err := io.ReadFull(oc, make([]byte, 10)); got <- err }()
+	select {
+	case err := <-got:
+		at := time.Now()
+		if err != nil {
+			t.Fatalf("the other connection: %v", err)
+		}
+		last := <-sent
+		t.Logf("the window went out in %v; the other connection's 10 bytes came %v after it", last.Sub(start), at.Sub(last))
+		if at.Sub(last) > time.Second {
+			t.Errorf("the other connection's 10 bytes came %v after the paused one's window", at.Sub(last))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the other connection got nothing in 20 s")
+	}
+	if v := counterValue(s.metrics.stalledWaits); v != 0 {
+		t.Errorf("the agent stream waited %v times for a connection within its window", v)
+	}
+	if v := counterValue(s.metrics.stalledClosed); v != 0 {
+		t.Errorf("a connection within its window was closed as stalled (%v)", v)
+	}
+}

@@ -56,17 +56,26 @@ func sendChunked(send func(any) error, p *client.Packet, chunk int, split promet
 }
 
 // newFrontendQueue is the queue of one frontend connection (see package flow), counted in the server's
-// metrics. stalled closes the connection when its reader stalled.
-func newFrontendQueue[T any](s *Server, size func(T) int, stalled func()) *flow.Queue[T] {
+// metrics. stalled closes the connection when its reader stalled. It takes --connection-buffer-bytes
+// without waiting; a connection under flow control lifts that (frontendFlow.add), since its window bounds
+// what the agent may send it.
+func newFrontendQueue(s *Server, stalled func()) *flow.Queue[*client.Packet] {
 	limit := s.cfg.ConnectionBuffer
 	if !s.cfg.DisableFlowControl {
-		// A connection under flow control never has more than its window queued, and bytes count as
-		// consumed while their batch is still being sent: with room for that, a push never waits.
 		limit = max(limit, s.cfg.FlowMaxWindow+maxChunk)
 	}
-	q := flow.New(limit, s.cfg.StallTimeout, size)
+	q := flow.New(limit, s.cfg.StallTimeout, packetSize)
 	// One batch is at most 1 MiB, sent as messages of up to frontendChunk (or written flow.Piece at a time).
 	q.MaxBatch = maxChunk
+	q.Merge = func(tail, p *client.Packet, owned bool) (*client.Packet, bool) {
+		m, ok := mergeData(tail, p, owned)
+		if ok && !owned {
+			s.metrics.mergedPackets.Add(2)
+		} else if ok {
+			s.metrics.mergedPackets.Inc()
+		}
+		return m, ok
+	}
 	q.Hooks = flow.Hooks{
 		Queued: func(d int) { s.metrics.queuedBytes.Add(float64(d)) },
 		Waited: s.metrics.stalledWaits.Inc,
@@ -109,11 +118,11 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	s.frontends.Add(1)
 	defer s.frontends.Add(-1)
 	var stalled atomic.Bool
-	q := newFrontendQueue(s, packetSize, func() {
+	q := newFrontendQueue(s, func() {
 		stalled.Store(true)
 		closeTunnelConn(ss.Context())
 	})
-	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }}
+	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }, queue: q}
 	defer ff.end()
 	writerDone := make(chan struct{})
 	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out. So
@@ -192,52 +201,36 @@ func closeTunnelConn(ctx context.Context) {
 	}
 }
 
-// sendPackets sends a batch of packets to the frontend: consecutive small DATA packets merged up to
-// frontendChunk bytes, and larger ones split.
+// sendPackets sends a batch of packets to the frontend, larger DATA packets split.
 func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error {
-	for i := 0; i < len(batch); {
-		p, k := mergeData(batch[i:], frontendChunk)
-		if k > 1 {
-			s.metrics.mergedPackets.Add(float64(k))
-		}
+	for _, p := range batch {
 		if err := sendChunked(send, p, frontendChunk, s.metrics.chunkedPackets); err != nil {
 			return err
 		}
-		i += k
 	}
 	return nil
 }
 
-// mergeBelow is the size from which a DATA packet goes to the frontend as it is: merging it would cost a
-// copy, which a slow reader's queue would hold next to the packets it was made of, for a message count
-// that is already low.
-const mergeBelow = 16 << 10
-
-// mergeData combines consecutive small DATA packets of one connection, up to chunk bytes, into one packet.
-// Upstream's agent sends 4 KiB packets; kube-apiserver's client pays per message (a receive, a channel
-// hand-off and a copy), so a backlog of them goes out as fewer, larger messages.
-func mergeData(batch []*client.Packet, chunk int) (*client.Packet, int) {
-	first := batch[0].GetData()
-	if first == nil || len(batch) == 1 || len(first.Data) >= mergeBelow {
-		return batch[0], 1
+// mergeData is the frontend queue's Merge: small DATA packets of one connection are combined as they are
+// queued, up to frontendChunk bytes (flow.AppendSmall). Upstream's agent sends 4 KiB packets, and
+// kube-apiserver's client pays per message (a receive, a channel hand-off and a copy), so a backlog of them
+// goes out as fewer, larger messages; and a window of tiny packets costs the queue about its bytes. A DATA
+// packet of flow.MergeBelow or more goes as it is, without a copy.
+func mergeData(tail, p *client.Packet, owned bool) (*client.Packet, bool) {
+	t, d := tail.GetData(), p.GetData()
+	if t == nil || d == nil || t.ConnectID != d.ConnectID || t.Error != "" || d.Error != "" {
+		return nil, false
 	}
-	total, k := len(first.Data), 1
-	for ; k < len(batch); k++ {
-		d := batch[k].GetData()
-		if d == nil || d.ConnectID != first.ConnectID || len(d.Data) >= mergeBelow || total+len(d.Data) > chunk {
-			break
-		}
-		total += len(d.Data)
+	b, ok := flow.AppendSmall(t.Data, d.Data, owned, frontendChunk)
+	if !ok {
+		return nil, false
 	}
-	if k == 1 {
-		return batch[0], 1
-	}
-	buf := make([]byte, 0, total)
-	for _, p := range batch[:k] {
-		buf = append(buf, p.GetData().Data...)
+	if owned {
+		t.Data = b
+		return tail, true
 	}
 	return &client.Packet{
 		Type:    client.PacketType_DATA,
-		Payload: &client.Packet_Data{Data: &client.Data{ConnectID: first.ConnectID, Data: buf}},
-	}, k
+		Payload: &client.Packet_Data{Data: &client.Data{ConnectID: t.ConnectID, Data: b}},
+	}, true
 }

@@ -2,9 +2,12 @@ package tunnel
 
 import (
 	"bytes"
+	"context"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
@@ -12,28 +15,54 @@ func dataPacket(id int64, b []byte) *client.Packet {
 	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: b}}}
 }
 
-// TestSendPacketsMergesInOrder: a batch of small DATA packets goes out as fewer, larger messages, in order,
-// and a CLOSE_RSP queued after them does not overtake them.
-func TestSendPacketsMergesInOrder(t *testing.T) {
+// frontendMessages pushes packets into a frontend queue whose reader takes nothing until they are all
+// queued, and returns the messages its writer sends, and the most bytes the queue counted.
+func frontendMessages(t *testing.T, packets []*client.Packet, unbound bool) ([]*client.Packet, int) {
+	t.Helper()
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{metrics: m}
-	var batch []*client.Packet
+	s := &Server{metrics: m, cfg: Config{ConnectionBuffer: flow.DefaultLimit, StallTimeout: time.Minute}}
+	q := newFrontendQueue(s, func() { t.Error("stalled") })
+	if unbound {
+		q.Unbound()
+	}
+	for _, p := range packets {
+		if err := q.Push(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	most := q.Len()
+	q.Close()
+	var msgs []*client.Packet
+	ended := make(chan error, 1)
+	q.Start(func(batch []*client.Packet) error {
+		return s.sendPackets(func(m any) error { msgs = append(msgs, m.(*client.Packet)); return nil }, batch)
+	}, func(err error) { ended <- err })
+	if err := <-ended; err != nil {
+		t.Fatal(err)
+	}
+	return msgs, most
+}
+
+// TestFrontendMergesInOrder: small DATA packets go out as fewer, larger messages, in order, and a
+// CLOSE_RSP queued after them does not overtake them.
+func TestFrontendMergesInOrder(t *testing.T) {
+	var packets []*client.Packet
 	var want bytes.Buffer
 	for i := range 200 {
 		b := bytes.Repeat([]byte{byte(i)}, 4096)
 		want.Write(b)
-		batch = append(batch, dataPacket(7, b))
+		packets = append(packets, dataPacket(7, b))
 	}
-	batch = append(batch, &client.Packet{Type: client.PacketType_CLOSE_RSP})
+	packets = append(packets, &client.Packet{Type: client.PacketType_CLOSE_RSP})
+	msgs, _ := frontendMessages(t, packets, false)
 	var got bytes.Buffer
-	msgs, closes := 0, 0
-	err = s.sendPackets(func(m any) error {
-		p := m.(*client.Packet)
+	data, closes := 0, 0
+	for _, p := range msgs {
 		if d := p.GetData(); d != nil {
-			msgs++
+			data++
 			if len(d.Data) > frontendChunk {
 				t.Errorf("a message of %d bytes, more than frontendChunk", len(d.Data))
 			}
@@ -41,46 +70,62 @@ func TestSendPacketsMergesInOrder(t *testing.T) {
 		} else if closes++; got.Len() != want.Len() {
 			t.Error("CLOSE_RSP overtook data")
 		}
-		return nil
-	}, batch)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if !bytes.Equal(got.Bytes(), want.Bytes()) || closes != 1 {
 		t.Fatalf("data mangled (%d of %d bytes) or close lost (%d)", got.Len(), want.Len(), closes)
 	}
-	if want := (want.Len() + frontendChunk - 1) / frontendChunk; msgs != want {
-		t.Errorf("200 packets of 4 KiB went out as %d messages, want %d of up to frontendChunk", msgs, want)
+	if want := (want.Len() + frontendChunk - 1) / frontendChunk; data != want {
+		t.Errorf("200 packets of 4 KiB went out as %d messages, want %d of up to frontendChunk", data, want)
 	}
 }
 
-// TestLargePacketsGoAsTheyAre: a DATA packet of mergeBelow or more is sent as it is, without a copy, and
-// small packets around it are merged only among themselves.
+// TestLargePacketsGoAsTheyAre: a DATA packet of flow.MergeBelow or more is sent as it is, without a copy,
+// and small packets around it are merged only among themselves.
 func TestLargePacketsGoAsTheyAre(t *testing.T) {
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{metrics: m}
-	big := bytes.Repeat([]byte{'b'}, mergeBelow)
-	batch := []*client.Packet{dataPacket(7, []byte("a")), dataPacket(7, []byte("a")), dataPacket(7, big), dataPacket(7, []byte("c"))}
+	big := bytes.Repeat([]byte{'b'}, flow.MergeBelow)
+	msgs, _ := frontendMessages(t, []*client.Packet{dataPacket(7, []byte("a")), dataPacket(7, []byte("a")),
+		dataPacket(7, big), dataPacket(7, []byte("c"))}, false)
 	var sizes []int
 	var bigSent []byte
-	err = s.sendPackets(func(m any) error {
-		d := m.(*client.Packet).GetData()
+	for _, p := range msgs {
+		d := p.GetData()
 		sizes = append(sizes, len(d.Data))
 		if len(d.Data) == len(big) {
 			bigSent = d.Data
 		}
-		return nil
-	}, batch)
-	if err != nil {
-		t.Fatal(err)
 	}
-	if !slices.Equal(sizes, []int{2, mergeBelow, 1}) {
-		t.Fatalf("messages of %v bytes, want [2 %d 1]", sizes, mergeBelow)
+	if !slices.Equal(sizes, []int{2, flow.MergeBelow, 1}) {
+		t.Fatalf("messages of %v bytes, want [2 %d 1]", sizes, flow.MergeBelow)
 	}
 	if &bigSent[0] != &big[0] {
 		t.Fatal("the large packet was copied")
+	}
+}
+
+// TestTinyPacketsCostTheirBytes: a window of 1-byte packets queued for a reader that takes nothing is held as
+// a few merged packets, so that the queue's count (and the heap) stays near the window, not a hundred
+// times it.
+func TestTinyPacketsCostTheirBytes(t *testing.T) {
+	const window = 1 << 20
+	packets := make([]*client.Packet, window)
+	for i := range packets {
+		packets[i] = dataPacket(7, []byte{byte(i)})
+	}
+	msgs, most := frontendMessages(t, packets, true)
+	if most > window+window/100 {
+		t.Errorf("a window of %d 1-byte packets counted %d bytes in the queue", window, most)
+	}
+	n := 0
+	for i, p := range msgs {
+		d := p.GetData().Data
+		for j, b := range d {
+			if b != byte(n+j) {
+				t.Fatalf("message %d: byte %d mangled", i, j)
+			}
+		}
+		n += len(d)
+	}
+	if n != window || len(msgs) > window/frontendChunk+1 {
+		t.Errorf("%d bytes as %d messages", n, len(msgs))
 	}
 }

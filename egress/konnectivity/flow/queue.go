@@ -15,7 +15,9 @@
 //     long as the writer keeps making progress; a queue whose writer makes no progress for the stall timeout
 //     gives up, and only that connection is closed.
 //
-// Under flow control the Queue stays, as the connection's writer, but never fills.
+// Under flow control the Queue stays, as the connection's writer, but the window bounds it instead of a limit
+// (Unbound): its pushes never wait. Small payloads are merged as they are queued (Merge, AppendSmall), so
+// that a window of tiny packets costs about its bytes.
 package flow
 
 import (
@@ -58,6 +60,12 @@ type Queue[T any] struct {
 	// Idle, if set, runs on the writer goroutine each time it has written everything queued, before it
 	// stops. It may take its time: a push meanwhile waits for this writer, which goes on once Idle returns.
 	Idle func()
+	// Merge, if set, may combine an item pushed with the last one queued, which the writer has not taken
+	// yet: it returns the combined item and true, or false to queue v on its own. owned says that tail is
+	// an item Merge returned, whose storage it may reuse. It runs with the queue locked. Merging small
+	// items as they come keeps what a queue holds close to what it counts: a window of 1-byte packets
+	// would otherwise cost the heap a hundred times its size.
+	Merge func(tail, v T, owned bool) (T, bool)
 
 	write func([]T) error
 	end   func(error)
@@ -66,6 +74,8 @@ type Queue[T any] struct {
 	mu      sync.Mutex
 	items   []T
 	bytes   int
+	merged  bool          // the last item is one Merge returned
+	unbound bool          // Unbound was called: pushes never wait
 	err     error         // set once: ErrClosed by Close, or why the queue failed
 	closing bool          // Close was called: the writer flushes, then stops
 	running bool          // a writer goroutine is on
@@ -108,13 +118,12 @@ func (q *Queue[T]) Push(ctx context.Context, v T) error {
 			stopTimer(timer)
 			return err
 		}
-		if q.bytes == 0 || q.bytes+n <= q.limit {
-			q.items = append(q.items, v)
-			q.bytes += n
+		if q.unbound || q.bytes == 0 || q.bytes+n <= q.limit {
+			added := q.add(v, n)
 			q.kick()
 			q.mu.Unlock()
 			stopTimer(timer)
-			q.queued(n)
+			q.queued(added)
 			return nil
 		}
 		q.mu.Unlock()
@@ -138,6 +147,35 @@ func (q *Queue[T]) Push(ctx context.Context, v T) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// add queues v, of size n, merged into the last item if Merge takes it, and returns how much the queue's
+// count grew. q.mu is held.
+func (q *Queue[T]) add(v T, n int) int {
+	if last := len(q.items) - 1; q.Merge != nil && last >= 0 {
+		tail := q.items[last]
+		before := q.size(tail)
+		if m, ok := q.Merge(tail, v, q.merged); ok {
+			q.items[last], q.merged = m, true
+			added := q.size(m) - before
+			q.bytes += added
+			return added
+		}
+	}
+	q.items = append(q.items, v)
+	q.merged = false
+	q.bytes += n
+	return n
+}
+
+// Unbound lifts the queue's limit: pushes no longer wait, so they never stall either. It is for a
+// connection under flow control, whose window bounds what may be queued; Merge then bounds what its items
+// cost beyond their bytes.
+func (q *Queue[T]) Unbound() {
+	q.mu.Lock()
+	q.unbound = true
+	q.mu.Unlock()
+	signal(q.space)
 }
 
 func stopTimer(t *time.Timer) {
@@ -181,6 +219,24 @@ func (q *Queue[T]) Close() {
 // clock. A batch may be large: a megabyte takes ten seconds to a reader that keeps taking 100 KB/s, and such
 // a reader is slow, not stalled. Only a writer that moves nothing for the stall timeout is stalled.
 func (q *Queue[T]) Progress() { signal(q.space) }
+
+// MergeBelow is the payload size from which an item is queued as it is: merging it would cost a copy for a
+// count of items that is already low.
+const MergeBelow = 16 << 10
+
+// AppendSmall is the merge rule for payloads (a Merge hook's): v joins tail when v is below MergeBelow,
+// tail is below it too or was made by AppendSmall (owned), and together they fit in max bytes. It returns
+// the merged payload, which reuses tail's storage if owned (a tail that is not owned may alias a buffer
+// others read, and is copied), and whether it merged.
+func AppendSmall(tail, v []byte, owned bool, max int) ([]byte, bool) {
+	if len(v) >= MergeBelow || !owned && len(tail) >= MergeBelow || len(tail)+len(v) > max {
+		return nil, false
+	}
+	if !owned {
+		tail = append(make([]byte, 0, 2*(len(tail)+len(v))), tail...)
+	}
+	return append(tail, v...), true
+}
 
 // Piece is the most a writer hands to its peer between two calls of Progress: a reader that takes less than
 // Piece bytes per stall timeout is taken for a stalled one.

@@ -263,3 +263,47 @@ func TestIdleRunsWhenDrained(t *testing.T) {
 	q.Close()
 	<-done
 }
+
+// TestUnboundNeverWaits: an unbound queue (a connection under flow control) takes whatever is pushed while
+// its writer is stuck, without waiting or stalling, and merges small items as they come, in order: what it
+// counts stays what was pushed.
+func TestUnboundNeverWaits(t *testing.T) {
+	q := New(1<<10, 50*time.Millisecond, size)
+	q.Merge = func(tail, v []byte, owned bool) ([]byte, bool) { return AppendSmall(tail, v, owned, Piece) }
+	q.Hooks.Waited = func() { t.Error("a push waited") }
+	q.Unbound()
+	release := make(chan struct{})
+	var got bytes.Buffer
+	items := 0
+	q.Start(func(batch [][]byte) error {
+		<-release
+		for _, b := range batch {
+			items++
+			got.Write(b)
+		}
+		return nil
+	}, func(error) {})
+	var want bytes.Buffer
+	for i := range 1 << 16 {
+		b := []byte{byte(i), byte(i >> 8)}
+		want.Write(b)
+		if err := q.Push(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q.Len() != want.Len() {
+		t.Errorf("the queue counts %d bytes for %d pushed", q.Len(), want.Len())
+	}
+	close(release)
+	q.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for q.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if q.Len() != 0 || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Fatalf("%d bytes left, %d of %d written in order", q.Len(), got.Len(), want.Len())
+	}
+	if items > want.Len()/Piece+2 {
+		t.Errorf("%d pushes of 2 bytes were written as %d items", 1<<16, items)
+	}
+}
