@@ -377,6 +377,41 @@ func connectRaw(t *testing.T, e *env, s *running) *grpc.ClientConn {
 	return cc
 }
 
+// TestFlowUpstreamAgentKeepsConnectionBuffer: an agent that offers no flow control (upstream's) gets
+// --connection-buffer-bytes per connection, as before flow control, even on a server that uses it: a
+// connection whose reader stops holds that much, and the agent stream waits, not the server's memory.
+func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
+	const limit = 64 << 10
+	e, s := flowServer(t, func(c *Config) { c.ConnectionBuffer = limit; c.StallTimeout = 3 * time.Second })
+	a := connectFakeAgent(t, e, s, "up", "") // upstream's agent: no offer
+	s.waitAgents(t, 1)
+	go func() {
+		for range a.recv {
+		}
+	}()
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	_ = connOf(t, ch) // never read
+	go func() {
+		for range 64 {
+			if a.sendPacket(data(1, 64<<10)) != nil {
+				return
+			}
+		}
+	}()
+	// The queue is full once a push waits for the reader; without a limit, it grows instead.
+	deadline := time.Now().Add(10 * time.Second)
+	for counterValue(s.metrics.stalledWaits) == 0 && gaugeValue(s.metrics.queuedBytes) <= 2*limit {
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue neither filled nor grew in 10 s: %v bytes queued", gaugeValue(s.metrics.queuedBytes))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if q := gaugeValue(s.metrics.queuedBytes); q > 2*limit {
+		t.Errorf("%v bytes queued for one reader with --connection-buffer-bytes=%d", q, limit)
+	}
+}
+
 // TestFlowSmallPacketsWithinWindow: a connection whose reader stopped takes its whole window, even in tiny
 // DATA packets, without ever making the agent stream wait: another connection of that agent gets its data
 // at once, and the paused one is not closed as stalled.

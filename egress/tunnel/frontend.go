@@ -60,11 +60,7 @@ func sendChunked(send func(any) error, p *client.Packet, chunk int, split promet
 // without waiting; a connection under flow control lifts that (frontendFlow.add), since its window bounds
 // what the agent may send it.
 func newFrontendQueue(s *Server, stalled func()) *flow.Queue[*client.Packet] {
-	limit := s.cfg.ConnectionBuffer
-	if !s.cfg.DisableFlowControl {
-		limit = max(limit, s.cfg.FlowMaxWindow+maxChunk)
-	}
-	q := flow.New(limit, s.cfg.StallTimeout, packetSize)
+	q := flow.New(s.cfg.ConnectionBuffer, s.cfg.StallTimeout, packetSize)
 	// One batch is at most 1 MiB, sent as messages of up to frontendChunk (or written flow.Piece at a time).
 	q.MaxBatch = maxChunk
 	q.Merge = func(tail, p *client.Packet, owned bool) (*client.Packet, bool) {
