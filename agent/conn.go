@@ -108,6 +108,9 @@ func newConn(s *session, id int64, nc net.Conn) *conn {
 	}
 	c.q = flow.New(limit, s.a.cfg.StallTimeout, func(b []byte) int { return len(b) })
 	c.q.MaxBatch = writeBatch
+	// Small DATA is merged as it is queued: a window of tiny packets then costs about its bytes, not a slice
+	// and an allocation each, and goes to the backend in few writes.
+	c.q.Merge = func(tail, b []byte, owned bool) ([]byte, bool) { return flow.AppendSmall(tail, b, owned, flow.Piece) }
 	c.q.Hooks.Stalled = c.stalled
 	c.data.ConnectID = id
 	c.pkt.Type = client.PacketType_DATA

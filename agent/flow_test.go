@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"net"
 	"strings"
@@ -339,5 +340,44 @@ func TestFlowReconnectDuringTransfer(t *testing.T) {
 	ss2.send(dataPacket(id2, 100))
 	if got := ss2.dataFor(id2, 2*time.Second); got != 100 {
 		t.Fatalf("after the reconnect: %d of 100 bytes", got)
+	}
+}
+
+// TestFlowTinyPacketsAreMerged: a window of 1-byte DATA packets for a backend that is not writing yet waits
+// as a few merged buffers, in order, not as a slice and an allocation per byte.
+func TestFlowTinyPacketsAreMerged(t *testing.T) {
+	a := &Agent{cfg: Config{ConnectionBuffer: flow.DefaultLimit, StallTimeout: time.Minute,
+		FlowWindow: flow.DefaultWindow, FlowMaxWindow: flow.DefaultMaxWindow}}
+	s := &session{a: a, ctx: context.Background(), flow: &flow.Offer{Window: flow.DefaultWindow, Max: flow.DefaultMaxWindow},
+		budget: flow.NewBudget(flow.DefaultMaxWindow)}
+	c := newConn(s, 1, nil)
+	const window = flow.DefaultWindow
+	for i := range window {
+		c.enqueue([]byte{byte(i)})
+	}
+	if c.q.Len() != window {
+		t.Fatalf("%d bytes queued for %d", c.q.Len(), window)
+	}
+	c.q.Close()
+	var got []byte
+	items := 0
+	ended := make(chan error, 1)
+	c.q.Start(func(batch [][]byte) error {
+		for _, b := range batch {
+			items++
+			got = append(got, b...)
+		}
+		return nil
+	}, func(err error) { ended <- err })
+	if err := <-ended; err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		if b != byte(i) {
+			t.Fatalf("byte %d mangled", i)
+		}
+	}
+	if len(got) != window || items > window/flow.Piece+1 {
+		t.Errorf("%d 1-byte packets were written as %d items (%d bytes)", window, items, len(got))
 	}
 }
