@@ -69,7 +69,10 @@ func (a *agentFlow) dialed(rsp *client.DialResponse) {
 	}
 	a.conns[c.id] = c
 	a.mu.Unlock()
-	f.add(c)
+	if !f.add(c) {
+		// The frontend ended as the answer passed: no one would forget the connection.
+		a.forget(c)
+	}
 }
 
 func (a *agentFlow) conn(id int64) *connFlow {
@@ -145,10 +148,17 @@ type frontendFlow struct {
 
 	mu    sync.Mutex
 	conns map[int64]*connFlow
+	ended bool
 }
 
-func (f *frontendFlow) add(c *connFlow) {
+// add binds c to the frontend, and reports false if the frontend has ended: c is then the caller's to
+// forget.
+func (f *frontendFlow) add(c *connFlow) bool {
 	f.mu.Lock()
+	if f.ended {
+		f.mu.Unlock()
+		return false
+	}
 	if f.conns == nil {
 		f.conns = map[int64]*connFlow{}
 	}
@@ -157,6 +167,7 @@ func (f *frontendFlow) add(c *connFlow) {
 	// The connection's window bounds what the agent sends it, so its queue takes that without waiting: a
 	// reader that stops holds its window, never the agent's stream.
 	f.queue.Unbound()
+	return true
 }
 
 func (f *frontendFlow) conn(id int64) *connFlow {
@@ -176,7 +187,7 @@ func (f *frontendFlow) consumed(id int64, n int) {
 func (f *frontendFlow) end() {
 	f.mu.Lock()
 	conns := f.conns
-	f.conns = nil
+	f.conns, f.ended = nil, true
 	f.mu.Unlock()
 	for _, c := range conns {
 		c.credit.Close(flow.ErrClosed)

@@ -468,3 +468,26 @@ func TestFlowSmallPacketsWithinWindow(t *testing.T) {
 		t.Errorf("a connection within its window was closed as stalled (%v)", v)
 	}
 }
+
+// TestFlowDialedAfterFrontendEnded: a DIAL_RSP that binds a connection to a frontend that has just ended
+// leaves nothing behind on the agent: no one would ever forget it, and it would hold its window's accounting
+// for the agent stream's lifetime.
+func TestFlowDialedAfterFrontendEnded(t *testing.T) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{metrics: m, cfg: Config{FlowWindow: 64 << 10, FlowMaxWindow: 1 << 20}}
+	f := &frontendFlow{close: func() {}, queue: newFrontendQueue(s, func() {})}
+	s.dials = &pendingDials{dials: map[int64]*pendingDial{7: {random: 7, s: &dialStream{flow: f}}}}
+	a := newAgentFlow(s, flow.Offer{Window: 64 << 10, Max: 1 << 20}, func(*client.Packet) error { return nil })
+	defer a.end()
+	f.end() // the frontend ends as the agent's answer passes
+	a.dialed(&client.DialResponse{Random: 7, ConnectID: 3})
+	if c := a.conn(3); c != nil {
+		t.Error("the agent stream keeps a connection whose frontend had ended")
+	}
+	if f.conn(3) != nil {
+		t.Error("an ended frontend took a connection")
+	}
+}
