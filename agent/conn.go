@@ -77,6 +77,9 @@ type conn struct {
 
 	window *flow.Window // data from the server; nil without flow control
 	credit *flow.Credit // data to the server; nil without flow control
+	// broken: the server broke flow control on this connection, which is closing; what it still sends for
+	// it is dropped without another count. The receive loop's own.
+	broken bool
 
 	mu       sync.Mutex
 	closing  bool // the server sent CLOSE_REQ: flush the queue, then close
@@ -124,6 +127,9 @@ func newConn(s *session, id int64, nc net.Conn) *conn {
 // is closed.
 func (c *conn) enqueue(b []byte) {
 	c.heardOne.Do(func() { close(c.heard) })
+	if c.broken {
+		return
+	}
 	if c.window != nil {
 		if err := c.window.Receive(len(b)); err != nil {
 			c.brokeFlowControl(flowWindowExceeded, err)
@@ -147,6 +153,10 @@ func (c *conn) granted(n int64) {
 // brokeFlowControl closes a connection whose server broke the flow-control protocol on it, so that the
 // agent never buffers more for it than the window it granted. It runs on the receive loop.
 func (c *conn) brokeFlowControl(reason string, err error) {
+	if c.broken {
+		return
+	}
+	c.broken = true
 	c.s.a.m.flowViolation(reason)
 	klog.ErrorS(err, "Closing a connection on which the server broke flow control", "serverID", c.s.serverID, "connectionID", c.id)
 	c.s.wg.Add(1)

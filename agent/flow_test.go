@@ -381,3 +381,25 @@ func TestFlowTinyPacketsAreMerged(t *testing.T) {
 		t.Errorf("%d 1-byte packets were written as %d items (%d bytes)", window, items, len(got))
 	}
 }
+
+// TestFlowViolationCountedOnce: a server that keeps sending past a connection's window breaks flow control
+// once, on that connection: it is counted, logged and closed once, and the rest of its data is dropped.
+func TestFlowViolationCountedOnce(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer)
+	echo := harness.StartEcho(t).Addr
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	good, bad := ss.dial(echo, 1), ss.dial(echo, 2)
+	ss.send(dataPacket(bad, flow.DefaultWindow+1))
+	for range 50 {
+		ss.send(dataPacket(bad, 1000))
+	}
+	ss.send(dataPacket(good, 1000)) // after all of them on the stream
+	if got := ss.dataFor(good, 5*time.Second); got != 1000 {
+		t.Fatalf("the other connection echoed %d of 1000 bytes", got)
+	}
+	if v := counterValue(ra.m.flowViolations.WithLabelValues(flowWindowExceeded)); v != 1 {
+		t.Errorf("one connection's violation was counted %v times", v)
+	}
+}

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"k8s.io/klog/v2"
@@ -47,6 +48,9 @@ type connFlow struct {
 	id     int64
 	window *flow.Window // data from the agent
 	credit *flow.Credit // data to the agent
+	// broken: the agent broke flow control on this connection, which is closing; what it still sends for it
+	// is dropped without another count.
+	broken atomic.Bool
 }
 
 // dialed binds a frontend to the connection its dial opened, as the agent's DIAL_RSP passes. It runs on the
@@ -92,11 +96,14 @@ func (a *agentFlow) forget(c *connFlow) {
 }
 
 // received accounts DATA from the agent, and reports false for data the connection's window did not allow:
-// that connection is closed, and its data dropped.
+// that connection is closed, and its data, then and after, dropped.
 func (a *agentFlow) received(d *client.Data) bool {
 	c := a.conn(d.GetConnectID())
 	if c == nil {
 		return true
+	}
+	if c.broken.Load() {
+		return false
 	}
 	if err := c.window.Receive(len(d.GetData())); err != nil {
 		c.broke(flowWindowExceeded, err)
@@ -135,6 +142,9 @@ func (a *agentFlow) end() {
 // broke closes a connection whose agent broke the protocol on it, so that the server never holds more for it
 // than its window.
 func (c *connFlow) broke(reason string, err error) {
+	if c.broken.Swap(true) {
+		return
+	}
 	c.agent.s.metrics.flowViolations.WithLabelValues(reason).Inc()
 	klog.ErrorS(err, "Closing a tunnel on which the agent broke flow control", "connectionID", c.id)
 	c.front.close()

@@ -491,3 +491,30 @@ func TestFlowDialedAfterFrontendEnded(t *testing.T) {
 		t.Error("an ended frontend took a connection")
 	}
 }
+
+// TestFlowViolationCountedOnce: an agent that keeps sending past a connection's window breaks flow control
+// once, on that connection: it is counted, logged and closed once, and the rest of its data is dropped.
+func TestFlowViolationCountedOnce(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	f := s.frontend("grpc")
+	good := dialAsync(f, "198.18.0.1:80")
+	a.accept(1)
+	gc := connOf(t, good)
+	bad := dialAsync(f, "198.18.0.1:81")
+	a.accept(2)
+	_ = connOf(t, bad)
+	a.send(data(2, a.offer.Window+1))
+	for range 50 {
+		a.send(data(2, 1000))
+	}
+	a.send(data(1, 1000)) // after all of them on the stream
+	_ = gc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(gc, make([]byte, 1000)); err != nil {
+		t.Fatalf("the other connection: %v", err)
+	}
+	if v := counterValue(s.metrics.flowViolations.WithLabelValues(flowWindowExceeded)); v != 1 {
+		t.Errorf("one connection's violation was counted %v times", v)
+	}
+}
