@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,7 @@ type connectStream struct {
 	random int64
 
 	// RecvMsg's own.
+	buf       []byte // read buffer, allocated on the first read
 	dialSent  bool
 	closeSent bool
 	readErr   error
@@ -127,13 +129,16 @@ func (c *connectStream) RecvMsg(m any) error {
 		return io.EOF
 	}
 	if c.readErr == nil {
-		// A fresh buffer each time: upstream hands the packet to another goroutine before it is sent.
-		buf := make([]byte, connectReadSize)
-		n, err := c.r.Read(buf)
+		if c.buf == nil {
+			c.buf = make([]byte, connectReadSize)
+		}
+		n, err := c.r.Read(c.buf)
 		c.readErr = err
 		if n > 0 {
+			// Copied out of the read buffer, which the next read reuses: upstream hands the packet to another
+			// goroutine before it is sent, and the agent stream's codec sends the payload without a copy.
 			pkt.Type = client.PacketType_DATA
-			pkt.Payload = &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: buf[:n]}}
+			pkt.Payload = &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: bytes.Clone(c.buf[:n])}}
 			return nil
 		}
 	}

@@ -333,24 +333,23 @@ func (s *dialStream) RecvMsg(m any) error {
 }
 
 // take fills pkt with as much of d as its connection has credit for, waiting for credit while there is
-// none, and keeps the rest for the next RecvMsg.
+// none, and keeps the rest for the next RecvMsg. A packet that fits its credit goes on as it is.
 func (s *dialStream) take(pkt *client.Packet, d *client.Data) error {
 	s.rest = nil
-	c := s.flow.conn(d.GetConnectID())
-	if c == nil {
+	if c := s.flow.conn(d.GetConnectID()); c != nil {
+		n, err := c.credit.Wait(s.Context())
+		if err != nil {
+			return err
+		}
+		if n < len(d.Data) {
+			s.rest = &client.Data{ConnectID: d.ConnectID, Data: d.Data[n:]}
+			d = &client.Data{ConnectID: d.ConnectID, Data: d.Data[:n]}
+		}
+		c.credit.Use(len(d.Data))
+	}
+	if pkt.GetData() != d {
 		setData(pkt, d)
-		return nil
 	}
-	n, err := c.credit.Wait(s.Context())
-	if err != nil {
-		return err
-	}
-	if n < len(d.Data) {
-		s.rest = &client.Data{ConnectID: d.ConnectID, Data: d.Data[n:]}
-		d = &client.Data{ConnectID: d.ConnectID, Data: d.Data[:n]}
-	}
-	c.credit.Use(len(d.Data))
-	setData(pkt, d)
 	return nil
 }
 

@@ -184,8 +184,9 @@ func (s *Server) newAgentServer() error {
 		grpc.MaxRecvMsgSize(maxAgentMessage),
 		// Authentication comes first: nothing a peer sends is acted on before it authenticates (agents.go).
 		grpc.ChainStreamInterceptor(s.agentAuthInterceptor, s.agentInterceptor, s.dials.agentInterceptor),
-		// In http-connect mode upstream's handler reuses its read buffer after sending: no zero-copy there.
-		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: cfg.Mode == server.ModeGRPC}),
+		// Every DATA payload sent to an agent is its own: received from a frontend, or copied out of a CONNECT
+		// read (connect.go).
+		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
 	)
 	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
 	return nil

@@ -190,20 +190,6 @@ func (w *Window) Consume(n int) int {
 	return int(grant)
 }
 
-// Buffered is how many bytes arrived and were not consumed yet.
-func (w *Window) Buffered() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return int(w.received - w.consumed)
-}
-
-// Size is the window now.
-func (w *Window) Size() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return int(w.size)
-}
-
 // Credit is the sending side of one connection: how many bytes the receiver has room for. One goroutine
 // sends (Wait, then Use); grants arrive from another (Add).
 type Credit struct {
@@ -261,13 +247,6 @@ func (c *Credit) Use(n int) {
 	c.mu.Lock()
 	c.avail -= int64(n)
 	c.mu.Unlock()
-}
-
-// Available is the credit left.
-func (c *Credit) Available() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return int(c.avail)
 }
 
 // Close wakes a waiting sender with err, and makes every later Wait fail with it.

@@ -34,9 +34,21 @@ func TestWindowGrantsAsConsumed(t *testing.T) {
 	if g := w.Consume(10 << 10); g != 20<<10 {
 		t.Fatalf("granted %d after 20 KiB consumed, want 20 KiB", g)
 	}
-	if b := w.Buffered(); b != 20<<10 {
-		t.Fatalf("buffered %d", b)
+	// The sender may now send the rest of its window and the grant, and not a byte more.
+	if err := w.Receive(64<<10 - 40<<10 + 20<<10); err != nil {
+		t.Fatal(err)
 	}
+	if err := w.Receive(1); !errors.Is(err, ErrWindowExceeded) {
+		t.Fatalf("a byte past the grant: %v", err)
+	}
+}
+
+// outstanding is what a connection costs its receiver (docs/flow-control.md): what it granted and has not
+// seen consumed. Once everything sent was consumed and granted again, it is the window.
+func outstanding(w *Window) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return int(w.granted - w.consumed)
 }
 
 // fakeClock is a Window's clock, moved by the test.
@@ -58,7 +70,7 @@ func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
 		}
 		fast.Consume(int(credit))
 	}
-	if s := fast.Size(); s != 256<<10 {
+	if s := outstanding(fast); s != 256<<10 {
 		t.Fatalf("a fast consumer's window is %d, want the largest, 256 KiB", s)
 	}
 	slow := NewWindow(64<<10, 256<<10, nil)
@@ -71,11 +83,8 @@ func TestWindowGrowsOnlyForFastConsumers(t *testing.T) {
 		}
 		slow.Consume(int(credit) / 2) // half of each window stays buffered
 	}
-	if s := slow.Size(); s != 64<<10 {
-		t.Fatalf("a slow consumer's window grew to %d", s)
-	}
-	if b := slow.Buffered(); b > 64<<10 {
-		t.Fatalf("a slow consumer has %d bytes buffered, more than its window", b)
+	if s := outstanding(slow); s > 64<<10 {
+		t.Fatalf("a slow consumer's connection holds %d bytes, more than its first window", s)
 	}
 }
 
@@ -90,7 +99,7 @@ func TestWindowGrowsWithTurnover(t *testing.T) {
 		_ = w.Receive(int(credit))
 		w.Consume(int(credit))
 	}
-	if s := w.Size(); s != 4<<20 {
+	if s := outstanding(w); s != 4<<20 {
 		t.Fatalf("a window consumed whole, again and again, grew to %d, want its largest", s)
 	}
 }
@@ -102,7 +111,7 @@ func TestWindowShrinksForSlowConsumers(t *testing.T) {
 	clock := &fakeClock{time.Unix(1000, 0)}
 	w := NewWindow(64<<10, 1<<20, nil)
 	w.now = clock.now
-	for w.Size() < 1<<20 { // a fast consumer grows it to its largest
+	for outstanding(w) < 1<<20 { // a fast consumer grows it to its largest
 		clock.t = clock.t.Add(growEvery)
 		credit := w.granted - w.received
 		_ = w.Receive(int(credit))
@@ -115,9 +124,17 @@ func TestWindowShrinksForSlowConsumers(t *testing.T) {
 			t.Fatalf("granted %d bytes while the reader leaves most of the window waiting", g)
 		}
 	}
-	if s := w.Size(); s != 64<<10 {
-		t.Fatalf("a window whose consumer fell behind is %d, want it back at 64 KiB", s)
+	// The next grant comes once the consumer is a quarter within the smaller window, and brings the
+	// connection back to exactly that window.
+	for outstanding(w) > 48<<10 {
+		clock.t = clock.t.Add(growEvery) // a new turnover period each time: no growth for taking 1 KiB
+		if g := w.Consume(1 << 10); g != 0 && outstanding(w) != 64<<10 {
+			t.Fatalf("a grant of %d leaves %d outstanding, want the window back at 64 KiB", g, outstanding(w))
+		} else if g != 0 {
+			return
+		}
 	}
+	t.Fatalf("no grant with %d bytes outstanding", outstanding(w))
 }
 
 func TestCredit(t *testing.T) {
@@ -149,8 +166,8 @@ func TestCredit(t *testing.T) {
 	if err := c.Add(0); !errors.Is(err, ErrCreditOverflow) {
 		t.Fatalf("a grant of nothing: %v", err)
 	}
-	if c.Available() != 500 {
-		t.Fatalf("a refused grant changed the credit: %d", c.Available())
+	if n, err := c.Wait(ctx); n != 500 || err != nil {
+		t.Fatalf("a refused grant changed the credit: %d, %v", n, err)
 	}
 	c.Use(500)
 	go func() {
@@ -276,7 +293,7 @@ func TestBudgetBoundsGrowthTogether(t *testing.T) {
 	}
 	grown := 0
 	for _, w := range windows {
-		grown += w.Size() - 64<<10
+		grown += outstanding(w) - 64<<10
 	}
 	if grown > 1<<20 || budget.Left() != 1<<20-grown {
 		t.Fatalf("the windows grew by %d bytes in all with a budget of 1 MiB, %d left", grown, budget.Left())

@@ -31,8 +31,8 @@ type Codec struct {
 	AliasReceived bool
 	// ZeroCopySend: Marshal hands a DATA payload to gRPC as it is, behind a few header bytes, instead of
 	// copying it into a message buffer. That is only safe when nobody writes into a payload after sending
-	// it, which holds for packets that were themselves received from a peer, but not for a sender that
-	// reuses its read buffer (the agent, upstream's HTTP CONNECT handler).
+	// it, which holds for the server (its payloads were received from a peer, or copied out of a CONNECT
+	// client's read), but not for a sender that reuses its read buffer (the agent).
 	ZeroCopySend bool
 }
 
