@@ -391,7 +391,7 @@ func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
 	}()
 	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
 	a.accept(1)
-	_ = connOf(t, ch) // never read
+	pc := connOf(t, ch) // not read until the queue is full
 	go func() {
 		for range 64 {
 			if a.sendPacket(data(1, 64<<10)) != nil {
@@ -410,6 +410,11 @@ func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
 	if q := gaugeValue(s.metrics.queuedBytes); q > 2*limit {
 		t.Errorf("%v bytes queued for one reader with --connection-buffer-bytes=%d", q, limit)
 	}
+	// The reader comes back in time, and gets everything.
+	_ = pc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(pc, make([]byte, 64*64<<10)); err != nil {
+		t.Fatalf("the reader, once back: %v", err)
+	}
 }
 
 // TestFlowSmallPacketsWithinWindow: a connection whose reader stopped takes its whole window, even in tiny
@@ -426,7 +431,7 @@ func TestFlowSmallPacketsWithinWindow(t *testing.T) {
 	f := s.frontend("grpc")
 	paused := dialAsync(f, "198.18.0.1:80")
 	a.accept(1)
-	_ = connOf(t, paused) // never read
+	pc := connOf(t, paused) // not read until the end
 	other := dialAsync(f, "198.18.0.1:81")
 	a.accept(2)
 	oc := connOf(t, other)
@@ -466,6 +471,11 @@ func TestFlowSmallPacketsWithinWindow(t *testing.T) {
 	}
 	if v := counterValue(s.metrics.stalledClosed); v != 0 {
 		t.Errorf("a connection within its window was closed as stalled (%v)", v)
+	}
+	// The paused reader still gets its whole window.
+	_ = pc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(pc, make([]byte, 1<<20)); err != nil {
+		t.Fatalf("the paused reader, once back: %v", err)
 	}
 }
 
