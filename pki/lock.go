@@ -68,6 +68,9 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 		}
 		if err := checkLockFile(fd, path); err != nil {
 			unix.Close(fd)
+			if errors.Is(err, errLockRemoved) {
+				continue // its holder released it between our open and our look: lock the next one
+			}
 			return nil, err
 		}
 		locked := false
@@ -132,12 +135,18 @@ func mkdirAll(dir string) (string, error) {
 	return top, os.MkdirAll(dir, 0o755)
 }
 
+// errLockRemoved is checkLockFile's answer for a lock file that its holder removed after we opened it.
+var errLockRemoved = errors.New("lock file removed by its holder")
+
 // checkLockFile refuses a lock file that is not a plain file of root's or ours with one link: a planted
 // one could be held by its owner for ever.
 func checkLockFile(fd int, path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("lock %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 0 {
+		return errLockRemoved
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
 		return fmt.Errorf("lock %s: not a plain file with a single link; remove it", path)

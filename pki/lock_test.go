@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"golang.org/x/sys/unix"
 )
 
 // TestLock: a second holder waits, is told who holds the lock, and gives up after its wait with an error
@@ -133,5 +134,23 @@ func TestLockExcludes(t *testing.T) {
 	wg.Wait()
 	if most != 1 || done != 200 {
 		t.Fatalf("%d holders at once at most, %d of 200 turns done; want 1 and 200", most, done)
+	}
+}
+
+// TestLockFileRemovedAfterOpen: a run that opens the lock file just as its holder releases it (and removes
+// it) finds a file with no link left. That is the next lock to take, not a planted file to refuse:
+// TestConcurrentInit's waiters once failed with "not a plain file with a single link".
+func TestLockFileRemovedAfterOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), LockFile)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Unlink(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkLockFile(fd, path); !errors.Is(err, errLockRemoved) {
+		t.Fatalf("checkLockFile on a removed lock file = %v, want errLockRemoved", err)
 	}
 }
