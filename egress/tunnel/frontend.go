@@ -25,6 +25,13 @@ const (
 	// return once the message before has mostly gone out, so a message is how finely the queue sees a slow
 	// reader's progress: 256 KiB in the stall timeout (5 s) is 51 KB/s.
 	frontendChunk = 256 << 10
+	// A tunnel's first firstBytes go to kube-apiserver in messages of at most firstChunk. Its client takes
+	// up to ten messages of a tunnel before the tunnel's reader takes any, whatever their size: that is
+	// what a slow reader makes kube-apiserver hold, and, while those buffers fill, the tunnel looks to flow
+	// control like a fast reader and its window grows, which the server then holds for that reader too.
+	// Larger messages pay off only for long transfers, by cutting kube-apiserver's cost per message.
+	firstChunk = 64 << 10
+	firstBytes = 4 << 20
 	// flushTimeout bounds how long a finished connection may take to flush what is queued for its reader.
 	flushTimeout = 5 * time.Second
 )
@@ -126,6 +133,7 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	// when nothing more waits: until then gRPC may still hold it for a reader that has not taken it.
 	var heldID int64
 	var held int
+	var sent int64 // DATA bytes sent to kube-apiserver
 	credit := func() {
 		if held > 0 {
 			ff.consumed(heldID, held)
@@ -141,11 +149,18 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		credit()
 		if d := m.(*client.Packet).GetData(); d != nil {
 			heldID, held = d.ConnectID, len(d.Data)
+			sent += int64(len(d.Data))
 		}
 		return nil
 	}
+	chunk := func() int {
+		if sent < firstBytes {
+			return firstChunk
+		}
+		return frontendChunk
+	}
 	q.Idle = credit
-	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch) },
+	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch, chunk) },
 		func(error) { close(writerDone) })
 	err := handler(srv, &frontendStream{ServerStream: ss, q: q, flow: ff})
 	if stalled.Load() {
@@ -197,10 +212,11 @@ func closeTunnelConn(ctx context.Context) {
 	}
 }
 
-// sendPackets sends a batch of packets to the frontend, larger DATA packets split.
-func (s *Server) sendPackets(send func(any) error, batch []*client.Packet) error {
+// sendPackets sends a batch of packets to the frontend, DATA packets split into messages of at most chunk()
+// bytes, asked before each packet.
+func (s *Server) sendPackets(send func(any) error, batch []*client.Packet, chunk func() int) error {
 	for _, p := range batch {
-		if err := sendChunked(send, p, frontendChunk, s.metrics.chunkedPackets); err != nil {
+		if err := sendChunked(send, p, chunk(), s.metrics.chunkedPackets); err != nil {
 			return err
 		}
 	}

@@ -38,7 +38,8 @@ func frontendMessages(t *testing.T, packets []*client.Packet, unbound bool) ([]*
 	var msgs []*client.Packet
 	ended := make(chan error, 1)
 	q.Start(func(batch []*client.Packet) error {
-		return s.sendPackets(func(m any) error { msgs = append(msgs, m.(*client.Packet)); return nil }, batch)
+		return s.sendPackets(func(m any) error { msgs = append(msgs, m.(*client.Packet)); return nil }, batch,
+			func() int { return frontendChunk })
 	}, func(err error) { ended <- err })
 	if err := <-ended; err != nil {
 		t.Fatal(err)

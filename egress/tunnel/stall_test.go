@@ -113,7 +113,8 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 // TestSlowReaderIsNotCutOff: a reader that keeps taking 640 KB/s is slow, not stalled, although one of the
 // queue's batches (up to 1 MiB) takes it more than the stall timeout to read. In gRPC mode the server sees
 // the reader only through konnectivity-client's window updates, which can lag the reader by several
-// messages (docs/performance.md), so the stall timeout there is 2 s: five of its 256 KiB messages.
+// messages (docs/performance.md), so the stall timeout there is 2 s: five of its 256 KiB messages, which
+// the reader gets once it has taken the tunnel's first firstBytes (smaller messages) at full speed.
 func TestSlowReaderIsNotCutOff(t *testing.T) {
 	for _, mode := range []string{"grpc", "http-connect"} {
 		t.Run(mode, func(t *testing.T) {
@@ -129,6 +130,14 @@ func TestSlowReaderIsNotCutOff(t *testing.T) {
 			}
 			buf := make([]byte, 64<<10)
 			read := 0
+			for read < firstBytes {
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				n, err := io.ReadFull(c, buf)
+				read += n
+				if err != nil {
+					t.Fatalf("after %d bytes: %v", read, err)
+				}
+			}
 			for began := time.Now(); time.Since(began) < 4*stall; {
 				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				n, err := io.ReadFull(c, buf)
