@@ -17,6 +17,7 @@ package initcmd
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -199,6 +200,7 @@ func outputList() string {
 
 // runner carries one invocation's options and collects what happened.
 type runner struct {
+	ctx      context.Context // the command's: what talks to a cluster stops with it
 	o        *Options
 	out      io.Writer
 	outcomes []outcome
@@ -230,7 +232,7 @@ func newRunner(cmd *cobra.Command, o *Options, n needs) (*runner, error) {
 			return nil, err
 		}
 	}
-	return &runner{o: o, out: cmd.OutOrStdout(), release: release}, nil
+	return &runner{ctx: cmd.Context(), o: o, out: cmd.OutOrStdout(), release: release}, nil
 }
 
 // lockWait bounds how long a command waits for another one that writes into the same directory. A whole

@@ -58,7 +58,7 @@ func (r *runner) kubeadm([]string) error {
 	}
 	var rec kubeapiserver.KubeadmRecord
 	changed := false
-	err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
+	err = updateKubeadmConfig(r.ctx, client, func(cm *corev1.ConfigMap) (bool, error) {
 		old, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
 		if err != nil {
 			return false, err
@@ -112,9 +112,10 @@ func kubeadmClient(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // updateKubeadmConfig reads the kubeadm-config ConfigMap, lets edit change it, and writes it back when edit says
-// so, again on a conflict with another writer (kubeadm, or konnect on another node).
-func updateKubeadmConfig(client kubernetes.Interface, edit func(*corev1.ConfigMap) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+// so, again on a conflict with another writer (kubeadm, or konnect on another node). It gives up after two
+// minutes, or when ctx ends.
+func updateKubeadmConfig(ctx context.Context, client kubernetes.Interface, edit func(*corev1.ConfigMap) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cms := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -178,7 +179,7 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 					return err
 				}
 				verb := string(pki.Kept)
-				err = updateKubeadmConfig(client, func(cm *corev1.ConfigMap) (bool, error) {
+				err = updateKubeadmConfig(cmd.Context(), client, func(cm *corev1.ConfigMap) (bool, error) {
 					var err error
 					if rec, err = kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation]); err != nil {
 						return false, err
