@@ -3,6 +3,7 @@ package tunnel
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -128,5 +129,50 @@ func TestTinyPacketsCostTheirBytes(t *testing.T) {
 	}
 	if n != window || len(msgs) > window/frontendChunk+1 {
 		t.Errorf("%d bytes as %d messages", n, len(msgs))
+	}
+}
+
+// TestFirstMessagesAreSmall: kube-apiserver's client holds up to ten messages of a tunnel before its reader
+// takes any, so a tunnel's first firstBytes reach it in messages of at most firstChunk, and only a longer
+// transfer gets frontendChunk's. A raw gRPC frontend records every DATA message of an 8 MiB download.
+func TestFirstMessagesAreSmall(t *testing.T) {
+	e := newEnv(t)
+	s := start(t, e.config("grpc"))
+	startKonnectAgent(t, e, "agent-1", s.agentPort())
+	s.waitAgents(t, 1)
+	web := startHTTPBackend(t)
+	stream := rawFrontend(t, s.cfg.UDSName)
+	if err := stream.Send(dialReq(1, web)); err != nil {
+		t.Fatal(err)
+	}
+	rsp, err := stream.Recv()
+	if err != nil || rsp.GetDialResponse().GetConnectID() == 0 {
+		t.Fatalf("dial: %v %v", rsp, err)
+	}
+	id := rsp.GetDialResponse().GetConnectID()
+	const size = 8 << 20
+	get := fmt.Sprintf("GET /bytes?n=%d HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", size, web)
+	if err := stream.Send(dataPacket(id, []byte(get))); err != nil {
+		t.Fatal(err)
+	}
+	var got, largestFirst, largestLater int
+	for got < size {
+		pkt, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", got, err)
+		}
+		n := len(pkt.GetData().GetData())
+		if got < firstBytes {
+			largestFirst = max(largestFirst, n)
+		} else {
+			largestLater = max(largestLater, n)
+		}
+		got += n
+	}
+	if largestFirst > firstChunk {
+		t.Errorf("a message of %d bytes within the tunnel's first %d, want at most %d", largestFirst, firstBytes, firstChunk)
+	}
+	if largestLater <= firstChunk {
+		t.Errorf("after the first %d bytes the largest message was %d bytes, want larger than %d", firstBytes, largestLater, firstChunk)
 	}
 }
