@@ -309,8 +309,8 @@ func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Str
 	}})
 }
 
-// acceptWatch calls accepted once the stream's response headers are sent: upstream's handler sends them
-// only once it has taken the agent.
+// acceptWatch calls accepted as the stream's response headers are sent: upstream's handler sends them only
+// once it has taken the agent.
 type acceptWatch struct {
 	grpc.ServerStream
 	accepted func()
@@ -318,9 +318,8 @@ type acceptWatch struct {
 }
 
 func (w *acceptWatch) SendHeader(md metadata.MD) error {
-	err := w.ServerStream.SendHeader(md)
-	if err == nil {
-		w.once.Do(w.accepted)
-	}
-	return err
+	// Accepted before the headers go, not after: a peer that has them may open its next stream at once,
+	// and that stream must find the connection authenticated and no stream of it authenticating.
+	w.once.Do(w.accepted)
+	return w.ServerStream.SendHeader(md)
 }
