@@ -61,7 +61,40 @@ func TestEcho(t *testing.T) {
 	if n := e.Accepted.Load(); n != 1 {
 		t.Errorf("accepted %d, want 1", n)
 	}
-	if ports := FreePorts(t, 3); ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] {
-		t.Errorf("FreePorts gave a port twice: %v", ports)
+}
+
+// TestFreePortsOutsideEphemeralRange: a chosen port must not be one the kernel could hand to an outgoing
+// connection before the program under test binds it, and no port is chosen twice.
+func TestFreePortsOutsideEphemeralRange(t *testing.T) {
+	lo, hi := portsBelowEphemeral()
+	seen := map[int]bool{}
+	for range 20 {
+		for _, p := range FreePorts(t, 5) {
+			if seen[p] {
+				t.Errorf("port %d chosen twice", p)
+			}
+			seen[p] = true
+			if hi-lo >= 1000 && (p < lo || p >= hi) {
+				t.Errorf("port %d is outside [%d, %d), below the ephemeral range", p, lo, hi)
+			}
+		}
+	}
+	// Many outgoing connections at once, as the parallel tests make: none takes a chosen port.
+	e := StartEcho(t)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 200 {
+		c, err := net.Dial("tcp", e.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if p := c.LocalAddr().(*net.TCPAddr).Port; seen[p] {
+			t.Errorf("an outgoing connection took chosen port %d", p)
+		}
 	}
 }

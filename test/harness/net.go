@@ -2,8 +2,11 @@ package harness
 
 import (
 	"io"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,20 +18,66 @@ func FreePort(t testing.TB) int {
 	return FreePorts(t, 1)[0]
 }
 
-// FreePorts returns n distinct loopback TCP ports that were free a moment ago.
+// FreePorts returns n distinct loopback TCP ports that were free a moment ago, for a program under
+// test to bind later.
+//
+// They come from below the kernel's ephemeral range. A port the kernel handed out for ":0" lies inside
+// that range, so the source port of any outgoing connection, this test's or another's, could take it in
+// the moment before the program binds it ("address already in use"). Ports below the range are never
+// handed out that way. A port this process returned is not returned again.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	ports := make([]int, 0, n)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	lo, hi := portsBelowEphemeral()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 10*(hi-lo) || hi-lo < 1000 {
+			ports = append(ports, kernelPort(t))
+			continue
 		}
-		// Held until all are chosen, so that the n ports differ.
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		p := lo + rand.IntN(hi-lo)
+		if portsGiven[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsGiven[p] = true
+		ports = append(ports, p)
 	}
 	return ports
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// portsBelowEphemeral returns [lo, hi): unprivileged ports below the kernel's ephemeral range.
+func portsBelowEphemeral() (lo, hi int) {
+	lo, hi = 10000, 32768 // the kernel's default range starts at 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				hi = v
+			}
+		}
+	}
+	return lo, hi
+}
+
+// kernelPort is the fallback when the ephemeral range leaves too little below it.
+func kernelPort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // ClosedAddr returns a loopback address where nothing listens.

@@ -12,29 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/konnect-dev/konnect/test/harness"
 )
 
 // demoPorts are hack/demo.sh's port overrides.
 var demoPorts = []string{"DEMO_AGENT_PORT", "DEMO_SERVER_ADMIN_PORT", "DEMO_SERVER_HEALTH_PORT", "DEMO_AGENT_HEALTH_PORT", "DEMO_AGENT_ADMIN_PORT"}
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
 
 func runDemo(t *testing.T, env []string) (string, error) {
 	t.Helper()
@@ -58,7 +41,7 @@ func runDemo(t *testing.T, env []string) (string, error) {
 func TestDemo(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "demo")
 	env := []string{"KONNECT=" + konnectBin, "DEMO_DIR=" + dir}
-	for i, p := range freePorts(t, len(demoPorts)) {
+	for i, p := range harness.FreePorts(t, len(demoPorts)) {
 		env = append(env, fmt.Sprintf("%s=%d", demoPorts[i], p))
 	}
 	out, err := runDemo(t, env)
@@ -103,7 +86,7 @@ func TestDemoNamesThePortOverride(t *testing.T) {
 			port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 			env := []string{v + "=" + port, "KONNECT=/nonexistent/konnect", "DEMO_DIR=" + filepath.Join(t.TempDir(), "demo")}
 			// The other ports are free ones, so that only this one is taken.
-			for i, p := range freePorts(t, len(demoPorts)) {
+			for i, p := range harness.FreePorts(t, len(demoPorts)) {
 				if demoPorts[i] != v {
 					env = append(env, fmt.Sprintf("%s=%d", demoPorts[i], p))
 				}
@@ -130,7 +113,7 @@ func TestDemoSaysWhatItBuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := []string{"GO=" + fake, "DEMO_DIR=" + filepath.Join(t.TempDir(), "demo")}
-	for i, p := range freePorts(t, len(demoPorts)) {
+	for i, p := range harness.FreePorts(t, len(demoPorts)) {
 		env = append(env, fmt.Sprintf("%s=%d", demoPorts[i], p))
 	}
 	out, err := runDemo(t, env)

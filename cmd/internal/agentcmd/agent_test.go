@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
@@ -43,14 +44,8 @@ func testServer(t *testing.T) (addr, caFile, certFile, keyFile string) {
 	return ln.Addr().String(), caFile, certFile, keyFile
 }
 
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-}
+// freePort is a free loopback port, as the flag value.
+func freePort(t *testing.T) string { return strconv.Itoa(harness.FreePort(t)) }
 
 func get(url string) (int, string) {
 	resp, err := http.Get(url)
