@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
@@ -259,11 +261,16 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 			defer as.flow.end()
 		}
 	}
-	// Upstream's handler returns before SendHeader when it refuses a stream; a stream that has sent headers
-	// was accepted.
-	hs := &headerWatch{ServerStream: as, accepted: func() { s.agents.connected(id, idents, remote) }}
-	err := handler(srv, hs)
-	if !hs.sent {
+	// Upstream's handler refuses a stream before it adds the stream's Backend to the backend managers; a
+	// stream whose Backend was added was accepted, and dials can reach it from then on (addedWatch).
+	var accepted atomic.Bool
+	added := func() {
+		if !accepted.Swap(true) {
+			s.agents.connected(id, idents, remote)
+		}
+	}
+	err := handler(srv, &addedStream{ServerStream: as, ctx: context.WithValue(ctx, backendAddedKey{}, added)})
+	if !accepted.Load() {
 		if err == nil {
 			err = status.Error(codes.Unknown, "agent stream ended before it was accepted")
 		}
@@ -274,19 +281,29 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	return err
 }
 
-type headerWatch struct {
+// addedStream is an agent stream whose context carries the callback that addedWatch calls once the stream's
+// Backend is registered: upstream's Backend hands out its stream's context, and nothing else of it.
+type addedStream struct {
 	grpc.ServerStream
-	accepted func()
-	sent     bool
+	ctx context.Context
 }
 
-func (h *headerWatch) SendHeader(md metadata.MD) error {
-	err := h.ServerStream.SendHeader(md)
-	if err == nil && !h.sent {
-		h.sent = true
-		h.accepted()
+func (a *addedStream) Context() context.Context { return a.ctx }
+
+type backendAddedKey struct{}
+
+// addedWatch wraps the last of upstream's backend managers, to which upstream's handler adds an agent's
+// Backend after the others: once it returns, every strategy can pick the agent for a dial. Marking the agent
+// connected when its headers were sent, just before, let a dial that followed that mark find no agent.
+type addedWatch struct {
+	server.BackendManager
+}
+
+func (w addedWatch) AddBackend(b *server.Backend) {
+	w.BackendManager.AddBackend(b)
+	if added, ok := b.Context().Value(backendAddedKey{}).(func()); ok {
+		added()
 	}
-	return err
 }
 
 func first(v []string) string {

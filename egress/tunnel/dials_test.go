@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/test/harness"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
 	"sigs.k8s.io/apiserver-network-proxy/proto/agent"
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
@@ -432,4 +434,55 @@ func TestBlockedDialSendKeepsSlot(t *testing.T) {
 	}
 	a.leave()
 	waitPending(t, s, 0)
+}
+
+// gatedManager holds AddBackend until open is closed: the moment between upstream's handler sending an
+// agent's headers and adding its Backend, stretched.
+type gatedManager struct {
+	server.BackendManager
+	open chan struct{}
+}
+
+func (g gatedManager) AddBackend(b *server.Backend) {
+	<-g.open
+	g.BackendManager.AddBackend(b)
+}
+
+// TestAgentConnectedOnceDialsReachIt: Status, which readiness and waiting callers read, shows an agent
+// connected only once a dial can pick it. Upstream's handler sends the agent its headers before it adds the
+// agent's Backend; a dial that followed a mark made at the headers found no agent.
+func TestAgentConnectedOnceDialsReachIt(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := make(chan struct{})
+	t.Cleanup(func() {
+		select {
+		case <-open:
+		default:
+			close(open) // the test failed before opening it: let the handler go
+		}
+	})
+	last := len(srv.ps.BackendManagers) - 1
+	w := srv.ps.BackendManagers[last].(addedWatch)
+	w.BackendManager = gatedManager{BackendManager: w.BackendManager, open: open}
+	srv.ps.BackendManagers[last] = w
+	s := &running{Server: srv, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, srv.Run)}
+
+	a := startSilentAgent(t, e, s.AgentAddr(), "gated-agent") // returns once the agent has its headers
+	time.Sleep(200 * time.Millisecond)
+	for _, st := range s.Status().Agents {
+		if st.Connected {
+			t.Fatalf("agent shown connected before any dial could reach it: %+v", st)
+		}
+	}
+	close(open)
+	s.waitAgents(t, 1)
+	holdDial(t, s, "grpc", 7)
+	if got := a.next(t, client.PacketType_DIAL_REQ).GetDialRequest().GetRandom(); got != 7 {
+		t.Fatalf("dial request %d, want 7", got)
+	}
 }

@@ -130,6 +130,9 @@ func New(c *Config) (_ *Server, err error) {
 		metrics: m,
 	}
 	s.authMetrics = am
+	if n := len(s.ps.BackendManagers); n > 0 {
+		s.ps.BackendManagers[n-1] = addedWatch{s.ps.BackendManagers[n-1]}
+	}
 	if cfg.TokenAuth != nil {
 		s.tokens = newTokenAuthenticator(*cfg.TokenAuth, am)
 	}
