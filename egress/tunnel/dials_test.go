@@ -123,13 +123,13 @@ func (a *silentAgent) none(t *testing.T, typ client.PacketType, d time.Duration)
 
 // rawFrontend is a gRPC frontend stream that sends DIAL_REQs as the test says, unlike konnectivity-client,
 // which sends one.
-func rawFrontend(t *testing.T, uds string) client.ProxyService_ProxyClient {
+func rawFrontend(t *testing.T, uds string, opts ...grpc.DialOption) client.ProxyService_ProxyClient {
 	t.Helper()
-	conn, err := grpc.NewClient("passthrough:///"+uds, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("passthrough:///"+uds, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", uds)
-		}))
+		})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

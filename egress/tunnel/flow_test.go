@@ -537,3 +537,58 @@ func TestFlowViolationCountedOnce(t *testing.T) {
 		t.Errorf("one connection's violation was counted %v times", v)
 	}
 }
+
+// TestFlowPausedReaderHoldsItsWindow: a frontend reader that stops makes the agent send that connection no
+// more than what the reader's own gRPC window took plus the server's window. The server grants a message
+// back only once its connection to kube-apiserver has carried it, not when gRPC took it: gRPC would hold
+// up to two more messages for a reader that takes nothing.
+func TestFlowPausedReaderHoldsItsWindow(t *testing.T) {
+	const window = 64 << 10
+	// A window that cannot grow: the reader's window fills at full speed, which would let it double once.
+	e, s := flowServer(t, func(c *Config) { c.FlowWindow, c.FlowMaxWindow = window, window })
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	const readerWindow = 64 << 10 // set, so that gRPC's estimate does not grow it
+	fe := rawFrontend(t, s.cfg.UDSName, grpc.WithInitialWindowSize(readerWindow), grpc.WithInitialConnWindowSize(readerWindow))
+	if err := fe.Send(dialReq(1, "198.18.0.1:80")); err != nil {
+		t.Fatal(err)
+	}
+	a.accept(1)
+	if rsp, err := fe.Recv(); err != nil || rsp.GetDialResponse().GetConnectID() != 1 {
+		t.Fatalf("dial: %v %v", rsp, err)
+	}
+	// The agent sends whatever it is granted, 16 KiB at a time, until no grant has come for a second.
+	credit, sent := int64(a.offer.Window), int64(0)
+	for {
+		for credit > 0 {
+			n := min(credit, 16<<10)
+			a.send(data(1, int(n)))
+			credit -= n
+			sent += n
+		}
+		select {
+		case pkt, ok := <-a.recv:
+			if !ok {
+				t.Fatal("agent stream ended")
+			}
+			if pkt.Type == flow.GrantType {
+				if err := flow.DecodeGrants(pkt, func(id, n int64) error {
+					if id == 1 {
+						credit += n
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		case <-time.After(time.Second):
+		}
+		break
+	}
+	// One packet more may come of grants a little early (sentLedger counts a message at its fewest bytes).
+	if bound := int64(readerWindow + window + 16<<10); sent > bound {
+		t.Fatalf("a paused reader got the agent to send %d bytes, want at most %d (its gRPC window and the server's window)", sent, bound)
+	}
+	t.Logf("sent %d bytes for a paused reader", sent)
+}

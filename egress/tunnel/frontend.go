@@ -2,8 +2,11 @@ package tunnel
 
 import (
 	"context"
+	"io"
 	"net"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
@@ -11,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -128,9 +132,14 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }, queue: q}
 	defer ff.end()
 	writerDone := make(chan struct{})
-	// Each message sent is progress: gRPC lets a send return once the one before has mostly gone out. So
-	// a DATA message counts as consumed, and its connection is granted more, when the next send returns, or
-	// when nothing more waits: until then gRPC may still hold it for a reader that has not taken it.
+	// A DATA message counts as consumed, and its connection is granted more, once the connection has
+	// carried it (sentLedger). Where another stream holds the connection's ledger, it counts when the next
+	// send returns, or when nothing more waits: gRPC lets a send return once the message before has partly
+	// gone out, so until then gRPC may still hold that message for a reader that has not taken it.
+	ledger := claimLedger(ss.Context())
+	if ledger != nil {
+		defer ledger.release()
+	}
 	var heldID int64
 	var held int
 	var sent int64 // DATA bytes sent to kube-apiserver
@@ -146,11 +155,18 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		if err != nil {
 			return err
 		}
-		credit()
-		if d := m.(*client.Packet).GetData(); d != nil {
-			heldID, held = d.ConnectID, len(d.Data)
-			sent += int64(len(d.Data))
+		d := m.(*client.Packet).GetData()
+		if d == nil {
+			return nil
 		}
+		sent += int64(len(d.Data))
+		if ledger != nil {
+			id, n := d.ConnectID, len(d.Data)
+			ledger.sent(n, func() { ff.consumed(id, n) })
+			return nil
+		}
+		credit()
+		heldID, held = d.ConnectID, len(d.Data)
 		return nil
 	}
 	chunk := func() int {
@@ -180,15 +196,16 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 // tunnelCreds wraps the frontend's transport credentials (insecure on the Unix socket) so that a stream can
 // reach its connection: gRPC has no way to end a stream from outside its handler, and each of
 // kube-apiserver's tunnels is its own connection, so closing that connection ends the tunnel. The
-// connection goes on to gRPC unchanged, which keeps its buffer-free waits for idle Unix sockets.
+// connection also counts what gRPC writes to it (sentConn).
 type tunnelCreds struct {
 	credentials.TransportCredentials
 }
 
-// tunnelInfo is the connection's AuthInfo, with the connection.
+// tunnelInfo is the connection's AuthInfo, with the connection; sent is nil for a CONNECT tunnel.
 type tunnelInfo struct {
 	credentials.AuthInfo
 	conn net.Conn
+	sent *sentConn
 }
 
 func (c tunnelCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -196,7 +213,8 @@ func (c tunnelCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	if err != nil {
 		return nil, nil, err
 	}
-	return conn, tunnelInfo{AuthInfo: info, conn: conn}, nil
+	sc := &sentConn{Conn: conn}
+	return readyConn(sc), tunnelInfo{AuthInfo: info, conn: sc, sent: sc}, nil
 }
 
 func (c tunnelCreds) Clone() credentials.TransportCredentials {
@@ -209,6 +227,160 @@ func closeTunnelConn(ctx context.Context) {
 		if info, ok := p.AuthInfo.(tunnelInfo); ok {
 			_ = info.conn.Close()
 		}
+	}
+}
+
+// sentConn is a frontend connection that tells its ledger how many bytes gRPC wrote to it.
+type sentConn struct {
+	net.Conn
+	ledger sentLedger
+}
+
+func (c *sentConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.ledger.wrote(n)
+	return n, err
+}
+
+// readyConn is sc, with gRPC's readiness reads where its connection is a plain socket (the Unix socket, or
+// TCP without TLS). For such a connection gRPC takes a read buffer from its pool only once data has arrived,
+// and gives it back after; wrapped without them, every idle tunnel would pin a 32 KiB read buffer of its
+// own. Under TLS gRPC reads through the TLS connection, and sc stays as it is.
+func readyConn(sc *sentConn) net.Conn {
+	switch c := sc.Conn.(type) {
+	case *net.UnixConn, *net.TCPConn:
+		if raw, err := c.(syscall.Conn).SyscallConn(); err == nil {
+			return &readySentConn{sentConn: sc, raw: raw}
+		}
+	}
+	return sc
+}
+
+// readySentConn implements gRPC's optional ReadOnReady (google.golang.org/grpc/internal/transport/
+// readyreader, which gRPC looks for on the connection): wait until the socket is readable, then read into
+// a buffer taken from pool.
+type readySentConn struct {
+	*sentConn
+	raw syscall.RawConn
+}
+
+func (c *readySentConn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+	var (
+		buf     *[]byte
+		n       int
+		readErr error
+	)
+	err := c.raw.Read(func(fd uintptr) bool {
+		buf = pool.Get(bufSize)
+		n, readErr = syscall.Read(int(fd), *buf)
+		if readErr != nil {
+			pool.Put(buf)
+			buf = nil
+		}
+		return readErr != syscall.EAGAIN
+	})
+	switch {
+	case err != nil:
+		if buf != nil {
+			pool.Put(buf)
+		}
+		return nil, 0, err
+	case readErr != nil:
+		return nil, 0, readErr
+	case n == 0:
+		pool.Put(buf)
+		return nil, 0, io.EOF
+	}
+	return buf, n, nil
+}
+
+// claimLedger returns the ledger of the stream's connection, or nil when another stream on it holds the
+// ledger. kube-apiserver opens one connection per tunnel, so its streams always get one.
+func claimLedger(ctx context.Context) *sentLedger {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(tunnelInfo); ok && info.sent != nil && info.sent.ledger.claim() {
+			return &info.sent.ledger
+		}
+	}
+	return nil
+}
+
+// minWireOverhead is the fewest bytes a DATA message takes on a connection beyond its payload: gRPC's
+// 5-byte message prefix, one 9-byte HTTP/2 frame header and the payload's 2-byte protobuf tag and length.
+const minWireOverhead = 5 + 9 + 2
+
+// sentLedger matches the bytes written to a connection against the DATA messages one stream sent on it, in
+// order, and runs each message's callback once the connection has carried it. gRPC writes a stream's
+// messages in the order they were sent. written counts every byte, frames and headers included, and each
+// message is counted at the fewest bytes it can take, so a message is never found written later than it
+// was: callbacks may run a little early (by the framing beyond that minimum, and by other streams' bytes),
+// never late, and so never hold back credit that the connection has earned.
+type sentLedger struct {
+	mu      sync.Mutex
+	claimed bool
+	written int64 // bytes written to the connection since the ledger was claimed
+	queued  int64 // where on the connection the last message sent ends, at the least
+	pending []sentMessage
+}
+
+type sentMessage struct {
+	end     int64
+	carried func()
+}
+
+func (l *sentLedger) claim() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.claimed {
+		return false
+	}
+	l.claimed, l.written, l.queued, l.pending = true, 0, 0, nil
+	return true
+}
+
+// release drops what is pending: the stream is over.
+func (l *sentLedger) release() {
+	l.mu.Lock()
+	l.claimed, l.pending = false, nil
+	l.mu.Unlock()
+}
+
+// sent records a DATA message of n payload bytes that gRPC took; carried runs once the connection carried it.
+// The message's bytes may have been written already, before gRPC's send returned.
+func (l *sentLedger) sent(n int, carried func()) {
+	l.mu.Lock()
+	l.queued += int64(n + minWireOverhead)
+	if l.written >= l.queued && len(l.pending) == 0 {
+		l.mu.Unlock()
+		carried()
+		return
+	}
+	l.pending = append(l.pending, sentMessage{end: l.queued, carried: carried})
+	l.mu.Unlock()
+}
+
+func (l *sentLedger) wrote(n int) {
+	if n <= 0 {
+		return
+	}
+	l.mu.Lock()
+	l.written += int64(n)
+	i := 0
+	for i < len(l.pending) && l.pending[i].end <= l.written {
+		i++
+	}
+	if i == 0 {
+		l.mu.Unlock()
+		return
+	}
+	done := make([]func(), i)
+	for j := range i {
+		done[j] = l.pending[j].carried
+	}
+	l.pending = append(l.pending[:0], l.pending[i:]...)
+	l.mu.Unlock()
+	for _, f := range done {
+		f()
 	}
 }
 
