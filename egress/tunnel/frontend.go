@@ -136,7 +136,7 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	// carried it (sentLedger). Where another stream holds the connection's ledger, it counts when the next
 	// send returns, or when nothing more waits: gRPC lets a send return once the message before has partly
 	// gone out, so until then gRPC may still hold that message for a reader that has not taken it.
-	ledger := claimLedger(ss.Context())
+	ledger := claimLedger(ss.Context(), ff.consumed)
 	if ledger != nil {
 		defer ledger.release()
 	}
@@ -161,8 +161,7 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		}
 		sent += int64(len(d.Data))
 		if ledger != nil {
-			id, n := d.ConnectID, len(d.Data)
-			ledger.sent(n, func() { ff.consumed(id, n) })
+			ledger.sent(d.ConnectID, len(d.Data))
 			return nil
 		}
 		credit()
@@ -294,11 +293,12 @@ func (c *readySentConn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, 
 	return buf, n, nil
 }
 
-// claimLedger returns the ledger of the stream's connection, or nil when another stream on it holds the
-// ledger. kube-apiserver opens one connection per tunnel, so its streams always get one.
-func claimLedger(ctx context.Context) *sentLedger {
+// claimLedger returns the ledger of the stream's connection, which calls carried for each DATA message once
+// the connection carried it, or nil when another stream on it holds the ledger. kube-apiserver opens one
+// connection per tunnel, so its streams always get one.
+func claimLedger(ctx context.Context, carried func(id int64, n int)) *sentLedger {
 	if p, ok := peer.FromContext(ctx); ok {
-		if info, ok := p.AuthInfo.(tunnelInfo); ok && info.sent != nil && info.sent.ledger.claim() {
+		if info, ok := p.AuthInfo.(tunnelInfo); ok && info.sent != nil && info.sent.ledger.claim(carried) {
 			return &info.sent.ledger
 		}
 	}
@@ -310,52 +310,54 @@ func claimLedger(ctx context.Context) *sentLedger {
 const minWireOverhead = 5 + 9 + 2
 
 // sentLedger matches the bytes written to a connection against the DATA messages one stream sent on it, in
-// order, and runs each message's callback once the connection has carried it. gRPC writes a stream's
+// order, and calls carried for each message once the connection has carried it. gRPC writes a stream's
 // messages in the order they were sent. written counts every byte, frames and headers included, and each
 // message is counted at the fewest bytes it can take, so a message is never found written later than it
-// was: callbacks may run a little early (by the framing beyond that minimum, and by other streams' bytes),
-// never late, and so never hold back credit that the connection has earned.
+// was: carried may come a little early (by the framing beyond that minimum, and by other streams' bytes),
+// never late, and so never holds back credit that the connection has earned.
 type sentLedger struct {
 	mu      sync.Mutex
-	claimed bool
-	written int64 // bytes written to the connection since the ledger was claimed
-	queued  int64 // where on the connection the last message sent ends, at the least
+	carried func(id int64, n int) // nil while no stream holds the ledger
+	written int64                 // bytes written to the connection since the ledger was claimed
+	queued  int64                 // where on the connection the last message sent ends, at the least
 	pending []sentMessage
 }
 
 type sentMessage struct {
-	end     int64
-	carried func()
+	end int64
+	id  int64
+	n   int
 }
 
-func (l *sentLedger) claim() bool {
+func (l *sentLedger) claim(carried func(id int64, n int)) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.claimed {
+	if l.carried != nil {
 		return false
 	}
-	l.claimed, l.written, l.queued, l.pending = true, 0, 0, nil
+	l.carried, l.written, l.queued, l.pending = carried, 0, 0, nil
 	return true
 }
 
 // release drops what is pending: the stream is over.
 func (l *sentLedger) release() {
 	l.mu.Lock()
-	l.claimed, l.pending = false, nil
+	l.carried, l.pending = nil, nil
 	l.mu.Unlock()
 }
 
-// sent records a DATA message of n payload bytes that gRPC took; carried runs once the connection carried it.
-// The message's bytes may have been written already, before gRPC's send returned.
-func (l *sentLedger) sent(n int, carried func()) {
+// sent records a DATA message of n payload bytes for connection id that gRPC took. Its bytes may have been
+// written already, before gRPC's send returned.
+func (l *sentLedger) sent(id int64, n int) {
 	l.mu.Lock()
 	l.queued += int64(n + minWireOverhead)
 	if l.written >= l.queued && len(l.pending) == 0 {
+		carried := l.carried
 		l.mu.Unlock()
-		carried()
+		carried(id, n)
 		return
 	}
-	l.pending = append(l.pending, sentMessage{end: l.queued, carried: carried})
+	l.pending = append(l.pending, sentMessage{end: l.queued, id: id, n: n})
 	l.mu.Unlock()
 }
 
@@ -373,14 +375,15 @@ func (l *sentLedger) wrote(n int) {
 		l.mu.Unlock()
 		return
 	}
-	done := make([]func(), i)
-	for j := range i {
-		done[j] = l.pending[j].carried
-	}
+	// Taken out to call carried without the lock; a write seldom completes more than a few messages, so
+	// they stay on the stack.
+	var small [8]sentMessage
+	due := append(small[:0], l.pending[:i]...)
+	carried := l.carried
 	l.pending = append(l.pending[:0], l.pending[i:]...)
 	l.mu.Unlock()
-	for _, f := range done {
-		f()
+	for _, m := range due {
+		carried(m.id, m.n)
 	}
 }
 

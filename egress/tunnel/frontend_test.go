@@ -187,13 +187,13 @@ func TestFirstMessagesAreSmall(t *testing.T) {
 // time holds a connection's ledger.
 func TestSentLedger(t *testing.T) {
 	var l sentLedger
-	if !l.claim() || l.claim() {
+	var carried []int
+	note := func(id int64, _ int) { carried = append(carried, int(id)) }
+	if !l.claim(note) || l.claim(note) {
 		t.Fatal("a ledger is claimed once at a time")
 	}
-	var carried []int
-	note := func(i int) func() { return func() { carried = append(carried, i) } }
-	l.sent(100, note(1))
-	l.sent(200, note(2))
+	l.sent(1, 100)
+	l.sent(2, 200)
 	l.wrote(100 + minWireOverhead - 1)
 	if len(carried) != 0 {
 		t.Fatalf("carried %v before the first message's bytes were all written", carried)
@@ -203,7 +203,7 @@ func TestSentLedger(t *testing.T) {
 		t.Fatalf("carried %v, want [1]", carried)
 	}
 	l.wrote(200 + minWireOverhead + 50) // the second message, and the third's payload without its framing
-	l.sent(50, note(3))                 // which gRPC wrote before its send returned
+	l.sent(3, 50)                       // which gRPC wrote before its send returned
 	if len(carried) != 2 || carried[1] != 2 {
 		t.Fatalf("carried %v, want [1 2]", carried)
 	}
@@ -211,13 +211,13 @@ func TestSentLedger(t *testing.T) {
 	if len(carried) != 3 || carried[2] != 3 {
 		t.Fatalf("carried %v, want [1 2 3]", carried)
 	}
-	l.sent(10, note(4))
+	l.sent(4, 10)
 	l.release()
 	l.wrote(1 << 20)
 	if len(carried) != 3 {
 		t.Fatalf("a released ledger carried %v", carried)
 	}
-	if !l.claim() {
+	if !l.claim(note) {
 		t.Fatal("a released ledger can be claimed again")
 	}
 }
