@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -140,21 +141,7 @@ func (ss *scriptedStream) wait(typ client.PacketType) *client.Packet {
 
 // dataFor counts the bytes of DATA for connection id that arrive within d.
 func (ss *scriptedStream) dataFor(id int64, d time.Duration) int {
-	n := 0
-	end := time.After(d)
-	for {
-		select {
-		case pkt, ok := <-ss.recv:
-			if !ok {
-				return n
-			}
-			if pkt.Type == client.PacketType_DATA && pkt.GetData().ConnectID == id {
-				n += len(pkt.GetData().Data)
-			}
-		case <-end:
-			return n
-		}
-	}
+	return ss.dataAtLeast(id, math.MaxInt, d)
 }
 
 // dataAtLeast counts DATA bytes for connection id until there are want of them, or d has passed.

@@ -437,13 +437,15 @@ func TestBlockedDialSendKeepsSlot(t *testing.T) {
 }
 
 // gatedManager holds AddBackend until open is closed: the moment between upstream's handler sending an
-// agent's headers and adding its Backend, stretched.
+// agent's headers and adding its Backend, stretched. entered tells that the handler got there.
 type gatedManager struct {
 	server.BackendManager
-	open chan struct{}
+	entered chan struct{}
+	open    chan struct{}
 }
 
 func (g gatedManager) AddBackend(b *server.Backend) {
+	g.entered <- struct{}{}
 	<-g.open
 	g.BackendManager.AddBackend(b)
 }
@@ -468,12 +470,17 @@ func TestAgentConnectedOnceDialsReachIt(t *testing.T) {
 	})
 	last := len(srv.ps.BackendManagers) - 1
 	w := srv.ps.BackendManagers[last].(addedWatch)
-	w.BackendManager = gatedManager{BackendManager: w.BackendManager, open: open}
+	entered := make(chan struct{}, 1)
+	w.BackendManager = gatedManager{BackendManager: w.BackendManager, entered: entered, open: open}
 	srv.ps.BackendManagers[last] = w
 	s := &running{Server: srv, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, srv.Run)}
 
 	a := startSilentAgent(t, e, s.AgentAddr(), "gated-agent") // returns once the agent has its headers
-	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("upstream's handler did not add the agent's Backend")
+	}
 	for _, st := range s.Status().Agents {
 		if st.Connected {
 			t.Fatalf("agent shown connected before any dial could reach it: %+v", st)
