@@ -10,8 +10,8 @@ import (
 )
 
 // TestFilterRefusesNodeProxyExec drives the proxy with its default filter, with Go's HTTP client, curl and a
-// raw SPDY upgrade, against a loopback backend that records every request: exec, attach, run and
-// portForward of the kubelet API through a node's proxy subresource, which kube-apiserver forwards to the
+// raw SPDY upgrade, against a loopback backend that records every request: exec, attach, run, portForward,
+// checkpoint and debug/flags of the kubelet API through a node's proxy subresource, which kube-apiserver forwards to the
 // kubelet and kubectl proxy's default lets through, get 403 (or 400 for a spelling a hop could read another
 // way) and never reach it, also under --api-prefix; the node proxy's other paths, and pod port-forward (as
 // with kubectl), still pass.
@@ -40,6 +40,12 @@ func TestFilterRefusesNodeProxyExec(t *testing.T) {
 		"/api/v1/nodes/w1/proxy/exec%2Fdefault/web/app",
 		"/api/v1/nodes/w1/proxy//exec/default/web/app",
 		"/api/v1/nodes/w1/proxy/./exec/default/web/app",
+		"/api/v1/nodes/w1/proxy/checkpoint/default/web/app",
+		"/api/v1/nodes/w1:10250/proxy/checkpoint/default/web/app?timeout=10",
+		"/api/v1/nodes/w1/proxy/%63heckpoint/default/web/app",
+		"/api/v1/nodes/w1/proxy/debug/flags/v",
+		"/api/v1/nodes/w1/proxy/debug/%66lags/v",
+		"/api/v1/nodes/w1/proxy/debug//flags/v",
 		"/api/v1/nodes/w1/proxy/%2e/exec/default/web/app",
 		"/api/v1/nodes/w1/./proxy/exec/default/web/app",
 	}
@@ -49,6 +55,8 @@ func TestFilterRefusesNodeProxyExec(t *testing.T) {
 		"/api/v1/nodes/w1/proxy/containerLogs/default/web/app",
 		"/api/v1/nodes/w1/proxy/configz",
 		"/api/v1/nodes/w1/proxy/executor",
+		"/api/v1/nodes/w1/proxy/debug/pprof/heap",
+		"/api/v1/nodes/w1/proxy/checkpoints",
 		"/api/v1/nodes/w1/proxy/",
 		"/api/v1/nodes/exec",
 		"/api/v1/namespaces/default/pods/web/portforward",

@@ -403,11 +403,13 @@ func TestProxyPathTricks(t *testing.T) {
 		"/./api/v1/namespaces/d/pods/p/exec",
 		"/api/v1/namespaces/d/pods/p/ex%65c?command=id",
 		"/api/v1/namespaces/d/pods/p/attach",
-		// The kubelet's exec, run, attach and portForward through the node proxy (kubectl proxy passes them).
+		// The kubelet's exec, run, attach, portForward, checkpoint and debug/flags through the node proxy (kubectl proxy passes them).
 		"/api/v1/nodes/w1/proxy/exec/d/p/c?command=id",
 		"/api/v1/nodes/w1:10250/proxy/run/d/p/c?cmd=id",
 		"/api/v1/nodes/w1/proxy/%61ttach/d/p/c",
 		"/api/v1/nodes/w1/proxy/portForward/d/p?port=22",
+		"/api/v1/nodes/w1/proxy/checkpoint/d/p/c",
+		"/api/v1/nodes/w1/proxy/debug/flags/v",
 	} {
 		before := len(seen())
 		code := curlStatus(t, "http://"+addr+target)

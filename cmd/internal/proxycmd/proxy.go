@@ -38,9 +38,10 @@ func NewProxyCommand() *cobra.Command {
 kubeconfig (client certificates, tokens, exec plugins). It takes kubectl proxy's flags with the same
 defaults, and keeps its request filter: only Host headers naming localhost are accepted (this defeats DNS
 rebinding, kubernetes issue 8871), and exec and attach are refused unless --reject-paths says otherwise.
-Unlike kubectl proxy's, the default --reject-paths also refuses the kubelet's exec, attach, run and
-portForward through a node's proxy subresource (/api/v1/nodes/NODE/proxy/exec/...), which kube-apiserver
-forwards to the kubelet; a --reject-paths given on the command line replaces the whole default.
+Unlike kubectl proxy's, the default --reject-paths also refuses the kubelet's exec, attach, run,
+portForward, checkpoint and debug/flags through a node's proxy subresource
+(/api/v1/nodes/NODE/proxy/exec/...), which kube-apiserver forwards to the kubelet; a --reject-paths
+given on the command line replaces the whole default.
 
 Watches stream, and exec, attach and port-forward (SPDY or WebSocket) pass when the filter allows them.
 The kubeconfig's proxy-url is honoured; with --via [user@]host the traffic goes over one SSH connection
