@@ -165,10 +165,12 @@ const (
 )
 
 // Feed is one reader of a certificate. Restart says why a renewed certificate reaches that reader only after
-// a restart or a re-apply; empty when the reader reads the file again when it changes.
+// a restart or a re-apply; empty when the reader reads the file again when it changes. With, when set, names
+// the certificate whose presence in DIR/pki shows the set-up in which the reader uses this one.
 type Feed struct {
 	Reader  Reader
 	Restart string
+	With    string
 }
 
 // ServerMounts is why the Konnectivity server's pod needs a restart after a renewal.
@@ -201,25 +203,28 @@ func Specs() []*Spec {
 		{
 			Name: CA, BaseName: "ca", IsCA: true, CommonName: "kubernetes-ca",
 			Description: "cluster CA: signs the Konnectivity certificates (kept if present; external if only ca.crt exists)",
-			Feeds:       []Feed{{ServerPod, ServerMounts}, {AgentBundle, "its ConfigMap carries ca.crt to the agents"}},
+			Feeds: []Feed{{Reader: ServerPod, Restart: ServerMounts},
+				{Reader: AgentBundle, Restart: "its ConfigMap carries ca.crt to the agents"},
+				// With --transport tcp, kube-apiserver checks the server's frontend certificate against it.
+				{Reader: KubeAPIServer, Restart: "it loads its egress caBundle only when it starts, and that copy expires with the old CA", With: APIServerEgressClient}},
 		},
 		{
 			Name: FrontProxyCA, BaseName: "front-proxy-ca", IsCA: true, CommonName: "front-proxy-ca",
 			Description: "aggregation-layer client CA (--requestheader-client-ca-file); must differ from the cluster CA",
-			Feeds:       []Feed{{KubeAPIServer, ""}}, // it reloads --requestheader-client-ca-file
+			Feeds:       []Feed{{Reader: KubeAPIServer, Restart: ""}}, // it reloads --requestheader-client-ca-file
 		},
 		{
 			Name: FrontProxyClient, BaseName: "front-proxy-client", CA: FrontProxyCA, CommonName: "front-proxy-client",
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Description: "client certificate kube-apiserver presents to extension API servers (--proxy-client-cert-file)",
-			Feeds:       []Feed{{KubeAPIServer, ""}}, // it reloads --proxy-client-cert-file
+			Feeds:       []Feed{{Reader: KubeAPIServer, Restart: ""}}, // it reloads --proxy-client-cert-file
 		},
 		{
 			// No O=system:masters: the Konnectivity server only needs to review agent tokens, which RBAC grants.
 			Name: KonnectivityServerClient, BaseName: "konnectivity-server-client", CA: CA, CommonName: ServerUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Description: "client certificate the Konnectivity server uses towards kube-apiserver (embedded in " + KubeconfigFile + ")",
-			Feeds:       []Feed{{ServerPod, ServerMounts}}, // in its kubeconfig
+			Feeds:       []Feed{{Reader: ServerPod, Restart: ServerMounts}}, // in its kubeconfig
 		},
 		{
 			Name: KonnectivityServer, BaseName: "konnectivity-server", CA: CA, CommonName: "konnectivity-server",
@@ -228,7 +233,7 @@ func Specs() []*Spec {
 			AltNames: func(c *Config) AltNames {
 				return buildAltNames(append(slices.Clone(c.ControlPlaneAddresses), c.Hostname, "localhost", "127.0.0.1"))
 			},
-			Feeds: []Feed{{ServerPod, ServerMounts}},
+			Feeds: []Feed{{Reader: ServerPod, Restart: ServerMounts}},
 		},
 		{
 			// Not the cluster CA: kube-apiserver trusts that one (--client-ca-file), and the agents' certificate,
@@ -236,14 +241,14 @@ func Specs() []*Spec {
 			Name: KonnectivityAgentCA, BaseName: "konnectivity-agent-ca", IsCA: true, CommonName: "konnectivity-agent-ca",
 			Enabled:     func(c *Config) bool { return c.AgentMTLS },
 			Description: "CA of the agents' client certificate, which only the Konnectivity server trusts (--cluster-ca-cert; only with mTLS agent authentication)",
-			Feeds:       []Feed{{ServerPod, ServerMounts}},
+			Feeds:       []Feed{{Reader: ServerPod, Restart: ServerMounts}},
 		},
 		{
 			Name: KonnectivityAgent, BaseName: "konnectivity-agent", CA: KonnectivityAgentCA, FormerCA: CA, CommonName: AgentUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.AgentMTLS },
 			Description: "client certificate of the Konnectivity agents (only with mTLS agent authentication)",
-			Feeds:       []Feed{{AgentBundle, "its Secret carries the agents' certificate"}},
+			Feeds:       []Feed{{Reader: AgentBundle, Restart: "its Secret carries the agents' certificate"}},
 		},
 		{
 			Name: KonnectivityFrontend, BaseName: "konnectivity-frontend", CA: CA, CommonName: "konnectivity-frontend",
@@ -254,14 +259,14 @@ func Specs() []*Spec {
 				return buildAltNames(append(slices.Clone(c.ControlPlaneAddresses), "localhost", "127.0.0.1"))
 			},
 			Description: "serving certificate of the Konnectivity server's kube-apiserver port (only HTTPConnect over TCP)",
-			Feeds:       []Feed{{ServerPod, ServerMounts}},
+			Feeds:       []Feed{{Reader: ServerPod, Restart: ServerMounts}},
 		},
 		{
 			Name: APIServerEgressClient, BaseName: "apiserver-egress-client", CA: CA, CommonName: EgressClientUser,
 			Usages:      []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 			Enabled:     func(c *Config) bool { return c.FrontendTLS },
 			Description: "client certificate kube-apiserver presents to the Konnectivity server (only HTTPConnect over TCP)",
-			Feeds:       []Feed{{KubeAPIServer, "it loads its egress client certificate only when it starts"}},
+			Feeds:       []Feed{{Reader: KubeAPIServer, Restart: "it loads its egress client certificate only when it starts"}},
 		},
 	}
 }

@@ -125,8 +125,9 @@ SANs and its subject; only the validity changes. "all" renews every leaf present
 named, and is re-signed with its own key so that everything it issued stays valid. Renewing
 konnectivity-server-client or ca also updates DIR/` + pki.KubeconfigFile + `, which embeds both; after
 renewing ca, run konnect init again and re-apply DIR/` + manifests.AgentBundleDir + `, whose
-ConfigMap carries ca.crt to the agents. To replace a key, delete the certificate's files and run
-konnect init.
+ConfigMap carries ca.crt to the agents, and with --transport tcp restart kube-apiserver, which reads
+its egress caBundle only when it starts. Each renewal prints the steps it needs. To replace a key,
+delete the certificate's files and run konnect init.
 
 Certificates:
   all                          every leaf certificate present in DIR/pki
@@ -162,6 +163,14 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 			cfg := pki.Config{Dir: d, CAValidity: caValidity, CertValidity: certValidity, DryRun: dryRun}
 			serving := pki.IsServingDir(cfg.PKIDir())
 			res, err := pki.Renew(cfg, args...)
+			present := func(name string) bool {
+				s, ok := pki.Lookup(pki.Specs(), name)
+				if !ok {
+					return false
+				}
+				_, err := os.Stat(s.CertFile(cfg.PKIDir()))
+				return err == nil
+			}
 			var next []string
 			renewed := false
 			for _, r := range res {
@@ -174,7 +183,7 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 					note = ": " + r.Reason
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "[%s] %s (expires %s)%s\n", verb, r.CertFile, r.NotAfter.UTC().Format(time.RFC3339), note)
-				for _, step := range renewalSteps(r.Name) {
+				for _, step := range renewalSteps(r.Name, present) {
 					if !r.DryRun && r.Action == pki.Renewed && !slices.Contains(next, step) {
 						next = append(next, step)
 					}
@@ -226,8 +235,9 @@ func refreshServing(w io.Writer, d string) (next string, err error) {
 }
 
 // renewalSteps are what must happen before the renewed certificate called name is used: a step for each of
-// its readers that does not read it again by itself.
-func renewalSteps(name string) []string {
+// its readers that does not read it again by itself. present reports whether a certificate of DIR/pki
+// exists, which shows the set-up a reader depends on (pki.Feed's With).
+func renewalSteps(name string, present func(name string) bool) []string {
 	s, ok := pki.Lookup(pki.Specs(), name)
 	if !ok {
 		return nil
@@ -236,6 +246,7 @@ func renewalSteps(name string) []string {
 	for _, f := range s.Feeds {
 		switch {
 		case f.Restart == "":
+		case f.With != "" && !present(f.With):
 		case f.Reader == pki.ServerPod:
 			steps = append(steps, "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: "+f.Restart)
 		case f.Reader == pki.AgentBundle:

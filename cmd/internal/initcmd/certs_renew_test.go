@@ -9,8 +9,11 @@ import (
 
 // TestRenewalSteps pins the "next:" steps of konnect certs renew, which come from the Feeds of each
 // certificate's pki.Spec row: a reader that reads the file again gets none, and a step shared by several
-// certificates has the same words for each, so that renew all prints it once.
+// certificates has the same words for each, so that renew all prints it once. A reader that uses a
+// certificate only in some set-ups (the cluster CA as kube-apiserver's egress caBundle, with --transport
+// tcp) gets its step only where that set-up's certificate is present.
 func TestRenewalSteps(t *testing.T) {
+	uds := func(string) bool { return false }
 	const (
 		server = "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: its file mounts keep the certificates and kubeconfig it started with"
 		bundle = "run konnect init again and re-apply DIR/konnectivity-agent: "
@@ -28,11 +31,17 @@ func TestRenewalSteps(t *testing.T) {
 		"tls":                        nil, // an extension server's, in a directory of konnect certs apiservice
 	}
 	for name, w := range want {
-		if got := renewalSteps(name); !slices.Equal(got, w) {
+		if got := renewalSteps(name, uds); !slices.Equal(got, w) {
 			t.Errorf("%s: steps %q, want %q", name, got, w)
 		}
 	}
+	tcp := func(name string) bool { return name == pki.APIServerEgressClient }
+	caTCP := append(slices.Clone(want[pki.CA]), "restart kube-apiserver: it loads its egress caBundle only when it starts, and that copy expires with the old CA")
+	if got := renewalSteps(pki.CA, tcp); !slices.Equal(got, caTCP) {
+		t.Errorf("%s with --transport tcp: steps %q, want %q", pki.CA, got, caTCP)
+	}
 	// A row added later gets one step for each reader that does not read the file again.
+	all := func(string) bool { return true }
 	for _, s := range pki.Specs() {
 		n := 0
 		for _, f := range s.Feeds {
@@ -40,7 +49,7 @@ func TestRenewalSteps(t *testing.T) {
 				n++
 			}
 		}
-		if got := renewalSteps(s.Name); len(got) != n {
+		if got := renewalSteps(s.Name, all); len(got) != n {
 			t.Errorf("%s: steps %q for feeds %+v", s.Name, got, s.Feeds)
 		}
 	}

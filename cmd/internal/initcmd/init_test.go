@@ -294,6 +294,10 @@ func TestInitTCPAndMTLS(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: "127.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
+	// kube-apiserver reads the egress caBundle once, when it starts: a renewed CA reaches it by a restart.
+	if out := mustRun(t, "certs", "renew", "ca", "--dir", dir); !strings.Contains(out, "next: restart kube-apiserver: it loads its egress caBundle") {
+		t.Errorf("renew ca with --transport tcp printed no kube-apiserver restart:\n%s", out)
+	}
 }
 
 // TestInitRemovesStaleTemps: the temporary files of a killed run (they may hold a key) are gone after the
