@@ -236,7 +236,10 @@ func (c *conn) readLoop() {
 		if c.credit != nil {
 			// Read no more than the server has room for: what waits stays in the backend's socket, where
 			// TCP holds its sender back, and costs this agent nothing.
-			k, err := c.credit.Wait(c.s.ctx)
+			k, waited, err := c.credit.Wait(c.s.ctx)
+			if waited > 0 {
+				c.s.a.m.creditWait.Add(waited.Seconds())
+			}
 			if err != nil {
 				c.finish("")
 				return

@@ -227,12 +227,13 @@ func TestFlowAgentOffers(t *testing.T) {
 }
 
 // TestFlowServerNeverGrants: the agent sends a connection exactly the server's window and then stops reading
-// its backend, which waits in its own socket; a grant releases exactly that much more.
+// its backend, which waits in its own socket; a grant releases exactly that much more. The time without
+// credit is counted.
 func TestFlowServerNeverGrants(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startScriptedServer(t, pki, serverAnswer)
 	hose, wrote, _ := firehose(t)
-	startAgent(t, pki.config(srv.addr))
+	ra := startAgent(t, pki.config(srv.addr))
 	ss := srv.next(t)
 	id := ss.dial(hose, 1)
 	if got := ss.dataFor(id, time.Second); got != 65536 {
@@ -245,6 +246,10 @@ func TestFlowServerNeverGrants(t *testing.T) {
 	ss.send(flow.EncodeGrants(map[int64]int64{id: 10000}))
 	if got := ss.dataFor(id, time.Second); got != 10000 {
 		t.Fatalf("a grant of 10000 released %d bytes", got)
+	}
+	// The agent was out of credit for the whole first second, at least.
+	if v := counterValue(ra.m.creditWait); v < 0.9 {
+		t.Errorf("konnect_agent_flow_credit_wait_seconds_total %.3f after a second without credit", v)
 	}
 }
 

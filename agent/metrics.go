@@ -33,6 +33,7 @@ type metrics struct {
 	connectFailures *prometheus.CounterVec
 	controlDropped  prometheus.Counter
 	flowViolations  *prometheus.CounterVec
+	creditWait      prometheus.Counter
 	dataToServer    prometheus.Counter
 	dataFromServer  prometheus.Counter
 	bytesToServer   prometheus.Counter
@@ -91,6 +92,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "konnect_agent_flow_control_violations_total",
 			Help: "Connections (or, for a malformed grant, server streams) closed because a server broke flow control, by reason (window_exceeded, credit_overflow, malformed).",
 		}, []string{"reason"}),
+		creditWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "konnect_agent_flow_credit_wait_seconds_total",
+			Help: "Time connections spent unread because the server had granted no credit, summed over connections: a slow reader's, or windows too small for the path (--flow-control-max-window-bytes).",
+		}),
 	}
 	m.dataToServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentFromAgent), client.PacketType_DATA.String())
 	m.dataFromServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentToAgent), client.PacketType_DATA.String())
@@ -101,7 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
 		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures, m.controlDropped,
-		m.flowViolations} {
+		m.flowViolations, m.creditWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

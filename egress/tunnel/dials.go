@@ -337,7 +337,10 @@ func (s *dialStream) RecvMsg(m any) error {
 func (s *dialStream) take(pkt *client.Packet, d *client.Data) error {
 	s.rest = nil
 	if c := s.flow.conn(d.GetConnectID()); c != nil {
-		n, err := c.credit.Wait(s.Context())
+		n, waited, err := c.credit.Wait(s.Context())
+		if waited > 0 {
+			c.agent.s.metrics.creditWait.Add(waited.Seconds())
+		}
 		if err != nil {
 			return err
 		}

@@ -244,7 +244,7 @@ func TestFlowAgentIgnoresWindow(t *testing.T) {
 
 // TestFlowAgentNeverGrants: an agent that grants no credit gets exactly its window of a connection's
 // upload, and nothing more; the frontend's writer is held back, not the server, and the agent's other
-// connections carry on. A grant releases exactly that much more.
+// connections carry on. A grant releases exactly that much more. The time without credit is counted.
 func TestFlowAgentNeverGrants(t *testing.T) {
 	e, s := flowServer(t, nil)
 	a := connectFakeAgent(t, e, s, "a", agentOffer)
@@ -271,6 +271,10 @@ func TestFlowAgentNeverGrants(t *testing.T) {
 	a.send(flow.EncodeGrants(map[int64]int64{1: 10000}))
 	if got := a.dataFor(1, time.Second); got != 10000 {
 		t.Fatalf("a grant of 10000 released %d bytes", got)
+	}
+	// Connection 1 was out of credit for at least the 1.5 s before that grant.
+	if v := counterValue(s.metrics.creditWait); v < 1.4 {
+		t.Errorf("konnect_tunnel_server_flow_credit_wait_seconds_total %.3f after 1.5 s without credit", v)
 	}
 	// The rest, so that the writer finishes and the connection closes in order.
 	a.send(flow.EncodeGrants(map[int64]int64{1: 1<<20 - 65536 - 10000}))

@@ -18,6 +18,7 @@ type metrics struct {
 	dialTimeouts   prometheus.Counter
 	dialsRefused   prometheus.Counter
 	flowViolations *prometheus.CounterVec
+	creditWait     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,12 +59,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "konnect", Subsystem: "tunnel_server", Name: "flow_control_violations_total",
 			Help: "Tunnels (or, for a malformed grant, agent streams) closed because an agent broke flow control, by reason (window_exceeded, credit_overflow, malformed).",
 		}, []string{"reason"}),
+		creditWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "flow_credit_wait_seconds_total",
+			Help: "Time tunnels spent with data from kube-apiserver and no credit from the agent, summed over tunnels: a slow backend's, or windows too small for the path.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets,
-		m.pendingDials, m.dialTimeouts, m.dialsRefused, m.flowViolations} {
+		m.pendingDials, m.dialTimeouts, m.dialsRefused, m.flowViolations, m.creditWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

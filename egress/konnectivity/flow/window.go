@@ -221,23 +221,34 @@ func (c *Credit) Add(n int64) error {
 	return nil
 }
 
-// Wait returns the credit available, waiting while there is none. It fails with ctx's error, or with the
-// error Close was given.
-func (c *Credit) Wait(ctx context.Context) (int, error) {
+// Wait returns the credit available, waiting while there is none, and how long it waited: the time the
+// receiver's window, not the data, held the sender back. It fails with ctx's error, or with the error Close
+// was given.
+func (c *Credit) Wait(ctx context.Context) (int, time.Duration, error) {
+	var since time.Time
+	waited := func() time.Duration {
+		if since.IsZero() {
+			return 0
+		}
+		return time.Since(since)
+	}
 	for {
 		c.mu.Lock()
 		avail, err := c.avail, c.err
 		c.mu.Unlock()
 		if err != nil {
-			return 0, err
+			return 0, waited(), err
 		}
 		if avail > 0 {
-			return int(min(avail, int64(MaxWindow))), nil
+			return int(min(avail, int64(MaxWindow))), waited(), nil
+		}
+		if since.IsZero() {
+			since = time.Now()
 		}
 		select {
 		case <-c.wake:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, waited(), ctx.Err()
 		}
 	}
 }

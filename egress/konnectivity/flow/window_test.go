@@ -140,13 +140,15 @@ func TestWindowShrinksForSlowConsumers(t *testing.T) {
 func TestCredit(t *testing.T) {
 	c := NewCredit(100, 1000)
 	ctx := context.Background()
-	if n, err := c.Wait(ctx); n != 100 || err != nil {
-		t.Fatalf("Wait: %d, %v", n, err)
+	if n, waited, err := c.Wait(ctx); n != 100 || waited != 0 || err != nil {
+		t.Fatalf("Wait: %d, %s, %v", n, waited, err)
 	}
 	c.Use(100)
 	got := make(chan int)
+	blocked := make(chan time.Duration, 1)
 	go func() {
-		n, _ := c.Wait(ctx)
+		n, waited, _ := c.Wait(ctx)
+		blocked <- waited
 		got <- n
 	}()
 	select {
@@ -160,18 +162,21 @@ func TestCredit(t *testing.T) {
 	if n := <-got; n != 500 {
 		t.Fatalf("after a grant of 500: %d", n)
 	}
+	if waited := <-blocked; waited < 50*time.Millisecond {
+		t.Fatalf("Wait blocked for at least 50ms and reported %s", waited)
+	}
 	if err := c.Add(501); !errors.Is(err, ErrCreditOverflow) {
 		t.Fatalf("credit past the largest window: %v", err)
 	}
 	if err := c.Add(0); !errors.Is(err, ErrCreditOverflow) {
 		t.Fatalf("a grant of nothing: %v", err)
 	}
-	if n, err := c.Wait(ctx); n != 500 || err != nil {
+	if n, _, err := c.Wait(ctx); n != 500 || err != nil {
 		t.Fatalf("a refused grant changed the credit: %d, %v", n, err)
 	}
 	c.Use(500)
 	go func() {
-		_, err := c.Wait(ctx)
+		_, _, err := c.Wait(ctx)
 		got <- map[bool]int{true: 1}[errors.Is(err, ErrClosed)]
 	}()
 	c.Close(ErrClosed)
