@@ -108,19 +108,34 @@ type Status struct {
 	Agents      []AgentStatus `json:"agents"`
 }
 
-// maxRemembered bounds how many disconnected agents are remembered, against an agent ID flood.
-const maxRemembered = 256
+// maxRemembered bounds how many disconnected agents are remembered, and maxRefused how many agent IDs under
+// which no agent authenticated and a stream was refused. A peer that cannot authenticate may claim any ID;
+// its refusals push out only each other, never what is remembered of agents that did authenticate.
+const (
+	maxRemembered = 256
+	maxRefused    = 64
+)
 
 type agentTracker struct {
-	mu     sync.Mutex
-	agents map[string]*AgentStatus
+	mu       sync.Mutex
+	agents   map[string]*AgentStatus // by agent ID: agents that authenticated, connected or not
+	refusals map[string]*AgentStatus // by agent ID: refused streams under IDs not in agents
 }
 
-// get returns id's status, remembering it if it is new; the caller holds t.mu.
+func newAgentTracker() agentTracker {
+	return agentTracker{agents: map[string]*AgentStatus{}, refusals: map[string]*AgentStatus{}}
+}
+
+// get returns id's status among the agents that authenticated, remembering it if it is new (with what was
+// refused under its ID before); the caller holds t.mu.
 func (t *agentTracker) get(id string) *AgentStatus {
 	a := t.agents[id]
 	if a == nil {
-		a = &AgentStatus{ID: id}
+		if a = t.refusals[id]; a != nil {
+			delete(t.refusals, id)
+		} else {
+			a = &AgentStatus{ID: id}
+		}
 		t.agents[id] = a
 	}
 	return a
@@ -155,7 +170,7 @@ func (t *agentTracker) disconnected(id string, err error) {
 	if err != nil && status.Code(err) != codes.Canceled {
 		a.LastError, a.LastErrorAt = err.Error(), now
 	}
-	t.prune()
+	prune(t.agents, maxRemembered)
 }
 
 // failed records an agent stream that authenticated but never got connected (for example, upstream
@@ -163,53 +178,65 @@ func (t *agentTracker) disconnected(id string, err error) {
 func (t *agentTracker) failed(id, idents, remote string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.record(id, idents, remote, err)
+	record(t.get(id), idents, remote, err)
+	prune(t.agents, maxRemembered)
 }
 
 // refused records a stream that failed to authenticate under the agent ID it claims, so that doctor can say
 // why an agent cannot get in; but not while an agent of that ID is connected: a peer that did not
 // authenticate must not change what the status says of one that did (the server's log has the refusal).
+// Under an ID that no agent authenticated with, the refusal is kept apart, in its own bound.
 func (t *agentTracker) refused(id, idents, remote string, err error) {
 	if id == "" {
 		id = noAgentID
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if a := t.agents[id]; a != nil && a.Connected {
+	if a := t.agents[id]; a != nil {
+		if !a.Connected {
+			record(a, idents, remote, err)
+		}
 		return
 	}
-	t.record(id, idents, remote, err)
+	a := t.refusals[id]
+	if a == nil {
+		a = &AgentStatus{ID: id}
+		t.refusals[id] = a
+	}
+	record(a, idents, remote, err)
+	prune(t.refusals, maxRefused)
 }
 
-// record sets id's last error; the caller holds t.mu.
-func (t *agentTracker) record(id, idents, remote string, err error) {
-	a := t.get(id)
+// record sets a's last error.
+func record(a *AgentStatus, idents, remote string, err error) {
 	now := time.Now()
 	a.Identifiers, a.Remote, a.LastSeen = idents, remote, now
 	a.LastError, a.LastErrorAt = err.Error(), now
-	t.prune()
 }
 
-func (t *agentTracker) prune() {
-	if len(t.agents) <= maxRemembered {
+// prune forgets the disconnected agent of m seen longest ago while m holds more than max.
+func prune(m map[string]*AgentStatus, max int) {
+	if len(m) <= max {
 		return
 	}
 	var oldest *AgentStatus
-	for _, a := range t.agents {
+	for _, a := range m {
 		if !a.Connected && (oldest == nil || a.LastSeen.Before(oldest.LastSeen)) {
 			oldest = a
 		}
 	}
 	if oldest != nil {
-		delete(t.agents, oldest.ID)
+		delete(m, oldest.ID)
 	}
 }
 
 func (t *agentTracker) list() []AgentStatus {
 	t.mu.Lock()
-	out := make([]AgentStatus, 0, len(t.agents))
-	for _, a := range t.agents {
-		out = append(out, *a)
+	out := make([]AgentStatus, 0, len(t.agents)+len(t.refusals))
+	for _, m := range []map[string]*AgentStatus{t.agents, t.refusals} {
+		for _, a := range m {
+			out = append(out, *a)
+		}
 	}
 	t.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {

@@ -125,7 +125,7 @@ func New(c *Config) (_ *Server, err error) {
 	s := &Server{
 		cfg:     cfg,
 		ps:      server.NewProxyServer(cfg.ServerID, cfg.ProxyStrategies, cfg.ServerCount, auth, cfg.XfrChannelSize),
-		agents:  agentTracker{agents: map[string]*AgentStatus{}},
+		agents:  newAgentTracker(),
 		conns:   map[*connectStream]struct{}{},
 		metrics: m,
 	}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,7 +79,9 @@ func sumMetric(sc *bufio.Scanner, name string, labels ...string) float64 {
 // meanwhile. The genuine agent connects within a few seconds (alone it takes a fraction of one), and the
 // flood costs kube-apiserver one TokenReview. Upstream (and konnect before) sent 500 TokenReviews through
 // a client limited to 5 per second that the genuine agent's review and /readyz shared: the agent waited
-// behind the flood for most of two minutes.
+// behind the flood for most of two minutes. Once the genuine agent has gone, 500 more refusals under
+// made-up agent IDs, a connection each, leave it in the server's status (konnect doctor's source): before,
+// they pushed it out.
 func TestTokenReviewFlood(t *testing.T) {
 	dir := copyBase(t)
 	ports := harness.FreePorts(t, 8)
@@ -171,6 +174,69 @@ func TestTokenReviewFlood(t *testing.T) {
 		t.Errorf("kube-apiserver got %v TokenReviews during the flood; want 2 for the agents and at most %v for /readyz", sent, readiness)
 	}
 	t.Logf("kube-apiserver answered %v TokenReviews for a flood of %d streams and one genuine agent", sent, streams)
+
+	// The status remembers the genuine agent once it has gone, however many made-up IDs are refused after
+	// it: their refusals push out only each other.
+	if err := agent.Stop(syscall.SIGTERM, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 10*time.Second, "the genuine agent listed as disconnected", func() error {
+		listed, err := listedAgents(sp.admin)
+		if err != nil {
+			return err
+		}
+		if connected, ok := listed["genuine"]; !ok || connected {
+			return fmt.Errorf("genuine: listed %v, connected %v", ok, connected)
+		}
+		return nil
+	})
+	// The server lets a connection that has not authenticated try one stream, so this flood opens a
+	// connection for each, 16 at a time.
+	refusedAfter := 0
+	work := make(chan int)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				c, err := grpc.NewClient("passthrough:///127.0.0.1:"+strconv.Itoa(sp.agent), grpc.WithTransportCredentials(credentials.NewTLS(agentPortTLS(t, dir))))
+				if err != nil {
+					continue
+				}
+				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				sctx = metadata.AppendToOutgoingContext(sctx, header.AgentID, fmt.Sprintf("later-%d", i),
+					header.AuthenticationTokenContextKey, header.AuthenticationTokenContextSchemePrefix+fmt.Sprintf("bogus-later-%d", i))
+				if st, err := agentpb.NewAgentServiceClient(c).Connect(sctx); err == nil {
+					if _, err := st.Recv(); err != nil {
+						mu.Lock()
+						refusedAfter++
+						mu.Unlock()
+					}
+				}
+				cancel()
+				c.Close()
+			}
+		}()
+	}
+	for i := range streams {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	listed, err := listedAgents(sp.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refusedAfter != streams {
+		t.Fatalf("%d of %d streams with bogus tokens refused", refusedAfter, streams)
+	}
+	if _, ok := listed["genuine"]; !ok {
+		t.Errorf("the status forgot the genuine agent after %d refusals under made-up IDs (it lists %d agents)", streams, len(listed))
+	}
+	if len(listed) > 64+1 {
+		t.Errorf("the status lists %d agents after refusals under %d made-up IDs; want at most 64 of them", len(listed), streams)
+	}
+	t.Logf("after %d refusals under made-up IDs the status lists %d agents", streams, len(listed))
 }
 
 // apiserverTokenReviews is how many TokenReviews kube-apiserver has answered, from its own metrics.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,22 @@ import (
 
 // connectedAgents asks the server's admin port which agents are connected.
 func connectedAgents(adminPort int) ([]string, error) {
+	all, err := listedAgents(adminPort)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for id, connected := range all {
+		if connected {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// listedAgents is every agent the server's status lists, connected or not, by ID.
+func listedAgents(adminPort int) (map[string]bool, error) {
 	c := &http.Client{Timeout: 3 * time.Second}
 	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/agents", adminPort))
 	if err != nil {
@@ -34,13 +51,11 @@ func connectedAgents(adminPort int) ([]string, error) {
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return nil, err
 	}
-	var ids []string
+	all := map[string]bool{}
 	for _, a := range st.Agents {
-		if a.Connected {
-			ids = append(ids, a.ID)
-		}
+		all[a.ID] = a.Connected
 	}
-	return ids, nil
+	return all, nil
 }
 
 // rejectWindow is how long an agent that must be rejected is watched.
