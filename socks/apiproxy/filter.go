@@ -28,8 +28,8 @@ const (
 	// node's proxy subresource (/api/v1/nodes/NODE[:PORT]/proxy/exec/NS/POD/CONTAINER, ...), which
 	// kube-apiserver forwards to the kubelet as they are: they run commands in any pod on the node, and
 	// kubectl's default lets them through. It refuses checkpoint too, which writes a container's memory to
-	// the node's disk, and debug/flags, which sets the kubelet's log verbosity (at high levels the kubelet
-	// logs request bodies); the read-only debug/pprof stays open.
+	// the node's disk, and debug/flags, which changes the kubelet's log verbosity for everyone; the
+	// read-only debug/pprof stays open.
 	NodeProxyRejectPaths = `^/api/v1/nodes/[^/]+/proxy/(exec|attach|run|portForward|checkpoint|debug/flags)(/|$)`
 	// DefaultRejectPaths is kubectl's, and the node proxy's way to the same.
 	DefaultRejectPaths = KubectlRejectPaths + "," + NodeProxyRejectPaths

@@ -11,10 +11,10 @@ import (
 
 // TestFilterRefusesNodeProxyExec drives the proxy with its default filter, with Go's HTTP client, curl and a
 // raw SPDY upgrade, against a loopback backend that records every request: exec, attach, run, portForward,
-// checkpoint and debug/flags of the kubelet API through a node's proxy subresource, which kube-apiserver forwards to the
-// kubelet and kubectl proxy's default lets through, get 403 (or 400 for a spelling a hop could read another
-// way) and never reach it, also under --api-prefix; the node proxy's other paths, and pod port-forward (as
-// with kubectl), still pass.
+// checkpoint and debug/flags of the kubelet API through a node's proxy subresource, which kube-apiserver
+// forwards to the kubelet and kubectl proxy's default lets through, get 403 (or 400 for a spelling a hop
+// could read another way) and never reach it, also under --api-prefix; the node proxy's other paths
+// (debug/pprof among them), and pod port-forward (as with kubectl), still pass.
 func TestFilterRefusesNodeProxyExec(t *testing.T) {
 	curl, err := exec.LookPath("curl")
 	if err != nil {
