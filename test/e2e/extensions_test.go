@@ -256,16 +256,11 @@ func (c *cluster) doctorOnCP(t *testing.T, ctx context.Context) (map[string]doct
 	return c.doctorExtensions(t, ctx, nsCP, c.kubeconfig, "--uds-name", c.udsName)
 }
 
-// checkDoctorExtensions runs pizza-webhook as a pod on w1 (its validating webhook and the Pizza CRD's
-// conversion webhook working through the tunnel), then konnect doctor extensions where every extension
-// server is a pod: on cp through the static pod's socket, and from lap over konnect socks, through
-// pods/portforward. With no agent on any node, both name the cause; with the agents back, both are OK.
-func (nc *nodeCluster) checkDoctorExtensions(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	// hostNetwork for the reason sample-apiserver has it here: the endpoint is w1's node address, which the
-	// server's destHost strategy routes to w1's agent.
-	if err := nc.applyYAML(ctx, fmt.Sprintf(`apiVersion: v1
+// pizzaWebhookManifest runs pizza-webhook on node with the Secret of konnect certs webhook. hostNetwork for
+// the reason sample-apiserver has it: the endpoint is the node's address, which the server's destHost
+// strategy routes to that node's agent.
+func pizzaWebhookManifest(node string) string {
+	return fmt.Sprintf(`apiVersion: v1
 kind: Namespace
 metadata: {name: pizza}
 ---
@@ -286,7 +281,7 @@ spec:
     metadata: {labels: {app: pizza-webhook}}
     spec:
       hostNetwork: true
-      nodeSelector: {kubernetes.io/hostname: w1}
+      nodeSelector: {kubernetes.io/hostname: %[3]s}
       automountServiceAccountToken: false
       securityContext: {runAsNonRoot: true, runAsUser: 65534}
       containers:
@@ -297,7 +292,17 @@ spec:
         securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
         volumeMounts: [{name: certs, mountPath: /certs, readOnly: true}]
       volumes: [{name: certs, secret: {secretName: pizza-webhook-tls}}]
-`, imgPizza, pizzaPort)); err != nil {
+`, imgPizza, pizzaPort, node)
+}
+
+// checkDoctorExtensions runs pizza-webhook as a pod on w1 (its validating webhook and the Pizza CRD's
+// conversion webhook working through the tunnel), then konnect doctor extensions where every extension
+// server is a pod: on cp through the static pod's socket, and from lap over konnect socks, through
+// pods/portforward. With no agent on any node, both name the cause; with the agents back, both are OK.
+func (nc *nodeCluster) checkDoctorExtensions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := nc.applyYAML(ctx, pizzaWebhookManifest("w1")); err != nil {
 		t.Fatal(err)
 	}
 	nc.installPizzaWebhook(t, ctx)

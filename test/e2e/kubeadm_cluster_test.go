@@ -580,27 +580,8 @@ func (kc *kadmCluster) prepareNode(ctx context.Context, n *kadmNode) error {
 	if err := os.MkdirAll(filepath.Join(n.dir, "containerd-opt"), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(n.dir, "etc-containerd", "config.toml"), []byte(fmt.Sprintf(`version = 2
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[1]q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[2]q
-  netns_mounts_under_state_dir = true
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "/etc/cni/net.d"
-`, filepath.Join(n.dir, "containerd-opt"), kadmImage("pause", kadmPauseTag))), 0o644); err != nil {
+	toml := containerdTOML{opt: filepath.Join(n.dir, "containerd-opt"), sandboxImage: kadmImage("pause", kadmPauseTag), cniConfDir: "/etc/cni/net.d"}
+	if err := os.WriteFile(filepath.Join(n.dir, "etc-containerd", "config.toml"), []byte(toml.String()), 0o644); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(n.dir, "etc-cni", "10-kn.conflist"), []byte(fmt.Sprintf(`{

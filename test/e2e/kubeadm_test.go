@@ -258,39 +258,7 @@ func (kc *kadmCluster) deployExtensions(t *testing.T) {
 	for _, n := range kc.cps() {
 		etcdServers = append(etcdServers, "https://"+n.addr+":2379")
 	}
-	manifest := fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata:
-  name: wardle
----
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: api
-  namespace: wardle
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: e2e:wardle-read
-rules:
-- apiGroups: ["*"]
-  resources: ["*"]
-  verbs: ["get", "list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: e2e:wardle-read
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: e2e:wardle-read
-subjects:
-- kind: ServiceAccount
-  name: api
-  namespace: wardle
----
+	manifest := wardleAccess + fmt.Sprintf(`---
 # sample-apiserver stores its objects in the cluster's etcd, as kube-apiserver's client.
 apiVersion: v1
 kind: Secret
@@ -308,91 +276,7 @@ stringData:
 	if _, _, err := kc.konnectCertsAPIService(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := kc.applyYAML(ctx, fmt.Sprintf(`apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: api
-  namespace: wardle
-spec:
-  replicas: 1
-  selector:
-    matchLabels: {app: wardle-api}
-  template:
-    metadata:
-      labels: {app: wardle-api}
-    spec:
-      serviceAccountName: api
-      hostNetwork: true
-      nodeSelector: {kubernetes.io/hostname: w1}
-      containers:
-      - name: sample-apiserver
-        image: %[1]s
-        imagePullPolicy: Never
-        command: [/usr/local/bin/sample-apiserver]
-        args:
-        - --etcd-servers=%[2]s
-        - --etcd-cafile=/etcd/ca.crt
-        - --etcd-certfile=/etcd/tls.crt
-        - --etcd-keyfile=/etcd/tls.key
-        - --etcd-prefix=/wardle
-        - --secure-port=%[3]d
-        - --tls-cert-file=/certs/tls.crt
-        - --tls-private-key-file=/certs/tls.key
-        env:
-        - {name: KUBERNETES_SERVICE_HOST, value: %[4]q}
-        - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
-        volumeMounts:
-        - {name: certs, mountPath: /certs, readOnly: true}
-        - {name: etcd, mountPath: /etcd, readOnly: true}
-      volumes:
-      - name: certs
-        secret: {secretName: api-tls}
-      - name: etcd
-        secret: {secretName: etcd-client}
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: api
-  namespace: wardle
-spec:
-  selector: {app: wardle-api}
-  ports:
-  - {name: https, port: 443, targetPort: %[3]d}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: pizza}
----
-apiVersion: v1
-kind: Service
-metadata: {name: pizza-webhook, namespace: pizza}
-spec:
-  selector: {app: pizza-webhook}
-  ports: [{name: https, port: 443, targetPort: %[6]d}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: pizza-webhook, namespace: pizza}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: pizza-webhook}}
-  template:
-    metadata: {labels: {app: pizza-webhook}}
-    spec:
-      hostNetwork: true
-      nodeSelector: {kubernetes.io/hostname: w2}
-      automountServiceAccountToken: false
-      securityContext: {runAsNonRoot: true, runAsUser: 65534}
-      containers:
-      - name: pizza-webhook
-        image: %[5]s
-        imagePullPolicy: Never
-        args: [--listen=:%[6]d, --tls-cert-file=/certs/tls.crt, --tls-private-key-file=/certs/tls.key]
-        securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
-        volumeMounts: [{name: certs, mountPath: /certs, readOnly: true}]
-      volumes: [{name: certs, secret: {secretName: pizza-webhook-tls}}]
-`, imgSample, strings.Join(etcdServers, ","), podPort, kadmLB, imgPizza, pizzaPort)); err != nil {
+	if err := kc.applyYAML(ctx, sampleAPIServerManifest(strings.Join(etcdServers, ","), true, kadmLB, 6443)+"---\n"+pizzaWebhookManifest("w2")); err != nil {
 		t.Fatal(err)
 	}
 	kc.installPizzaWebhook(t, ctx)

@@ -527,35 +527,10 @@ func (nc *nodeCluster) startNode(ctx context.Context, n *node) error {
 
 	n.sock = filepath.Join(n.dir, "containerd.sock")
 	cfg := filepath.Join(n.dir, "containerd.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = %[3]q
-[ttrpc]
-  address = %[4]q
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[5]q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[6]q
-  netns_mounts_under_state_dir = true
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = %[7]q
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = %[8]q
-`, filepath.Join(n.dir, "containerd", "root"), filepath.Join(n.dir, "containerd", "state"), n.sock, n.sock+".ttrpc",
-		filepath.Join(n.dir, "containerd", "opt"), imgPause, filepath.Join(n.dir, "runc"), filepath.Join(n.dir, "cni"))), 0o644); err != nil {
+	toml := containerdTOML{root: filepath.Join(n.dir, "containerd", "root"), state: filepath.Join(n.dir, "containerd", "state"),
+		address: n.sock, opt: filepath.Join(n.dir, "containerd", "opt"), sandboxImage: imgPause,
+		runcRoot: filepath.Join(n.dir, "runc"), cniConfDir: filepath.Join(n.dir, "cni")}
+	if err := os.WriteFile(cfg, []byte(toml.String()), 0o644); err != nil {
 		return err
 	}
 	// One /24 per node; pods get only the route to 198.18.0.0/15, no default route.
@@ -716,10 +691,10 @@ func (nc *nodeCluster) waitAgentsRolledOut(ctx context.Context, timeout time.Dur
 	})
 }
 
-// deployWorkloads runs sample-apiserver (Deployment on w1, with the Secret, APIService and RBAC of
-// `konnect certs apiservice`) and a busybox pod pinned to each worker.
-func (nc *nodeCluster) deployWorkloads(ctx context.Context) error {
-	if err := nc.applyYAML(ctx, `apiVersion: v1
+// wardleAccess is sample-apiserver's namespace and ServiceAccount, with what its own deployment grants it
+// besides the delegation that konnect certs apiservice binds: it watches namespaces (its admission plugin),
+// webhook configurations and flow control.
+const wardleAccess = `apiVersion: v1
 kind: Namespace
 metadata:
   name: wardle
@@ -730,8 +705,6 @@ metadata:
   name: api
   namespace: wardle
 ---
-# What sample-apiserver's own deployment grants it besides the delegation that konnect certs apiservice
-# binds: it watches namespaces (its admission plugin), webhook configurations and flow control.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata:
@@ -753,7 +726,12 @@ subjects:
 - kind: ServiceAccount
   name: api
   namespace: wardle
-`); err != nil {
+`
+
+// deployWorkloads runs sample-apiserver (Deployment on w1, with the Secret, APIService and RBAC of
+// `konnect certs apiservice`) and a busybox pod pinned to each worker.
+func (nc *nodeCluster) deployWorkloads(ctx context.Context) error {
+	if err := nc.applyYAML(ctx, wardleAccess); err != nil {
 		return fmt.Errorf("wardle namespace: %w", err)
 	}
 	if _, _, err := nc.konnectCertsAPIService(ctx); err != nil {
@@ -764,7 +742,36 @@ subjects:
 	// endpoint is w1's node IP, which w1's agent names, so the dial goes to w1's agent; a pod IP would go
 	// to a random agent, which cannot reach w1's pod subnet. No kube-proxy runs: the API server's address
 	// is given directly.
-	if err := nc.applyYAML(ctx, fmt.Sprintf(`apiVersion: apps/v1
+	if err := nc.applyYAML(ctx, sampleAPIServerManifest("http://"+cpAddr+":2379", false, cpAddr, apiPort)); err != nil {
+		return fmt.Errorf("sample-apiserver: %w", err)
+	}
+	for _, w := range []string{nsW1, nsW2} {
+		if err := nc.applyYAML(ctx, busyboxPod("bb-"+w, w)); err != nil {
+			return err
+		}
+	}
+	if err := nc.waitAPIService(ctx, "True", 2*time.Minute); err != nil {
+		return err
+	}
+	for _, w := range []string{nsW1, nsW2} {
+		if _, err := nc.kubectl(ctx, nsCP, "wait", "--for=condition=Ready", "pod/bb-"+w, "--timeout=90s"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sampleAPIServerManifest runs sample-apiserver on w1's host network (see deployWorkloads) with the Secret
+// api-tls of konnect certs apiservice, reaching kube-apiserver at apiHost:apiPort and storing its objects in
+// etcdServers; with etcdTLS, as the client of the Secret etcd-client.
+func sampleAPIServerManifest(etcdServers string, etcdTLS bool, apiHost string, apiPort int) string {
+	var etcdArgs, mounts, volumes string
+	if etcdTLS {
+		etcdArgs = "\n        - --etcd-cafile=/etcd/ca.crt\n        - --etcd-certfile=/etcd/tls.crt\n        - --etcd-keyfile=/etcd/tls.key\n        - --etcd-prefix=/wardle"
+		mounts = "\n        - {name: etcd, mountPath: /etcd, readOnly: true}"
+		volumes = "\n      - name: etcd\n        secret: {secretName: etcd-client}"
+	}
+	return fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
   name: api
@@ -786,18 +793,18 @@ spec:
         imagePullPolicy: Never
         command: [/usr/local/bin/sample-apiserver]
         args:
-        - --etcd-servers=http://%[2]s:2379
-        - --secure-port=%[3]d
+        - --etcd-servers=%[2]s%[5]s
+        - --secure-port=%[8]d
         - --tls-cert-file=/certs/tls.crt
         - --tls-private-key-file=/certs/tls.key
         env:
-        - {name: KUBERNETES_SERVICE_HOST, value: %[2]q}
+        - {name: KUBERNETES_SERVICE_HOST, value: %[3]q}
         - {name: KUBERNETES_SERVICE_PORT, value: "%[4]d"}
         volumeMounts:
-        - {name: certs, mountPath: /certs, readOnly: true}
+        - {name: certs, mountPath: /certs, readOnly: true}%[6]s
       volumes:
       - name: certs
-        secret: {secretName: api-tls}
+        secret: {secretName: api-tls}%[7]s
 ---
 apiVersion: v1
 kind: Service
@@ -807,24 +814,8 @@ metadata:
 spec:
   selector: {app: wardle-api}
   ports:
-  - {name: https, port: 443, targetPort: %[3]d}
-`, imgSample, cpAddr, podPort, apiPort)); err != nil {
-		return fmt.Errorf("sample-apiserver: %w", err)
-	}
-	for _, w := range []string{nsW1, nsW2} {
-		if err := nc.applyYAML(ctx, busyboxPod("bb-"+w, w)); err != nil {
-			return err
-		}
-	}
-	if err := nc.waitAPIService(ctx, "True", 2*time.Minute); err != nil {
-		return err
-	}
-	for _, w := range []string{nsW1, nsW2} {
-		if _, err := nc.kubectl(ctx, nsCP, "wait", "--for=condition=Ready", "pod/bb-"+w, "--timeout=90s"); err != nil {
-			return err
-		}
-	}
-	return nil
+  - {name: https, port: 443, targetPort: %[8]d}
+`, imgSample, etcdServers, apiHost, apiPort, etcdArgs, mounts, volumes, podPort)
 }
 
 // busyboxPod writes a 64 MiB random file, serves its directory with busybox httpd on :8080 and prints a
@@ -1059,4 +1050,47 @@ func removeCgroups(root string) {
 			})
 		}
 	}
+}
+
+// containerdTOML is a test node's containerd configuration: CRI with runc on overlayfs, cgroupfs (no
+// systemd), the locally built pause image, and CNI. Empty fields keep containerd's defaults.
+type containerdTOML struct {
+	root, state, address string // containerd's directories and socket (ttrpc beside it)
+	opt                  string // where the opt plugin installs
+	sandboxImage         string
+	runcRoot             string
+	cniConfDir           string
+}
+
+func (c containerdTOML) String() string {
+	var b strings.Builder
+	b.WriteString("version = 2\n")
+	if c.root != "" {
+		fmt.Fprintf(&b, "root = %q\nstate = %q\n", c.root, c.state)
+	}
+	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]` + "\n")
+	if c.address != "" {
+		fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = %q\n", c.address, c.address+".ttrpc")
+	}
+	fmt.Fprintf(&b, `[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+`, c.opt, c.sandboxImage)
+	if c.runcRoot != "" {
+		fmt.Fprintf(&b, "        Root = %q\n", c.runcRoot)
+	}
+	fmt.Fprintf(&b, "  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"/usr/lib/cni\"\n    conf_dir = %q\n", c.cniConfDir)
+	return b.String()
 }
