@@ -256,8 +256,11 @@ func TestFrontendConnKeepsReadinessReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf, n, err := rr.ReadOnReady(32<<10, mem.DefaultBufferPool())
-	if err != nil || string((*buf)[:n]) != "hello" {
-		t.Fatalf("ReadOnReady: %q, %v", (*buf)[:n], err)
+	if err != nil {
+		t.Fatalf("ReadOnReady: %v", err)
+	}
+	if string((*buf)[:n]) != "hello" {
+		t.Fatalf("ReadOnReady read %q, want %q", (*buf)[:n], "hello")
 	}
 	if _, err := conn.Write([]byte("world")); err != nil {
 		t.Fatal(err)
