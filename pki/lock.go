@@ -66,6 +66,9 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 		if err != nil {
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
+		if lockOpened != nil {
+			lockOpened(path)
+		}
 		if err := checkLockFile(fd, path); err != nil {
 			unix.Close(fd)
 			if errors.Is(err, errLockRemoved) {
@@ -115,6 +118,10 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 		}
 	}, nil
 }
+
+// lockOpened, when a test sets it, runs between Lock's open of the lock file and its look at the file: the
+// moment at which the holder before it can release the lock and remove the file.
+var lockOpened func(path string)
 
 // samePath reports whether fd is the file at path.
 func samePath(fd int, path string) bool {

@@ -141,16 +141,33 @@ func TestLockExcludes(t *testing.T) {
 // it) finds a file with no link left. That is the next lock to take, not a planted file to refuse:
 // TestConcurrentInit's waiters once failed with "not a plain file with a single link".
 func TestLockFileRemovedAfterOpen(t *testing.T) {
-	path := filepath.Join(t.TempDir(), LockFile)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	dir := t.TempDir()
+	path := filepath.Join(dir, LockFile)
+	opened := 0
+	lockOpened = func(p string) {
+		opened++
+		if opened == 1 {
+			if err := os.Remove(p); err != nil { // the holder's release, between our open and our look
+				t.Error(err)
+			}
+		}
+	}
+	defer func() { lockOpened = nil }()
+	release, err := Lock(dir, 5*time.Second, false, nil)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Lock with its lock file removed after the open: %v", err)
 	}
-	defer unix.Close(fd)
-	if err := unix.Unlink(path); err != nil {
-		t.Fatal(err)
+	defer release()
+	if opened != 2 {
+		t.Errorf("Lock opened the lock file %d times, want 2 (the removed one, then the next)", opened)
 	}
-	if err := checkLockFile(fd, path); !errors.Is(err, errLockRemoved) {
-		t.Fatalf("checkLockFile on a removed lock file = %v, want errLockRemoved", err)
+	if _, err := os.Lstat(path); err != nil {
+		t.Errorf("the lock taken is not the file at %s: %v", path, err)
+	}
+	if fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+			t.Errorf("the file at %s is not locked: flock = %v", path, err)
+		}
+		unix.Close(fd)
 	}
 }
