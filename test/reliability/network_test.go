@@ -159,6 +159,36 @@ type hostileCase struct {
 	bug string
 }
 
+// hostileOutcome is what one hostile exchange got back.
+type hostileOutcome struct {
+	resp    []byte
+	closed  bool
+	elapsed time.Duration
+	wait    time.Duration // how long the exchange waited for the daemon to close
+	err     error
+}
+
+// sendHostile runs every case's exchange at once, so that the incomplete ones (hangs) wait out the daemon's
+// timeout together: hangWait for those, 5 s for the others.
+func sendHostile(cases []hostileCase, hangWait time.Duration, exchange func(msg []byte, wait time.Duration) ([]byte, bool, time.Duration, error)) []hostileOutcome {
+	outcomes := make([]hostileOutcome, len(cases))
+	var wg sync.WaitGroup
+	for i, tc := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &outcomes[i]
+			o.wait = 5 * time.Second
+			if tc.hangs {
+				o.wait = hangWait
+			}
+			o.resp, o.closed, o.elapsed, o.err = exchange(tc.msg, o.wait)
+		}()
+	}
+	wg.Wait()
+	return outcomes
+}
+
 func hostileCases(backendPort int) []hostileCase {
 	big := bytes.Repeat([]byte("a"), 1<<20)
 	greet255 := append([]byte{5, 255}, bytes.Repeat([]byte{0x80}, 255)...)
@@ -219,28 +249,9 @@ func TestHostileProxyInput(t *testing.T) {
 	// Every hostile exchange runs at once (the incomplete ones wait out the handshake timeout); then each
 	// case is judged, and a valid request must still work.
 	cases := hostileCases(port)
-	type outcome struct {
-		resp    []byte
-		closed  bool
-		elapsed time.Duration
-		wait    time.Duration
-		err     error
-	}
-	outcomes := make([]outcome, len(cases))
-	var wg sync.WaitGroup
-	for i, tc := range cases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := &outcomes[i]
-			o.wait = 5 * time.Second
-			if tc.hangs {
-				o.wait = socksHandshakeLimit + 5*time.Second
-			}
-			o.resp, o.closed, o.elapsed, o.err = exchange(sp.addr, tc.msg, o.wait)
-		}()
-	}
-	wg.Wait()
+	outcomes := sendHostile(cases, socksHandshakeLimit+5*time.Second, func(msg []byte, wait time.Duration) (resp []byte, closed bool, elapsed time.Duration, err error) {
+		return exchange(sp.addr, msg, wait)
+	})
 	// Nothing but the valid requests may have reached the backend.
 	if got := b.accepted.Load(); got != 1 {
 		t.Errorf("the backend accepted %d connections during the hostile requests, want only the 1 valid one before them: a hostile request was dialled", got)
@@ -545,28 +556,10 @@ func TestHostileConnectFrontend(t *testing.T) {
 		{name: "truncated-head", msg: []byte("CONNECT " + target + " HTTP/1.1\r\nHost: 127"), check: httpStatus(400, 499), hangs: true},
 		{name: "wrong-version", msg: []byte("CONNECT " + target + " HTTP/9.9\r\nHost: " + target + "\r\n\r\n"), check: httpStatus(400, 505)},
 	}
-	type outcome struct {
-		resp    []byte
-		closed  bool
-		elapsed time.Duration
-		wait    time.Duration
-		err     error
-	}
-	outcomes := make([]outcome, len(cases))
-	var wg sync.WaitGroup
-	for i, tc := range cases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := &outcomes[i]
-			o.wait = 5 * time.Second
-			if tc.hangs {
-				o.wait = 15 * time.Second // the frontend's header timeout is 10 s
-			}
-			o.resp, o.closed, o.elapsed, o.err = exchangeOn("unix", tn.uds, tc.msg, o.wait)
-		}()
-	}
-	wg.Wait()
+	// The frontend's header timeout is 10 s.
+	outcomes := sendHostile(cases, 15*time.Second, func(msg []byte, wait time.Duration) (resp []byte, closed bool, elapsed time.Duration, err error) {
+		return exchangeOn("unix", tn.uds, msg, wait)
+	})
 	if got := b.accepted.Load() - accepted; got != 0 {
 		t.Errorf("the backend accepted %d connections during the hostile requests", got)
 	}
