@@ -136,25 +136,7 @@ func BenchmarkTunnelBulk(b *testing.B) {
 				b.SetBytes(int64(size * streams))
 				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
-					var g errgroup.Group
-					for range streams {
-						g.Go(func() error {
-							c, err := srv.dial(context.Background(), source)
-							if err != nil {
-								return err
-							}
-							defer c.Close()
-							if _, err := c.Write([]byte{1}); err != nil {
-								return err
-							}
-							n, err := io.Copy(io.Discard, c)
-							if err == nil && n != size {
-								err = fmt.Errorf("got %d bytes, want %d", n, size)
-							}
-							return err
-						})
-					}
-					if err := g.Wait(); err != nil {
+					if err := downloadParallel(srv.dial, source, size, streams); err != nil {
 						if ra != nil {
 							b.Logf("agent sent %v bytes in %v packets; overflows %v", counterValue(ra.m.bytesToServer), counterValue(ra.m.dataToServer), counterValue(ra.m.overflows))
 						}
@@ -194,4 +176,27 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	harness.RemoveUpstreamBinaries()
 	os.Exit(code)
+}
+
+// downloadParallel downloads size bytes from source (a sourceServer) over each of streams tunnels at once.
+func downloadParallel(dial func(context.Context, string) (net.Conn, error), source string, size, streams int) error {
+	var g errgroup.Group
+	for range streams {
+		g.Go(func() error {
+			c, err := dial(context.Background(), source)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte{1}); err != nil {
+				return err
+			}
+			n, err := io.Copy(io.Discard, c)
+			if err == nil && n != int64(size) {
+				err = fmt.Errorf("got %d bytes, want %d", n, size)
+			}
+			return err
+		})
+	}
+	return g.Wait()
 }

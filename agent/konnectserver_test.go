@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/test/harness"
-	"golang.org/x/sync/errgroup"
 )
 
 // konnectServer is konnect's own server (egress/tunnel), the agent's usual peer.
@@ -151,25 +149,7 @@ func BenchmarkTunnelEndToEnd(b *testing.B) {
 				b.SetBytes(int64(size * streams))
 				defer harness.ReportCPU(b, int64(size*streams))()
 				for b.Loop() {
-					var g errgroup.Group
-					for range streams {
-						g.Go(func() error {
-							c, err := tn.dial(context.Background(), source)
-							if err != nil {
-								return err
-							}
-							defer c.Close()
-							if _, err := c.Write([]byte{1}); err != nil {
-								return err
-							}
-							n, err := io.Copy(io.Discard, c)
-							if err == nil && n != size {
-								err = fmt.Errorf("got %d bytes, want %d", n, size)
-							}
-							return err
-						})
-					}
-					if err := g.Wait(); err != nil {
+					if err := downloadParallel(tn.dial, source, size, streams); err != nil {
 						b.Fatal(err)
 					}
 				}
