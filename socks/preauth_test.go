@@ -1,27 +1,17 @@
 package socks
 
 import (
-	"errors"
 	"io"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/proxy"
 )
 
-func dialFrom(src, addr string) (net.Conn, error) {
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	return d.Dial("tcp", addr)
-}
-
 // closedAtOnce reports whether the server closed or reset c without waiting for its handshake.
-func closedAtOnce(c net.Conn) bool {
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	_, err := c.Read(make([]byte, 1))
-	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
-}
+func closedAtOnce(c net.Conn) bool { return !harness.OpenAfter(c, 300*time.Millisecond) }
 
 // TestUnauthenticatedPerSource: with credentials (a proxy others can reach), one source address may hold at
 // most MaxUnauthenticatedPerSource connections that have not authenticated; more are reset at once, so
@@ -61,13 +51,13 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 		held = append(held, c)
 	}
 	for range 4 {
-		c, err := dialFrom("127.0.0.1", addr)
+		c, err := harness.DialFrom("127.0.0.1", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
 	}
-	if c, err := dialFrom("127.0.0.1", addr); err == nil {
+	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
 		defer c.Close()
 		if !closedAtOnce(c) {
 			t.Fatal("a fifth unauthenticated connection from one source was kept")

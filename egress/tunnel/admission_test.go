@@ -51,8 +51,7 @@ func agentTLS(t *testing.T, e *env, withCert bool) *tls.Config {
 // dialFrom opens a TCP connection to addr from the loopback address src (127.0.0.0/8 is all local).
 func dialFrom(t *testing.T, src, addr string) net.Conn {
 	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
+	c, err := harness.DialFrom(src, addr)
 	if err != nil {
 		t.Fatalf("dial %s from %s: %v", addr, src, err)
 	}
@@ -98,27 +97,12 @@ func closedBy(t *testing.T, c net.Conn, deadline time.Time) {
 // refused reports whether a connection from src to addr is reset (or closed) at once, if not already
 // while it was being made.
 func refused(src, addr string) bool {
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
+	c, err := harness.DialFrom(src, addr)
 	if err != nil {
 		return true
 	}
 	defer c.Close()
-	return !openAfter(c, 2*time.Second)
-}
-
-// openAfter reports whether c is still open (the server neither closed nor reset it) after d.
-func openAfter(c net.Conn, d time.Duration) bool {
-	_ = c.SetReadDeadline(time.Now().Add(d))
-	buf := make([]byte, 4096)
-	for {
-		_, err := c.Read(buf)
-		if err == nil {
-			continue
-		}
-		var ne net.Error
-		return errors.As(err, &ne) && ne.Timeout()
-	}
+	return !harness.OpenAfter(c, 2*time.Second)
 }
 
 // tokenConfig is e's config with agents authenticated by token through r.
@@ -215,7 +199,7 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 		t.Fatal("a fifth unauthenticated connection from one source was kept")
 	}
 	for _, c := range fromA {
-		if !openAfter(c, 100*time.Millisecond) {
+		if !harness.OpenAfter(c, 100*time.Millisecond) {
 			t.Fatal("a connection within the per-source bound was closed")
 		}
 	}
@@ -235,7 +219,7 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 		t.Fatalf("a seventh unauthenticated connection was served at once (%v)", err)
 	case <-time.After(time.Second):
 	}
-	if !openAfter(b1, 100*time.Millisecond) || !openAfter(b2, 100*time.Millisecond) {
+	if !harness.OpenAfter(b1, 100*time.Millisecond) || !harness.OpenAfter(b2, 100*time.Millisecond) {
 		t.Fatal("connections within the total bound were closed")
 	}
 	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent")); got != 1 {
@@ -266,7 +250,7 @@ func TestAgentPortCapsUnauthenticated(t *testing.T) {
 		return gaugeValue(s.authMetrics.unauthenticated.WithLabelValues("agent")) == 0
 	})
 	for i := 0; i < 4; i++ {
-		if c := dialFrom(t, "127.0.0.1", s.AgentAddr()); !openAfter(c, 100*time.Millisecond) {
+		if c := dialFrom(t, "127.0.0.1", s.AgentAddr()); !harness.OpenAfter(c, 100*time.Millisecond) {
 			t.Fatal("connected agents count against the per-source bound")
 		}
 	}

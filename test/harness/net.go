@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -134,4 +136,26 @@ func StartEcho(t testing.TB) *Echo {
 		wg.Wait()
 	})
 	return e
+}
+
+// DialFrom opens a TCP connection to addr from the loopback address src: all of 127.0.0.0/8 is local, so a
+// test can play several sources.
+func DialFrom(src, addr string) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	return d.Dial("tcp", addr)
+}
+
+// OpenAfter reports whether c is still open after d: its peer neither closed nor reset it. What the peer
+// sends meanwhile is read and dropped.
+func OpenAfter(c net.Conn, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	}
 }

@@ -273,10 +273,7 @@ func TestAgentPortBoundsIdlePeers(t *testing.T) {
 	agent := startKonnect(t, "agent", agentArgs(dir, []int{sp.agent}, ports[3], ports[4], "--service-account-token-path", tokenPath, "--agent-id", "genuine")...)
 	expectConnected(t, sp.admin, agent, "genuine")
 
-	dial := func(src string) (net.Conn, error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-		return d.Dial("tcp", addr)
-	}
+	dial := func(src string) (net.Conn, error) { return harness.DialFrom(src, addr) }
 	start := time.Now()
 	var raw, idle []net.Conn
 	defer func() {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,25 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func dialFrom(src, addr string) (net.Conn, error) {
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	return d.Dial("tcp", addr)
-}
-
 // reset reports whether the server reset or closed c (rather than waiting for its request).
-func reset(c net.Conn) bool {
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	_, err := c.Read(make([]byte, 1))
-	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
-}
+func reset(c net.Conn) bool { return !harness.OpenAfter(c, 300*time.Millisecond) }
 
 func getFrom(src, addr string) error {
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
-		DialContext: func(context.Context, string, string) (net.Conn, error) { return dialFrom(src, addr) }}}
+		DialContext: func(context.Context, string, string) (net.Conn, error) { return harness.DialFrom(src, addr) }}}
 	res, err := c.Get("http://" + addr + "/livez")
 	if err != nil {
 		return err
@@ -62,13 +52,13 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 		}
 	}()
 	for range MaxConnsPerSource {
-		c, err := dialFrom("127.0.0.1", addr)
+		c, err := harness.DialFrom("127.0.0.1", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
 	}
-	if c, err := dialFrom("127.0.0.1", addr); err == nil {
+	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
 		defer c.Close()
 		if !reset(c) {
 			t.Fatalf("connection %d from one source was kept", MaxConnsPerSource+1)
