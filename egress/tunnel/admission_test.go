@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -18,6 +19,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/field"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -461,4 +463,90 @@ func TestNewRefusesUnauthenticatedAgents(t *testing.T) {
 	// Then any agent is taken, as upstream takes it (the server asks for no certificate, so none is sent).
 	connectAgent(t, e, s.AgentAddr(), "anyone")
 	s.waitAgents(t, 1)
+}
+
+// TestHeaderFloodIsReset: a stream whose headers decode to far more than an agent or kube-apiserver sends
+// is reset, on the agent port by a peer without a token and on the frontend, instead of being decoded and
+// held until an interceptor looks at it. HPACK sends each repeat of a field in one byte, so the 100,000
+// fields below are about 100 KB on the wire and 3.4 MB decoded (RFC 7541 counts 32 bytes a field), within
+// gRPC's default bound of 16 MiB a stream: before the bound was set, 24 such connections of about 450 KB
+// each took the server's heap to 1.4 GiB.
+func TestHeaderFloodIsReset(t *testing.T) {
+	e := newEnv(t)
+	s := start(t, tokenConfig(e, newReviewer()))
+	for _, tc := range []struct {
+		name, path string
+		dial       func() net.Conn
+	}{
+		{"agent port", "/agent.AgentService/Connect", func() net.Conn {
+			c := tls.Client(dialFrom(t, "127.0.0.1", s.AgentAddr()), agentTLS(t, e, false))
+			if err := c.Handshake(); err != nil {
+				t.Fatalf("TLS handshake: %v", err)
+			}
+			return c
+		}},
+		{"frontend", "/konnectivity.ProxyService/Proxy", func() net.Conn {
+			c, err := net.Dial("unix", s.frontend("grpc").UDSName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.dial()
+			defer c.Close()
+			if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+				t.Fatal(err)
+			}
+			fr := http2.NewFramer(c, c)
+			if err := fr.WriteSettings(); err != nil {
+				t.Fatal(err)
+			}
+			var block bytes.Buffer
+			enc := hpack.NewEncoder(&block)
+			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":path", tc.path},
+				{":authority", "127.0.0.1"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+				_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+			}
+			for range 100_000 {
+				_ = enc.WriteField(hpack.HeaderField{Name: "x", Value: "v"})
+			}
+			// The server reads while we write: what it sends back is read below, once all is written.
+			go func() {
+				b := block.Bytes()
+				const frag = 16 << 10
+				first := b[:min(frag, len(b))]
+				if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: first, EndHeaders: len(b) <= frag}) != nil {
+					return
+				}
+				for b = b[len(first):]; len(b) > 0; {
+					n := min(frag, len(b))
+					if fr.WriteContinuation(1, n == len(b), b[:n]) != nil {
+						return
+					}
+					b = b[n:]
+				}
+			}()
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() {
+						t.Fatal("the server neither reset the stream nor closed the connection: it took the headers")
+					}
+					return // the connection was closed: the headers were refused
+				}
+				switch f := f.(type) {
+				case *http2.RSTStreamFrame, *http2.GoAwayFrame:
+					return
+				case *http2.HeadersFrame:
+					if f.StreamID == 1 {
+						t.Fatal("the server answered the stream: it decoded the headers and passed them on")
+					}
+				}
+			}
+		})
+	}
 }
