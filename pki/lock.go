@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
 	"golang.org/x/sys/unix"
 )
@@ -108,15 +110,21 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 	if unix.Ftruncate(fd, 0) == nil {
 		_, _ = unix.Pwrite(fd, pid, 0)
 	}
-	return func() {
-		// Removed while still locked, so that nobody locks this file after us without noticing.
-		_ = unix.Unlink(path)
-		unix.Close(fd)
-		if created != "" {
-			for d := dir; os.Remove(d) == nil && d != created; d = filepath.Dir(d) {
+	var once sync.Once
+	unlock := func() {
+		once.Do(func() {
+			// Removed while still locked, so that nobody locks this file after us without noticing.
+			_ = unix.Unlink(path)
+			unix.Close(fd)
+			if created != "" {
+				for d := dir; os.Remove(d) == nil && d != created; d = filepath.Dir(d) {
+				}
 			}
-		}
-	}, nil
+		})
+	}
+	// An interrupted command releases it too, so that it leaves no lock file behind.
+	done := interrupt.Undo(unlock)
+	return func() { done(); unlock() }, nil
 }
 
 // lockOpened, when a test sets it, runs between Lock's open of the lock file and its look at the file: the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
 )
 
@@ -69,6 +70,7 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
 	tmp := f.Name()
+	defer interrupt.Undo(func() { _ = os.Remove(tmp) })()
 	defer func() {
 		if err != nil {
 			_ = os.Remove(tmp)

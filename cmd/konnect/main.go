@@ -15,11 +15,14 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/proxycmd"
 	"github.com/konnect-dev/konnect/cmd/internal/servercmd"
 	"github.com/konnect-dev/konnect/cmd/internal/sockscmd"
+	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/spf13/cobra"
 )
 
 func main() {
 	daemon.RedactSecretsInLogs()
+	// An interrupted command leaves no temporary file or lock behind (daemons take the signals over).
+	interrupt.Catch()
 	root, err := newRootCommand()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "konnect:", err)

@@ -38,6 +38,14 @@ func seed(t *testing.T) *rand.Rand {
 // killed (false: it finished first) and its exit code when it finished.
 func killAfter(t *testing.T, delay time.Duration, args ...string) (killed bool, code int) {
 	t.Helper()
+	sent, killed, code := signalAfter(t, syscall.SIGKILL, delay, args...)
+	return sent && killed, code
+}
+
+// signalAfter runs konnect with args and sends sig after delay. It reports whether sig was sent (false: the
+// run finished first), whether the signal killed the process, and its exit code when it exited.
+func signalAfter(t *testing.T, sig syscall.Signal, delay time.Duration, args ...string) (sent, killed bool, code int) {
+	t.Helper()
 	cmd := exec.Command(konnectBin, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent/kubeconfig")
 	if err := cmd.Start(); err != nil {
@@ -48,20 +56,20 @@ func killAfter(t *testing.T, delay time.Duration, args ...string) (killed bool, 
 	select {
 	case err := <-done:
 		if ee, ok := err.(*exec.ExitError); ok {
-			return false, ee.ExitCode()
+			return false, false, ee.ExitCode()
 		}
-		return false, 0
+		return false, false, 0
 	case <-time.After(delay):
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Process.Signal(sig)
 	err := <-done
 	if ee, ok := err.(*exec.ExitError); ok {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return true, -1
+			return true, true, -1
 		}
-		return false, ee.ExitCode()
+		return true, false, ee.ExitCode()
 	}
-	return false, 0
+	return true, false, 0
 }
 
 // fastest returns the shortest wall time of n runs: on a loaded machine the median overstates the run
@@ -257,6 +265,62 @@ func caSums(t *testing.T, dir string) string {
 
 // TestKillDuringCertsRenew kills konnect certs renew all at random points. Keys never change, every
 // certificate is the old one or a new valid one, the CAs are untouched, and a rerun completes.
+// TestInterruptDuringInit: konnect init interrupted with SIGINT or SIGTERM at any moment (Ctrl-C, a
+// timeout's kill) exits with 128 + the signal's number, as a shell reports it, and leaves neither a
+// temporary file nor its lock file behind; a rerun completes. Without its own handling Go ends the process
+// at the signal, wherever it is: 30 runs left the lock file behind in most, and temporary files beside keys.
+func TestInterruptDuringInit(t *testing.T) {
+	rng := seed(t)
+	base := shortDir(t)
+	d := fastest(5, func(i int) {
+		dir := filepath.Join(base, "measure-"+strconv.Itoa(i))
+		if r := konnect(t, time.Minute, initArgs(dir)...); r.code != 0 {
+			t.Fatalf("init: %s", r)
+		}
+	})
+	stats := map[string]int{}
+	start := time.Now()
+	for i := 0; i < killIterations && time.Since(start) < killBudget; i++ {
+		dir := filepath.Join(base, "run-"+strconv.Itoa(i))
+		sig := []syscall.Signal{syscall.SIGINT, syscall.SIGTERM}[i%2]
+		sent, killed, code := signalAfter(t, sig, time.Duration(rng.Int64N(int64(d*5/4))), initArgs(dir)...)
+		stats["runs"]++
+		switch {
+		case !sent && code != 0:
+			t.Fatalf("iteration %d: init exited %d without being interrupted", i, code)
+		case !sent:
+		case killed:
+			t.Errorf("iteration %d: %s killed init instead of making it exit", i, sig)
+		case code == 0:
+			stats["finished before the signal took effect"]++
+		case code != 128+int(sig):
+			t.Fatalf("iteration %d: init exited %d after %s, want %d", i, code, sig, 128+int(sig))
+		default:
+			stats["interrupted"]++
+		}
+		if st := inspectPKI(dir); len(st.temps) > 0 {
+			t.Errorf("iteration %d: temporary files left: %v", i, st.temps)
+		}
+		left := []string{}
+		_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			if err == nil && !e.IsDir() && (e.Name() == ".konnect.lock" || tempFile.MatchString(e.Name())) {
+				left = append(left, p)
+			}
+			return nil
+		})
+		if len(left) > 0 {
+			t.Errorf("iteration %d: left behind after %s: %v", i, sig, left)
+		}
+		if r := konnect(t, time.Minute, initArgs(dir)...); r.code != 0 {
+			t.Fatalf("iteration %d: rerun after %s failed:\n%s", i, sig, r)
+		}
+	}
+	t.Logf("figures: %v", stats)
+	if stats["interrupted"] == 0 {
+		t.Errorf("no run was interrupted in %d: the signals all came too late to test anything", stats["runs"])
+	}
+}
+
 func TestKillDuringCertsRenew(t *testing.T) {
 	rng := seed(t)
 	dir := filepath.Join(shortDir(t), "k")

@@ -7,6 +7,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/konnect-dev/konnect/pki/interrupt"
 )
 
 // SignalContext returns a context that is cancelled on the first SIGINT or SIGTERM. A second signal exits the
@@ -15,6 +17,7 @@ func SignalContext(parent context.Context) (context.Context, context.CancelFunc)
 	if parent == nil {
 		parent = context.Background() // a command run with Execute rather than ExecuteContext
 	}
+	interrupt.Stop() // a daemon drains instead of exiting at once
 	ctx, cancel := context.WithCancel(parent)
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
