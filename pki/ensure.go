@@ -271,8 +271,8 @@ func (e *engine) planCA(s *Spec) {
 			return
 		}
 		a.cert = cert
-		if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-			e.fail("%s is not a CA certificate (basic constraints CA:TRUE and key usage certSign are required)", certFile)
+		if err := checkSigningCA(certFile, cert); err != nil {
+			e.fail("%w", err)
 		}
 		if e.now.After(cert.NotAfter) {
 			// Dir is the directory above pki, for the control plane's certificates and an extension server's alike.
@@ -299,6 +299,16 @@ func (e *engine) planCA(s *Spec) {
 		e.authorities[s.Name] = a
 		r.Reason = openKeyNote(keyFile)
 	}
+}
+
+// checkSigningCA refuses a certificate in a CA's place that may not sign others: what it signed would not
+// verify (openssl: "key usage does not include certificate signing"). Init and renew both call it, so that
+// renew never signs with a CA that init rejects.
+func checkSigningCA(certFile string, cert *x509.Certificate) error {
+	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return fmt.Errorf("%s is not a CA certificate (basic constraints CA:TRUE and key usage certSign are required)", certFile)
+	}
+	return nil
 }
 
 // openKeyNote says so when a kept key can be read by others than its owner: konnect writes keys 0600, and

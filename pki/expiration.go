@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -18,10 +19,14 @@ type Expiration struct {
 	// External is set when the issuing CA's key is not on this node, so konnect cannot renew it.
 	External bool   `json:"external"`
 	Issuer   string `json:"issuer"`
+	// Error is why the certificate could not be read; the times are zero then.
+	Error string `json:"error,omitempty"`
 }
 
 // CheckExpiration reports every certificate of the table found in DIR/pki, and the client certificate
-// embedded in DIR/konnectivity-server.conf. Missing certificates are left out; unreadable ones are errors.
+// embedded in DIR/konnectivity-server.conf. Missing certificates are left out. An unreadable one is listed
+// with its Error beside the others, so that one corrupt file hides none of them, and the error returned
+// with the list names every such file.
 // In an extension server's directory (see IsServingDir) the table is ServingSpecs in the rotation phase
 // reached, and nothing is written.
 func CheckExpiration(cfg Config) ([]Expiration, error) {
@@ -38,6 +43,11 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		specs = ServingSpecs("x", "x", phase) // names and files only
 	}
 	var out []Expiration
+	var problems []error
+	unreadable := func(name, file string, ca bool, err error) {
+		out = append(out, Expiration{Name: name, File: file, CA: ca, Error: err.Error()})
+		problems = append(problems, err)
+	}
 	for _, s := range specs {
 		certFile := s.CertFile(dir)
 		if !exists(certFile) {
@@ -45,7 +55,8 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		}
 		cert, _, err := readCert(certFile)
 		if err != nil {
-			return nil, fmt.Errorf("pki: %w", err)
+			unreadable(s.Name, certFile, s.IsCA, err)
+			continue
 		}
 		e := expiration(s.Name, certFile, cert.NotAfter, now)
 		e.CA = s.IsCA
@@ -61,28 +72,43 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 		e.External = !exists(signer.KeyFile(dir))
 		out = append(out, e)
 	}
-	if serving { // no kubeconfig beside an extension server's certificates
-		return out, nil
+	if !serving { // no kubeconfig beside an extension server's certificates
+		if e, err := kubeconfigExpiration(cfg, specs, now); err != nil {
+			unreadable(KubeconfigFile, cfg.KubeconfigPath(), false, err)
+		} else if e != nil {
+			out = append(out, *e)
+		}
 	}
-	path := cfg.KubeconfigPath()
-	if data, err := os.ReadFile(path); err == nil {
-		certPEM, err := kubeconfigClientCert(data)
-		if err != nil {
-			return nil, fmt.Errorf("pki: %s: %w", path, err)
-		}
-		cert, err := ParseCertificatePEM(certPEM)
-		if err != nil {
-			return nil, fmt.Errorf("pki: %s: embedded client certificate: %w", path, err)
-		}
-		e := expiration(KubeconfigFile, path, cert.NotAfter, now)
-		e.Issuer = cert.Issuer.CommonName
-		caSpec, _ := Lookup(specs, CA)
-		e.External = !exists(caSpec.KeyFile(dir))
-		out = append(out, e)
-	} else if !os.IsNotExist(err) {
-		return nil, fmt.Errorf("pki: %w", err)
+	if len(problems) > 0 {
+		return out, fmt.Errorf("pki: %w", errors.Join(problems...))
 	}
 	return out, nil
+}
+
+// kubeconfigExpiration describes the client certificate embedded in DIR/konnectivity-server.conf, or
+// returns nil when there is no such file.
+func kubeconfigExpiration(cfg Config, specs []*Spec, now time.Time) (*Expiration, error) {
+	path := cfg.KubeconfigPath()
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	certPEM, err := kubeconfigClientCert(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	cert, err := ParseCertificatePEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: embedded client certificate: %w", path, err)
+	}
+	e := expiration(KubeconfigFile, path, cert.NotAfter, now)
+	e.Issuer = cert.Issuer.CommonName
+	caSpec, _ := Lookup(specs, CA)
+	e.External = !exists(caSpec.KeyFile(cfg.PKIDir()))
+	return &e, nil
 }
 
 func expiration(name, file string, notAfter, now time.Time) Expiration {

@@ -201,7 +201,8 @@ func formerlySigned(specs []*Spec, ca *Spec, dir string, sel map[string]bool) *S
 	return nil
 }
 
-// loadPair reads a certificate and its key, and checks that they belong together.
+// loadPair reads a certificate and its key, and checks that they belong together and, for a CA, that it
+// may sign (the check init applies).
 func loadPair(s *Spec, dir string) (*loaded, error) {
 	if err := checkTrusted(dir, s.CertFile(dir), s.KeyFile(dir)); err != nil {
 		return nil, err
@@ -209,6 +210,11 @@ func loadPair(s *Spec, dir string) (*loaded, error) {
 	cert, _, err := readCert(s.CertFile(dir))
 	if err != nil {
 		return nil, err
+	}
+	if s.IsCA {
+		if err := checkSigningCA(s.CertFile(dir), cert); err != nil {
+			return nil, err
+		}
 	}
 	if !exists(s.KeyFile(dir)) {
 		what := "it cannot be re-signed"
