@@ -63,9 +63,11 @@ apiservice-serving (DIR/pki/tls.crt), under the names konnect certs renew takes.
 			if err != nil {
 				return err
 			}
-			exp, err := pki.CheckExpiration(pki.Config{Dir: d})
-			if err != nil {
-				return err
+			// An unreadable certificate is a row with its error: the others are listed all the same, and
+			// the command still fails, naming every unreadable file.
+			exp, readErr := pki.CheckExpiration(pki.Config{Dir: d})
+			if readErr != nil && len(exp) == 0 {
+				return readErr
 			}
 			// The same failure in either format: a script reading JSON must not take an empty or mistyped
 			// --dir for one whose certificates are all fine. Nothing is printed then, not even empty JSON.
@@ -80,15 +82,24 @@ apiservice-serving (DIR/pki/tls.crt), under the names konnect certs renew takes.
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintln(w, string(b))
-				return err
+				if _, err := fmt.Fprintln(w, string(b)); err != nil {
+					return err
+				}
+				return readErr
 			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "CERTIFICATE\tEXPIRES\tRESIDUAL TIME\tCA\tEXTERNALLY MANAGED\tFILE")
 			for _, e := range exp {
+				if e.Error != "" {
+					fmt.Fprintf(tw, "%s\tunreadable: %s\t\t\t\t%s\n", e.Name, e.Error, e.File)
+					continue
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Name, e.NotAfter.Format("Jan 02, 2006 15:04 MST"), e.Residual, yesNo(e.CA), yesNo(e.External), e.File)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			return readErr
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", dir, "konnect directory (certificates in DIR/pki)")

@@ -186,6 +186,31 @@ func TestCheckExpirationNoCertificates(t *testing.T) {
 	}
 }
 
+// check-expiration with one certificate corrupt still lists the others, in text and JSON, shows the bad one
+// with its error, and fails naming its file.
+func TestCheckExpirationAroundUnreadable(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hook")
+	mustRun(t, "certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, "--key-algorithm", "ecdsa-p256")
+	bad := filepath.Join(out, "pki", "tls.crt")
+	if err := os.WriteFile(bad, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"text", "json"} {
+		stdout, err := run(t, "certs", "check-expiration", "--dir", out, "-o", format)
+		if err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("-o %s: error %v, want one naming %s", format, err, bad)
+		}
+		for _, want := range []string{"apiservice-ca", "apiservice-serving", bad} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("-o %s does not list %q:\n%s", format, want, stdout)
+			}
+		}
+		if format == "text" && !strings.Contains(stdout, "unreadable") {
+			t.Errorf("the text does not say which certificate is unreadable:\n%s", stdout)
+		}
+	}
+}
+
 // rotate-ca --step 3 on a directory that never rotated fails and says to start with step 1; after a
 // finished rotation it is done, and says so.
 func TestRotateCAStep3WithoutRotation(t *testing.T) {
