@@ -81,6 +81,11 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 		return res, fmt.Errorf("pki: read %s: %w", path, err)
 	case bytes.Equal(old, data):
 		res.Action = Kept
+		// It carries the client key: one that others may read is closed as WriteFile closes a key it writes.
+		if st, err := os.Stat(path); err == nil && st.Mode().Perm() != KeyMode {
+			res.Action = Updated
+			res.Reason = fmt.Sprintf("mode %04o, readable by others, set to %04o: it holds a private key", st.Mode().Perm(), KeyMode)
+		}
 	default:
 		res.Action = Updated
 		res.Reason = "embedded certificates changed"

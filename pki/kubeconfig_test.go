@@ -97,6 +97,39 @@ func TestKubeconfig(t *testing.T) {
 	}
 }
 
+// A kubeconfig whose content is as it should be but which others may read (copied with cp, or written by
+// hand) holds the client key all the same: a run closes it and says so, and does not keep it as it was.
+func TestKubeconfigReadableByOthers(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	const url = "https://198.18.0.1:6443"
+	if _, err := EnsureKubeconfig(cfg, url); err != nil {
+		t.Fatal(err)
+	}
+	path := cfg.KubeconfigPath()
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dry := cfg
+	dry.DryRun = true
+	if r, err := EnsureKubeconfig(dry, url); err != nil || r.Action != Updated || !r.DryRun || !strings.Contains(r.Reason, "0644") {
+		t.Fatalf("dry run %+v %v", r, err)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o644 {
+		t.Fatalf("the dry run changed the mode to %04o", st.Mode().Perm())
+	}
+	r, err := EnsureKubeconfig(cfg, url)
+	if err != nil || r.Action != Updated || !strings.Contains(r.Reason, "0644") || !strings.Contains(r.Reason, "private key") {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != KeyMode {
+		t.Fatalf("mode %v %v, want %04o", st.Mode(), err, KeyMode)
+	}
+	if r, err := EnsureKubeconfig(cfg, url); err != nil || r.Action != Kept {
+		t.Fatalf("next run %+v %v", r, err)
+	}
+}
+
 func TestKubeconfigBadInputs(t *testing.T) {
 	cfg := testConfig(t)
 	for _, u := range []string{"http://198.18.0.1:6443", "198.18.0.1:6443", "https://", "https://u:p@h:6443"} {

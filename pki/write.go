@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
@@ -99,6 +101,35 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 		return true, fmt.Errorf("write %s: sync directory: %w", path, err)
 	}
 	return true, nil
+}
+
+// Backup keeps data, the content of path before konnect replaces it, beside path's target (a symlink is
+// followed as WriteFile follows it) as .NAME.konnect-backup-TIMESTAMP, numbered if that exists, with mode
+// perm. The name starts with a dot, so that kubelet never runs a backup in its static-pod directory as a
+// second pod, and kubectl apply -k never sees one. It returns the backup's path.
+func Backup(path string, data []byte, perm fs.FileMode, now time.Time) (string, error) {
+	target, err := safepath.Resolve(path)
+	if err != nil {
+		return "", fmt.Errorf("backup of %s: %w", path, err)
+	}
+	name := "." + filepath.Base(target) + ".konnect-backup-" + now.UTC().Format("20060102T150405Z")
+	for i := 0; i < 100; i++ {
+		backup := filepath.Join(filepath.Dir(target), name)
+		if i > 0 {
+			backup += "-" + strconv.Itoa(i)
+		}
+		if _, err := os.Lstat(backup); !errors.Is(err, fs.ErrNotExist) {
+			if err != nil {
+				return "", fmt.Errorf("backup of %s: %w", path, err)
+			}
+			continue
+		}
+		if _, err := WriteFile(backup, data, perm, DirMode); err != nil {
+			return "", fmt.Errorf("backup of %s: %w", path, err)
+		}
+		return backup, nil
+	}
+	return "", fmt.Errorf("backup of %s: too many backups named %s", path, name)
 }
 
 // checkTrusted refuses dir, and those of files that exist, when another user could change them

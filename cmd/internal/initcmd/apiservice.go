@@ -42,7 +42,7 @@ func (o *servingOptions) addFlags(fs *pflag.FlagSet, what, outSuffix string) {
 	fs.StringVar(&o.keyAlgorithm, "key-algorithm", o.keyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
 	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA")
 	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate")
-	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks")
+	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks, and replace files in --out that konnect did not write (a backup is kept beside each)")
 	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "print what would be written, and write nothing")
 }
 
@@ -186,7 +186,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	if _, err := servingKustomization(out, nil); err != nil {
 		return err
 	}
-	r := &runner{o: &Options{DryRun: o.dryRun}, out: cmd.OutOrStdout()}
+	r := &runner{o: &Options{DryRun: o.dryRun, Force: o.force}, out: cmd.OutOrStdout()}
 	defer r.print()
 	bundle, err := o.ensure(r, out)
 	if err != nil {

@@ -329,7 +329,7 @@ func (r *runner) egress([]string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.write(filepath.Join(r.o.Dir, EgressConfigFile), data, 0o644); err != nil {
+	if err := r.write(filepath.Join(r.o.Dir, EgressConfigFile), marked(data, "init"), 0o644); err != nil {
 		return err
 	}
 	r.egressKept = r.outcomes[len(r.outcomes)-1].action == pki.Kept
@@ -342,7 +342,7 @@ func (r *runner) flags([]string) error {
 		return err
 	}
 	if r.o.APIServerManifest == "" {
-		return r.write(filepath.Join(r.o.Dir, FlagsFile), kubeapiserver.MarshalFlags(flags), 0o644)
+		return r.writeFlags(flags)
 	}
 	patch, err := r.manifestPatch(flags)
 	if err != nil {
@@ -356,7 +356,7 @@ func (r *runner) flags([]string) error {
 			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
 		}
 	}
-	if err := r.write(filepath.Join(r.o.Dir, FlagsFile), kubeapiserver.MarshalFlags(flags), 0o644); err != nil {
+	if err := r.writeFlags(flags); err != nil {
 		return err
 	}
 	if r.o.DryRun {
@@ -381,6 +381,27 @@ func (r *runner) flags([]string) error {
 	}
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
 	return nil
+}
+
+// writeFlags writes DIR/kube-apiserver.flags. It takes no mark: users hand its lines to kube-apiserver as
+// they are (one --flag=value per line), and a comment would be an argument there. An existing file is
+// konnect's when it holds nothing but such lines of flags konnect writes: one with any other line, a
+// comment or another flag of the user's is refused unless --force.
+func (r *runner) writeFlags(flags []kubeapiserver.Flag) error {
+	names := slices.Clone(kubeapiserver.OptionalFlags)
+	for _, f := range flags {
+		names = append(names, f.Name)
+	}
+	onlyKonnects := func(old []byte) bool {
+		for _, l := range strings.Split(strings.TrimSuffix(string(old), "\n"), "\n") {
+			name, _, ok := strings.Cut(strings.TrimPrefix(l, "--"), "=")
+			if !ok || !strings.HasPrefix(l, "--") || !slices.Contains(names, name) {
+				return false
+			}
+		}
+		return true
+	}
+	return r.replace(filepath.Join(r.o.Dir, FlagsFile), kubeapiserver.MarshalFlags(flags), 0o644, onlyKonnects)
 }
 
 // manifestPatch is what the flags phase sets on the kube-apiserver static pod.
@@ -440,27 +461,90 @@ func actionFor(changed, existed bool) pki.Action {
 }
 
 // write writes a derived file atomically, only when its content or mode changes. The mode is the
-// caller's: a manifest that names or holds key material is 0600.
+// caller's: a manifest that names or holds key material is 0600. An existing file that konnect did not
+// write (writtenByKonnect) is refused unless --force, which keeps a backup of it beside it.
 func (r *runner) write(path string, data []byte, mode os.FileMode) error {
+	return r.replace(path, data, mode, nil)
+}
+
+// replace is write, where also (nil for none) recognises more contents that data may replace without loss
+// than writtenByKonnect does: an earlier copy of the manifest that data copies, say.
+func (r *runner) replace(path string, data []byte, mode os.FileMode, also func(old []byte) bool) error {
 	old, err := os.ReadFile(path)
 	existed := err == nil
+	foreign := existed && !bytes.Equal(old, data) && !writtenByKonnect(path, old, data) && (also == nil || !also(old))
+	if foreign && !r.o.Force {
+		return fmt.Errorf("%s: konnect did not write this file (no %q line, no label %s=%s), so it will not replace it: move it away, or run with %s to replace it and keep a backup beside it (so too for a file an older konnect wrote that differs from this run's)",
+			path, writtenBy, manifests.ManagedByLabel, manifests.ManagedBy, fieldFlags["Force"])
+	}
 	if r.o.DryRun {
 		changed := !existed || !bytes.Equal(old, data)
-		var diff string
+		var diff, note string
 		if existed {
 			diff = dryRunDiff(path, old, data, changed)
 		}
-		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path, diff: diff})
+		if foreign {
+			note = "not konnect's: replaced with " + fieldFlags["Force"] + ", a backup kept beside it"
+		}
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), dryRun: changed, file: path, note: note, diff: diff})
 		return nil
 	}
 	// A killed run's temporary file may hold a key (the agent's Secret): gone before the new write.
 	pki.RemoveStaleTemps(path)
+	note := ""
+	if foreign {
+		st, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		backup, err := pki.Backup(path, old, st.Mode().Perm(), time.Now())
+		if err != nil {
+			return err
+		}
+		note = "not konnect's: replaced with " + fieldFlags["Force"] + ", backup " + backup
+	}
 	changed, err := pki.WriteFile(path, data, mode, 0o755)
 	if err != nil {
 		return err
 	}
-	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), file: path})
+	r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, existed), file: path, note: note})
 	return nil
+}
+
+// writtenBy starts the first line of each file konnect writes that carries no label of its own to say so
+// (marked; kube-apiserver.flags excepted), so that a later run knows the file for its own.
+const writtenBy = "# Written by konnect"
+
+// marked is YAML data with a first line that says konnect wrote it, for what (e.g. "init");
+// data that has one already is returned as it is.
+func marked(data []byte, what string) []byte {
+	if bytes.HasPrefix(data, []byte(writtenBy)) {
+		return data
+	}
+	return append([]byte(writtenBy+" "+what+"; a later run replaces this file.\n"), data...)
+}
+
+// writtenByKonnect reports whether old, the content of the file at path, is konnect's own, so that new may
+// replace it: a file marked, one whose every object has konnect's managed-by label, one that holds new
+// without its mark (an older konnect wrote it so), or a kustomization.yaml (its writers carry over what a
+// user added).
+func writtenByKonnect(path string, old, new []byte) bool {
+	if bytes.HasPrefix(old, []byte(writtenBy)) || filepath.Base(path) == "kustomization.yaml" {
+		return true
+	}
+	if _, rest, ok := bytes.Cut(new, []byte("\n")); ok && bytes.HasPrefix(new, []byte(writtenBy)) && bytes.Equal(old, rest) {
+		return true
+	}
+	objs, err := manifests.ObjectsIn(path)
+	if err != nil || len(objs) == 0 {
+		return false
+	}
+	for _, obj := range objs {
+		if obj.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
+			return false
+		}
+	}
+	return true
 }
 
 // dryRunDiff is the unified diff from old to new of the file at path, for a dry run to show what it would

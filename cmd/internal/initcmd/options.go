@@ -117,7 +117,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.APIServerManifest, "apiserver-manifest", o.APIServerManifest, "also patch this kube-apiserver static pod manifest (e.g. "+kubeapiserver.DefaultAPIServerManifest+"), keeping a backup")
 	fs.BoolVar(&o.Kubeadm, "kubeadm", o.Kubeadm, "the control plane is kubeadm's: patch "+kubeapiserver.DefaultAPIServerManifest+" (unless --apiserver-manifest names another) and record the change in kubeadm's ClusterConfiguration (ConfigMap "+kubeapiserver.KubeadmConfigNamespace+"/"+kubeapiserver.KubeadmConfigName+"), so that kubeadm upgrade and kubeadm join --control-plane keep it")
 	fs.StringVar(&o.KubeadmKubeconfig, "kubeadm-kubeconfig", o.KubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+kubeapiserver.KubeadmConfigName)
-	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, and rewrite a kubeconfig that points elsewhere (never a CA)")
+	fs.BoolVar(&o.Force, "force", o.Force, "renew leaf certificates that fail their checks, rewrite a kubeconfig that points elsewhere, and replace files konnect did not write, keeping a backup beside each (never a CA)")
 	fs.BoolVar(&o.DryRun, "dry-run", o.DryRun, "print what would be written, and write nothing")
 }
 

@@ -1,6 +1,7 @@
 package initcmd
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -88,7 +89,7 @@ func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) 
 	if _, err := servingKustomization(out, nil); err != nil {
 		return err
 	}
-	r := &runner{o: &Options{DryRun: o.dryRun}, out: w}
+	r := &runner{o: &Options{DryRun: o.dryRun, Force: o.force}, out: w}
 	defer r.print()
 	bundle, err := o.ensure(r, out)
 	if err != nil {
@@ -102,7 +103,7 @@ func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) 
 	if err != nil {
 		return err
 	}
-	files := []manifests.File{secret}
+	var copies []manifests.File
 	var patched []manifests.Patched
 	for _, base := range names {
 		data, p, err := manifests.SetCABundle(inputs[base], ref, bundle.CA)
@@ -110,19 +111,42 @@ func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) 
 			return fmt.Errorf("manifest %s: %w", base, err)
 		}
 		patched = append(patched, p...)
-		files = append(files, manifests.File{Name: base, Data: data, Mode: 0o644})
+		copies = append(copies, manifests.File{Name: base, Data: markedCopy(data), Mode: 0o644})
 	}
-	k, err := servingKustomization(out, files)
+	k, err := servingKustomization(out, append([]manifests.File{secret}, copies...))
 	if err != nil {
 		return err
 	}
-	if err := r.writeFiles(out, append(files, k)); err != nil {
+	if err := r.writeFiles(out, []manifests.File{secret}); err != nil {
+		return err
+	}
+	for _, c := range copies {
+		// An earlier copy of the same manifest, with any caBundle (an older konnect's has no mark), or the
+		// manifest itself when --out holds it: replacing it loses nothing.
+		earlier := func(old []byte) bool {
+			data, _, err := manifests.SetCABundle(old, ref, bundle.CA)
+			return err == nil && bytes.Equal(markedCopy(data), c.Data)
+		}
+		if err := r.replace(filepath.Join(out, c.Name), c.Data, c.Mode, earlier); err != nil {
+			return err
+		}
+	}
+	if err := r.writeFiles(out, []manifests.File{k}); err != nil {
 		return err
 	}
 	for _, p := range patched {
 		r.outcomes = append(r.outcomes, outcome{action: "caBundle set", file: p.String()})
 	}
 	return nil
+}
+
+// markedCopy is a webhook's manifest as certs webhook copies it into --out: marked as konnect's, unless it is
+// JSON, which has no comments.
+func markedCopy(data []byte) []byte {
+	if t := bytes.TrimSpace(data); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
+		return data
+	}
+	return marked(data, "certs webhook, a copy of a manifest given to it with the caBundle set")
 }
 
 func newRotateCACommand() *cobra.Command {
@@ -277,7 +301,7 @@ func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.
 	if err := yaml.Unmarshal(kdata, &k); err != nil {
 		return fmt.Errorf("%s: %w", kpath, err)
 	}
-	files := []manifests.File{secret}
+	var edited []manifests.File
 	for _, base := range k.Resources {
 		if base == manifests.ServingSecretFile {
 			continue
@@ -295,8 +319,17 @@ func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		if len(found) > 0 {
-			files = append(files, manifests.File{Name: base, Data: patched, Mode: 0o644})
+			edited = append(edited, manifests.File{Name: base, Data: patched, Mode: 0o644})
 		}
 	}
-	return r.writeFiles(dir, files)
+	if err := r.writeFiles(dir, []manifests.File{secret}); err != nil {
+		return err
+	}
+	for _, f := range edited {
+		// Only its caBundle changes: the rest stays as it was, whoever wrote it.
+		if err := r.replace(filepath.Join(dir, f.Name), f.Data, f.Mode, func([]byte) bool { return true }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
