@@ -42,6 +42,30 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 	told := false
 	created := ""
 	var fd int
+	// An interrupted command leaves no lock file behind, whenever the signal comes: what this run opened
+	// it removes if it can lock it (it is then this run's, as for release), and the directories it made.
+	var undoMu sync.Mutex
+	opened := -1
+	stopUndo := interrupt.Undo(func() {
+		undoMu.Lock()
+		defer undoMu.Unlock()
+		if opened >= 0 && unix.Flock(opened, unix.LOCK_EX|unix.LOCK_NB) == nil && samePath(opened, path) {
+			_ = unix.Unlink(path)
+		}
+		removeCreated(dir, created)
+	})
+	holding := false
+	defer func() {
+		if !holding {
+			stopUndo()
+		}
+	}()
+	closeOpened := func() {
+		undoMu.Lock()
+		opened = -1
+		undoMu.Unlock()
+		unix.Close(fd)
+	}
 	for {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("another konnect command%s has been writing into %s for more than %s (it holds %s); let it finish, then run this again", describeHolder(lockHolder(path)), dir, wait, path)
@@ -50,15 +74,22 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 			if !create {
 				return func() {}, nil
 			}
+			undoMu.Lock()
 			top, err := mkdirAll(dir)
+			if err == nil && created == "" {
+				created = top
+			}
+			undoMu.Unlock()
 			if err != nil {
 				return func() {}, nil // see "cannot be written to" above: the caller's own mkdir says why
 			}
-			if created == "" {
-				created = top
-			}
 		}
+		undoMu.Lock()
 		fd, err = unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(KeyMode))
+		if err == nil {
+			opened = fd
+		}
+		undoMu.Unlock()
 		if errors.Is(err, unix.ENOENT) {
 			continue // the directory was removed by the holder before us, which had created it
 		}
@@ -72,7 +103,7 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 			lockOpened(path)
 		}
 		if err := checkLockFile(fd, path); err != nil {
-			unix.Close(fd)
+			closeOpened()
 			if errors.Is(err, errLockRemoved) {
 				continue // its holder released it between our open and our look: lock the next one
 			}
@@ -86,11 +117,11 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 				locked = true
 				continue
 			case !errors.Is(err, unix.EWOULDBLOCK):
-				unix.Close(fd)
+				closeOpened()
 				return nil, fmt.Errorf("lock %s: %w", path, err)
 			case time.Now().After(deadline):
 				holder := lockHolder(path)
-				unix.Close(fd)
+				closeOpened()
 				return nil, fmt.Errorf("another konnect command%s has been writing into %s for more than %s (it holds %s); let it finish, then run this again", describeHolder(holder), dir, wait, path)
 			}
 			if !told && waiting != nil {
@@ -103,28 +134,31 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 		if samePath(fd, path) {
 			break
 		}
-		unix.Close(fd)
+		closeOpened()
 	}
 	// For the message of whoever waits next; the lock itself is the flock, not this content.
 	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
 	if unix.Ftruncate(fd, 0) == nil {
 		_, _ = unix.Pwrite(fd, pid, 0)
 	}
-	var once sync.Once
-	unlock := func() {
-		once.Do(func() {
-			// Removed while still locked, so that nobody locks this file after us without noticing.
-			_ = unix.Unlink(path)
-			unix.Close(fd)
-			if created != "" {
-				for d := dir; os.Remove(d) == nil && d != created; d = filepath.Dir(d) {
-				}
-			}
-		})
+	holding = true
+	return func() {
+		stopUndo()
+		// Removed while still locked, so that nobody locks this file after us without noticing.
+		_ = unix.Unlink(path)
+		unix.Close(fd)
+		removeCreated(dir, created)
+	}, nil
+}
+
+// removeCreated removes dir and the directories above it up to created, the topmost one Lock created,
+// while they are empty.
+func removeCreated(dir, created string) {
+	if created == "" {
+		return
 	}
-	// An interrupted command releases it too, so that it leaves no lock file behind.
-	done := interrupt.Undo(unlock)
-	return func() { done(); unlock() }, nil
+	for d := dir; os.Remove(d) == nil && d != created; d = filepath.Dir(d) {
+	}
 }
 
 // lockOpened, when a test sets it, runs between Lock's open of the lock file and its look at the file: the

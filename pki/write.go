@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -67,12 +68,26 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 	if err := os.MkdirAll(dir, dirPerm); err != nil {
 		return false, fmt.Errorf("create directory for %s: %w", path, err)
 	}
+	// Registered before the file exists, and the file made under the undo's lock, so that an interruption
+	// at any moment removes it.
+	var undoMu sync.Mutex
+	tmp := ""
+	defer interrupt.Undo(func() {
+		undoMu.Lock()
+		defer undoMu.Unlock()
+		if tmp != "" {
+			_ = os.Remove(tmp)
+		}
+	})()
+	undoMu.Lock()
 	f, err := os.CreateTemp(dir, tempPattern(path))
+	if err == nil {
+		tmp = f.Name()
+	}
+	undoMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
-	tmp := f.Name()
-	defer interrupt.Undo(func() { _ = os.Remove(tmp) })()
 	defer func() {
 		if err != nil {
 			_ = os.Remove(tmp)

@@ -20,14 +20,15 @@ var (
 	interrupted bool
 )
 
-// Undo registers f to run if the command is interrupted before done is called. After an interruption, f
-// runs at once: the process is on its way out, and what f would undo must not be left behind.
+// Undo registers f to run if the command is interrupted before done is called. The caller registers
+// before it makes what f undoes, and makes it under a lock that f takes too, so that f never runs between
+// the two. After an interruption Undo does not return: the process is on its way out, and its caller must
+// not go on to make anything more.
 func Undo(f func()) (done func()) {
 	mu.Lock()
 	if interrupted {
 		mu.Unlock()
-		f()
-		return func() {}
+		select {}
 	}
 	id := next
 	next++
@@ -82,7 +83,8 @@ func Stop() {
 	}
 }
 
-// Run runs what is registered, newest first, and makes later registrations run at once. Catch calls it.
+// Run runs what is registered, newest first; a later Undo blocks. Catch calls it, and then ends the
+// process.
 func Run() {
 	mu.Lock()
 	interrupted = true
