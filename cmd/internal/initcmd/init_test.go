@@ -519,6 +519,10 @@ func TestInitBadFlags(t *testing.T) {
 		// The server's static pod is checked before any phase writes.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--image", "registry.example/konnect v1"}, "--image"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "http-connect", "--transport", "tcp", "--frontend-port", "8133"}, "--frontend-port 8133"},
+		// A flag for another set-up than the others make is refused, not ignored.
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--frontend-port", "9999"}, "--frontend-port applies only with --transport tcp"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--mode", "http-connect", "--transport", "tcp", "--uds-name", "/tmp/x.sock"}, "--uds-name applies only with --transport uds"},
+		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--kubeadm-kubeconfig", "/etc/kubernetes/super-admin.conf"}, "--kubeadm-kubeconfig applies only with --kubeadm"},
 	} {
 		dir := t.TempDir()
 		args := slices.Clone(tc.args)

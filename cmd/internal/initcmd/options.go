@@ -74,6 +74,10 @@ type Options struct {
 	// Behaviour.
 	Force  bool
 	DryRun bool
+
+	// set names the flags given on the command line (Complete), so that one that does not apply to the
+	// others is refused rather than ignored.
+	set map[string]bool
 }
 
 // NewOptions spells out every default.
@@ -148,12 +152,31 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if o.Kubeadm && o.APIServerManifest == "" {
 		o.APIServerManifest = kubeapiserver.DefaultAPIServerManifest
 	}
-	udsNameSet := fs != nil && fs.Changed("uds-name")
-	if !udsNameSet && filepath.Clean(o.Dir) != pki.DefaultDir {
+	o.set = map[string]bool{}
+	if fs != nil {
+		fs.Visit(func(f *pflag.Flag) { o.set[f.Name] = true })
+	}
+	if !o.set["uds-name"] && filepath.Clean(o.Dir) != pki.DefaultDir {
 		// The socket sits where it would under the default directory, so that one --dir moves everything.
 		o.UDSName = filepath.Join(o.Dir, strings.TrimPrefix(kubeapiserver.DefaultUDSName, pki.DefaultDir))
 	}
 	return nil
+}
+
+// inapplicable refuses flags given for a set-up the others do not make: they would be ignored, and the
+// user would take the files for ones that follow them.
+func (o *Options) inapplicable() []error {
+	var errs []error
+	if o.set["frontend-port"] && o.Transport != kubeapiserver.TransportTCP {
+		errs = append(errs, fmt.Errorf("--frontend-port applies only with --transport tcp (the transport is %s)", o.Transport))
+	}
+	if o.set["uds-name"] && o.Transport == kubeapiserver.TransportTCP {
+		errs = append(errs, errors.New("--uds-name applies only with --transport uds (the transport is tcp)"))
+	}
+	if o.set["kubeadm-kubeconfig"] && !o.Kubeadm {
+		errs = append(errs, errors.New("--kubeadm-kubeconfig applies only with --kubeadm"))
+	}
+	return errs
 }
 
 // Validate names the flag in every error.
@@ -197,6 +220,7 @@ func (o *Options) Validate(n needs) error {
 	if o.AgentAuth != AgentAuthToken && o.AgentAuth != AgentAuthMTLS {
 		errs = append(errs, fmt.Errorf("--agent-auth %q: must be %s or %s", o.AgentAuth, AgentAuthToken, AgentAuthMTLS))
 	}
+	errs = append(errs, o.inapplicable()...)
 	if o.FrontendPort < 1 || o.FrontendPort > 65535 {
 		errs = append(errs, fmt.Errorf("--frontend-port %d: must be 1-65535", o.FrontendPort))
 	}
