@@ -220,6 +220,11 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	}
 	// kubeadm's record wins: kubeadm may have written the manifest anew since, and then a later patch recorded
 	// konnect's own earlier values as the pod's.
+	for i, v := range podRec.Volumes {
+		if slices.Contains(rec.ExtraVolumes, v.Name) {
+			podRec.Volumes[i].Previous, podRec.Volumes[i].PreviousMount = nil, nil
+		}
+	}
 	for _, a := range rec.ExtraArgs {
 		restoreFlag(c, a.Name, a.ManifestPrevious)
 	}

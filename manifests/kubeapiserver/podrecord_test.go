@@ -148,3 +148,34 @@ func TestUnpatchPodRefusesVolumeAFlagStillReads(t *testing.T) {
 		t.Errorf("UnpatchPod changed the pod although it refused")
 	}
 }
+
+// After kubeadm wrote the manifest anew (konnect's flags and volumes, no annotations), a patch that moves the
+// socket directory records konnect's own earlier volume as the pod's; kubeadm's record, which names the volume as
+// konnect's, wins, so UnpatchPod removes it rather than putting konnect's old one back.
+func TestUnpatchPodKubeadmRecordWinsOverPodRecord(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	_, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := after.DeepCopy()
+	pod.Annotations = before.DeepCopy().Annotations
+	p.UDSDir = "/run/konnectivity-moved"
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok, _ := readPodRecord(pod); !ok || !r.restores(udsVolume) {
+		t.Fatalf("the second patch did not record konnect's earlier %s as the pod's:\n%s", udsVolume, podYAML(pod))
+	}
+	if _, err := UnpatchPod(pod, rec); err != nil {
+		t.Fatal(err)
+	}
+	if v := volumeByName(pod, udsVolume); v != nil {
+		t.Errorf("volume %+v is back after reset", v)
+	}
+	if !equality.Semantic.DeepEqual(pod, before) {
+		t.Errorf("after UnpatchPod:\n%s\nwant kubeadm's:\n%s", podYAML(pod), podYAML(before))
+	}
+}
