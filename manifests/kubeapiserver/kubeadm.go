@@ -197,36 +197,85 @@ func RemoveFromClusterConfiguration(clusterConfig string, rec KubeadmRecord) (st
 	return out, changed, err
 }
 
-// UnpatchPod takes konnect out of a kube-apiserver pod: the flags rec recorded get the values kubeadm gives them
-// without konnect (or go), --egress-selector-config-file and the flags konnect added on request
-// (AddedFlagsAnnotation) go, and so do konnect's volumes and annotations. It reports whether pod changed.
-func UnpatchPod(pod *corev1.Pod, rec KubeadmRecord) (bool, error) {
-	before := pod.DeepCopy()
+// UnpatchPod takes konnect out of a kube-apiserver pod, changing only what konnect changed. The flags and volumes
+// the pod's PodRecordAnnotation recorded get back their values from before konnect (or go); then the flags rec
+// (kubeadm's record) recorded get the values kubeadm gives them without konnect (or go), the flags konnect added
+// on request (AddedFlagsAnnotation) go, and so does --egress-selector-config-file where neither record has it but
+// the pod carries konnect's EgressConfigAnnotation (a patch by a konnect that kept no PodRecord). Konnect's
+// volumes that no record holds go only from a pod that carries a mark of konnect; one that a flag left on the
+// pod still reads from is an error, never a kube-apiserver that cannot start. Konnect's annotations go too. It
+// reports whether pod changed; on an error pod is left as it was.
+func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
+	pod := out.DeepCopy()
 	c, err := apiserverContainer(pod)
 	if err != nil {
 		return false, err
 	}
-	for _, a := range rec.ExtraArgs {
-		if a.ManifestPrevious != nil {
-			setFlag(c, Flag{a.Name, *a.ManifestPrevious})
-		} else {
-			editFlag(c, a.Name, false, "")
+	podRec, recorded, err := readPodRecord(pod)
+	if err != nil {
+		return false, err
+	}
+	for _, f := range podRec.Flags {
+		restoreFlag(c, f.Name, f.Previous)
+	}
+	// kubeadm's record wins: kubeadm may have written the manifest anew since, and then a later patch recorded
+	// konnect's own earlier values as the pod's.
+	for i, v := range podRec.Volumes {
+		if slices.Contains(rec.ExtraVolumes, v.Name) {
+			podRec.Volumes[i].Previous, podRec.Volumes[i].PreviousMount = nil, nil
 		}
 	}
-	editFlag(c, "egress-selector-config-file", false, "")
+	for _, a := range rec.ExtraArgs {
+		restoreFlag(c, a.Name, a.ManifestPrevious)
+	}
+	_, egressMarked := pod.Annotations[EgressConfigAnnotation]
+	const egressFlag = "egress-selector-config-file"
+	if egressMarked && !podRec.flag(egressFlag) && rec.arg(egressFlag) == nil {
+		editFlag(c, egressFlag, false, "")
+	}
+	_, addedMarked := pod.Annotations[AddedFlagsAnnotation]
 	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
 		for _, name := range strings.Split(v, ",") {
 			editFlag(c, name, true, "")
 		}
 	}
+	// Without a mark of konnect, a volume of one of its names may be the user's: the Kubernetes documentation's
+	// own Konnectivity set-up uses konnectivity-uds and egress-selector-config.
+	marked := recorded || egressMarked || addedMarked || len(rec.ExtraArgs) > 0 || len(rec.ExtraVolumes) > 0
 	for _, v := range slices.Clone(pod.Spec.Volumes) {
-		if konnectVolume(v.Name) {
+		if !konnectVolume(v.Name) || !(podRec.volume(v.Name) || marked || isNumbered(v.Name, certsVolume, 0)) {
+			continue
+		}
+		if flag, path, ok := flagUsing(c, v.Name); ok && !podRec.restores(v.Name) {
+			return false, fmt.Errorf("volume %q is konnect's, but --%s still reads %s through it, and konnect has no record of that flag's value before it (annotation %s; with kubeadm, konnect reset --kubeadm reads kubeadm's record): put the flag back as it was before konnect, then run konnect reset again",
+				v.Name, flag, path, PodRecordAnnotation)
+		}
+	}
+	for _, v := range slices.Clone(pod.Spec.Volumes) {
+		if konnectVolume(v.Name) && !podRec.volume(v.Name) && (marked || isNumbered(v.Name, certsVolume, 0)) {
 			removeVolume(pod, c, v.Name)
 		}
 	}
+	for _, v := range podRec.Volumes {
+		restoreVolume(pod, c, v)
+	}
 	delete(pod.Annotations, AddedFlagsAnnotation)
 	delete(pod.Annotations, EgressConfigAnnotation)
-	return !equality.Semantic.DeepEqual(before, pod), nil
+	delete(pod.Annotations, PodRecordAnnotation)
+	if equality.Semantic.DeepEqual(out, pod) {
+		return false, nil
+	}
+	*out = *pod
+	return true, nil
+}
+
+// restoreFlag gives flag name of c the value previous, or removes it when previous is nil.
+func restoreFlag(c *corev1.Container, name string, previous *string) {
+	if previous != nil {
+		setFlag(c, Flag{name, *previous})
+	} else {
+		editFlag(c, name, false, "")
+	}
 }
 
 // UnpatchManifestFile takes konnect out of the kube-apiserver static pod manifest at path (UnpatchPod), keeping a
@@ -238,8 +287,11 @@ func UnpatchManifestFile(path string, rec KubeadmRecord, backupDir string) (Patc
 			return nil, false, err
 		}
 		changed, err := UnpatchPod(pod, rec)
-		if err != nil || !changed {
-			return data, false, err
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: %w", path, err)
+		}
+		if !changed {
+			return data, false, nil
 		}
 		return encodePod(pod, path)
 	})

@@ -253,6 +253,14 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// The optional flags have AddedFlagsAnnotation for their record.
+	var recorded []string
+	for _, f := range p.Flags {
+		if !slices.Contains(p.Optional, f.Name) && !slices.Contains(recorded, f.Name) {
+			recorded = append(recorded, f.Name)
+		}
+	}
+	earlier := snapshot(pod, c, recorded)
 	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
@@ -359,6 +367,9 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		if isNumbered(v.Name, certsVolume, n) {
 			removeVolume(pod, c, v.Name)
 		}
+	}
+	if err := recordPatch(pod, c, earlier); err != nil {
+		return false, err
 	}
 	return !equality.Semantic.DeepEqual(before, pod), nil
 }

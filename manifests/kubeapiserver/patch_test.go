@@ -127,6 +127,11 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	if got, want := len(after.Spec.Volumes), len(before.Spec.Volumes)+2; got != want {
 		t.Errorf("%d volumes, want %d", got, want)
 	}
+	// konnect's record of what it changed, for konnect reset (TestPatchRecordsWhatItChanged).
+	if after.Annotations[PodRecordAnnotation] == "" {
+		t.Errorf("no %s annotation", PodRecordAnnotation)
+	}
+	delete(after.Annotations, PodRecordAnnotation)
 	// Nothing else in the pod moved.
 	after.Spec.Containers[0].Command, before.Spec.Containers[0].Command = nil, nil
 	after.Spec.Containers[0].VolumeMounts = after.Spec.Containers[0].VolumeMounts[:len(before.Spec.Containers[0].VolumeMounts)]

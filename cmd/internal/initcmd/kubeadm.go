@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 )
@@ -150,14 +151,17 @@ func NewResetCommand() *cobra.Command {
 		Short: "Take konnect out of this control-plane node's kube-apiserver (and, with --kubeadm, out of kubeadm's ClusterConfiguration)",
 		Long: `Take konnect out of this control-plane node again.
 
-kube-apiserver.yaml (--apiserver-manifest) loses --egress-selector-config-file, the flags konnect added on
-request, konnect's volumes and annotations, keeping a backup; kubelet then restarts kube-apiserver without
-the egress selector. With --kubeadm, the flags konnect recorded in kubeadm's ClusterConfiguration get back
-the values they had before (kubeadm's own, in the manifest), and the ClusterConfiguration loses konnect's
-extraArgs and extraVolumes: kubeadm upgrade and join write none of them back. The Konnectivity server's
-static pod DIR/manifests/konnectivity-server.yaml is removed. Certificates, keys and the other files
-konnect init wrote stay. Delete the agents first (kubectl delete -k DIR/konnectivity-agent), then run it
-on one control-plane node after the other, each kube-apiserver Ready again before the next.`,
+kube-apiserver.yaml (--apiserver-manifest) loses what konnect changed, keeping a backup: the flags and
+volumes konnect recorded on the pod get back what they had before konnect (or go), and so do the flags it
+added on request, its --egress-selector-config-file and its annotations; kubelet then restarts
+kube-apiserver without the egress selector. A flag or volume konnect did not set stays. With --kubeadm, the
+flags konnect recorded in kubeadm's ClusterConfiguration get back the values they had before (kubeadm's own,
+in the manifest), and the ClusterConfiguration loses konnect's extraArgs and extraVolumes: kubeadm upgrade
+and join write none of them back. The Konnectivity server's static pod DIR/manifests/konnectivity-server.yaml
+is removed if konnect wrote it (it carries the app.kubernetes.io/managed-by=konnect label), and kept
+otherwise. Certificates, keys and the other files konnect init wrote stay. Delete the agents first
+(kubectl delete -k DIR/konnectivity-agent), then run it on one control-plane node after the other, each
+kube-apiserver Ready again before the next.`,
 		Example: `  konnect reset --kubeadm`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -217,7 +221,7 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 				}
 				changed, err := kubeapiserver.UnpatchPod(pod, rec)
 				if err != nil {
-					return err
+					return fmt.Errorf("%s: %w", manifest, err)
 				}
 				say(string(actionFor(changed, true)), manifest, "")
 			} else {
@@ -231,15 +235,20 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 				}
 				say(string(actionFor(res.Changed, true)), manifest, note)
 			}
-			server := filepath.Join(dir, ManifestsSubdir, "konnectivity-server.yaml")
-			if _, err := os.Stat(server); err == nil {
-				if !dryRun {
-					if err := os.Remove(server); err != nil {
-						return err
-					}
-				}
-				say("removed", server, "")
+			server := filepath.Join(dir, ManifestsSubdir, manifests.ServerPodFile)
+			if _, err := os.Stat(server); err != nil {
+				return nil
 			}
+			if why := notKonnects(server); why != "" {
+				say(string(pki.Kept), server, why)
+				return nil
+			}
+			if !dryRun {
+				if err := os.Remove(server); err != nil {
+					return err
+				}
+			}
+			say("removed", server, "")
 			return nil
 		},
 	}
@@ -250,4 +259,19 @@ on one control-plane node after the other, each kube-apiserver Ready again befor
 	fs.StringVar(&kubeconfig, "kubeadm-kubeconfig", DefaultKubeadmKubeconfig, "kubeconfig with which --kubeadm updates the ConfigMap "+kubeapiserver.KubeadmConfigName)
 	fs.BoolVar(&dryRun, "dry-run", false, "print what would change, and change nothing")
 	return cmd
+}
+
+// notKonnects says why the static pod manifest at path is not one konnect init wrote (every object it writes
+// carries manifests.ManagedByLabel), or "" when it is: reset removes only what konnect added.
+func notKonnects(path string) string {
+	objs, err := manifests.ObjectsIn(path)
+	if err != nil || len(objs) == 0 {
+		return "not written by konnect: no Pod with the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
+	}
+	for _, o := range objs {
+		if o.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
+			return "not written by konnect: it lacks the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
+		}
+	}
+	return ""
 }

@@ -152,6 +152,7 @@ func TestInitKubeadmAndReset(t *testing.T) {
 	}
 	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
 	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
+	delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
 	rewritten, err := yaml.Marshal(pod)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,181 @@
+package kubeapiserver
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/yaml"
+)
+
+func podYAML(pod *corev1.Pod) string {
+	b, _ := yaml.Marshal(pod)
+	return string(b)
+}
+
+// PatchPod records what it changed with the values from before konnect, a later patch keeps the first value,
+// and UnpatchPod puts back every flag and volume, without kubeadm's record: the front-proxy files konnect
+// pointed elsewhere, the flag it added, and a volume of the user's that had one of konnect's names.
+func TestPatchRecordsWhatItChanged(t *testing.T) {
+	original, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The user's own socket directory volume, in the middle, under the name konnect uses for its own.
+	c := apiserverOf(t, original)
+	dirType := corev1.HostPathDirectoryOrCreate
+	users := corev1.Volume{Name: udsVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/users-konnectivity", Type: &dirType}}}
+	original.Spec.Volumes = append([]corev1.Volume{users}, original.Spec.Volumes...)
+	c.VolumeMounts = append([]corev1.VolumeMount{{Name: udsVolume, MountPath: "/run/users-konnectivity"}}, c.VolumeMounts...)
+
+	patch := func(dir string) ManifestPatch {
+		p := kubeadmPatch(t, func(f *APIServerFlags) {
+			f.RequestHeaderClientCAFile = dir + "/pki/front-proxy-ca.crt"
+			f.ProxyClientCertFile = dir + "/pki/front-proxy-client.crt"
+			f.ProxyClientKeyFile = dir + "/pki/front-proxy-client.key"
+			f.EgressSelectorConfigFile = dir + "/egress-selector-configuration.yaml"
+		})
+		p.Optional = OptionalFlags
+		p.Annotations = map[string]string{EgressConfigAnnotation: dir}
+		return p
+	}
+	pod := original.DeepCopy()
+	for _, dir := range []string{"/srv/konnect", "/srv/konnect2"} {
+		if _, err := PatchPod(pod, patch(dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, ok, err := readPodRecord(pod)
+	if err != nil || !ok {
+		t.Fatalf("record %v, %v:\n%s", ok, err, podYAML(pod))
+	}
+	wantFlags := map[string]string{
+		"requestheader-client-ca-file": "/etc/kubernetes/pki/front-proxy-ca.crt",
+		"proxy-client-cert-file":       "/etc/kubernetes/pki/front-proxy-client.crt",
+		"proxy-client-key-file":        "/etc/kubernetes/pki/front-proxy-client.key",
+		"requestheader-uid-headers":    "",
+		"egress-selector-config-file":  "",
+	}
+	for _, f := range rec.Flags {
+		want, ok := wantFlags[f.Name]
+		got := ""
+		if f.Previous != nil {
+			got = *f.Previous
+		}
+		if !ok || got != want {
+			t.Errorf("recorded --%s with previous %q, want %v %q", f.Name, got, ok, want)
+		}
+		delete(wantFlags, f.Name)
+	}
+	for name := range wantFlags {
+		t.Errorf("--%s not recorded", name)
+	}
+	for _, v := range rec.Volumes {
+		switch {
+		case v.Name == udsVolume && (v.Previous == nil || v.Previous.HostPath.Path != "/run/users-konnectivity"):
+			t.Errorf("volume %s recorded with previous %+v, want the user's", v.Name, v.Previous)
+		case v.Name != udsVolume && v.Previous != nil:
+			t.Errorf("volume %s recorded with previous %+v, want none (konnect added it)", v.Name, v.Previous)
+		}
+	}
+
+	changed, err := UnpatchPod(pod, KubeadmRecord{})
+	if err != nil || !changed {
+		t.Fatalf("changed %v err %v", changed, err)
+	}
+	if !equality.Semantic.DeepEqual(pod, original) {
+		t.Errorf("after UnpatchPod:\n%s\nwant as before konnect:\n%s", podYAML(pod), podYAML(original))
+	}
+	if changed, err := UnpatchPod(pod, KubeadmRecord{}); changed || err != nil {
+		t.Errorf("a second UnpatchPod: changed %v err %v", changed, err)
+	}
+}
+
+// A pod konnect never patched (Konnectivity set up by hand, with the volume names of the Kubernetes
+// documentation that konnect uses too) is left as it is: its egress selector flag and its volumes are the user's.
+func TestUnpatchPodLeavesAPodKonnectNeverPatched(t *testing.T) {
+	pod, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := apiserverOf(t, pod)
+	c.Command = append(c.Command, "--egress-selector-config-file=/etc/kubernetes/egress-selector-configuration.yaml")
+	for _, v := range []struct {
+		name, path string
+		t          corev1.HostPathType
+	}{{egressConfigVolume, "/etc/kubernetes/egress-selector-configuration.yaml", corev1.HostPathFileOrCreate}, {udsVolume, "/etc/kubernetes/konnectivity-server", corev1.HostPathDirectoryOrCreate}} {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: v.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: v.path, Type: &v.t}}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: v.name, MountPath: v.path})
+	}
+	before := pod.DeepCopy()
+	changed, err := UnpatchPod(pod, KubeadmRecord{})
+	if err != nil || changed {
+		t.Fatalf("changed %v err %v:\n%s", changed, err, podYAML(pod))
+	}
+	if !equality.Semantic.DeepEqual(pod, before) {
+		t.Errorf("UnpatchPod changed a pod konnect never patched:\n%s", podYAML(pod))
+	}
+}
+
+// A pod patched by a konnect that kept no PodRecord, with front-proxy files outside kubeadm's directory: the
+// flags still read through konnect-pki, so UnpatchPod refuses, naming the flag and file, and changes nothing.
+func TestUnpatchPodRefusesVolumeAFlagStillReads(t *testing.T) {
+	pod, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := kubeadmPatch(t, func(f *APIServerFlags) {
+		f.ProxyClientCertFile = "/srv/konnect/pki/front-proxy-client.crt"
+		f.ProxyClientKeyFile = "/srv/konnect/pki/front-proxy-client.key"
+	})
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Annotations, PodRecordAnnotation)
+	before := pod.DeepCopy()
+	_, err = UnpatchPod(pod, KubeadmRecord{})
+	if err == nil {
+		t.Fatalf("UnpatchPod succeeded:\n%s", podYAML(pod))
+	}
+	for _, want := range []string{`"konnect-pki"`, "--proxy-client-cert-file", "/srv/konnect/pki/front-proxy-client.crt"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if !equality.Semantic.DeepEqual(pod, before) {
+		t.Errorf("UnpatchPod changed the pod although it refused")
+	}
+}
+
+// After kubeadm wrote the manifest anew (konnect's flags and volumes, no annotations), a patch that moves the
+// socket directory records konnect's own earlier volume as the pod's; kubeadm's record, which names the volume as
+// konnect's, wins, so UnpatchPod removes it rather than putting konnect's old one back.
+func TestUnpatchPodKubeadmRecordWinsOverPodRecord(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	_, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := after.DeepCopy()
+	pod.Annotations = before.DeepCopy().Annotations
+	p.UDSDir = "/run/konnectivity-moved"
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok, _ := readPodRecord(pod); !ok || !r.restores(udsVolume) {
+		t.Fatalf("the second patch did not record konnect's earlier %s as the pod's:\n%s", udsVolume, podYAML(pod))
+	}
+	if _, err := UnpatchPod(pod, rec); err != nil {
+		t.Fatal(err)
+	}
+	if v := volumeByName(pod, udsVolume); v != nil {
+		t.Errorf("volume %+v is back after reset", v)
+	}
+	if !equality.Semantic.DeepEqual(pod, before) {
+		t.Errorf("after UnpatchPod:\n%s\nwant kubeadm's:\n%s", podYAML(pod), podYAML(before))
+	}
+}
