@@ -118,18 +118,21 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 	return true, nil
 }
 
-// Backup keeps data, the content of path before konnect replaces it, beside path's target (a symlink is
-// followed as WriteFile follows it) as .NAME.konnect-backup-TIMESTAMP, numbered if that exists, with mode
-// perm. The name starts with a dot, so that kubelet never runs a backup in its static-pod directory as a
-// second pod, and kubectl apply -k never sees one. It returns the backup's path.
-func Backup(path string, data []byte, perm fs.FileMode, now time.Time) (string, error) {
+// Backup keeps data, the content of path before konnect replaces it, as NAME.konnect-backup-TIMESTAMP
+// (numbered if that exists) with mode perm, in dir, or when dir is empty beside path's target (a symlink is
+// followed as WriteFile follows it) with a leading dot: so that kubelet never runs a backup in its
+// static-pod directory as a second pod, and kubectl apply -k never sees one. It returns the backup's path.
+func Backup(path, dir string, data []byte, perm fs.FileMode, now time.Time) (string, error) {
 	target, err := safepath.Resolve(path)
 	if err != nil {
 		return "", fmt.Errorf("backup of %s: %w", path, err)
 	}
-	name := "." + filepath.Base(target) + ".konnect-backup-" + now.UTC().Format("20060102T150405Z")
+	name := filepath.Base(target) + ".konnect-backup-" + now.UTC().Format("20060102T150405Z")
+	if dir == "" {
+		dir, name = filepath.Dir(target), "."+name
+	}
 	for i := 0; i < 100; i++ {
-		backup := filepath.Join(filepath.Dir(target), name)
+		backup := filepath.Join(dir, name)
 		if i > 0 {
 			backup += "-" + strconv.Itoa(i)
 		}
@@ -144,7 +147,7 @@ func Backup(path string, data []byte, perm fs.FileMode, now time.Time) (string, 
 		}
 		return backup, nil
 	}
-	return "", fmt.Errorf("backup of %s: too many backups named %s", path, name)
+	return "", fmt.Errorf("backup of %s: too many backups named %s in %s", path, name, dir)
 }
 
 // checkTrusted refuses dir, and those of files that exist, when another user could change them

@@ -2,9 +2,7 @@ package kubeapiserver
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -134,37 +132,14 @@ func editManifestFile(path, backupDir string, now func() time.Time, edit func([]
 	if now == nil {
 		now = time.Now
 	}
-	backup, err := backupPath(path, backupDir, now())
+	backup, err := pki.Backup(path, backupDir, data, st.Mode().Perm(), now())
 	if err != nil {
-		return PatchResult{}, err
-	}
-	if _, err := pki.WriteFile(backup, data, st.Mode().Perm(), 0o700); err != nil {
-		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: backup: %w", err)
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)
 	}
 	if _, err := pki.WriteFile(path, out, st.Mode().Perm(), 0o700); err != nil {
 		return PatchResult{Backup: backup}, fmt.Errorf("kube-apiserver manifest: %w", err)
 	}
 	return PatchResult{Changed: true, Backup: backup}, nil
-}
-
-// backupPath picks a backup name for path that does not exist yet.
-func backupPath(path, dir string, now time.Time) (string, error) {
-	name := filepath.Base(path) + ".konnect-backup-" + now.UTC().Format("20060102T150405Z")
-	if dir == "" {
-		dir, name = filepath.Dir(path), "."+name
-	}
-	for i := 0; i < 100; i++ {
-		candidate := filepath.Join(dir, name)
-		if i > 0 {
-			candidate += "-" + strconv.Itoa(i)
-		}
-		if _, err := os.Lstat(candidate); errors.Is(err, fs.ErrNotExist) {
-			return candidate, nil
-		} else if err != nil {
-			return "", fmt.Errorf("kube-apiserver manifest: backup: %w", err)
-		}
-	}
-	return "", fmt.Errorf("kube-apiserver manifest: backup: too many backups named %s in %s", name, dir)
 }
 
 // PatchManifest patches a kube-apiserver static pod manifest held in data (see PatchPod); source names it

@@ -497,7 +497,7 @@ func (r *runner) replace(path string, data []byte, mode os.FileMode, also func(o
 		if err != nil {
 			return err
 		}
-		backup, err := pki.Backup(path, old, st.Mode().Perm(), time.Now())
+		backup, err := pki.Backup(path, "", old, st.Mode().Perm(), time.Now())
 		if err != nil {
 			return err
 		}
