@@ -81,18 +81,8 @@ func idleHTTP2(t *testing.T, c net.Conn, cfg *tls.Config) net.Conn {
 // still open at deadline.
 func closedBy(t *testing.T, c net.Conn, deadline time.Time) {
 	t.Helper()
-	_ = c.SetReadDeadline(deadline)
-	buf := make([]byte, 4096)
-	for {
-		_, err := c.Read(buf)
-		if err == nil {
-			continue
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("connection from %s still open after the bound", c.LocalAddr())
-		}
-		return
+	if harness.OpenAfter(c, time.Until(deadline)) {
+		t.Fatalf("connection from %s still open after the bound", c.LocalAddr())
 	}
 }
 
