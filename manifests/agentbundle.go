@@ -190,6 +190,21 @@ func ObjectsIn(path string) ([]metav1.PartialObjectMetadata, error) {
 	return objectsInData(data, path)
 }
 
+// ManagedByKonnect reports whether data, the content of the file source, holds objects and each carries
+// konnect's ManagedByLabel: the mark of a manifest konnect wrote, which a later run may replace or remove.
+func ManagedByKonnect(data []byte, source string) bool {
+	objs, err := objectsInData(data, source)
+	if err != nil || len(objs) == 0 {
+		return false
+	}
+	for _, o := range objs {
+		if o.Labels[ManagedByLabel] != ManagedBy {
+			return false
+		}
+	}
+	return true
+}
+
 // objectsInData is ObjectsIn for data read from path.
 func objectsInData(data []byte, path string) ([]metav1.PartialObjectMetadata, error) {
 	docs, err := SplitDocuments(data)

@@ -535,16 +535,7 @@ func writtenByKonnect(path string, old, new []byte) bool {
 	if _, rest, ok := bytes.Cut(new, []byte("\n")); ok && bytes.HasPrefix(new, []byte(writtenBy)) && bytes.Equal(old, rest) {
 		return true
 	}
-	objs, err := manifests.ObjectsIn(path)
-	if err != nil || len(objs) == 0 {
-		return false
-	}
-	for _, obj := range objs {
-		if obj.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
-			return false
-		}
-	}
-	return true
+	return manifests.ManagedByKonnect(old, path)
 }
 
 // dryRunDiff is the unified diff from old to new of the file at path, for a dry run to show what it would

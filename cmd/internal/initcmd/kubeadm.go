@@ -264,14 +264,9 @@ kube-apiserver Ready again before the next.`,
 // notKonnects says why the static pod manifest at path is not one konnect init wrote (every object it writes
 // carries manifests.ManagedByLabel), or "" when it is: reset removes only what konnect added.
 func notKonnects(path string) string {
-	objs, err := manifests.ObjectsIn(path)
-	if err != nil || len(objs) == 0 {
-		return "not written by konnect: no Pod with the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
-	}
-	for _, o := range objs {
-		if o.Labels[manifests.ManagedByLabel] != manifests.ManagedBy {
-			return "not written by konnect: it lacks the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
-		}
+	data, err := os.ReadFile(path)
+	if err != nil || !manifests.ManagedByKonnect(data, path) {
+		return "not written by konnect: it lacks the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
 	}
 	return ""
 }
