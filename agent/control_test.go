@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,6 +161,59 @@ func TestDrainSurvivesFullControlQueue(t *testing.T) {
 	case <-paused.drained:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the server never received DRAIN")
+	}
+	if err := ra.Stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// floodServer answers the agent's Connect with response headers of the given size and reports what
+// sending them returned.
+type floodServer struct {
+	agentpb.UnimplementedAgentServiceServer
+	size int
+	sent chan error
+}
+
+func (f *floodServer) Connect(stream agentpb.AgentService_ConnectServer) error {
+	md := metadata.Pairs(header.ServerID, "flood", header.ServerCount, "1", "x-flood", strings.Repeat("v", f.size))
+	err := stream.SendHeader(md)
+	select {
+	case f.sent <- err:
+	default:
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+// TestServerHeadersBounded: the agent bounds the headers it decodes from a server, as the server bounds
+// those of agents, instead of gRPC's 16 MiB default. gRPC announces the bound in HTTP/2's
+// SETTINGS_MAX_HEADER_LIST_SIZE and a gRPC server refuses to send past it, so a server's 1 MiB header
+// fails to leave; a peer that sent it anyway would have its stream reset by the agent's framer.
+func TestServerHeadersBounded(t *testing.T) {
+	pki := newTestPKI(t)
+	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
+	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
+	flood := &floodServer{size: 1 << 20, sent: make(chan error, 1)}
+	agentpb.RegisterAgentServiceServer(srv, flood)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+
+	ra := startAgent(t, pki.config(ln.Addr().String()))
+	select {
+	case err := <-flood.sent:
+		if err == nil {
+			t.Fatal("1 MiB of response headers went to the agent: it announced no bound below gRPC's 16 MiB default")
+		}
+		if !strings.Contains(err.Error(), "header list size") {
+			t.Fatalf("sending the headers failed for another reason: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent never opened its stream")
 	}
 	if err := ra.Stop(t); err != nil {
 		t.Fatal(err)

@@ -105,6 +105,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithWriteBufferSize(transportBuffer),
 		grpc.WithReadBufferSize(transportBuffer),
+		grpc.WithMaxHeaderListSize(konnectivity.MaxHeaderList),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(a.cfg.MaxRecvMessage), grpc.ForceCodecV2(wire.Codec{})),
 		experimental.WithBufferPool(wire.Pool),
 		grpc.WithUserAgent("konnect-agent"),

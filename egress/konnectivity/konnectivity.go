@@ -29,3 +29,10 @@ const (
 	AgentHealthPort = 8093 // agent: health and metrics (--health-server-port)
 	FrontendPort    = 8090 // server: kube-apiserver's TCP frontend (--server-port) when not on a socket
 )
+
+// MaxHeaderList bounds the decoded headers of one gRPC stream, on every Konnectivity link and at both ends.
+// gRPC's default is 16 MiB, and gRPC decodes a stream's headers before any interceptor runs, so on the
+// agent port a peer without a token could make the server hold tens of MiB per stream: HPACK sends a
+// repeated field in one byte. An agent's headers (its ID, identifiers, token and flow-control offer) take a
+// few KiB, kube-apiserver's and the server's answers less.
+const MaxHeaderList = 64 << 10

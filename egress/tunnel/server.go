@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/konnectivity/batchtls"
 	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"github.com/konnect-dev/konnect/pki/field"
@@ -43,11 +44,6 @@ const (
 	// throughput through one tunnel did not change measurably.
 	frontendBufferSize = 32 << 10
 	maxAgentMessage    = 32 << 20
-	// maxHeaderList bounds the decoded headers of one stream. gRPC's default is 16 MiB, and gRPC decodes a
-	// stream's headers before any interceptor runs, so on the agent port a peer without a token could make
-	// the server hold tens of MiB per stream: HPACK sends a repeated field in one byte. An agent's headers
-	// (its ID, identifiers, token and flow-control offer) take a few KiB, kube-apiserver's less.
-	maxHeaderList = 64 << 10
 	// tokenReviewCacheFor limits how often readiness probes reach kube-apiserver.
 	tokenReviewCacheFor = 5 * time.Second
 	// leaseDuration and friends follow upstream proxy-server.
@@ -190,7 +186,7 @@ func (s *Server) newAgentServer() error {
 		grpc.WriteBufferSize(ioBufferSize),
 		grpc.SharedWriteBuffer(true),
 		grpc.MaxRecvMsgSize(maxAgentMessage),
-		grpc.MaxHeaderListSize(maxHeaderList),
+		grpc.MaxHeaderListSize(konnectivity.MaxHeaderList),
 		// Authentication comes first: nothing a peer sends is acted on before it authenticates (agents.go).
 		grpc.ChainStreamInterceptor(s.agentAuthInterceptor, s.agentInterceptor, s.dials.agentInterceptor),
 		// Every DATA payload sent to an agent is its own: received from a frontend, or copied out of a CONNECT
@@ -260,7 +256,7 @@ func (s *Server) newFrontendGRPC() error {
 		// between flushes instead of staying with the connection.
 		grpc.SharedWriteBuffer(true),
 		grpc.MaxRecvMsgSize(cfg.MaxFrontendMessage),
-		grpc.MaxHeaderListSize(maxHeaderList),
+		grpc.MaxHeaderListSize(konnectivity.MaxHeaderList),
 		grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
 	)
