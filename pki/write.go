@@ -64,9 +64,31 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 			return false, nil
 		}
 	}
+	if err := writeTemp(path, data, perm, dirPerm, os.Rename); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = syncDir(filepath.Dir(path)); err != nil {
+		return true, fmt.Errorf("write %s: sync directory: %w", path, err)
+	}
+	return true, nil
+}
+
+// createFile writes data to path as WriteFile does, but never replaces a file: a hard link makes the
+// written file appear whole under path, or fails with fs.ErrExist. path is not resolved.
+func createFile(path string, data []byte, perm, dirPerm fs.FileMode) error {
+	if err := writeTemp(path, data, perm, dirPerm, os.Link); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// writeTemp writes data, synced and with mode perm, to a temporary file beside path and hands it to place
+// (os.Rename or os.Link) to give it path's name. The temporary file is gone when it returns, and on an
+// interruption at any moment.
+func writeTemp(path string, data []byte, perm, dirPerm fs.FileMode, place func(tmp, path string) error) (err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, dirPerm); err != nil {
-		return false, fmt.Errorf("create directory for %s: %w", path, err)
+		return fmt.Errorf("create directory: %w", err)
 	}
 	// Registered before the file exists, and the file made under the undo's lock, so that an interruption
 	// at any moment removes it.
@@ -86,36 +108,27 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 	}
 	undoMu.Unlock()
 	if err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
+	// After a rename tmp names nothing, after a link the same file as path: either way it goes.
+	defer os.Remove(tmp)
 	// Chmod before writing so that key material is never readable by others, not even briefly.
 	if err = f.Chmod(perm); err != nil {
 		f.Close()
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
 	if _, err = f.Write(data); err != nil {
 		f.Close()
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
 	if err = f.Sync(); err != nil {
 		f.Close()
-		return false, fmt.Errorf("write %s: sync: %w", path, err)
+		return fmt.Errorf("sync: %w", err)
 	}
 	if err = f.Close(); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
-	if err = os.Rename(tmp, path); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err = syncDir(dir); err != nil {
-		return true, fmt.Errorf("write %s: sync directory: %w", path, err)
-	}
-	return true, nil
+	return place(tmp, path)
 }
 
 // Backup keeps data, the content of path before konnect replaces it, as NAME.konnect-backup-TIMESTAMP
@@ -136,13 +149,15 @@ func Backup(path, dir string, data []byte, perm fs.FileMode, now time.Time) (str
 		if i > 0 {
 			backup += "-" + strconv.Itoa(i)
 		}
-		if _, err := os.Lstat(backup); !errors.Is(err, fs.ErrNotExist) {
-			if err != nil {
-				return "", fmt.Errorf("backup of %s: %w", path, err)
-			}
+		// Never where another user could redirect it, as WriteFile; the link below never follows a symlink.
+		if _, err := safepath.Resolve(backup); err != nil {
+			return "", fmt.Errorf("backup of %s: refusing to write %s: %w", path, backup, err)
+		}
+		err := createFile(backup, data, perm, DirMode)
+		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
-		if _, err := WriteFile(backup, data, perm, DirMode); err != nil {
+		if err != nil {
 			return "", fmt.Errorf("backup of %s: %w", path, err)
 		}
 		return backup, nil
