@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
@@ -94,7 +94,7 @@ func (o *SetProxyOptions) kubeconfigPath() (string, error) {
 }
 
 // Run sets (or clears) proxy-url on the cluster of the context, after saving a backup of the file next to it
-// (PATH.konnect-backup, or PATH.konnect-backup.N when earlier runs left one). Only that line of the file
+// (pki.Backup: .NAME.konnect-backup-TIME, never replacing an earlier run's). Only that line of the file
 // changes. It holds kubectl's lock on the file from reading it to writing it, waiting for kubectl or another
 // run to finish (said on errOut), and writes nothing where another user could redirect it. It reports what
 // it did to out.
@@ -159,9 +159,9 @@ func (o *SetProxyOptions) Run(out, errOut io.Writer) error {
 		return fmt.Errorf("--kubeconfig: %s: %w", path, err)
 	}
 	mode := st.Mode().Perm()
-	backup, err := writeBackup(file, orig, mode)
+	backup, err := pki.Backup(file, "", orig, mode, time.Now())
 	if err != nil {
-		return fmt.Errorf("backup: %w", err)
+		return err
 	}
 	if _, err := pki.WriteFile(file, data, mode, pki.DirMode); err != nil {
 		return err
@@ -189,7 +189,7 @@ func NewKubeconfigCommand() *cobra.Command {
 client-go program reach that API server through the proxy, e.g. konnect socks. client-go accepts http,
 https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). An empty --proxy-url
 removes the setting. Only that line of the file changes: its order and comments stay. The previous file is
-kept as PATH.konnect-backup; a later run keeps it and numbers its own (PATH.konnect-backup.2, ...).
+kept beside it as .NAME.konnect-backup-TIME (UTC), and no run replaces an earlier run's backup.
 While it reads and writes the file it holds PATH.lock, the lock kubectl takes, so that it never loses a
 change that kubectl config or another run makes at the same time; it waits for another holder. A symlink
 is written through only when no other user could change it or what it leads to.`,
@@ -207,43 +207,6 @@ is written through only when no other user could change it or what it leads to.`
 	set.Flags().StringVar(&o.ProxyURL, "proxy-url", o.ProxyURL, "Proxy URL: socks5://host:port, http://host:port or https://host:port.")
 	cmd.AddCommand(set)
 	return cmd
-}
-
-// writeBackup keeps data, the file's content before a change, beside file: in FILE.konnect-backup, or the
-// first FILE.konnect-backup.N that does not exist yet, so that no run overwrites the backup of an earlier
-// one (the first holds the file as it was before konnect ever touched it). It returns the backup's path.
-func writeBackup(file string, data []byte, mode os.FileMode) (string, error) {
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".konnect-backup.*.tmp")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(mode)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return "", err
-	}
-	for n := 1; n < 10000; n++ {
-		backup := file + ".konnect-backup"
-		if n > 1 {
-			backup += "." + strconv.Itoa(n)
-		}
-		// A hard link appears whole or not at all, and never replaces an existing file.
-		if err := os.Link(tmp.Name(), backup); err == nil {
-			return backup, nil
-		} else if !errors.Is(err, fs.ErrExist) {
-			return "", err
-		}
-	}
-	return "", fmt.Errorf("%s.konnect-backup.1 to .9999 all exist; remove old backups", file)
 }
 
 // setProxyURL returns data, a kubeconfig, with proxy-url set to proxyURL (removed when empty) on the cluster

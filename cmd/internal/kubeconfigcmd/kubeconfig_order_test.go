@@ -65,7 +65,7 @@ func TestKubeconfigSetProxyKeepsTheFile(t *testing.T) {
 	if got := read(kc); got != want {
 		t.Fatalf("after set-proxy:\n%s\nwant the file with one line added:\n%s", got, want)
 	}
-	if got := read(kc + ".konnect-backup"); got != orderedKubeconfig {
+	if got := read(onlyBackup(t, kc)); got != orderedKubeconfig {
 		t.Fatalf("backup:\n%s\nwant the original", got)
 	}
 
@@ -74,10 +74,14 @@ func TestKubeconfigSetProxyKeepsTheFile(t *testing.T) {
 	if got := read(kc); got != second {
 		t.Fatalf("after a second set-proxy:\n%s\nwant one line changed:\n%s", got, second)
 	}
-	if got := read(kc + ".konnect-backup"); got != orderedKubeconfig {
+	kept := backups(t, kc)
+	if len(kept) != 2 {
+		t.Fatalf("backups after two runs: %v", kept)
+	}
+	if got := read(kept[0]); got != orderedKubeconfig {
 		t.Fatalf("the second run overwrote the first backup:\n%s", got)
 	}
-	if got := read(kc + ".konnect-backup.2"); got != want {
+	if got := read(kept[1]); got != want {
 		t.Fatalf("second backup:\n%s\nwant the file as the first run left it", got)
 	}
 
@@ -85,10 +89,14 @@ func TestKubeconfigSetProxyKeepsTheFile(t *testing.T) {
 	if got := read(kc); got != orderedKubeconfig {
 		t.Fatalf("after removing proxy-url:\n%s\nwant the original file", got)
 	}
-	if got := read(kc + ".konnect-backup.3"); got != second {
+	kept = backups(t, kc)
+	if len(kept) != 3 {
+		t.Fatalf("backups after three runs: %v", kept)
+	}
+	if got := read(kept[2]); got != second {
 		t.Fatalf("third backup:\n%s", got)
 	}
-	if st, _ := os.Stat(kc + ".konnect-backup.3"); st.Mode().Perm() != 0o600 {
+	if st, _ := os.Stat(kept[2]); st.Mode().Perm() != 0o600 {
 		t.Errorf("backup mode %v, want the file's 0600", st.Mode().Perm())
 	}
 	entries, _ := os.ReadDir(filepath.Dir(kc))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -68,7 +69,7 @@ func TestKubeconfigSetProxy(t *testing.T) {
 	if cfg.CurrentContext != "staging" || cfg.AuthInfos["alice"].Token != "abc" || string(cfg.Clusters["prod"].CertificateAuthorityData) != "ca" {
 		t.Fatalf("other settings changed: %+v", cfg)
 	}
-	backup, err := os.ReadFile(kc + ".konnect-backup")
+	backup, err := os.ReadFile(onlyBackup(t, kc))
 	if err != nil || string(backup) != testKubeconfig {
 		t.Fatalf("backup = %q, %v; want the original file", backup, err)
 	}
@@ -103,7 +104,7 @@ func TestKubeconfigSetProxyThroughSymlink(t *testing.T) {
 	if cfg, err := clientcmd.LoadFromFile(target); err != nil || cfg.Clusters["prod"].ProxyURL != "socks5://127.0.0.1:1080" {
 		t.Fatalf("the file the link points at was not edited: %v", err)
 	}
-	if backup, err := os.ReadFile(target + ".konnect-backup"); err != nil || string(backup) != testKubeconfig {
+	if backup, err := os.ReadFile(onlyBackup(t, target)); err != nil || string(backup) != testKubeconfig {
 		t.Fatalf("backup = %q, %v; want the original beside the file", backup, err)
 	}
 }
@@ -179,8 +180,8 @@ func TestKubeconfigSetProxyErrors(t *testing.T) {
 			if b, _ := os.ReadFile(kc); string(b) != testKubeconfig {
 				t.Fatalf("file changed on error")
 			}
-			if _, err := os.Stat(kc + ".konnect-backup"); err == nil {
-				t.Fatalf("backup written on error")
+			if b := backups(t, kc); len(b) > 0 {
+				t.Fatalf("backup written on error: %v", b)
 			}
 		})
 	}
@@ -214,4 +215,25 @@ func TestKubeconfigSetProxyHidesPassword(t *testing.T) {
 			t.Errorf("%s: %v\n%s", bad, err, out)
 		}
 	}
+}
+
+// backups lists the backups of file beside it, oldest first.
+func backups(t *testing.T, file string) []string {
+	t.Helper()
+	found, err := filepath.Glob(filepath.Join(filepath.Dir(file), "."+filepath.Base(file)+".konnect-backup-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(found) // the names carry the time, then a count within its second
+	return found
+}
+
+// onlyBackup is the one backup of file.
+func onlyBackup(t *testing.T, file string) string {
+	t.Helper()
+	b := backups(t, file)
+	if len(b) != 1 {
+		t.Fatalf("backups of %s: %v, want one", file, b)
+	}
+	return b[0]
 }
