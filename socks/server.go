@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/konnect-dev/konnect/pki/source"
 	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 )
 
@@ -90,7 +89,8 @@ type Server struct {
 	// the user sees which program answered. "" means "proxy".
 	Name string
 	// MaxUnauthenticatedPerSource bounds, with Credentials, the connections from one source address that
-	// have not authenticated yet; more are reset. 0 means DefaultMaxUnauthenticatedPerSource.
+	// have not authenticated yet; more are reset. 0 means DefaultMaxUnauthenticatedPerSource. A source whose
+	// connections keep running out HandshakeTimeout unauthenticated is then reset for a while (newPreAuth).
 	MaxUnauthenticatedPerSource int
 	// Log receives the server's log lines: refused connections, failed handshakes and dials. The zero Logger
 	// discards them; a command passes klog's (klog.NewKlogr()).
@@ -124,7 +124,7 @@ func (s *Server) init() {
 			if m <= 0 {
 				m = DefaultMaxUnauthenticatedPerSource
 			}
-			s.preAuth = &preAuth{sources: source.Counter{Max: m}}
+			s.preAuth = newPreAuth(m, s.handshakeTimeout())
 		}
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
@@ -224,9 +224,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		}
 		tempDelay = 0
 		if s.preAuth != nil {
-			var ok bool
-			if c, ok = s.preAuth.admit(c); !ok {
-				s.refuseSource(c, s.preAuth.sources.Max)
+			var refused why
+			if c, refused = s.preAuth.admit(c); refused != "" {
+				s.refuseSource(c, refused)
 				continue
 			}
 		}

@@ -55,6 +55,27 @@ func serve(t testing.TB, s *Server, proto Protocol) string {
 }
 
 // httpBackend is a plain HTTP server on 127.0.0.1 (and [::1] when available).
+// sink is an upstream that accepts connections and holds them, reading, until the client closes, so that
+// admitted clients stay open. It closes at the test's end.
+func sink(t testing.TB) net.Listener {
+	t.Helper()
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	return up
+}
+
 func httpBackend(t testing.TB) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -360,21 +381,7 @@ func TestSlowloris(t *testing.T) {
 }
 
 func TestConnectionCap(t *testing.T) {
-	// An upstream that accepts and holds connections, so admitted clients stay open.
-	up, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Close()
-	go func() {
-		for {
-			c, err := up.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	up := sink(t)
 	s := &Server{MaxConns: 2}
 	addr := serve(t, s, Auto)
 	d, _ := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)

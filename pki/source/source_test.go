@@ -104,3 +104,46 @@ func TestRefuseResets(t *testing.T) {
 		t.Fatalf("a refused connection: %v, want a reset", err)
 	}
 }
+
+func TestPenalties(t *testing.T) {
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	now := time.Unix(1000, 0)
+	p := &Penalties{Per: 10 * time.Second, Threshold: 15 * time.Second, Max: 600 * time.Second}
+	if p.Add(a, now) || p.Refused(a, now) {
+		t.Fatal("one lapsed connection kept its source out")
+	}
+	if !p.Add(a, now.Add(time.Second)) || !p.Refused(a, now.Add(time.Second)) {
+		t.Fatal("two lapsed connections in a row did not keep their source out")
+	}
+	if p.Refused(b, now) {
+		t.Fatal("another source was refused")
+	}
+	// A penalty until t+20: refused while more than 15 s of it remain, then admitted, then forgotten.
+	if !p.Refused(a, now.Add(4*time.Second)) || p.Refused(a, now.Add(6*time.Second)) {
+		t.Fatal("the penalty did not run out when its time above the threshold did")
+	}
+	if p.Refused(a, now.Add(30*time.Second)); len(p.until) != 0 {
+		t.Fatalf("an expired penalty is remembered: %v", p.until)
+	}
+	for range 1000 {
+		p.Add(a, now)
+	}
+	if !p.Refused(a, now.Add(580*time.Second)) || p.Refused(a, now.Add(590*time.Second)) {
+		t.Fatal("a penalty grew past Max")
+	}
+
+	// Full: a new source goes unpenalized until a remembered one expires.
+	full := &Penalties{Per: 10 * time.Second, Threshold: 5 * time.Second, Max: time.Minute, MaxSources: 1}
+	full.Add(a, now)
+	if full.Add(b, now) || full.Refused(b, now) {
+		t.Fatal("a source past MaxSources was penalized")
+	}
+	if !full.Add(b, now.Add(11*time.Second)) {
+		t.Fatal("a source was not penalized once the remembered one expired")
+	}
+
+	var zero Penalties
+	if zero.Refused(a, now) {
+		t.Fatal("the zero Penalties refused a source")
+	}
+}
