@@ -17,6 +17,23 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
 
+// fakeServer serves impl, a stand-in for konnect's server, over TLS with a certificate from pki, on a
+// loopback port until the test ends, and returns its address.
+func fakeServer(t *testing.T, pki *testPKI, impl agentpb.AgentServiceServer, opts ...grpc.ServerOption) string {
+	t.Helper()
+	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
+	srv := grpc.NewServer(append([]grpc.ServerOption{
+		grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}}))}, opts...)...)
+	agentpb.RegisterAgentServiceServer(srv, impl)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String()
+}
+
 // deafServer is a misbehaving server: it sends DATA for n connections the agent never had and never reads
 // what the agent sends back.
 type deafServer struct {
@@ -46,21 +63,12 @@ func (d *deafServer) Connect(stream agentpb.AgentService_ConnectServer) error {
 func TestControlRepliesBounded(t *testing.T) {
 	const packets = 6000 // well past what fits in the stream's flow-control and write windows
 	pki := newTestPKI(t)
-	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
-	// Fixed 64 KiB windows: no BDP growth, so the agent's replies fill them quickly.
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})),
-		grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 	deaf := &deafServer{n: packets, sent: make(chan struct{})}
-	agentpb.RegisterAgentServiceServer(srv, deaf)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
+	// Fixed 64 KiB windows: no BDP growth, so the agent's replies fill them quickly.
+	addr := fakeServer(t, pki, deaf, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 
 	base := runtime.NumGoroutine()
-	ra := startAgent(t, pki.config(ln.Addr().String()))
+	ra := startAgent(t, pki.config(addr))
 	harness.EventuallyTrue(t, 30*time.Second, "agent received every DATA packet", func() bool {
 		return counterValue(ra.m.dataFromServer) == packets
 	})
@@ -126,19 +134,10 @@ func (p *pausedServer) Connect(stream agentpb.AgentService_ConnectServer) error 
 func TestDrainSurvivesFullControlQueue(t *testing.T) {
 	const packets = 20000 // replies well past what fits in the stream's windows and the control queue
 	pki := newTestPKI(t)
-	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})),
-		grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 	paused := &pausedServer{n: packets, release: make(chan struct{}), drained: make(chan struct{})}
-	agentpb.RegisterAgentServiceServer(srv, paused)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
+	addr := fakeServer(t, pki, paused, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 
-	ra := startAgent(t, pki.config(ln.Addr().String()))
+	ra := startAgent(t, pki.config(addr))
 	harness.EventuallyTrue(t, 30*time.Second, "agent received every DATA packet", func() bool {
 		return counterValue(ra.m.dataFromServer) == packets
 	})
@@ -192,18 +191,8 @@ func (f *floodServer) Connect(stream agentpb.AgentService_ConnectServer) error {
 // fails to leave; a peer that sent it anyway would have its stream reset by the agent's framer.
 func TestServerHeadersBounded(t *testing.T) {
 	pki := newTestPKI(t)
-	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
 	flood := &floodServer{size: 1 << 20, sent: make(chan error, 1)}
-	agentpb.RegisterAgentServiceServer(srv, flood)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-
-	ra := startAgent(t, pki.config(ln.Addr().String()))
+	ra := startAgent(t, pki.config(fakeServer(t, pki, flood)))
 	select {
 	case err := <-flood.sent:
 		if err == nil {

@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"math"
 	"net"
 	"strings"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/test/harness"
-	"google.golang.org/grpc"
-	grpccreds "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
@@ -42,17 +39,8 @@ type scriptedStream struct {
 
 func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedServer {
 	t.Helper()
-	kp := pki.ca.Server(t, "konnectivity-server", "127.0.0.1").TLS()
-	srv := grpc.NewServer(grpc.Creds(grpccreds.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp}})))
 	s := &scriptedServer{answer: answer, streams: make(chan *scriptedStream, 10)}
-	agentpb.RegisterAgentServiceServer(srv, s)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = ln.Addr().String()
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
+	s.addr = fakeServer(t, pki, s)
 	return s
 }
 
