@@ -49,7 +49,7 @@ type Options struct {
 // NewOptions returns the defaults: `ssh -D 1080` on loopback.
 func NewOptions() *Options {
 	return &Options{
-		DynamicForward: "127.0.0.1:1080",
+		DynamicForward: "localhost:1080",
 		MaxConnections: socks.DefaultMaxConns,
 		SSH:            sshflags.NewFlags(),
 	}
@@ -57,7 +57,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the flags with their current values as defaults.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVarP(&o.DynamicForward, "dynamic-forward", "D", o.DynamicForward, "[bind_address:]port for SOCKS5 and HTTP proxying on one port (like ssh -D). A bare port binds 127.0.0.1; \"*:port\" binds all interfaces and needs --allow-remote.")
+	fs.StringVarP(&o.DynamicForward, "dynamic-forward", "D", o.DynamicForward, "[bind_address:]port for SOCKS5 and HTTP proxying on one port (like ssh -D). A bare port, or localhost, binds 127.0.0.1 and ::1 both, as ssh -D does; \"*:port\" binds all interfaces and needs --allow-remote.")
 	fs.StringVar(&o.HTTPListen, "http-listen", o.HTTPListen, "Also serve HTTP proxying (CONNECT and http:// URLs) alone on this host:port.")
 	fs.StringVar(&o.HealthListen, "health-listen", o.HealthListen, "Serve /healthz, /livez and /readyz (SSH connection state) and /metrics on this host:port. Off when empty.")
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "Allow listening on non-loopback addresses. Proxies then require --proxy-user and --proxy-password-file.")
@@ -84,7 +84,8 @@ func parseDynamic(s string) (string, error) {
 	if s == "" {
 		return "", errors.New("-D: an address is required")
 	}
-	host, port := "127.0.0.1", s
+	// localhost, as ssh -D binds a bare port: both loopback addresses (daemon.Listen).
+	host, port := "localhost", s
 	if i := strings.LastIndex(s, ":"); i >= 0 {
 		host, port = s[:i], s[i+1:]
 		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")

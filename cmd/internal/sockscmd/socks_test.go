@@ -45,7 +45,7 @@ func TestFlagDefaults(t *testing.T) {
 	fs := pflag.NewFlagSet("socks", pflag.ContinueOnError)
 	NewOptions().AddFlags(fs)
 	want := map[string]string{
-		"dynamic-forward":       "127.0.0.1:1080",
+		"dynamic-forward":       "localhost:1080",
 		"http-listen":           "",
 		"health-listen":         "",
 		"allow-remote":          "false",
@@ -97,7 +97,7 @@ func TestOptionsConfig(t *testing.T) {
 		check   func(t *testing.T, c *Config)
 	}{
 		{"bare port binds loopback", func(o *Options) { o.DynamicForward = "1081" }, "h", "", func(t *testing.T, c *Config) {
-			if c.SOCKSAddr != "127.0.0.1:1081" {
+			if c.SOCKSAddr != "localhost:1081" {
 				t.Errorf("addr %q", c.SOCKSAddr)
 			}
 		}},
