@@ -114,6 +114,7 @@ func FuzzMux(f *testing.F) {
 	f.Add([]byte("CONNECT a:1 HTTP/1.1\r\n\r\nhello"))
 	f.Add([]byte("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"))
 	f.Add([]byte{4, 1, 0, 80, 127, 0, 0, 1, 0})
+	f.Add([]byte{4, 1, 0, 80, 0, 0, 0, 1, 'u', 0, 'h', 'o', 's', 't', 0, 'h', 'i'})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, creds := range []*Credentials{nil, {User: "u", Password: "p"}} {

@@ -35,10 +35,10 @@ import (
 type Protocol int
 
 const (
-	// Auto serves SOCKS5 and HTTP on one listener, chosen by the first byte.
+	// Auto serves SOCKS5, SOCKS4 and HTTP on one listener, chosen by the first byte.
 	Auto Protocol = iota
-	// SOCKS5Only serves only SOCKS5.
-	SOCKS5Only
+	// SOCKSOnly serves only SOCKS5 and SOCKS4.
+	SOCKSOnly
 	// HTTPOnly serves only HTTP proxying (CONNECT and http:// forwarding).
 	HTTPOnly
 )
@@ -284,30 +284,36 @@ func (s *Server) refuse(c net.Conn, proto Protocol) {
 	s.Log.V(1).Info("Proxy connection refused: too many connections", "remote", c.RemoteAddr())
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	br := bufio.NewReaderSize(c, 512)
-	isSOCKS, err := sniff(br, proto)
-	if err != nil {
+	switch kind, err := sniff(br, proto); {
+	case err != nil:
 		return
-	}
-	if isSOCKS {
+	case kind == socksVersion:
 		refuseSOCKS(br, c)
+		return
+	case kind == socks4Version:
+		writeReply4(c, socks4Rejected)
 		return
 	}
 	writeHTTPError(c, s.name(), http.StatusServiceUnavailable, "too many connections")
 }
 
-// sniff decides the protocol from the first byte without consuming it.
-func sniff(br *bufio.Reader, proto Protocol) (isSOCKS bool, err error) {
-	switch proto {
-	case SOCKS5Only:
-		return true, nil
-	case HTTPOnly:
-		return false, nil
+// sniff decides the protocol from the first byte without consuming it: socksVersion (SOCKS5),
+// socks4Version (SOCKS4 and 4a), or 0 for HTTP.
+func sniff(br *bufio.Reader, proto Protocol) (byte, error) {
+	if proto == HTTPOnly {
+		return 0, nil
 	}
 	b, err := br.Peek(1)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	return b[0] == socksVersion, nil
+	switch {
+	case b[0] == socks4Version:
+		return socks4Version, nil
+	case b[0] == socksVersion || proto == SOCKSOnly:
+		return socksVersion, nil
+	}
+	return 0, nil
 }
 
 // client is an accepted connection with its buffered reader. lr bounds what the reader may consume while a
@@ -322,15 +328,15 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn, proto Protocol) {
 	c.SetReadDeadline(time.Now().Add(s.handshakeTimeout()))
 	lr := &limitedReader{r: c, n: MaxHeaderBytes}
 	cl := &client{Conn: c, br: bufio.NewReaderSize(lr, 4096), lr: lr}
-	isSOCKS, err := sniff(cl.br, proto)
-	if err != nil {
-		return
-	}
-	if isSOCKS {
+	switch kind, err := sniff(cl.br, proto); {
+	case err != nil:
+	case kind == socksVersion:
 		s.serveSOCKS(ctx, cl)
-		return
+	case kind == socks4Version:
+		s.serveSOCKS4(ctx, cl)
+	default:
+		s.serveHTTP(ctx, cl)
 	}
-	s.serveHTTP(ctx, cl)
 }
 
 // limitedReader fails reads beyond n bytes, bounding what a handshake or request head may consume. The

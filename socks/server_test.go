@@ -2,6 +2,7 @@ package socks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -303,6 +304,42 @@ func TestSOCKS5HostileInput(t *testing.T) {
 		{"empty domain", append(hello, 5, 1, 0, 3, 0, 0, 80), fail(ReplyGeneralFailure)},
 		{"control bytes in domain", append(hello, 5, 1, 0, 3, 3, 'a', '\n', 'b', 0, 80), fail(ReplyGeneralFailure)},
 		{"port zero", append(hello, 5, 1, 0, 1, 127, 0, 0, 1, 0, 0), fail(ReplyGeneralFailure)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rawExchange(t, addr, tc.in, true)
+			if string(got) != string(tc.want) {
+				t.Fatalf("server sent %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if dials != 0 {
+		t.Fatalf("server dialled %d times for hostile input", dials)
+	}
+}
+
+// TestSOCKS4HostileInput: malformed SOCKS4 and 4a requests get SOCKS4's rejection, or are closed when they
+// end early, and nothing is dialled.
+func TestSOCKS4HostileInput(t *testing.T) {
+	dials := 0
+	s := &Server{HandshakeTimeout: time.Second, Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
+		dials++
+		return nil, errors.New("must not dial")
+	}}
+	addr := serve(t, s, Auto)
+	rejected := []byte{0, socks4Rejected, 0, 0, 0, 0, 0, 0}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want []byte
+	}{
+		{"truncated request", []byte{4, 1, 0, 80, 127}, nil},
+		{"user id without its NUL", []byte{4, 1, 0, 80, 127, 0, 0, 1, 'u', 's', 'e', 'r'}, nil},
+		{"user id past the header limit", append([]byte{4, 1, 0, 80, 127, 0, 0, 1}, bytes.Repeat([]byte{'u'}, MaxHeaderBytes+10)...), nil},
+		{"BIND not supported", []byte{4, 2, 0, 80, 127, 0, 0, 1, 0}, rejected},
+		{"port zero", []byte{4, 1, 0, 0, 127, 0, 0, 1, 0}, rejected},
+		{"4a name without its NUL", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 'a', 'b'}, nil},
+		{"4a empty name", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 0}, rejected},
+		{"4a control bytes in name", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 'a', '\n', 'b', 0}, rejected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := rawExchange(t, addr, tc.in, true)
