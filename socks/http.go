@@ -221,6 +221,10 @@ func (s *Server) forward(ctx context.Context, cl *client, req *http.Request) boo
 	out.RequestURI = ""
 	out.Close = false
 	removeHopHeaders(out.Header)
+	if _, ok := out.Header["User-Agent"]; !ok {
+		// net/http would add its own; a proxy passes the client's request as it came.
+		out.Header["User-Agent"] = nil
+	}
 	var body *eofReader
 	if req.ContentLength == 0 {
 		out.Body = nil

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,7 +56,6 @@ func serve(t testing.TB, s *Server, proto Protocol) string {
 	return ln.Addr().String()
 }
 
-// httpBackend is a plain HTTP server on 127.0.0.1 (and [::1] when available).
 // sink is an upstream that accepts connections and holds them, reading, until the client closes, so that
 // admitted clients stay open. It closes at the test's end.
 func sink(t testing.TB) net.Listener {
@@ -77,6 +77,7 @@ func sink(t testing.TB) net.Listener {
 	return up
 }
 
+// httpBackend is a plain HTTP server on 127.0.0.1 (and [::1] when available).
 func httpBackend(t testing.TB) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -613,6 +614,32 @@ func TestHTTP10ClientGetsNoChunks(t *testing.T) {
 	head, body, _ := strings.Cut(resp, "\r\n\r\n")
 	if !strings.HasPrefix(head, "HTTP/1.1 200 ") || strings.Contains(strings.ToLower(head), "transfer-encoding") || body != "part1part2" {
 		t.Fatalf("HTTP/1.0 client got %q", resp)
+	}
+}
+
+// TestForwardKeepsUserAgent: an http:// request is forwarded with the client's User-Agent, and without one
+// when the client sent none: the proxy adds nothing of its own.
+func TestForwardKeepsUserAgent(t *testing.T) {
+	seen := make(chan []string, 1)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Values("User-Agent")
+	}))
+	t.Cleanup(origin.Close)
+	addr := serve(t, &Server{}, Auto)
+	for _, tc := range []struct {
+		header string
+		want   []string
+	}{
+		{"", nil},
+		{"User-Agent: curl/8.0\r\n", []string{"curl/8.0"}},
+	} {
+		req := "GET " + origin.URL + "/ HTTP/1.1\r\nHost: " + strings.TrimPrefix(origin.URL, "http://") + "\r\n" + tc.header + "Connection: close\r\n\r\n"
+		if resp := string(rawExchange(t, addr, []byte(req), false)); !strings.HasPrefix(resp, "HTTP/1.1 200 ") {
+			t.Fatalf("response %q", resp)
+		}
+		if got := <-seen; !slices.Equal(got, tc.want) {
+			t.Errorf("with %q the origin saw User-Agent %q, want %q", tc.header, got, tc.want)
+		}
 	}
 }
 
