@@ -600,10 +600,11 @@ func (a *Agent) Connected() (connected, known int) {
 // OpenConnections is the number of tunnelled backend connections open now.
 func (a *Agent) OpenConnections() int { return int(a.openConns.Load()) }
 
-// ReadyChecks are the agent's readiness checks: "server-connected" (at least one server, upstream's
-// readiness), "all-servers-connected" (every server it knows of; /readyz?exclude=all-servers-connected
-// gives upstream's behaviour) and "shutdown" (not draining: a draining agent has told its servers, which
-// send it new dials only when no other agent serves the destination).
+// ReadyChecks are the agent's readiness checks, upstream's: "server-connected" (at least one server) and
+// "shutdown" (not draining: a draining agent has told its servers, which send it new dials only when no
+// other agent serves the destination). Every server is AllServersConnected's matter: an agent that is
+// not ready while one control-plane node is down would take every agent of the cluster out of its
+// DaemonSet's ready count, and stall its rollouts, for a server that is down.
 func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{
 		healthz.NamedCheck("shutdown", func(*http.Request) error {
@@ -618,24 +619,34 @@ func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 			}
 			return nil
 		}),
-		healthz.NamedCheck("all-servers-connected", func(*http.Request) error {
-			n, known := a.Connected()
-			if n >= known {
-				return nil
-			}
-			var missing []string
-			for _, s := range a.Status() {
-				if !s.Connected {
-					m := s.Address
-					if s.LastError != "" {
-						m += " (" + s.LastError + ")"
-					}
-					missing = append(missing, m)
-				}
-			}
-			return fmt.Errorf("connected to %d of %d servers; not connected: %s", n, known, strings.Join(missing, "; "))
-		}),
 	}
+}
+
+// AllServersConnected checks that the agent has a stream to every server it knows of, and names those it
+// lacks. It is served on its own path (/readyz/all-servers-connected), outside /readyz.
+func (a *Agent) AllServersConnected() healthz.HealthChecker {
+	return healthz.NamedCheck("all-servers-connected", func(*http.Request) error {
+		n, known := a.Connected()
+		if n >= known {
+			return nil
+		}
+		var missing []string
+		for _, s := range a.Status() {
+			if !s.Connected {
+				m := s.Address
+				if s.LastError != "" {
+					m += " (" + s.LastError + ")"
+				}
+				missing = append(missing, m)
+			}
+		}
+		if len(missing) == 0 {
+			// The server count is larger than the servers reached so far: the rest are behind the same
+			// address (a load balancer) and not reached yet.
+			return fmt.Errorf("connected to %d of %d servers; the others are behind the addresses already connected", n, known)
+		}
+		return fmt.Errorf("connected to %d of %d servers; not connected: %s", n, known, strings.Join(missing, "; "))
+	})
 }
 
 // LiveChecks are the agent's liveness checks. The agent has none beyond answering: a lost server is a

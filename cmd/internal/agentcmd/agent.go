@@ -35,7 +35,8 @@ proxy-server as well as to 'konnect server'. Beyond upstream it connects to ever
 and --service-account-token-path when they change, can restrict destinations with --allow-destination, and
 on SIGTERM sends DRAIN and lets open connections finish for up to --graceful-timeout.
 
-Health: /livez and /healthz (liveness), /readyz (checks server-connected and all-servers-connected) and /metrics on
+Health: /livez and /healthz (liveness), /readyz (server-connected and shutdown, as upstream's),
+/readyz/all-servers-connected (every server the agent knows of, with those it lacks) and /metrics on
 --health-server-host:--health-server-port; pprof on the loopback admin port with --enable-profiling.`,
 		Example: `  konnect agent --ca-cert=ca.crt --proxy-server-host=10.0.0.1,10.0.0.2 --proxy-server-port=8132 \
     --service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token \
@@ -106,6 +107,15 @@ func New(cfg *Config) (_ *Agent, err error) {
 		prometheus.Gatherers{reg, konnectivity.UpstreamMetrics(agent.UpstreamLeaseMetricsPrefix)})
 	// /ready is upstream's deprecated readiness path, kept for probes that still use it.
 	healthz.InstallPathHandler(health, "/ready", append([]healthz.HealthChecker{healthz.PingHealthz}, a.agent.ReadyChecks()...)...)
+	// Every server: a path of its own beside /readyz's checks, not one of them (agent.AllServersConnected).
+	all := a.agent.AllServersConnected()
+	health.Handle("/readyz/"+all.Name(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := all.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
 	a.endpoints.HealthMux = health
 	admin := daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
 	a.endpoints.AdminMux = admin

@@ -63,7 +63,7 @@ func TestAgentCommand(t *testing.T) {
 	health, admin := freePort(t), freePort(t)
 	cmd := NewAgentCommand()
 	cmd.SetArgs([]string{
-		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
+		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host + ",127.0.0.2", "--proxy-server-port=" + port,
 		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + admin,
 		"--enable-profiling", "--sync-interval=100ms", "--graceful-timeout=1s",
 		"--v=1", "--logtostderr", // klog flags, as upstream's binary takes them
@@ -84,7 +84,7 @@ func TestAgentCommand(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, tc := range []struct{ path, want string }{
-		{"/readyz?verbose", "[+]all-servers-connected ok"},
+		{"/readyz?verbose", "[+]server-connected ok"},
 		{"/readyz/server-connected", "ok"},
 		{"/livez", "ok"},
 		{"/healthz", "ok"},
@@ -97,6 +97,11 @@ func TestAgentCommand(t *testing.T) {
 		if code != 200 || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %q, want %q", tc.path, code, body, tc.want)
 		}
+	}
+	// The second server (nothing listens on 127.0.0.2) is missing: /readyz passes, as upstream's, and
+	// /readyz/all-servers-connected names it.
+	if code, body := get(base + "/readyz/all-servers-connected"); code != 500 || !strings.Contains(body, "connected to 1 of 2 servers; not connected: 127.0.0.2:"+port) {
+		t.Errorf("/readyz/all-servers-connected with one of two servers: %d %q", code, body)
 	}
 	if code, _ := get("http://127.0.0.1:" + admin + "/debug/pprof/"); code != 200 {
 		t.Errorf("pprof on the admin port: %d", code)
