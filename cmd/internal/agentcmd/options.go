@@ -3,10 +3,12 @@ package agentcmd
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/agent/app/options"
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
 )
@@ -162,8 +165,14 @@ func (o *Options) Validate() error {
 	if u.AgentID == "" {
 		add("agent-id", "must not be empty")
 	}
-	if err := validateIdentifiers(u.AgentIdentifiers); err != nil {
+	unroutable, err := validateIdentifiers(u.AgentIdentifiers)
+	if err != nil {
 		wrap("agent-identifiers", err)
+	}
+	for _, w := range unroutable {
+		// Upstream's agent starts with these, and a manifest written for it (one passing ${HOST_IP}, which
+		// the kubelet does not expand) must not leave a drop-in crash-looping: they route nothing, so say so.
+		klog.Warningf("--agent-identifiers: %s: the server will route no dial to this agent by it", w)
 	}
 	if u.CountServerLeases {
 		if _, err := labels.Parse(u.LeaseLabel); err != nil {
@@ -204,39 +213,46 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-func validateIdentifiers(s string) error {
+// validateIdentifiers refuses what upstream's agent refuses (a string that is not URL-encoded, an unknown
+// type) and returns, as unroutable, the values that it accepts but that match no dial: the server compares
+// a dial's address with them as text.
+func validateIdentifiers(s string) (unroutable []string, err error) {
 	q, err := url.ParseQuery(s)
 	if err != nil {
-		return fmt.Errorf("not URL-encoded (for example host=node1&cidr=10.0.0.0/8): %w", err)
+		return nil, fmt.Errorf("not URL-encoded (for example host=node1&cidr=10.0.0.0/8): %w", err)
 	}
-	for k, vs := range q {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range q[k] {
+			if why := unroutableIdentifier(header.IdentifierType(k), v); why != "" {
+				unroutable = append(unroutable, fmt.Sprintf("%s=%q %s", k, v, why))
+			}
+		}
 		switch header.IdentifierType(k) {
-		case header.IPv4, header.IPv6:
-			// The server matches a dial's address against these as text: one that is no address of the
-			// named family is a typo that routes nothing.
-			for _, v := range vs {
-				if a, err := netip.ParseAddr(v); err != nil || a.Is4() != (header.IdentifierType(k) == header.IPv4) || a.Zone() != "" {
-					return fmt.Errorf("%s=%q is not an %s address", k, v, strings.ToUpper(k[:2])+k[2:])
-				}
-			}
-		case header.CIDR:
-			for _, v := range vs {
-				if _, err := netip.ParsePrefix(v); err != nil {
-					return fmt.Errorf("cidr=%q is not a CIDR block such as 10.0.0.0/8", v)
-				}
-			}
-		case header.Host:
-		case header.DefaultRoute:
-			for _, v := range vs {
-				if _, err := strconv.ParseBool(v); err != nil {
-					return fmt.Errorf("default-route=%q is not true or false", v)
-				}
-			}
+		case header.IPv4, header.IPv6, header.CIDR, header.Host, header.DefaultRoute:
 		default:
-			return fmt.Errorf("unknown identifier type %q (want ipv4, ipv6, host, cidr or default-route)", k)
+			return nil, fmt.Errorf("unknown identifier type %q (want ipv4, ipv6, host, cidr or default-route)", k)
 		}
 	}
-	return nil
+	return unroutable, nil
+}
+
+// unroutableIdentifier says why the value v of an identifier of type k matches no dial, or "".
+func unroutableIdentifier(k header.IdentifierType, v string) string {
+	switch k {
+	case header.IPv4, header.IPv6:
+		if a, err := netip.ParseAddr(v); err != nil || a.Is4() != (k == header.IPv4) || a.Zone() != "" {
+			return "is not an " + strings.ToUpper(string(k[:2])) + string(k[2:]) + " address"
+		}
+	case header.CIDR:
+		if _, err := netip.ParsePrefix(v); err != nil {
+			return "is not a CIDR block such as 10.0.0.0/8"
+		}
+	case header.DefaultRoute:
+		if _, err := strconv.ParseBool(v); err != nil {
+			return "is not true or false"
+		}
+	}
+	return ""
 }
 
 // Config is the validated configuration of `konnect agent`: the agent's own and its endpoints'.

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,12 +109,12 @@ func TestValidate(t *testing.T) {
 		{"missing token", []string{"--service-account-token-path=/nonexistent/token"}, "--service-account-token-path"},
 		{"identifiers", []string{"--agent-identifiers=host=n1&cidr=10.0.0.0/8&default-route=true"}, ""},
 		{"unknown identifier", []string{"--agent-identifiers=colour=blue"}, "--agent-identifiers"},
-		{"bad default-route", []string{"--agent-identifiers=default-route=maybe"}, "--agent-identifiers"},
 		{"addresses", []string{"--agent-identifiers=ipv4=198.18.0.2&ipv6=fd00::2&host=198.18.0.2"}, ""},
-		{"bad ipv4", []string{"--agent-identifiers=ipv4=999.1.1.1"}, `ipv4="999.1.1.1" is not an IPv4 address`},
-		{"ipv6 as ipv4", []string{"--agent-identifiers=ipv4=fd00::2"}, "--agent-identifiers"},
-		{"empty ipv6", []string{"--agent-identifiers=ipv6="}, "--agent-identifiers"},
-		{"bad cidr", []string{"--agent-identifiers=cidr=notacidr"}, `cidr="notacidr"`},
+		{"not URL-encoded", []string{"--agent-identifiers=host=a;b"}, "--agent-identifiers: not URL-encoded"},
+		// Values upstream's agent starts with, though they route nothing: warned of (TestUnroutableIdentifiers).
+		{"unexpanded variable", []string{"--agent-identifiers=ipv4=${HOST_IP}"}, ""},
+		{"bad default-route", []string{"--agent-identifiers=default-route=maybe"}, ""},
+		{"bad cidr", []string{"--agent-identifiers=cidr=notacidr"}, ""},
 		{"sync interval over cap", []string{"--sync-interval=20s"}, "--sync-interval"},
 		{"contention without profiling", []string{"--enable-contention-profiling"}, "--enable-contention-profiling"},
 		{"server count source", []string{"--server-count-source=min"}, "--server-count-source"},
@@ -147,6 +148,29 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestUnroutableIdentifiers: identifiers that upstream's agent accepts but that match no dial are named,
+// for a warning, instead of refused: a manifest written for upstream must not leave the drop-in
+// crash-looping. An unknown type is refused, as upstream refuses it.
+func TestUnroutableIdentifiers(t *testing.T) {
+	got, err := validateIdentifiers("ipv4=${HOST_IP}&ipv4=198.18.0.2&ipv4=fd00::1&ipv6=&cidr=10.0.0.1&default-route=yes&host=n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`cidr="10.0.0.1" is not a CIDR block such as 10.0.0.0/8`,
+		`default-route="yes" is not true or false`,
+		`ipv4="${HOST_IP}" is not an IPv4 address`,
+		`ipv4="fd00::1" is not an IPv4 address`,
+		`ipv6="" is not an IPv6 address`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("unroutable:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if _, err := validateIdentifiers("colour=blue"); err == nil || !strings.Contains(err.Error(), `unknown identifier type "colour"`) {
+		t.Fatalf("unknown type: %v", err)
 	}
 }
 
