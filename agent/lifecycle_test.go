@@ -125,6 +125,10 @@ func TestTwoServersOneAgent(t *testing.T) {
 	if n, known := ra.Connected(); known != 2 {
 		t.Fatalf("known servers %d (connected %d), want 2", known, n)
 	}
+	// Upstream's deprecated failure count, which alerts still use, counts the lost stream.
+	if n := counterValue(ra.m.serverFailures.WithLabelValues("from_server")); n != 1 {
+		t.Errorf("konnectivity_network_proxy_agent_server_connection_failure_count{direction=\"from_server\"} = %v, want 1", n)
+	}
 	err := readyErr(ra, "all-servers-connected")
 	if err == nil || !strings.Contains(err.Error(), "connected to 1 of 2 servers") || !strings.Contains(err.Error(), addr2) {
 		t.Fatalf("readiness with s2 down: %v", err)

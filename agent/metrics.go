@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"errors"
+	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +30,7 @@ type metrics struct {
 	endpointConns   prometheus.Gauge
 	streamPackets   *prometheus.CounterVec
 	streamErrors    *prometheus.CounterVec
+	serverFailures  *prometheus.CounterVec
 	bytes           *prometheus.CounterVec
 	overflows       prometheus.Counter
 	connectFailures *prometheus.CounterVec
@@ -72,6 +75,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		streamPackets: commonmetrics.MakeStreamPacketsTotalMetric(metricsNamespace, metricsSubsystem),
 		streamErrors:  commonmetrics.MakeStreamErrorsTotalMetric(metricsNamespace, metricsSubsystem),
+		// Deprecated upstream in favour of stream_errors_total, and still exported there: alerts use it.
+		serverFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "server_connection_failure_count",
+			Help: "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
+		}, []string{"direction"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "konnect_agent_data_bytes_total",
 			Help: "Payload bytes carried for tunnelled connections, by direction (to_server: read from backends; from_server: written to backends).",
@@ -105,7 +113,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
-		m.endpointConns, m.streamPackets, m.streamErrors, m.bytes, m.overflows, m.connectFailures, m.controlDropped,
+		m.endpointConns, m.streamPackets, m.streamErrors, m.serverFailures, m.bytes, m.overflows, m.connectFailures, m.controlDropped,
 		m.flowViolations, m.creditWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -131,10 +139,14 @@ func (m *metrics) packetReceived(t client.PacketType) {
 }
 
 func (m *metrics) sendError(err error, t client.PacketType) {
+	if !errors.Is(err, io.EOF) {
+		m.serverFailures.WithLabelValues("to_server").Inc()
+	}
 	commonmetrics.ObserveStreamError(m.streamErrors, commonmetrics.SegmentFromAgent, err, t)
 }
 
 func (m *metrics) recvError(err error) {
+	m.serverFailures.WithLabelValues("from_server").Inc()
 	commonmetrics.ObserveStreamErrorNoPacket(m.streamErrors, commonmetrics.SegmentToAgent, err)
 }
 
