@@ -38,8 +38,11 @@ type Config struct {
 	JumpHosts []string
 	// ConfigFile is the ssh_config to read (ssh -F). "" reads ~/.ssh/config; "none" reads nothing.
 	ConfigFile string
-	// KnownHostsFile holds the trusted host keys. "" means the config file's UserKnownHostsFile, else
-	// ~/.ssh/known_hosts.
+	// KnownHostsFile holds the trusted host keys, and records new ones (AcceptNew). "" means the config
+	// file's UserKnownHostsFile (every file it names is read, the first records), else OpenSSH's
+	// ~/.ssh/known_hosts and ~/.ssh/known_hosts2. Either way the config file's GlobalKnownHostsFile (else
+	// /etc/ssh/ssh_known_hosts and /etc/ssh/ssh_known_hosts2) is read as well, as OpenSSH reads it: a host
+	// it pins to another key is "changed", never new.
 	KnownHostsFile string
 	// AcceptNew trusts a host seen for the first time and records its key. A changed key is refused anyway.
 	AcceptNew bool
@@ -129,7 +132,8 @@ type plan struct {
 	identityFiles  []string   // explicit (-i) files, each must exist
 	defaultIDs     []string   // OpenSSH's default files, skipped when absent
 	allowOpenKeys  bool       // AllowUnprotectedKeys
-	knownHosts     string
+	knownHosts     []string   // UserKnownHostsFile: read; the first records new keys
+	globalKnown    []string   // GlobalKnownHostsFile: read only
 	acceptNew      bool
 	connectTimeout time.Duration
 	aliveInterval  time.Duration
@@ -462,28 +466,55 @@ func resolve(cfg Config) (*plan, error) {
 		}
 	}
 
-	p.knownHosts = cfg.KnownHostsFile
-	if p.knownHosts == "" {
-		if v := sc.get(target.alias, "UserKnownHostsFile"); v != "" && v != "none" {
-			p.knownHosts = expandPath(strings.Fields(v)[0], target)
-		} else if home != "" {
-			p.knownHosts = filepath.Join(home, ".ssh", "known_hosts")
-		} else {
-			return nil, errors.New("no home directory to find known_hosts in; set the known_hosts file explicitly")
-		}
-	} else {
-		p.knownHosts = expandPath(p.knownHosts, target)
+	userKnown := sc.get(target.alias, "UserKnownHostsFile")
+	if cfg.KnownHostsFile != "" {
+		userKnown = cfg.KnownHostsFile
 	}
-	// A missing known_hosts is an empty one (--accept-new may create it); one that cannot be read would fail
-	// every connection, and each reconnect after it, so it fails the start instead.
-	if fi, err := os.Stat(p.knownHosts); err == nil && !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("known_hosts %s is not a file", p.knownHosts)
-	} else if err == nil {
-		if _, err := os.ReadFile(p.knownHosts); err != nil {
-			return nil, fmt.Errorf("known_hosts: %w", err)
-		}
+	if p.knownHosts, err = knownHostsFiles(userKnown, defaultUserKnownHosts, target); err != nil {
+		return nil, err
+	}
+	if p.globalKnown, err = knownHostsFiles(sc.get(target.alias, "GlobalKnownHostsFile"), defaultGlobalKnownHosts, target); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// OpenSSH's defaults for UserKnownHostsFile and GlobalKnownHostsFile (ssh -G shows them).
+var (
+	defaultUserKnownHosts   = []string{"~/.ssh/known_hosts", "~/.ssh/known_hosts2"}
+	defaultGlobalKnownHosts = []string{"/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"}
+)
+
+// knownHostsFiles expands a UserKnownHostsFile or GlobalKnownHostsFile value, a space-separated list: ""
+// means defaults, "none" no file. A missing file is an empty one (AcceptNew may create the first user
+// file); one that cannot be read would fail every connection, and each reconnect after it, so it fails the
+// start instead.
+func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, error) {
+	names := strings.Fields(value)
+	if len(names) == 0 {
+		names = defaults
+	}
+	if len(names) == 1 && names[0] == "none" {
+		return nil, nil
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "~/") {
+			if home, err := os.UserHomeDir(); err != nil || home == "" {
+				return nil, fmt.Errorf("no home directory to find %s in; set the known_hosts file explicitly", n)
+			}
+		}
+		f := expandPath(n, e)
+		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("known_hosts %s is not a file", f)
+		} else if err == nil {
+			if _, err := os.ReadFile(f); err != nil {
+				return nil, fmt.Errorf("known_hosts: %w", err)
+			}
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // checkIdentityFile refuses an identity file given explicitly that is no private key OpenSSH's format or

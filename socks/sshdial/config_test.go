@@ -102,8 +102,11 @@ Host *
 			if p.aliveInterval != 7*time.Second || p.aliveCountMax != 5 {
 				t.Errorf("keepalive %s x%d", p.aliveInterval, p.aliveCountMax)
 			}
-			if p.knownHosts != filepath.Join(dir, ".ssh", "known_hosts") {
-				t.Errorf("known_hosts %s", p.knownHosts)
+			if want := []string{filepath.Join(dir, ".ssh", "known_hosts"), filepath.Join(dir, ".ssh", "known_hosts2")}; !reflect.DeepEqual(p.knownHosts, want) {
+				t.Errorf("known_hosts %v, want %v", p.knownHosts, want)
+			}
+			if !reflect.DeepEqual(p.globalKnown, defaultGlobalKnownHosts) {
+				t.Errorf("global known_hosts %v, want %v", p.globalKnown, defaultGlobalKnownHosts)
 			}
 		}, ""},
 		{"command line wins", Config{Destination: "root@bastion:2200", User: "cli", Port: 2300, JumpHosts: []string{"none"}, ConfigFile: cfgFile}, func(t *testing.T, p *plan) {

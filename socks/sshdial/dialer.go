@@ -138,7 +138,7 @@ func New(cfg Config) (*Dialer, error) {
 		plan:  p,
 		log:   cfg.Log,
 		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys, cfg.Log),
-		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew, log: cfg.Log},
+		known: &knownHosts{files: p.knownHosts, global: p.globalKnown, acceptNew: p.acceptNew, log: cfg.Log},
 		up:    make(chan struct{}),
 		wake:  make(chan struct{}),
 	}
