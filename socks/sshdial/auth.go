@@ -250,16 +250,52 @@ func describeKey(k ssh.PublicKey, comment string) string {
 	return d
 }
 
-// agentSocketPath is the ssh-agent socket to use, or "" for none.
-func (d *Dialer) agentSocketPath() string {
+// agentSocketPath is the ssh-agent socket hop e uses, or "" for none: Config.AgentSocket, else the config
+// file's IdentityAgent, else $SSH_AUTH_SOCK. As in OpenSSH, IdentityAgent SSH_AUTH_SOCK or $VAR names an
+// environment variable.
+func (d *Dialer) agentSocketPath(e endpoint) string {
 	sock := d.plan.agentSocket
 	if sock == "" {
+		sock = e.identityAgent
+	}
+	switch {
+	case sock == "" || sock == "SSH_AUTH_SOCK":
 		sock = os.Getenv("SSH_AUTH_SOCK")
+	case strings.HasPrefix(sock, "$"):
+		sock = os.Getenv(sock[1:])
 	}
 	if sock == "none" {
 		return ""
 	}
 	return sock
+}
+
+// publicKeys returns the public keys of the identity files (from FILE.pub, or from the private key, whose
+// OpenSSH format carries the public key in the clear even when encrypted), marshalled: IdentitiesOnly lets
+// the agent sign with these alone, as OpenSSH does.
+func publicKeys(files []string) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range files {
+		if b, err := os.ReadFile(f + ".pub"); err == nil {
+			if k, _, _, _, err := ssh.ParseAuthorizedKey(b); err == nil {
+				out[string(k.Marshal())] = true
+				continue
+			}
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s, err := ssh.ParsePrivateKey(b)
+		var missing *ssh.PassphraseMissingError
+		switch {
+		case err == nil:
+			out[string(s.PublicKey().Marshal())] = true
+		case errors.As(err, &missing) && missing.PublicKey != nil:
+			out[string(missing.PublicKey.Marshal())] = true
+		}
+	}
+	return out
 }
 
 // identityFiles returns the files hop e offers, in order, with where each was named.
@@ -307,7 +343,7 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		}
 		return out, nil
 	})
-	sock := d.agentSocketPath()
+	sock := d.agentSocketPath(e)
 	if sock == "" {
 		cc.Auth = []ssh.AuthMethod{files}
 		return closer, offered
@@ -323,6 +359,11 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		signers, err := ag.Signers()
 		if err != nil {
 			return nil, err
+		}
+		if e.identitiesOnly {
+			names, _ := d.identityFiles(e)
+			own := publicKeys(names)
+			signers = slices.DeleteFunc(signers, func(s ssh.Signer) bool { return !own[string(s.PublicKey().Marshal())] })
 		}
 		comments := map[string]string{}
 		if keys, err := ag.List(); err == nil {
@@ -354,21 +395,21 @@ func (d *Dialer) checkIdentities() error {
 	if len(d.plan.identityFiles) > 0 {
 		return nil // -i applies to every hop, and resolve checked each file
 	}
-	var agentNote string
-	if sock := d.agentSocketPath(); sock == "" {
-		agentNote = "no ssh-agent ($SSH_AUTH_SOCK is not set)"
-	} else if c, err := net.Dial("unix", sock); err != nil {
-		agentNote = fmt.Sprintf("no ssh-agent at %s (%v)", sock, err)
-	} else {
-		keys, err := agent.NewClient(c).List()
-		c.Close()
-		if err == nil && len(keys) > 0 {
-			return nil
-		}
-		agentNote = fmt.Sprintf("no key in the ssh-agent at %s", sock)
-	}
 hops:
 	for _, h := range d.plan.hops {
+		var agentNote string
+		if sock := d.agentSocketPath(h); sock == "" {
+			agentNote = "no ssh-agent ($SSH_AUTH_SOCK is not set, or IdentityAgent is none)"
+		} else if c, err := net.Dial("unix", sock); err != nil {
+			agentNote = fmt.Sprintf("no ssh-agent at %s (%v)", sock, err)
+		} else {
+			keys, err := agent.NewClient(c).List()
+			c.Close()
+			if err == nil && len(keys) > 0 {
+				continue
+			}
+			agentNote = fmt.Sprintf("no key in the ssh-agent at %s", sock)
+		}
 		names, srcs := d.identityFiles(h)
 		var absent, open []string
 		for i, f := range names {

@@ -74,7 +74,8 @@ type Config struct {
 	// more than one core at each end. A new stream goes to the live connection carrying the fewest. 0 means
 	// 1; at most MaxConnections.
 	Connections int
-	// AgentSocket is the ssh-agent socket. "" means $SSH_AUTH_SOCK; "none" disables the agent.
+	// AgentSocket is the ssh-agent socket. "" means the config file's IdentityAgent, else $SSH_AUTH_SOCK;
+	// "none" disables the agent.
 	AgentSocket string
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
 	// otherwise fails with an error that says to load the key into ssh-agent.
@@ -106,6 +107,11 @@ type endpoint struct {
 	port     int
 	user     string
 	identity []string // from the config file (IdentityFile), already expanded
+	// identitiesOnly (ssh_config IdentitiesOnly) offers only the agent's keys that an identity file or
+	// certificate names, so that a full agent does not use up the server's MaxAuthTries.
+	identitiesOnly bool
+	// identityAgent is ssh_config IdentityAgent: a socket, "none", or SSH_AUTH_SOCK / $VAR for the variable.
+	identityAgent string
 	// hostKeyAlias (ssh_config HostKeyAlias) replaces the address in known_hosts lookups and records.
 	hostKeyAlias string
 	// hashKnownHosts (ssh_config HashKnownHosts, yes in Debian's /etc/ssh/ssh_config) records a new host
@@ -350,6 +356,10 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	}
 	for _, id := range sc.getAll(alias, "IdentityFile") {
 		e.identity = append(e.identity, expandPath(id, e))
+	}
+	e.identitiesOnly = strings.EqualFold(sc.get(alias, "IdentitiesOnly"), "yes")
+	if a := sc.get(alias, "IdentityAgent"); a != "" {
+		e.identityAgent = expandPath(a, e)
 	}
 	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
 	e.hashKnownHosts = strings.EqualFold(sc.get(alias, "HashKnownHosts"), "yes")
