@@ -1,6 +1,7 @@
 package sshdial
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -329,16 +330,47 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	}
 	offered = func() []string { return tried }
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
-		var out []ssh.Signer
+		var keys []ssh.Signer
+		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
 		names, srcs := d.identityFiles(e)
 		for i, f := range names {
 			s, err := d.keys.load(f, srcs[i], pause)
 			if err != nil {
 				return nil, err
 			}
-			if s != nil {
-				note(f + " (" + describeKey(s.PublicKey(), "") + ")")
-				out = append(out, s)
+			if s == nil {
+				continue
+			}
+			keys = append(keys, s)
+			certs = append(certs, nil)
+			if c := d.certificate(f+"-cert.pub", false); c != nil {
+				certs[len(certs)-1] = d.certSigner(f+"-cert.pub", c, s)
+			}
+		}
+		// OpenSSH's order: CertificateFile certificates first, then each key followed by its FILE-cert.pub.
+		var out []ssh.Signer
+		offer := func(file string, s ssh.Signer) {
+			note(file + " (" + describeKey(s.PublicKey(), "") + ")")
+			out = append(out, s)
+		}
+		for _, cf := range e.certificates {
+			c := d.certificate(cf, true)
+			if c == nil {
+				continue
+			}
+			i := slices.IndexFunc(keys, func(s ssh.Signer) bool { return bytes.Equal(s.PublicKey().Marshal(), c.Key.Marshal()) })
+			if i < 0 {
+				d.log.Info("Ignoring a CertificateFile whose key is none of the identity files'", "file", cf)
+				continue
+			}
+			if cs := d.certSigner(cf, c, keys[i]); cs != nil {
+				offer(cf, cs)
+			}
+		}
+		for i, s := range keys {
+			offer(names[i], s)
+			if certs[i] != nil {
+				offer(names[i]+"-cert.pub", certs[i])
 			}
 		}
 		return out, nil
@@ -386,6 +418,36 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		return nil, nil
 	}
 	return func() { c.Close() }, offered
+}
+
+// certificate reads a user certificate, or returns nil when there is none to use: absent (a CertificateFile,
+// named explicitly, is worth a line then), unreadable or no certificate, which OpenSSH skips as well.
+func (d *Dialer) certificate(file string, named bool) *ssh.Certificate {
+	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) && !named {
+		return nil
+	}
+	if err != nil {
+		d.log.Info("Ignoring a certificate file that cannot be read", "file", file, "err", err)
+		return nil
+	}
+	k, _, _, _, err := ssh.ParseAuthorizedKey(b)
+	c, ok := k.(*ssh.Certificate)
+	if err != nil || !ok || c.CertType != ssh.UserCert {
+		d.log.Info("Ignoring a certificate file that holds no user certificate", "file", file, "err", err)
+		return nil
+	}
+	return c
+}
+
+// certSigner signs with key under certificate c, or returns nil (and says why) when c is not key's.
+func (d *Dialer) certSigner(file string, c *ssh.Certificate, key ssh.Signer) ssh.Signer {
+	cs, err := ssh.NewCertSigner(c, key)
+	if err != nil {
+		d.log.Info("Ignoring a certificate that is not for its identity file's key", "file", file, "err", err)
+		return nil
+	}
+	return cs
 }
 
 // checkIdentities fails when a hop has no identity at all to offer: no -i, no IdentityFile that exists, no

@@ -107,6 +107,9 @@ type endpoint struct {
 	port     int
 	user     string
 	identity []string // from the config file (IdentityFile), already expanded
+	// certificates are ssh_config CertificateFile entries, expanded: user certificates for the identity
+	// files' keys, offered before any key as OpenSSH offers them.
+	certificates []string
 	// identitiesOnly (ssh_config IdentitiesOnly) offers only the agent's keys that an identity file or
 	// certificate names, so that a full agent does not use up the server's MaxAuthTries.
 	identitiesOnly bool
@@ -356,6 +359,9 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	}
 	for _, id := range sc.getAll(alias, "IdentityFile") {
 		e.identity = append(e.identity, expandPath(id, e))
+	}
+	for _, c := range sc.getAll(alias, "CertificateFile") {
+		e.certificates = append(e.certificates, expandPath(c, e))
 	}
 	e.identitiesOnly = strings.EqualFold(sc.get(alias, "IdentitiesOnly"), "yes")
 	if a := sc.get(alias, "IdentityAgent"); a != "" {

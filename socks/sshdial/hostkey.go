@@ -442,6 +442,9 @@ func keyTypeName(k ssh.PublicKey) string {
 	case ssh.KeyAlgoECDSA256, ssh.KeyAlgoECDSA384, ssh.KeyAlgoECDSA521:
 		return "ECDSA"
 	default:
+		if c, ok := k.(*ssh.Certificate); ok {
+			return keyTypeName(c.Key) + "-CERT" // as OpenSSH names it
+		}
 		return k.Type()
 	}
 }
