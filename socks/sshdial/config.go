@@ -1,6 +1,7 @@
 package sshdial
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -192,7 +193,7 @@ func (c *sshConfig) getAll(alias, key string) []string {
 	return out
 }
 
-func loadSSHConfig(path string) (*sshConfig, error) {
+func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 	var paths []string
 	explicit := false
 	switch path {
@@ -209,15 +210,14 @@ func loadSSHConfig(path string) (*sshConfig, error) {
 	}
 	out := &sshConfig{}
 	for _, p := range paths {
-		f, err := os.Open(p)
+		data, err := os.ReadFile(p)
 		if err != nil {
 			if !explicit && errors.Is(err, os.ErrNotExist) {
 				continue
 			}
 			return nil, fmt.Errorf("ssh config %s: %w", p, err)
 		}
-		cfg, err := ssh_config.Decode(f)
-		f.Close()
+		cfg, err := ssh_config.DecodeBytes(skipMatch(p, data, log))
 		if err != nil {
 			if !explicit && p == "/etc/ssh/ssh_config" {
 				// The system file may use directives the parser does not know; it is optional here.
@@ -228,6 +228,25 @@ func loadSSHConfig(path string) (*sshConfig, error) {
 		out.files = append(out.files, cfg)
 	}
 	return out, nil
+}
+
+// skipMatch turns each Match block of an ssh_config into one that applies to no host, keeping the line
+// numbers, and says so: the parser would apply "Match host" to the alias where OpenSSH matches the HostName,
+// misread a line with several criteria, and refuse the whole file for the others (user, exec, ...). "Match
+// all" is "Host *" and stays. Settings under Match are thus never half applied, and Match exec never runs.
+func skipMatch(file string, data []byte, log logr.Logger) []byte {
+	lines := bytes.Split(data, []byte("\n"))
+	for i, line := range lines {
+		text, _, _ := strings.Cut(string(line), "#")
+		words := strings.FieldsFunc(text, func(r rune) bool { return r == ' ' || r == '\t' || r == '=' })
+		if len(words) == 0 || !strings.EqualFold(words[0], "Match") || len(words) == 2 && strings.EqualFold(words[1], "all") {
+			continue
+		}
+		log.Info("Ignoring a Match block of the SSH config file: konnect does not evaluate Match, so none of its settings apply; "+
+			"put them under a Host line", "file", file, "line", i+1, "match", strings.TrimSpace(text))
+		lines[i] = []byte("Host !*")
+	}
+	return bytes.Join(lines, []byte("\n"))
 }
 
 // ParseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
@@ -375,7 +394,7 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 // resolve turns a Config into a plan: it reads the SSH config file and checks every setting, without touching
 // the network.
 func resolve(cfg Config) (*plan, error) {
-	sc, err := loadSSHConfig(cfg.ConfigFile)
+	sc, err := loadSSHConfig(cfg.ConfigFile, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
