@@ -1,6 +1,7 @@
 package sshdial
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -250,16 +251,52 @@ func describeKey(k ssh.PublicKey, comment string) string {
 	return d
 }
 
-// agentSocketPath is the ssh-agent socket to use, or "" for none.
-func (d *Dialer) agentSocketPath() string {
+// agentSocketPath is the ssh-agent socket hop e uses, or "" for none: Config.AgentSocket, else the config
+// file's IdentityAgent, else $SSH_AUTH_SOCK. As in OpenSSH, IdentityAgent SSH_AUTH_SOCK or $VAR names an
+// environment variable.
+func (d *Dialer) agentSocketPath(e endpoint) string {
 	sock := d.plan.agentSocket
 	if sock == "" {
+		sock = e.identityAgent
+	}
+	switch {
+	case sock == "" || sock == "SSH_AUTH_SOCK":
 		sock = os.Getenv("SSH_AUTH_SOCK")
+	case strings.HasPrefix(sock, "$"):
+		sock = os.Getenv(sock[1:])
 	}
 	if sock == "none" {
 		return ""
 	}
 	return sock
+}
+
+// publicKeys returns the public keys of the identity files (from FILE.pub, or from the private key, whose
+// OpenSSH format carries the public key in the clear even when encrypted), marshalled: IdentitiesOnly lets
+// the agent sign with these alone, as OpenSSH does.
+func publicKeys(files []string) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range files {
+		if b, err := os.ReadFile(f + ".pub"); err == nil {
+			if k, _, _, _, err := ssh.ParseAuthorizedKey(b); err == nil {
+				out[string(k.Marshal())] = true
+				continue
+			}
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s, err := ssh.ParsePrivateKey(b)
+		var missing *ssh.PassphraseMissingError
+		switch {
+		case err == nil:
+			out[string(s.PublicKey().Marshal())] = true
+		case errors.As(err, &missing) && missing.PublicKey != nil:
+			out[string(missing.PublicKey.Marshal())] = true
+		}
+	}
+	return out
 }
 
 // identityFiles returns the files hop e offers, in order, with where each was named.
@@ -293,21 +330,52 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	}
 	offered = func() []string { return tried }
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
-		var out []ssh.Signer
+		var keys []ssh.Signer
+		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
 		names, srcs := d.identityFiles(e)
 		for i, f := range names {
 			s, err := d.keys.load(f, srcs[i], pause)
 			if err != nil {
 				return nil, err
 			}
-			if s != nil {
-				note(f + " (" + describeKey(s.PublicKey(), "") + ")")
-				out = append(out, s)
+			if s == nil {
+				continue
+			}
+			keys = append(keys, s)
+			certs = append(certs, nil)
+			if c := d.certificate(f+"-cert.pub", false); c != nil {
+				certs[len(certs)-1] = d.certSigner(f+"-cert.pub", c, s)
+			}
+		}
+		// OpenSSH's order: CertificateFile certificates first, then each key followed by its FILE-cert.pub.
+		var out []ssh.Signer
+		offer := func(file string, s ssh.Signer) {
+			note(file + " (" + describeKey(s.PublicKey(), "") + ")")
+			out = append(out, s)
+		}
+		for _, cf := range e.certificates {
+			c := d.certificate(cf, true)
+			if c == nil {
+				continue
+			}
+			i := slices.IndexFunc(keys, func(s ssh.Signer) bool { return bytes.Equal(s.PublicKey().Marshal(), c.Key.Marshal()) })
+			if i < 0 {
+				d.log.Info("Ignoring a CertificateFile whose key is none of the identity files'", "file", cf)
+				continue
+			}
+			if cs := d.certSigner(cf, c, keys[i]); cs != nil {
+				offer(cf, cs)
+			}
+		}
+		for i, s := range keys {
+			offer(names[i], s)
+			if certs[i] != nil {
+				offer(names[i]+"-cert.pub", certs[i])
 			}
 		}
 		return out, nil
 	})
-	sock := d.agentSocketPath()
+	sock := d.agentSocketPath(e)
 	if sock == "" {
 		cc.Auth = []ssh.AuthMethod{files}
 		return closer, offered
@@ -323,6 +391,11 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		signers, err := ag.Signers()
 		if err != nil {
 			return nil, err
+		}
+		if e.identitiesOnly {
+			names, _ := d.identityFiles(e)
+			own := publicKeys(names)
+			signers = slices.DeleteFunc(signers, func(s ssh.Signer) bool { return !own[string(s.PublicKey().Marshal())] })
 		}
 		comments := map[string]string{}
 		if keys, err := ag.List(); err == nil {
@@ -347,6 +420,36 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	return func() { c.Close() }, offered
 }
 
+// certificate reads a user certificate, or returns nil when there is none to use: absent (a CertificateFile,
+// named explicitly, is worth a line then), unreadable or no certificate, which OpenSSH skips as well.
+func (d *Dialer) certificate(file string, named bool) *ssh.Certificate {
+	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) && !named {
+		return nil
+	}
+	if err != nil {
+		d.log.Info("Ignoring a certificate file that cannot be read", "file", file, "err", err)
+		return nil
+	}
+	k, _, _, _, err := ssh.ParseAuthorizedKey(b)
+	c, ok := k.(*ssh.Certificate)
+	if err != nil || !ok || c.CertType != ssh.UserCert {
+		d.log.Info("Ignoring a certificate file that holds no user certificate", "file", file, "err", err)
+		return nil
+	}
+	return c
+}
+
+// certSigner signs with key under certificate c, or returns nil (and says why) when c is not key's.
+func (d *Dialer) certSigner(file string, c *ssh.Certificate, key ssh.Signer) ssh.Signer {
+	cs, err := ssh.NewCertSigner(c, key)
+	if err != nil {
+		d.log.Info("Ignoring a certificate that is not for its identity file's key", "file", file, "err", err)
+		return nil
+	}
+	return cs
+}
+
 // checkIdentities fails when a hop has no identity at all to offer: no -i, no IdentityFile that exists, no
 // default key that may be used, and no key in ssh-agent. The server could only refuse, and retrying would not
 // change that. It reads the files' metadata and asks the agent for its list; it does not connect.
@@ -354,21 +457,21 @@ func (d *Dialer) checkIdentities() error {
 	if len(d.plan.identityFiles) > 0 {
 		return nil // -i applies to every hop, and resolve checked each file
 	}
-	var agentNote string
-	if sock := d.agentSocketPath(); sock == "" {
-		agentNote = "no ssh-agent ($SSH_AUTH_SOCK is not set)"
-	} else if c, err := net.Dial("unix", sock); err != nil {
-		agentNote = fmt.Sprintf("no ssh-agent at %s (%v)", sock, err)
-	} else {
-		keys, err := agent.NewClient(c).List()
-		c.Close()
-		if err == nil && len(keys) > 0 {
-			return nil
-		}
-		agentNote = fmt.Sprintf("no key in the ssh-agent at %s", sock)
-	}
 hops:
 	for _, h := range d.plan.hops {
+		var agentNote string
+		if sock := d.agentSocketPath(h); sock == "" {
+			agentNote = "no ssh-agent ($SSH_AUTH_SOCK is not set, or IdentityAgent is none)"
+		} else if c, err := net.Dial("unix", sock); err != nil {
+			agentNote = fmt.Sprintf("no ssh-agent at %s (%v)", sock, err)
+		} else {
+			keys, err := agent.NewClient(c).List()
+			c.Close()
+			if err == nil && len(keys) > 0 {
+				continue
+			}
+			agentNote = fmt.Sprintf("no key in the ssh-agent at %s", sock)
+		}
 		names, srcs := d.identityFiles(h)
 		var absent, open []string
 		for i, f := range names {

@@ -12,14 +12,20 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// authorities are the @cert-authority and @revoked lines of a known_hosts file, matched the way OpenSSH
+// authorities are the @cert-authority and @revoked lines of the known_hosts files, matched the way OpenSSH
 // matches them. knownhosts matches a pattern such as "*" or "*.example.com" on port 22 only, while OpenSSH
 // checks a host certificate on another port against "[host]:port" and then against the host alone, so that
 // "@cert-authority *.example.com" trusts a CA on every port. Plain host keys stay with knownhosts.
 type authorities struct {
 	cas     []authority
-	revoked map[string]bool // marshalled keys of @revoked lines
-	lines   map[int]bool    // numbers of the @cert-authority lines
+	revoked map[string]bool   // marshalled keys of @revoked lines
+	lines   map[fileLine]bool // the @cert-authority lines
+}
+
+// fileLine is a line of a known_hosts file, numbered from 1.
+type fileLine struct {
+	file string
+	line int
 }
 
 type authority struct {
@@ -27,9 +33,12 @@ type authority struct {
 	key      ssh.PublicKey
 }
 
-// parseAuthorities reads the marked lines; lines it cannot parse are left to knownhosts, which reports them.
-func parseAuthorities(data []byte) authorities {
-	a := authorities{revoked: map[string]bool{}, lines: map[int]bool{}}
+func newAuthorities() authorities {
+	return authorities{revoked: map[string]bool{}, lines: map[fileLine]bool{}}
+}
+
+// add reads the marked lines of file; lines it cannot parse are left to knownhosts, which reports them.
+func (a *authorities) add(file string, data []byte) {
 	for i, line := range bytes.Split(data, []byte("\n")) {
 		marker, hosts, key, _, _, err := ssh.ParseKnownHosts(line)
 		if err != nil {
@@ -38,12 +47,11 @@ func parseAuthorities(data []byte) authorities {
 		switch marker {
 		case "cert-authority":
 			a.cas = append(a.cas, authority{patterns: hosts, key: key})
-			a.lines[i+1] = true
+			a.lines[fileLine{file, i + 1}] = true
 		case "revoked":
 			a.revoked[string(key.Marshal())] = true
 		}
 	}
-	return a
 }
 
 // namesHost reports whether some @cert-authority line covers addr ("host:port").

@@ -1,6 +1,7 @@
 package sshdial
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -38,8 +39,11 @@ type Config struct {
 	JumpHosts []string
 	// ConfigFile is the ssh_config to read (ssh -F). "" reads ~/.ssh/config; "none" reads nothing.
 	ConfigFile string
-	// KnownHostsFile holds the trusted host keys. "" means the config file's UserKnownHostsFile, else
-	// ~/.ssh/known_hosts.
+	// KnownHostsFile holds the trusted host keys, and records new ones (AcceptNew). "" means the config
+	// file's UserKnownHostsFile (every file it names is read, the first records), else OpenSSH's
+	// ~/.ssh/known_hosts and ~/.ssh/known_hosts2. Either way the config file's GlobalKnownHostsFile (else
+	// /etc/ssh/ssh_known_hosts and /etc/ssh/ssh_known_hosts2) is read as well, as OpenSSH reads it: a host
+	// it pins to another key is "changed", never new.
 	KnownHostsFile string
 	// AcceptNew trusts a host seen for the first time and records its key. A changed key is refused anyway.
 	AcceptNew bool
@@ -71,7 +75,8 @@ type Config struct {
 	// more than one core at each end. A new stream goes to the live connection carrying the fewest. 0 means
 	// 1; at most MaxConnections.
 	Connections int
-	// AgentSocket is the ssh-agent socket. "" means $SSH_AUTH_SOCK; "none" disables the agent.
+	// AgentSocket is the ssh-agent socket. "" means the config file's IdentityAgent, else $SSH_AUTH_SOCK;
+	// "none" disables the agent.
 	AgentSocket string
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
 	// otherwise fails with an error that says to load the key into ssh-agent.
@@ -103,6 +108,14 @@ type endpoint struct {
 	port     int
 	user     string
 	identity []string // from the config file (IdentityFile), already expanded
+	// certificates are ssh_config CertificateFile entries, expanded: user certificates for the identity
+	// files' keys, offered before any key as OpenSSH offers them.
+	certificates []string
+	// identitiesOnly (ssh_config IdentitiesOnly) offers only the agent's keys that an identity file or
+	// certificate names, so that a full agent does not use up the server's MaxAuthTries.
+	identitiesOnly bool
+	// identityAgent is ssh_config IdentityAgent: a socket, "none", or SSH_AUTH_SOCK / $VAR for the variable.
+	identityAgent string
 	// hostKeyAlias (ssh_config HostKeyAlias) replaces the address in known_hosts lookups and records.
 	hostKeyAlias string
 	// hashKnownHosts (ssh_config HashKnownHosts, yes in Debian's /etc/ssh/ssh_config) records a new host
@@ -129,7 +142,8 @@ type plan struct {
 	identityFiles  []string   // explicit (-i) files, each must exist
 	defaultIDs     []string   // OpenSSH's default files, skipped when absent
 	allowOpenKeys  bool       // AllowUnprotectedKeys
-	knownHosts     string
+	knownHosts     []string   // UserKnownHostsFile: read; the first records new keys
+	globalKnown    []string   // GlobalKnownHostsFile: read only
 	acceptNew      bool
 	connectTimeout time.Duration
 	aliveInterval  time.Duration
@@ -179,7 +193,7 @@ func (c *sshConfig) getAll(alias, key string) []string {
 	return out
 }
 
-func loadSSHConfig(path string) (*sshConfig, error) {
+func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 	var paths []string
 	explicit := false
 	switch path {
@@ -196,15 +210,14 @@ func loadSSHConfig(path string) (*sshConfig, error) {
 	}
 	out := &sshConfig{}
 	for _, p := range paths {
-		f, err := os.Open(p)
+		data, err := os.ReadFile(p)
 		if err != nil {
 			if !explicit && errors.Is(err, os.ErrNotExist) {
 				continue
 			}
 			return nil, fmt.Errorf("ssh config %s: %w", p, err)
 		}
-		cfg, err := ssh_config.Decode(f)
-		f.Close()
+		cfg, err := ssh_config.DecodeBytes(skipMatch(p, data, log))
 		if err != nil {
 			if !explicit && p == "/etc/ssh/ssh_config" {
 				// The system file may use directives the parser does not know; it is optional here.
@@ -215,6 +228,25 @@ func loadSSHConfig(path string) (*sshConfig, error) {
 		out.files = append(out.files, cfg)
 	}
 	return out, nil
+}
+
+// skipMatch turns each Match block of an ssh_config into one that applies to no host, keeping the line
+// numbers, and says so: the parser would apply "Match host" to the alias where OpenSSH matches the HostName,
+// misread a line with several criteria, and refuse the whole file for the others (user, exec, ...). "Match
+// all" is "Host *" and stays. Settings under Match are thus never half applied, and Match exec never runs.
+func skipMatch(file string, data []byte, log logr.Logger) []byte {
+	lines := bytes.Split(data, []byte("\n"))
+	for i, line := range lines {
+		text, _, _ := strings.Cut(string(line), "#")
+		words := strings.FieldsFunc(text, func(r rune) bool { return r == ' ' || r == '\t' || r == '=' })
+		if len(words) == 0 || !strings.EqualFold(words[0], "Match") || len(words) == 2 && strings.EqualFold(words[1], "all") {
+			continue
+		}
+		log.Info("Ignoring a Match block of the SSH config file: konnect does not evaluate Match, so none of its settings apply; "+
+			"put them under a Host line", "file", file, "line", i+1, "match", strings.TrimSpace(text))
+		lines[i] = []byte("Host !*")
+	}
+	return bytes.Join(lines, []byte("\n"))
 }
 
 // ParseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
@@ -347,6 +379,13 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	for _, id := range sc.getAll(alias, "IdentityFile") {
 		e.identity = append(e.identity, expandPath(id, e))
 	}
+	for _, c := range sc.getAll(alias, "CertificateFile") {
+		e.certificates = append(e.certificates, expandPath(c, e))
+	}
+	e.identitiesOnly = strings.EqualFold(sc.get(alias, "IdentitiesOnly"), "yes")
+	if a := sc.get(alias, "IdentityAgent"); a != "" {
+		e.identityAgent = expandPath(a, e)
+	}
 	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
 	e.hashKnownHosts = strings.EqualFold(sc.get(alias, "HashKnownHosts"), "yes")
 	return e, nil
@@ -355,7 +394,7 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 // resolve turns a Config into a plan: it reads the SSH config file and checks every setting, without touching
 // the network.
 func resolve(cfg Config) (*plan, error) {
-	sc, err := loadSSHConfig(cfg.ConfigFile)
+	sc, err := loadSSHConfig(cfg.ConfigFile, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -462,28 +501,55 @@ func resolve(cfg Config) (*plan, error) {
 		}
 	}
 
-	p.knownHosts = cfg.KnownHostsFile
-	if p.knownHosts == "" {
-		if v := sc.get(target.alias, "UserKnownHostsFile"); v != "" && v != "none" {
-			p.knownHosts = expandPath(strings.Fields(v)[0], target)
-		} else if home != "" {
-			p.knownHosts = filepath.Join(home, ".ssh", "known_hosts")
-		} else {
-			return nil, errors.New("no home directory to find known_hosts in; set the known_hosts file explicitly")
-		}
-	} else {
-		p.knownHosts = expandPath(p.knownHosts, target)
+	userKnown := sc.get(target.alias, "UserKnownHostsFile")
+	if cfg.KnownHostsFile != "" {
+		userKnown = cfg.KnownHostsFile
 	}
-	// A missing known_hosts is an empty one (--accept-new may create it); one that cannot be read would fail
-	// every connection, and each reconnect after it, so it fails the start instead.
-	if fi, err := os.Stat(p.knownHosts); err == nil && !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("known_hosts %s is not a file", p.knownHosts)
-	} else if err == nil {
-		if _, err := os.ReadFile(p.knownHosts); err != nil {
-			return nil, fmt.Errorf("known_hosts: %w", err)
-		}
+	if p.knownHosts, err = knownHostsFiles(userKnown, defaultUserKnownHosts, target); err != nil {
+		return nil, err
+	}
+	if p.globalKnown, err = knownHostsFiles(sc.get(target.alias, "GlobalKnownHostsFile"), defaultGlobalKnownHosts, target); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// OpenSSH's defaults for UserKnownHostsFile and GlobalKnownHostsFile (ssh -G shows them).
+var (
+	defaultUserKnownHosts   = []string{"~/.ssh/known_hosts", "~/.ssh/known_hosts2"}
+	defaultGlobalKnownHosts = []string{"/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"}
+)
+
+// knownHostsFiles expands a UserKnownHostsFile or GlobalKnownHostsFile value, a space-separated list: ""
+// means defaults, "none" no file. A missing file is an empty one (AcceptNew may create the first user
+// file); one that cannot be read would fail every connection, and each reconnect after it, so it fails the
+// start instead.
+func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, error) {
+	names := strings.Fields(value)
+	if len(names) == 0 {
+		names = defaults
+	}
+	if len(names) == 1 && names[0] == "none" {
+		return nil, nil
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "~/") {
+			if home, err := os.UserHomeDir(); err != nil || home == "" {
+				return nil, fmt.Errorf("no home directory to find %s in; set the known_hosts file explicitly", n)
+			}
+		}
+		f := expandPath(n, e)
+		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("known_hosts %s is not a file", f)
+		} else if err == nil {
+			if _, err := os.ReadFile(f); err != nil {
+				return nil, fmt.Errorf("known_hosts: %w", err)
+			}
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // checkIdentityFile refuses an identity file given explicitly that is no private key OpenSSH's format or

@@ -3,7 +3,8 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, ProxyJump, ServerAliveInterval, ServerAliveCountMax), sends keepalives, and reconnects when
+// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ServerAliveInterval, ServerAliveCountMax,
+// UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts), sends keepalives, and reconnects when
 // the connection drops: in the background with backoff, and at once when a dial needs the connection. Dials
 // made meanwhile wait, bounded by the connect timeout. A dial whose answer is late checks, with a keepalive,
 // that the server is still there, and moves to a fresh connection when it is not.
@@ -138,7 +139,7 @@ func New(cfg Config) (*Dialer, error) {
 		plan:  p,
 		log:   cfg.Log,
 		keys:  newKeyring(cfg.Passphrase, p.allowOpenKeys, cfg.Log),
-		known: &knownHosts{file: p.knownHosts, acceptNew: p.acceptNew, log: cfg.Log},
+		known: &knownHosts{files: p.knownHosts, global: p.globalKnown, acceptNew: p.acceptNew, log: cfg.Log},
 		up:    make(chan struct{}),
 		wake:  make(chan struct{}),
 	}
@@ -604,13 +605,20 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 			return nil, ek
 		case errors.As(cause, &uk):
 			return nil, uk
-		case strings.Contains(cause.Error(), "unable to authenticate"):
+		case strings.Contains(cause.Error(), "unable to authenticate"), tooManyAuthFailures(cause):
 			return nil, &AuthError{Endpoint: hop.String(), Err: cause, Offered: offered(),
 				Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
 		}
 		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, cause)
 	}
 	return ssh.NewClient(c, chans, reqs), nil
+}
+
+// tooManyAuthFailures reports sshd's disconnect after MaxAuthTries refused identities (SSH_MSG_DISCONNECT
+// reason 2): a refused login like any other, which retrying would only repeat.
+func tooManyAuthFailures(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "disconnect, reason 2: ") && strings.Contains(msg, "Too many authentication failures")
 }
 
 // ServerError is a dial that failed because no SSH connection was up, or came up within the connect timeout:

@@ -26,15 +26,17 @@ import (
 // revoked). There is deliberately no way to skip this check.
 type HostKeyError struct {
 	Host           string // the known_hosts name, e.g. "bastion" or "[10.0.0.1]:2222"
-	KnownHostsFile string
+	KnownHostsFile string // where a new key is recorded: the first user known_hosts file
 	KeyType        string
 	Fingerprint    string // SHA256:...
 	// Line is the exact known_hosts line that trusts the presented key.
 	Line string
-	// Changed is set when the file holds other keys for Host; Known lists them ("file:line").
-	Changed bool
-	Revoked bool
-	Known   []string
+	// Changed is set when a known_hosts file holds other keys for Host; Known lists them ("file:line"),
+	// KnownFiles the files that hold them.
+	Changed    bool
+	Revoked    bool
+	Known      []string
+	KnownFiles []string
 	// Unrecorded is why AcceptNew did not record an unknown host's key: the file is one another user
 	// could redirect (wraps safepath.ErrShared). Retrying cannot help, so the host is not trusted.
 	Unrecorded error
@@ -46,14 +48,18 @@ func (e *HostKeyError) Error() string { return e.Named(fieldName) }
 func (e *HostKeyError) Named(name func(field string) string) string {
 	switch {
 	case e.Revoked:
-		return fmt.Sprintf("host key for %s (%s %s) is marked @revoked in %s; refusing to connect",
-			e.Host, e.KeyType, e.Fingerprint, e.KnownHostsFile)
+		return fmt.Sprintf("host key for %s (%s %s) is marked @revoked in a known_hosts file; refusing to connect",
+			e.Host, e.KeyType, e.Fingerprint)
 	case e.Changed:
+		var fix []string
+		for _, f := range e.KnownFiles {
+			fix = append(fix, fmt.Sprintf("ssh-keygen -R '%s' -f %s", e.Host, f))
+		}
 		return fmt.Sprintf("WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED for %s. It now presents %s %s, "+
 			"which does not match the key recorded at %s. Someone could be eavesdropping on you right now "+
 			"(man-in-the-middle attack), or the host key has just been changed. Refusing to connect. "+
-			"If the change is expected, remove the old entry with: ssh-keygen -R '%s' -f %s",
-			e.Host, e.KeyType, e.Fingerprint, strings.Join(e.Known, ", "), e.Host, e.KnownHostsFile)
+			"If the change is expected, remove the old entry with: %s",
+			e.Host, e.KeyType, e.Fingerprint, strings.Join(e.Known, ", "), strings.Join(fix, "; "))
 	case e.Unrecorded != nil:
 		return fmt.Sprintf("host key for %s is not known: %s %s, and %s cannot record it: %v",
 			e.Host, e.KeyType, e.Fingerprint, name("AcceptNew"), e.Unrecorded)
@@ -66,67 +72,102 @@ func (e *HostKeyError) Named(name func(field string) string) string {
 
 func (e *HostKeyError) Unwrap() error { return e.Unrecorded }
 
-// knownHosts checks host keys against one known_hosts file and, with acceptNew, appends unknown hosts.
+// knownHosts checks host keys against the known_hosts files, as OpenSSH does: a key that any file records for
+// the host is known; a host that some file records with other keys only has changed keys, even if a new key
+// would be recorded; a key @revoked in any file is refused. With acceptNew, unknown hosts are appended to the
+// first user file.
 type knownHosts struct {
-	file      string
+	files     []string // UserKnownHostsFile; the first records new keys
+	global    []string // GlobalKnownHostsFile, read only
 	acceptNew bool
 	log       logr.Logger
 	mu        sync.Mutex // serialises reading against appending
 }
 
-// hostDB is one reading of the known_hosts file: knownhosts for plain host keys, and the @cert-authority and
+// recordFile is where new host keys go, "" when UserKnownHostsFile is none.
+func (k *knownHosts) recordFile() string {
+	if len(k.files) == 0 {
+		return ""
+	}
+	return k.files[0]
+}
+
+// hostDB is one reading of the known_hosts files: knownhosts for plain host keys, and the @cert-authority and
 // @revoked lines matched as OpenSSH matches them.
 type hostDB struct {
 	plain       ssh.HostKeyCallback
 	authorities authorities
+	// shown maps the copy knownhosts read of a file with lines it cannot parse back to the file's name.
+	shown map[string]string
 }
 
-// load reads the file afresh, so entries added since (by us or by ssh) are seen. A missing file is empty.
+// name is the file a knownhosts.KnownKey came from.
+func (db *hostDB) name(file string) string {
+	if n, ok := db.shown[file]; ok {
+		return n
+	}
+	return file
+}
+
+// load reads the files afresh, so entries added since (by us or by ssh) are seen. A missing file is empty.
 func (k *knownHosts) load() (*hostDB, error) {
-	data, err := os.ReadFile(k.file)
-	if errors.Is(err, os.ErrNotExist) {
-		cb, err := knownhosts.New()
-		return &hostDB{plain: cb}, err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
-	}
-	cb, err := knownhosts.New(k.file)
-	if err != nil {
-		// knownhosts refuses the whole file for one line it cannot parse (a key type it does not know, such
-		// as XMSS); OpenSSH skips such a line, and so does this.
-		if cb, err = k.loadParsable(data); err != nil {
-			return nil, fmt.Errorf("known_hosts %s: %w", k.file, err)
+	db := &hostDB{authorities: newAuthorities(), shown: map[string]string{}}
+	var paths []string
+	for _, f := range slices.Concat(k.files, k.global) {
+		data, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
 		}
+		if err != nil {
+			return nil, fmt.Errorf("known_hosts %s: %w", f, err)
+		}
+		path := f
+		if _, err := knownhosts.New(f); err != nil {
+			// knownhosts refuses the whole file for one line it cannot parse (a key type it does not know,
+			// such as XMSS); OpenSSH skips such a line, and so does this.
+			if path, err = k.parsableCopy(f, data); err != nil {
+				return nil, fmt.Errorf("known_hosts %s: %w", f, err)
+			}
+			defer os.Remove(path)
+			db.shown[path] = f
+		}
+		paths = append(paths, path)
+		db.authorities.add(path, data)
 	}
-	return &hostDB{plain: cb, authorities: parseAuthorities(data)}, nil
+	cb, err := knownhosts.New(paths...)
+	if err != nil {
+		return nil, fmt.Errorf("known_hosts: %w", err)
+	}
+	db.plain = cb
+	return db, nil
 }
 
-// loadParsable loads the file with every line that does not parse blanked, so that line numbers still hold.
-func (k *knownHosts) loadParsable(data []byte) (ssh.HostKeyCallback, error) {
+// parsableCopy writes a temporary copy of file with every line that does not parse blanked, so that line
+// numbers still hold, and returns its name.
+func (k *knownHosts) parsableCopy(file string, data []byte) (string, error) {
 	lines := bytes.Split(data, []byte("\n"))
 	for i, line := range lines {
 		if t := bytes.TrimSpace(line); len(t) == 0 || t[0] == '#' {
 			continue
 		}
 		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err != nil {
-			k.log.V(1).Info("Skipping a known_hosts line that cannot be parsed", "file", k.file, "line", i+1, "err", err)
+			k.log.V(1).Info("Skipping a known_hosts line that cannot be parsed", "file", file, "line", i+1, "err", err)
 			lines[i] = nil
 		}
 	}
 	f, err := os.CreateTemp("", "konnect-known_hosts-")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	defer os.Remove(f.Name())
 	_, err = f.Write(bytes.Join(lines, []byte("\n")))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		os.Remove(f.Name())
+		return "", err
 	}
-	return knownhosts.New(f.Name())
+	return f.Name(), nil
 }
 
 // recorded returns the host keys the file records for addr, without the CA lines that knownhosts lists
@@ -136,7 +177,9 @@ func (db *hostDB) recorded(err error) []knownhosts.KnownKey {
 	if !errors.As(err, &ke) {
 		return nil
 	}
-	return slices.DeleteFunc(slices.Clone(ke.Want), func(w knownhosts.KnownKey) bool { return db.authorities.lines[w.Line] })
+	return slices.DeleteFunc(slices.Clone(ke.Want), func(w knownhosts.KnownKey) bool {
+		return db.authorities.lines[fileLine{w.Filename, w.Line}]
+	})
 }
 
 // check verifies a host key or certificate for addr: a certificate against the CAs the file trusts for addr,
@@ -268,7 +311,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 		}
 		hke := &HostKeyError{
 			Host:           knownhosts.Normalize(addr),
-			KnownHostsFile: k.file,
+			KnownHostsFile: k.recordFile(),
 			KeyType:        keyTypeName(key),
 			Fingerprint:    ssh.FingerprintSHA256(key),
 			Line:           knownhosts.Line([]string{addr}, key),
@@ -282,11 +325,18 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 		case len(recorded) > 0:
 			hke.Changed = true
 			for _, w := range recorded {
-				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", k.file, w.Line))
+				hke.Known = append(hke.Known, fmt.Sprintf("%s:%d", db.name(w.Filename), w.Line))
+				if f := db.name(w.Filename); !slices.Contains(hke.KnownFiles, f) {
+					hke.KnownFiles = append(hke.KnownFiles, f)
+				}
 			}
 			return hke
 		case errors.As(err, &ke):
 			if !k.acceptNew {
+				return hke
+			}
+			if k.recordFile() == "" {
+				hke.Unrecorded = errors.New("UserKnownHostsFile is none")
 				return hke
 			}
 			line := hke.Line
@@ -297,10 +347,10 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 				hke.Unrecorded = err
 				return hke
 			} else if err != nil {
-				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.file, err)
+				return fmt.Errorf("record new host key for %s in %s: %w", hke.Host, k.recordFile(), err)
 			}
 			k.log.Info("Permanently added the host key to known_hosts", "host", hke.Host, "type", hke.KeyType,
-				"fingerprint", hke.Fingerprint, "file", k.file)
+				"fingerprint", hke.Fingerprint, "file", k.recordFile())
 			return nil
 		default:
 			return fmt.Errorf("check host key of %s: %w", hke.Host, err)
@@ -308,7 +358,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 	}
 }
 
-// appendLine adds one line to the known_hosts file, as OpenSSH's add_host_to_hostfile does: in one write in
+// appendLine adds one line to the first user known_hosts file, as OpenSSH's add_host_to_hostfile does: in one write in
 // append mode, so that an ssh recording another host at the same time loses nothing, after a newline if the
 // last line has none. A new file is created mode 0644 less the umask, as ssh creates it (0600 under umask
 // 077; never writable by others), and appears whole: written beside it, then linked into place. Missing
@@ -318,9 +368,9 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 // (safepath.Resolve): ssh follows any link, so that a user who can plant or change one makes --accept-new
 // append to a file of their choosing.
 func (k *knownHosts) appendLine(line string) error {
-	file, err := safepath.Resolve(k.file)
+	file, err := safepath.Resolve(k.recordFile())
 	if errors.Is(err, safepath.ErrShared) {
-		return fmt.Errorf("refusing to write %s: %w", k.file, err)
+		return fmt.Errorf("refusing to write %s: %w", k.recordFile(), err)
 	}
 	if err != nil {
 		return err
@@ -392,6 +442,9 @@ func keyTypeName(k ssh.PublicKey) string {
 	case ssh.KeyAlgoECDSA256, ssh.KeyAlgoECDSA384, ssh.KeyAlgoECDSA521:
 		return "ECDSA"
 	default:
+		if c, ok := k.(*ssh.Certificate); ok {
+			return keyTypeName(c.Key) + "-CERT" // as OpenSSH names it
+		}
 		return k.Type()
 	}
 }
