@@ -197,6 +197,13 @@ func othersCanChange(fi fs.FileInfo) string {
 	return ""
 }
 
+// OpenToOthers is OpenSSH's rule for a file that holds a secret (sshkey_perm_ok): it belongs to uid and its
+// mode grants group or others any access. A file of someone else's (root's key read by root's service) is
+// not uid's to fix and passes.
+func OpenToOthers(fi fs.FileInfo, uid int) bool {
+	return ownerOf(fi) == uid && fi.Mode().Perm()&0o077 != 0
+}
+
 func trustedOwner(uid int) bool { return uid == 0 || uid == os.Geteuid() }
 
 func ownerOf(fi fs.FileInfo) int {

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
@@ -99,16 +100,11 @@ func checkKeyPermissions(file string, allowOpen bool) error {
 	if err != nil {
 		return fmt.Errorf("identity file: %w", err)
 	}
-	if allowOpen || !openToOthers(fi, currentUID()) {
+	// The real user id, the one OpenSSH compares a key file's owner with.
+	if allowOpen || !safepath.OpenToOthers(fi, os.Getuid()) {
 		return nil
 	}
 	return &UnprotectedKeyError{File: file, Mode: fi.Mode().Perm()}
-}
-
-// openToOthers is OpenSSH's rule: the file's owner is uid and its mode grants anything to group or others.
-func openToOthers(fi fs.FileInfo, uid int) bool {
-	owner, ok := fileOwner(fi)
-	return ok && owner == uid && fi.Mode().Perm()&0o077 != 0
 }
 
 // keyring loads identity files once and keeps the parsed signers, so that a reconnect does not ask for a

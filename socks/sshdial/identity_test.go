@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/crypto/ssh"
 )
@@ -113,7 +114,7 @@ func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if openToOthers(fi, c.asUser) != c.refused {
+				if safepath.OpenToOthers(fi, c.asUser) != c.refused {
 					t.Fatalf("konnect's rule refuses %s for uid %d: %v, want %v", c.name, c.asUser, !c.refused, c.refused)
 				}
 				return
