@@ -17,6 +17,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/address"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/konnect-dev/konnect/socks"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/prometheus/client_golang/prometheus"
@@ -150,10 +151,16 @@ func (o *Options) Config() (*Config, error) {
 	return cfg, nil
 }
 
+// readPassword reads the first line of file. A file of the user's that group or others may read is refused,
+// as OpenSSH refuses such a key: whoever reads the password can use the proxy.
 func readPassword(file string) (string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return "", fmt.Errorf("--proxy-password-file: %w", err)
+	}
+	if fi, err := os.Stat(file); err == nil && safepath.OpenToOthers(fi, os.Getuid()) {
+		return "", fmt.Errorf("--proxy-password-file: permissions %04o for %s are too open: the password must not be readable by others; run chmod 600 %s",
+			fi.Mode().Perm(), file, file)
 	}
 	pw, _, _ := strings.Cut(string(b), "\n")
 	pw = strings.TrimSuffix(pw, "\r")

@@ -89,6 +89,8 @@ func TestOptionsConfig(t *testing.T) {
 	os.WriteFile(pwFile, []byte("s3cret\n"), 0o600)
 	empty := filepath.Join(dir, "empty")
 	os.WriteFile(empty, nil, 0o600)
+	readable := filepath.Join(dir, "readable")
+	os.WriteFile(readable, []byte("s3cret\n"), 0o644)
 	for _, tc := range []struct {
 		name    string
 		set     func(o *Options)
@@ -122,6 +124,8 @@ func TestOptionsConfig(t *testing.T) {
 		{"user without password file", func(o *Options) { o.ProxyUser = "u" }, "h", "--proxy-password-file", nil},
 		{"empty password", func(o *Options) { o.ProxyUser = "u"; o.ProxyPasswordFile = empty }, "h", "--proxy-password-file", nil},
 		{"missing password file", func(o *Options) { o.ProxyUser = "u"; o.ProxyPasswordFile = filepath.Join(dir, "nope") }, "h", "--proxy-password-file", nil},
+		{"password file others may read", func(o *Options) { o.ProxyUser = "u"; o.ProxyPasswordFile = readable }, "h",
+			"--proxy-password-file: permissions 0644 for " + readable + " are too open", nil},
 		{"bad port", func(o *Options) { o.DynamicForward = "127.0.0.1:http" }, "h", "-D: port", nil},
 		{"port out of range", func(o *Options) { o.DynamicForward = "70000" }, "h", "-D: port", nil},
 		{"bad max-connections", func(o *Options) { o.MaxConnections = 0 }, "h", "--max-connections", nil},
