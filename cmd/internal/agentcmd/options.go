@@ -159,8 +159,9 @@ func (o *Options) Validate() error {
 	if u.ProbeInterval <= 0 {
 		add("probe-interval", "must be positive, got %v", u.ProbeInterval)
 	}
-	if u.KeepaliveTime <= 0 {
-		add("keepalive-time", "must be positive, got %v", u.KeepaliveTime)
+	// 0 is gRPC's "no keepalive", which upstream's agent starts with: the agent then pings hourly.
+	if u.KeepaliveTime < 0 {
+		add("keepalive-time", "must not be negative, got %v", u.KeepaliveTime)
 	}
 	if u.AgentID == "" {
 		add("agent-id", "must not be empty")

@@ -124,6 +124,8 @@ func TestValidate(t *testing.T) {
 		{"allow bad range", []string{"--allow-destination=10.0.0.0/8:9-1"}, "--allow-destination"},
 		{"allow bad cidr", []string{"--allow-destination=10.0.0.0/33:1"}, "--allow-destination"},
 		{"xfr", []string{"--xfr-channel-size=0"}, "--xfr-channel-size"},
+		{"keepalive 0, as upstream's agent takes it", []string{"--keepalive-time=0"}, ""},
+		{"negative keepalive", []string{"--keepalive-time=-1s"}, "--keepalive-time: must not be negative"},
 		{"read buffer", []string{"--read-buffer-bytes=100"}, "--read-buffer-bytes"},
 		{"health host", []string{"--health-server-host=999.1.1.1"}, "--health-server-host"},
 		{"health host name", []string{"--health-server-host=node-1.example"}, ""},

@@ -318,8 +318,13 @@ func (o *Options) checkTunnel() error {
 	if u.XfrChannelSize <= 0 {
 		return fmt.Errorf("--xfr-channel-size must be greater than 0, not %d", u.XfrChannelSize)
 	}
-	if u.ServerCount < 1 {
-		return fmt.Errorf("--server-count must be at least 1, not %d", u.ServerCount)
+	switch {
+	case u.ServerCount < 0:
+		return fmt.Errorf("--server-count must not be negative, not %d", u.ServerCount)
+	case u.ServerCount == 0:
+		// Upstream's server starts with 0, and its agents count it as 1: a manifest written for it must not
+		// leave the drop-in crash-looping.
+		klog.Warning("--server-count=0 is taken as 1, as agents take it")
 	}
 	// Agents tell servers apart by this ID: servers that share one, the empty one included, look like one
 	// server to every agent, which then stays connected to one of them only.
@@ -462,7 +467,7 @@ func (o *Options) Config() (*Config, error) {
 	t := &cfg.Tunnel
 	*t = tunnel.Config{
 		ServerID:              u.ServerID,
-		ServerCount:           u.ServerCount,
+		ServerCount:           max(u.ServerCount, 1),
 		Mode:                  u.Mode,
 		UDSName:               u.UdsName,
 		DeleteExistingUDS:     u.DeleteUDSFile,

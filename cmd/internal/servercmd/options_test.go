@@ -115,6 +115,8 @@ func TestValidate(t *testing.T) {
 		{"contention", func(o *Options) { o.Upstream.EnableContentionProfiling = true }, "--enable-profiling"},
 		{"graceful", func(o *Options) { o.GracefulTimeout = -1 }, "--graceful-timeout"},
 		{"server id", func(o *Options) { o.Upstream.ServerID = "" }, "--server-id cannot be empty"},
+		{"server count", func(o *Options) { o.Upstream.ServerCount = -1 }, "--server-count must not be negative"},
+		{"server count 0, as upstream's agents take it", func(o *Options) { o.Upstream.ServerCount = 0 }, ""},
 		{"agent bind address", func(o *Options) { o.Upstream.AgentBindAddress = "999.1.1.1" }, "--agent-bind-address"},
 		{"empty allowed name", func(o *Options) { o.ClusterAllowedNames = []string{"", ""} }, "--cluster-allowed-names"},
 		{"keepalive", func(o *Options) { o.Upstream.KeepaliveTime = -time.Second }, "--keepalive-time"},
@@ -169,6 +171,20 @@ func TestConfigGracefulTimeout(t *testing.T) {
 	}
 	if cfg, err = o.Config(); err != nil || cfg.Tunnel.GracefulTimeout != 0 {
 		t.Fatalf("--graceful-shutdown-timeout=0: %v, %v", cfg.Tunnel.GracefulTimeout, err)
+	}
+}
+
+// TestConfigServerCountZero: --server-count=0, which upstream's server starts with and its agents count as
+// one server, reaches the tunnel as 1.
+func TestConfigServerCountZero(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(file, []byte("x"), 0o600)
+	o := NewOptions()
+	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
+	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
+	o.Upstream.ServerCount = 0
+	if cfg, err := o.Config(); err != nil || cfg.Tunnel.ServerCount != 1 {
+		t.Fatalf("--server-count=0: %+v, %v; want a server count of 1", cfg, err)
 	}
 }
 
