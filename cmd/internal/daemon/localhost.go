@@ -33,7 +33,10 @@ func listenLocalhost(port int) (net.Listener, error) {
 			continue
 		}
 		v4.Close()
-		return nil, fmt.Errorf("%w (localhost is bound on 127.0.0.1 and ::1, so that a client resolving it to either reaches this program; another program holds [::1]:%d)", err, p)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("%w: another program holds [::1]:%d, which clients that resolve localhost to ::1 would reach instead (localhost is bound on 127.0.0.1 and ::1 both)", err, p)
+		}
+		return nil, err
 	}
 }
 
