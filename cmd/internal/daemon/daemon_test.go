@@ -229,6 +229,12 @@ func TestRedactSecretsInLogs(t *testing.T) {
 	if _, a := (secretFilter{}).FilterF("%s", []interface{}{"Authorization: Bearer <masked>"}); a[0] == redacted {
 		t.Fatalf("FilterF redacted a header client-go already masked")
 	}
+	// Values that are not text print it all the same: an error, a header map.
+	_, kv = secretFilter{}.FilterS("Request failed", []interface{}{
+		"err", errors.New("decode " + body), "headers", http.Header{"Authorization": {"Bearer abc.def"}}, "code", 401})
+	if kv[1] != redacted || kv[3] != redacted || kv[5] != 401 {
+		t.Fatalf("FilterS = %v, want the error and the header map redacted and the code kept", kv)
+	}
 }
 
 // TestFlowControlFlags: bad windows are refused naming the flag; with --flow-control=false they do not

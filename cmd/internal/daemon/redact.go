@@ -9,7 +9,9 @@ import (
 
 // RedactSecretsInLogs installs a klog filter that keeps credentials out of the logs at every verbosity.
 // client-go logs request and response bodies from -v=8 on, and a TokenReview's body is the agent's token;
-// konnect's own code never logs keys or tokens, so this guards what libraries print.
+// konnect's own code never logs keys or tokens, so this guards what libraries print. klog gives a filter
+// every argument and every value of a key/value pair, but not the error of ErrorS, which it prints as it
+// is: such errors come from TLS, gRPC and client-go, and carry no request body.
 func RedactSecretsInLogs() { klog.SetLogFilter(secretFilter{}) }
 
 type secretFilter struct{}
@@ -26,20 +28,27 @@ func sensitive(s string) bool {
 		strings.Contains(strings.ToLower(s), "bearer ") && !strings.Contains(s, "<masked>")
 }
 
+// redact returns v, or the redaction when v as it would be printed may hold a credential. Numbers and
+// booleans cannot, and are not formatted; anything else (an error, a header map, a struct) is checked as
+// klog prints it.
 func redact(v interface{}) interface{} {
+	var text string
 	switch x := v.(type) {
+	case nil, bool, int, int32, int64, uint, uint32, uint64, float64:
+		return v
 	case string:
-		if sensitive(x) {
-			return redacted
-		}
+		text = x
 	case []byte:
-		if sensitive(string(x)) {
-			return redacted
-		}
+		text = string(x)
+	case error:
+		text = x.Error()
 	case fmt.Stringer:
-		if sensitive(x.String()) {
-			return redacted
-		}
+		text = x.String()
+	default:
+		text = fmt.Sprintf("%+v", x)
+	}
+	if sensitive(text) {
+		return redacted
 	}
 	return v
 }
