@@ -51,7 +51,8 @@ Unlike kubectl proxy, konnect proxy refuses to listen on an address that is not 
 --allow-remote is given, and refuses requests that a browser sends on behalf of a page from another
 origin (an Origin header whose host --accept-hosts does not accept): such a page could otherwise open a
 WebSocket to a port-forward or a service proxy through it. Clients that send no Origin header (kubectl,
-curl, client-go) are not affected.`,
+curl, client-go) are not affected. The Origin check belongs to the filter: --disable-filter, which kubectl
+proxy warns is dangerous, turns it off with the rest.`,
 		Example: `  # Proxy the whole API on localhost:8001
   konnect proxy
 

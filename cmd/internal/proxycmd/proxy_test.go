@@ -510,20 +510,28 @@ func captureKlog(t *testing.T) *syncBuffer {
 
 func TestCommandRefusesForeignOrigin(t *testing.T) {
 	b := newBackend(t)
-	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0")
-	defer stop()
-	for origin, want := range map[string]int{"https://evil.example": 403, "http://localhost:8001": 200} {
-		req, _ := http.NewRequest("GET", "http://"+addr+"/api", nil)
-		req.Header.Set("Origin", origin)
-		client := &http.Client{Transport: &http.Transport{}}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		client.CloseIdleConnections()
-		if resp.StatusCode != want {
-			t.Errorf("Origin %s: %d, want %d", origin, resp.StatusCode, want)
+	check := func(t *testing.T, addr string, wants map[string]int) {
+		t.Helper()
+		for origin, want := range wants {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/api", nil)
+			req.Header.Set("Origin", origin)
+			client := &http.Client{Transport: &http.Transport{}}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			client.CloseIdleConnections()
+			if resp.StatusCode != want {
+				t.Errorf("Origin %s: %d, want %d", origin, resp.StatusCode, want)
+			}
 		}
 	}
+	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0")
+	check(t, addr, map[string]int{"https://evil.example": 403, "http://localhost:8001": 200})
+	stop()
+	// The check is the filter's, as the help says: --disable-filter turns it off with the rest.
+	addr, stop = runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0", "--disable-filter")
+	defer stop()
+	check(t, addr, map[string]int{"https://evil.example": 200})
 }

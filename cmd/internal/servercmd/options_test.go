@@ -1,12 +1,14 @@
 package servercmd
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
@@ -171,6 +173,32 @@ func TestConfigGracefulTimeout(t *testing.T) {
 	}
 	if cfg, err = o.Config(); err != nil || cfg.Tunnel.GracefulTimeout != 0 {
 		t.Fatalf("--graceful-shutdown-timeout=0: %v, %v", cfg.Tunnel.GracefulTimeout, err)
+	}
+}
+
+// TestDefaultsThatDifferFromUpstream: besides --backend-dial-timeout (TestFlagsMatchUpstream), the two
+// defaults the help and README.md name: -v is 0, and an empty --health-bind-address binds 127.0.0.1.
+func TestDefaultsThatDifferFromUpstream(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(file, []byte("x"), 0o600)
+	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
+	o := NewOptions()
+	o.AddFlags(fs)
+	daemon.AddKlogFlags(fs, "v")
+	if v := fs.Lookup("v"); v == nil || v.DefValue != "0" {
+		t.Errorf("-v default: %v, want 0", v)
+	}
+	if f := fs.Lookup("health-bind-address"); f == nil || f.DefValue != "" {
+		t.Fatalf("--health-bind-address default: %v, want upstream's empty one", f)
+	}
+	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
+	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
+	cfg, err := o.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host, _, _ := net.SplitHostPort(cfg.HealthAddr); host != "127.0.0.1" {
+		t.Fatalf("empty --health-bind-address binds %q, want 127.0.0.1", cfg.HealthAddr)
 	}
 }
 

@@ -30,19 +30,20 @@ ServiceAccount token (--agent-namespace, --agent-service-account, --authenticati
 or by client certificate (--cluster-ca-cert).
 
 It takes every flag of upstream proxy-server v0.36.0, so a manifest keeps its args, with upstream's
-defaults but two: --backend-dial-timeout is 30s (upstream: 0, off), and -v is 0 (upstream: 4). Also
+defaults but three: --backend-dial-timeout is 30s (upstream: 0, off), -v is 0 (upstream: 4), and an empty
+--health-bind-address means 127.0.0.1 (upstream: every interface). Also
 konnect's own: --max-pending-dials (default 2000) bounds the dials waiting for agents. Agents must
 authenticate: without --cluster-ca-cert or the token flags the server refuses to start, unless
 --allow-unauthenticated-agents. Peers of --agent-port that have not authenticated are bounded
 (--agent-auth-timeout, --max-unauthenticated-agent-connections[-per-source]), and tokens are reviewed with
 upstream's checks but a cache (--token-review-cache-ttl) and a bound on reviews in flight
 (--max-concurrent-token-reviews) instead of a 5-per-second rate limit. Other differences:
-every listener is bound before serving ("address in use" fails the start); --server-count must be at
-least 1; a stale socket is replaced but a live one refused, a file that is not a socket is never
+every listener is bound before serving ("address in use" fails the start); --server-count=0 is taken as
+1, as upstream's agents take it; a stale socket is replaced but a live one refused, a file that is not a socket is never
 replaced, and a socket directory that another user could change (or one above it) is refused unless
 --allow-shared-uds-dir;
 SIGTERM drains within --graceful-timeout (or --graceful-shutdown-timeout when set) and then exits even
-with tunnels open; --health-bind-address "" means 127.0.0.1; port 0 picks a free port.
+with tunnels open; port 0 picks a free port.
 
 Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin port (loopback) /metrics, /debug/agents
 (JSON status for konnect doctor) and, with --enable-profiling, /debug/pprof/.`,
