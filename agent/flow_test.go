@@ -35,6 +35,9 @@ type scriptedStream struct {
 	recv   chan *client.Packet
 	sendMu sync.Mutex
 	end    chan struct{} // closing it ends the stream from the server's side
+	// foreign counts the packets of a type upstream's server does not know, which it would ignore
+	// without a word.
+	foreign atomic.Int32
 }
 
 func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedServer {
@@ -63,6 +66,9 @@ func (s *scriptedServer) Connect(stream agentpb.AgentService_ConnectServer) erro
 			pkt, err := stream.Recv()
 			if err != nil {
 				return
+			}
+			if _, known := client.PacketType_name[int32(pkt.Type)]; !known {
+				ss.foreign.Add(1)
 			}
 			ss.recv <- pkt
 		}
@@ -196,7 +202,8 @@ func firehose(t *testing.T) (string, *atomic.Int64, chan struct{}) {
 const serverAnswer = "v1;window=65536;max=1048576"
 
 // TestFlowAgentOffers: the agent offers its windows, and with a server that answers nothing (upstream's)
-// it sends without waiting for grants, as before.
+// it sends without waiting for grants, as before, and sends nothing but upstream's packet types, grants
+// included, also for data it receives.
 func TestFlowAgentOffers(t *testing.T) {
 	pki := newTestPKI(t)
 	srv := startScriptedServer(t, pki, "")
@@ -209,8 +216,15 @@ func TestFlowAgentOffers(t *testing.T) {
 	id := ss.dial(hose, 1)
 	// With flow control it would stop at its first window; unthrottled, it passes the largest window
 	// without a single grant. Only how much is checked, not how fast, which a loaded machine decides.
+	// Data to the agent, past its window: a receiver under flow control would grant it back.
+	for range 4 {
+		ss.send(dataPacket(id, flow.DefaultWindow))
+	}
 	if got := ss.dataAtLeast(id, 2*flow.DefaultMaxWindow, 30*time.Second); got < 2*flow.DefaultMaxWindow {
 		t.Fatalf("without flow control and without grants the agent sent %d bytes, want it unthrottled", got)
+	}
+	if n := ss.foreign.Load(); n > 0 {
+		t.Fatalf("the agent sent a server without flow control %d packets of a type upstream does not know", n)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -385,7 +386,9 @@ func connectRaw(t *testing.T, e *env, s *running) *grpc.ClientConn {
 
 // TestFlowUpstreamAgentKeepsConnectionBuffer: an agent that offers no flow control (upstream's) gets
 // --connection-buffer-bytes per connection, as before flow control, even on a server that uses it: a
-// connection whose reader stops holds that much, and the agent stream waits, not the server's memory.
+// connection whose reader stops holds that much, and the agent stream waits, not the server's memory. And
+// it is sent nothing but upstream's packet types: upstream's agent ignores an unknown type without a word,
+// so only this check would see a grant sent to it.
 func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
 	const limit = 64 << 10
 	e, s := flowServer(t, func(c *Config) { c.ConnectionBuffer = limit; c.StallTimeout = 3 * time.Second })
@@ -395,8 +398,12 @@ func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
 	a.accept(1)
 	pc := connOf(t, ch) // not read until the queue is full
 	// Only after the DIAL_REQ, which accept reads from the same channel.
+	var foreign atomic.Int32 // packets of a type upstream does not know
 	go func() {
-		for range a.recv {
+		for p := range a.recv {
+			if _, known := client.PacketType_name[int32(p.Type)]; !known {
+				foreign.Add(1)
+			}
 		}
 	}()
 	go func() {
@@ -421,6 +428,9 @@ func TestFlowUpstreamAgentKeepsConnectionBuffer(t *testing.T) {
 	_ = pc.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if _, err := io.ReadFull(pc, make([]byte, 64*64<<10)); err != nil {
 		t.Fatalf("the reader, once back: %v", err)
+	}
+	if n := foreign.Load(); n > 0 {
+		t.Fatalf("the server sent an agent without flow control %d packets of a type upstream does not know", n)
 	}
 }
 
