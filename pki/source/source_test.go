@@ -146,4 +146,18 @@ func TestPenalties(t *testing.T) {
 	if zero.Refused(a, now) {
 		t.Fatal("the zero Penalties refused a source")
 	}
+
+	// MaxSources 0 remembers DefaultPenaltySources, OpenSSH's 65,536, as docs/reliability.md says.
+	dflt := &Penalties{Per: 10 * time.Second, Threshold: 5 * time.Second, Max: time.Minute}
+	base := netip.MustParseAddr("10.0.0.0").As4()
+	for i := range 65536 {
+		ip := base
+		ip[2], ip[3] = byte(i>>8), byte(i)
+		if !dflt.Add(netip.AddrFrom4(ip), now) {
+			t.Fatalf("source %d of 65,536 was not penalized", i+1)
+		}
+	}
+	if dflt.Add(netip.MustParseAddr("10.1.0.0"), now) {
+		t.Fatal("a source past 65,536 remembered ones was penalized")
+	}
 }
