@@ -115,6 +115,22 @@ func socksReply(code byte) refusal {
 	}
 }
 
+// socks4Rejected is SOCKS4's "request rejected or failed" reply.
+func socks4Rejected(resp []byte) error {
+	if len(resp) != 8 || resp[0] != 0 || resp[1] != 91 {
+		return fmt.Errorf("want SOCKS4 reply 91 (rejected), got % x", resp)
+	}
+	return nil
+}
+
+// socks4NoGrant: anything but SOCKS4's "granted" reply, closing without one included.
+func socks4NoGrant(resp []byte) error {
+	if len(resp) >= 2 && resp[0] == 0 && resp[1] == 90 {
+		return fmt.Errorf("request granted: % x", resp)
+	}
+	return nil
+}
+
 func socksMethodRefused(resp []byte) error {
 	if len(resp) != 2 || resp[0] != 5 || resp[1] != 0xff {
 		return fmt.Errorf("want 05 ff (no acceptable method), got % x", resp)
@@ -193,8 +209,10 @@ func hostileCases(backendPort int) []hostileCase {
 	big := bytes.Repeat([]byte("a"), 1<<20)
 	greet255 := append([]byte{5, 255}, bytes.Repeat([]byte{0x80}, 255)...)
 	return []hostileCase{
-		// Not 0x05, so it is read as an HTTP request head that never ends.
-		{name: "socks4-request", msg: []byte{4, 1, byte(backendPort >> 8), byte(backendPort), 127, 0, 0, 1, 0}, check: httpStatus(400, 499), hangs: true},
+		// SOCKS4 and 4a are served (CONNECT only), as ssh -D serves them; what they cannot do is rejected.
+		{name: "socks4-bind", msg: []byte{4, 2, byte(backendPort >> 8), byte(backendPort), 127, 0, 0, 1, 0}, check: socks4Rejected},
+		{name: "socks4a-bad-name", msg: []byte{4, 1, byte(backendPort >> 8), byte(backendPort), 0, 0, 0, 1, 0, 'a', '\n', 'b', 0}, check: socks4Rejected},
+		{name: "socks4-truncated-user-id", msg: []byte{4, 1, byte(backendPort >> 8), byte(backendPort), 127, 0, 0, 1, 'u'}, check: socks4NoGrant, hangs: true},
 		{name: "socks5-no-acceptable-method", msg: []byte{5, 1, 2}, check: socksMethodRefused},
 		{name: "socks5-zero-methods", msg: []byte{5, 0}, check: socksMethodRefused},
 		{name: "socks5-oversized-greeting", msg: greet255, check: socksMethodRefused},
