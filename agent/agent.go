@@ -28,6 +28,8 @@ type Agent struct {
 	tiers []int // read buffer sizes
 
 	started   atomic.Bool
+	startedAt atomic.Int64 // Run's start, in Unix nanoseconds
+	synced    atomic.Bool  // every known server was connected at once, at some moment since the start
 	draining  atomic.Bool
 	openConns atomic.Int64
 	connsGone chan struct{} // signalled when a connection closes, for the drain wait
@@ -133,6 +135,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return errors.New("agent: Run called twice")
 	}
+	a.startedAt.Store(time.Now().UnixNano())
 	// Sessions outlive ctx: they must stay up while draining.
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
@@ -476,8 +479,12 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 		a.lb.reset(&a.cfg)
 	}
 	a.hdrCount = s.count
+	known := a.knownServersLocked()
+	if len(a.sessions) >= known {
+		a.synced.Store(true)
+	}
 	a.m.serverConns.Set(float64(len(a.sessions)))
-	a.m.knownServers.Set(float64(a.knownServersLocked()))
+	a.m.knownServers.Set(float64(known))
 	a.wg.Add(1)
 	a.mu.Unlock()
 	klog.InfoS("Connected to server", "serverID", s.serverID, "server", st.ep.addr, "serverCount", s.count)
@@ -600,13 +607,28 @@ func (a *Agent) Connected() (connected, known int) {
 // OpenConnections is the number of tunnelled backend connections open now.
 func (a *Agent) OpenConnections() int { return int(a.openConns.Load()) }
 
-// ReadyChecks are the agent's readiness checks, upstream's: "server-connected" (at least one server) and
+// ReadyChecks are the agent's readiness checks: upstream's "server-connected" (at least one server) and
 // "shutdown" (not draining: a draining agent has told its servers, which send it new dials only when no
-// other agent serves the destination). Every server is AllServersConnected's matter: an agent that is
-// not ready while one control-plane node is down would take every agent of the cluster out of its
-// DaemonSet's ready count, and stall its rollouts, for a server that is down.
+// other agent serves the destination), and "initial-sync": a new agent is ready once it has reached every
+// server it knows of, or after Config.InitialSyncGrace, so that a DaemonSet rollout does not replace an
+// agent that serves every server with one that serves one of them. After that, every server is
+// AllServersConnected's matter: an agent that is not ready while one control-plane node is down would
+// take every agent of the cluster out of its DaemonSet's ready count, and stall its rollouts, for a server
+// that no agent can reach.
 func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{
+		healthz.NamedCheck("initial-sync", func(*http.Request) error {
+			if a.synced.Load() {
+				return nil
+			}
+			up := time.Since(time.Unix(0, a.startedAt.Load()))
+			if a.startedAt.Load() != 0 && up >= a.cfg.InitialSyncGrace {
+				return nil
+			}
+			n, known := a.Connected()
+			return fmt.Errorf("connected to %d of %d servers %s after the start; ready once every server is reached, or %s after the start",
+				n, known, up.Round(time.Second), a.cfg.InitialSyncGrace)
+		}),
 		healthz.NamedCheck("shutdown", func(*http.Request) error {
 			if a.draining.Load() {
 				return errors.New("draining: servers send new dials to other agents first")

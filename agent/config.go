@@ -61,6 +61,10 @@ type Config struct {
 	// write as one DATA message, whatever its size.
 	MaxRecvMessage int
 
+	// InitialSyncGrace bounds how long readiness waits, after the start, for every known server to be
+	// reached once (the "initial-sync" check); 0 means DefaultInitialSyncGrace.
+	InitialSyncGrace time.Duration
+
 	// Registerer receives the agent's metrics; nil means none are exported.
 	Registerer prometheus.Registerer
 	// Resolver looks up server host names; nil means net.DefaultResolver.
@@ -72,12 +76,15 @@ type Config struct {
 
 // Defaults for the settings that upstream's proxy-agent does not have.
 const (
-	DefaultDialTimeout     = 5 * time.Second      // upstream's fixed backend dial timeout
-	DefaultGracefulTimeout = 20 * time.Second     // --graceful-timeout's default
-	DefaultReadBuffer      = 1<<20 - dataOverhead // see readTiers
-	DefaultMaxRecvMessage  = 256 << 20
-	MinReadBuffer          = 4 << 10 // smallest and largest ReadBuffer
-	MaxReadBuffer          = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
+	DefaultDialTimeout     = 5 * time.Second  // upstream's fixed backend dial timeout
+	DefaultGracefulTimeout = 20 * time.Second // --graceful-timeout's default
+	// DefaultInitialSyncGrace: a new agent is ready once it has reached every server, or after this long
+	// with at least one. Long enough for an agent behind a load balancer to find each server.
+	DefaultInitialSyncGrace = 30 * time.Second
+	DefaultReadBuffer       = 1<<20 - dataOverhead // see readTiers
+	DefaultMaxRecvMessage   = 256 << 20
+	MinReadBuffer           = 4 << 10 // smallest and largest ReadBuffer
+	MaxReadBuffer           = 1 << 20 // a quarter of gRPC's default 4 MiB receive limit, which upstream's server keeps
 )
 
 // DefaultResolveInterval is how often server host names are looked up again: servers that come and go behind
@@ -92,6 +99,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if cfg.SyncIntervalCap < cfg.SyncInterval {
 		cfg.SyncIntervalCap = cfg.SyncInterval
+	}
+	if cfg.InitialSyncGrace <= 0 {
+		cfg.InitialSyncGrace = DefaultInitialSyncGrace
 	}
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = time.Second

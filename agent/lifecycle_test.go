@@ -101,6 +101,34 @@ func notReady(ra *runningAgent) error {
 	return nil
 }
 
+// TestInitialSync: a new agent is ready once it has reached every server it knows of, or, with one out of
+// reach, once its initial-sync grace has passed: a DaemonSet rollout then keeps the agent it replaces until
+// the new one serves as many servers, without stalling for a server that no agent reaches.
+func TestInitialSync(t *testing.T) {
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})
+	s2 := startUpstreamServer(t, serverOpts{id: "s2", count: 2, ca: pki.ca})
+	ra := startAgent(t, pki.config(s1.agentAddr, s2.agentAddr))
+	harness.EventuallyTrue(t, 10*time.Second, "agent ready with both servers", func() bool { return notReady(ra) == nil })
+	if n, _ := ra.Connected(); n != 2 {
+		t.Fatalf("ready with %d of 2 servers before its grace", n)
+	}
+
+	const grace = 2 * time.Second
+	cfg := pki.config(s1.agentAddr, "127.0.0.1:1") // nothing listens on port 1
+	cfg.AgentID, cfg.InitialSyncGrace = "agent-2", grace
+	began := time.Now()
+	ra2 := startAgent(t, cfg)
+	harness.EventuallyTrue(t, 10*time.Second, "agent-2 on s1", func() bool { n, _ := ra2.Connected(); return n == 1 })
+	if err := notReady(ra2); time.Since(began) < grace && (err == nil || !strings.Contains(err.Error(), "initial-sync")) {
+		t.Fatalf("a new agent with one of two servers, within its grace: %v, want initial-sync failing", err)
+	}
+	harness.EventuallyTrue(t, 10*time.Second, "agent-2 ready after its grace", func() bool { return notReady(ra2) == nil })
+	if waited := time.Since(began); waited < grace {
+		t.Fatalf("ready %v after the start, before its %v grace", waited, grace)
+	}
+}
+
 func TestTwoServersOneAgent(t *testing.T) {
 	pki := newTestPKI(t)
 	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})

@@ -209,7 +209,10 @@ func (a Agent) DaemonSet() (*appsv1.DaemonSet, error) {
 			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
 				Type: appsv1.RollingUpdateDaemonSetStrategyType,
 				// Surge: a node's new agent starts and connects before its old one is told to drain, so the
-				// node is never without an agent. Possible because the agent uses no host port or host network.
+				// node is never without an agent; its readiness waits until it has reached every server
+				// (or 30 s), so the old one is not replaced by one that serves fewer servers
+				// (agent.ReadyChecks, initial-sync). Possible because the agent uses no host port or host
+				// network.
 				RollingUpdate: &appsv1.RollingUpdateDaemonSet{
 					MaxSurge:       ptr.To(intstr.FromString("10%")),
 					MaxUnavailable: ptr.To(intstr.FromInt32(0)),

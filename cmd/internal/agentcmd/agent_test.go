@@ -63,7 +63,7 @@ func TestAgentCommand(t *testing.T) {
 	health, admin := freePort(t), freePort(t)
 	cmd := NewAgentCommand()
 	cmd.SetArgs([]string{
-		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host + ",127.0.0.2", "--proxy-server-port=" + port,
+		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host, "--proxy-server-port=" + port,
 		"--health-server-host=127.0.0.1", "--health-server-port=" + health, "--admin-server-port=" + admin,
 		"--enable-profiling", "--sync-interval=100ms", "--graceful-timeout=1s",
 		"--v=1", "--logtostderr", // klog flags, as upstream's binary takes them
@@ -84,8 +84,9 @@ func TestAgentCommand(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, tc := range []struct{ path, want string }{
-		{"/readyz?verbose", "[+]server-connected ok"},
+		{"/readyz?verbose", "[+]initial-sync ok"},
 		{"/readyz/server-connected", "ok"},
+		{"/readyz/all-servers-connected", "ok"},
 		{"/livez", "ok"},
 		{"/healthz", "ok"},
 		{"/ready", "ok"},
@@ -97,11 +98,6 @@ func TestAgentCommand(t *testing.T) {
 		if code != 200 || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %q, want %q", tc.path, code, body, tc.want)
 		}
-	}
-	// The second server (nothing listens on 127.0.0.2) is missing: /readyz passes, as upstream's, and
-	// /readyz/all-servers-connected names it.
-	if code, body := get(base + "/readyz/all-servers-connected"); code != 500 || !strings.Contains(body, "connected to 1 of 2 servers; not connected: 127.0.0.2:"+port) {
-		t.Errorf("/readyz/all-servers-connected with one of two servers: %d %q", code, body)
 	}
 	if code, _ := get("http://127.0.0.1:" + admin + "/debug/pprof/"); code != 200 {
 		t.Errorf("pprof on the admin port: %d", code)
@@ -188,6 +184,48 @@ func sigtermStops(t *testing.T, health, path string, stopWithin time.Duration, a
 		}
 	case <-time.After(stopWithin):
 		t.Fatalf("the agent did not stop within %v of SIGTERM", stopWithin)
+	}
+}
+
+// TestAgentCommandServerMissing: with one of its two servers out of reach (nothing listens on 127.0.0.2), a
+// new agent serves the other, is not ready for its initial sync (so that a rollout keeps the agent it
+// replaces), and /readyz/all-servers-connected names the missing server.
+func TestAgentCommandServerMissing(t *testing.T) {
+	addr, caFile, certFile, keyFile := testServer(t)
+	host, port, _ := net.SplitHostPort(addr)
+	health := freePort(t)
+	cmd := NewAgentCommand()
+	cmd.SetArgs([]string{
+		"--ca-cert=" + caFile, "--agent-cert=" + certFile, "--agent-key=" + keyFile, "--proxy-server-host=" + host + ",127.0.0.2",
+		"--proxy-server-port=" + port, "--health-server-host=127.0.0.1", "--health-server-port=" + health,
+		"--admin-server-port=" + freePort(t), "--sync-interval=100ms", "--graceful-timeout=1s",
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	base := "http://127.0.0.1:" + health
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get(base + "/readyz/server-connected"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, body := get(base + "/readyz?verbose")
+			t.Fatalf("agent never connected: %s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := get(base + "/readyz?verbose"); code != 500 || !strings.Contains(body, "[-]initial-sync failed: connected to 1 of 2 servers") {
+		t.Errorf("/readyz?verbose: %d %q, want initial-sync failing", code, body)
+	}
+	if code, body := get(base + "/readyz/all-servers-connected"); code != 500 || !strings.Contains(body, "connected to 1 of 2 servers; not connected: 127.0.0.2:"+port) {
+		t.Errorf("/readyz/all-servers-connected: %d %q", code, body)
 	}
 }
 
