@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -278,21 +279,39 @@ func rawExchange(t *testing.T, addr string, in []byte, closeWrite bool) []byte {
 	return out
 }
 
-func TestSOCKS5HostileInput(t *testing.T) {
-	dials := 0
+// exchange is a hostile input and what the server must answer before it closes (nil: nothing).
+type exchange struct {
+	name    string
+	in, out []byte
+}
+
+// checkHostile sends each exchange's input to a server that must not dial, and checks what it answers.
+func checkHostile(t *testing.T, exchanges []exchange) {
+	t.Helper()
+	var dials atomic.Int32
 	s := &Server{HandshakeTimeout: time.Second, Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
-		dials++
+		dials.Add(1)
 		return nil, errors.New("must not dial")
 	}}
 	addr := serve(t, s, Auto)
+	for _, tc := range exchanges {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rawExchange(t, addr, tc.in, true)
+			if string(got) != string(tc.out) {
+				t.Fatalf("server sent %v, want %v", got, tc.out)
+			}
+		})
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("server dialled %d times for hostile input", n)
+	}
+}
+
+func TestSOCKS5HostileInput(t *testing.T) {
 	hello := []byte{5, 1, 0}
 	ok := []byte{5, 0}
 	fail := func(code byte) []byte { return append(append([]byte{}, ok...), 5, code, 0, 1, 0, 0, 0, 0, 0, 0) }
-	for _, tc := range []struct {
-		name string
-		in   []byte
-		want []byte
-	}{
+	checkHostile(t, []exchange{
 		{"truncated greeting", []byte{5}, nil},
 		{"greeting with missing methods", []byte{5, 3, 0}, nil},
 		{"no acceptable method", []byte{5, 1, 2}, []byte{5, 0xff}},
@@ -305,34 +324,14 @@ func TestSOCKS5HostileInput(t *testing.T) {
 		{"empty domain", append(hello, 5, 1, 0, 3, 0, 0, 80), fail(ReplyGeneralFailure)},
 		{"control bytes in domain", append(hello, 5, 1, 0, 3, 3, 'a', '\n', 'b', 0, 80), fail(ReplyGeneralFailure)},
 		{"port zero", append(hello, 5, 1, 0, 1, 127, 0, 0, 1, 0, 0), fail(ReplyGeneralFailure)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := rawExchange(t, addr, tc.in, true)
-			if string(got) != string(tc.want) {
-				t.Fatalf("server sent %v, want %v", got, tc.want)
-			}
-		})
-	}
-	if dials != 0 {
-		t.Fatalf("server dialled %d times for hostile input", dials)
-	}
+	})
 }
 
 // TestSOCKS4HostileInput: malformed SOCKS4 and 4a requests get SOCKS4's rejection, or are closed when they
 // end early, and nothing is dialled.
 func TestSOCKS4HostileInput(t *testing.T) {
-	dials := 0
-	s := &Server{HandshakeTimeout: time.Second, Dial: func(ctx context.Context, n, a string) (net.Conn, error) {
-		dials++
-		return nil, errors.New("must not dial")
-	}}
-	addr := serve(t, s, Auto)
 	rejected := []byte{0, socks4Rejected, 0, 0, 0, 0, 0, 0}
-	for _, tc := range []struct {
-		name string
-		in   []byte
-		want []byte
-	}{
+	checkHostile(t, []exchange{
 		{"truncated request", []byte{4, 1, 0, 80, 127}, nil},
 		{"user id without its NUL", []byte{4, 1, 0, 80, 127, 0, 0, 1, 'u', 's', 'e', 'r'}, nil},
 		{"user id past the header limit", append([]byte{4, 1, 0, 80, 127, 0, 0, 1}, bytes.Repeat([]byte{'u'}, MaxHeaderBytes+10)...), nil},
@@ -341,17 +340,7 @@ func TestSOCKS4HostileInput(t *testing.T) {
 		{"4a name without its NUL", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 'a', 'b'}, nil},
 		{"4a empty name", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 0}, rejected},
 		{"4a control bytes in name", []byte{4, 1, 0, 80, 0, 0, 0, 1, 0, 'a', '\n', 'b', 0}, rejected},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := rawExchange(t, addr, tc.in, true)
-			if string(got) != string(tc.want) {
-				t.Fatalf("server sent %v, want %v", got, tc.want)
-			}
-		})
-	}
-	if dials != 0 {
-		t.Fatalf("server dialled %d times for hostile input", dials)
-	}
+	})
 }
 
 func TestHTTPHostileInput(t *testing.T) {
