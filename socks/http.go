@@ -181,24 +181,15 @@ func (s *Server) handleConnect(ctx context.Context, cl *client, req *http.Reques
 		writeHTTPError(c, s.name(), http.StatusBadRequest, err.Error())
 		return
 	}
-	cl.lr.n = -1
-	c.SetReadDeadline(time.Time{})
-	out, err := s.dial(ctx, "tcp", target)
-	// As for SOCKS5: the reply's deadline starts after the dial.
-	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
-	if err != nil {
-		code := localproxy.HTTPStatus(err)
-		s.logDialFailure("http connect", c.RemoteAddr(), target, code, err)
-		writeHTTPError(c, s.name(), code, dialReason(target, err))
-		return
-	}
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		out.Close()
-		return
-	}
-	c.SetWriteDeadline(time.Time{})
-	s.Log.V(2).Info("HTTP CONNECT", "remote", c.RemoteAddr(), "dest", target)
-	relay(c, cl.br, out)
+	s.connect(ctx, cl, "HTTP", target, func(_ net.Conn, err error) error {
+		if err != nil {
+			code := localproxy.HTTPStatus(err)
+			s.logDialFailure("http connect", c.RemoteAddr(), target, code, err)
+			return writeHTTPError(c, s.name(), code, dialReason(target, err))
+		}
+		_, err = io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n")
+		return err
+	})
 }
 
 // forward proxies one plain http:// request and reports whether the client connection may be reused.

@@ -2,10 +2,12 @@ package socks
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // relayBufSize is large enough that a bulk transfer costs few reads and writes (an SSH channel delivers up
@@ -17,6 +19,31 @@ const relayBufSize = 64 << 10
 var bufPool = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 type closeWriter interface{ CloseWrite() error }
+
+// connect ends a handshake that named addr, in any protocol: the handshake's read limits go, addr is
+// dialled, answer replies to the client (out is nil when the dial failed, with err), and the two are relayed
+// until both are done. kind names the protocol in the log.
+func (s *Server) connect(ctx context.Context, cl *client, kind, addr string, answer func(out net.Conn, err error) error) {
+	c := cl.Conn
+	// The connection may idle as long as the peers like from here on.
+	cl.lr.n = -1
+	c.SetReadDeadline(time.Time{})
+	out, err := s.dial(ctx, "tcp", addr)
+	// The dial may outlast the handshake's write deadline (an SSH reconnect waits up to its connect
+	// timeout): the answer gets a deadline of its own.
+	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
+	if err != nil {
+		answer(nil, err)
+		return
+	}
+	if err := answer(out, nil); err != nil {
+		out.Close()
+		return
+	}
+	c.SetWriteDeadline(time.Time{})
+	s.Log.V(2).Info(kind+" connect", "remote", c.RemoteAddr(), "dest", addr)
+	relay(c, cl.br, out)
+}
 
 // relay copies data both ways between the client and the upstream connection until both directions are
 // done, then closes both. Bytes the client sent after its request, already buffered in br, go first. When

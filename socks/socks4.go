@@ -81,21 +81,11 @@ func (s *Server) serveSOCKS4(ctx context.Context, cl *client) {
 		s.logHandshake(cl, "socks4 request", err)
 		return
 	}
-	// As for SOCKS5: the handshake is over, and the reply gets a deadline of its own after the dial.
-	cl.lr.n = -1
-	c.SetReadDeadline(time.Time{})
-	out, err := s.dial(ctx, "tcp", addr)
-	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
-	if err != nil {
-		s.logDialFailure("socks4", c.RemoteAddr(), addr, "rejected", err)
-		writeReply4(c, socks4Rejected)
-		return
-	}
-	if err := writeReply4(c, socks4Granted); err != nil {
-		out.Close()
-		return
-	}
-	c.SetWriteDeadline(time.Time{})
-	s.Log.V(2).Info("SOCKS4 connect", "remote", c.RemoteAddr(), "dest", addr)
-	relay(c, cl.br, out)
+	s.connect(ctx, cl, "SOCKS4", addr, func(_ net.Conn, err error) error {
+		if err != nil {
+			s.logDialFailure("socks4", c.RemoteAddr(), addr, "rejected", err)
+			return writeReply4(c, socks4Rejected)
+		}
+		return writeReply4(c, socks4Granted)
+	})
 }

@@ -248,26 +248,14 @@ func (s *Server) serveSOCKS(ctx context.Context, cl *client) {
 		s.logHandshake(cl, "socks5 request", err)
 		return
 	}
-	// The handshake is over: no more header limits, and the connection may idle as long as the peers like.
-	cl.lr.n = -1
-	c.SetReadDeadline(time.Time{})
-	out, err := s.dial(ctx, "tcp", addr)
-	// The dial may outlast the handshake's write deadline (an SSH reconnect waits up to its connect
-	// timeout): the reply gets a deadline of its own.
-	c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
-	if err != nil {
-		code := replyCode(err)
-		s.logDialFailure("socks5", c.RemoteAddr(), addr, fmt.Sprintf("reply %d", code), err)
-		writeReply(c, code, nil)
-		return
-	}
-	if err := writeReply(c, ReplySucceeded, out.LocalAddr()); err != nil {
-		out.Close()
-		return
-	}
-	c.SetWriteDeadline(time.Time{})
-	s.Log.V(2).Info("SOCKS5 connect", "remote", c.RemoteAddr(), "dest", addr)
-	relay(c, cl.br, out)
+	s.connect(ctx, cl, "SOCKS5", addr, func(out net.Conn, err error) error {
+		if err != nil {
+			code := replyCode(err)
+			s.logDialFailure("socks5", c.RemoteAddr(), addr, fmt.Sprintf("reply %d", code), err)
+			return writeReply(c, code, nil)
+		}
+		return writeReply(c, ReplySucceeded, out.LocalAddr())
+	})
 }
 
 func (s *Server) logHandshake(cl *client, what string, err error) {
