@@ -11,13 +11,26 @@ import (
 	"time"
 )
 
-func TestCurl(t *testing.T) {
-	curl, err := exec.LookPath("curl")
+// curl runs the real curl with args, after -sS --max-time 10 and no proxy from the environment.
+func curl(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	bin, err := exec.LookPath("curl")
 	if err != nil {
 		t.Fatalf("curl is required for this test: %v", err)
 	}
-	be := httpBackend(t)
-	_, port, _ := net.SplitHostPort(be.Listener.Addr().String())
+	cmd := exec.Command(bin, append([]string{"-sS", "--max-time", "10", "--noproxy", ""}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no *_proxy from the environment
+	return cmd.CombinedOutput()
+}
+
+// backendPort is the port of a backend that answers "backend saw ...".
+func backendPort(t *testing.T) string {
+	_, port, _ := net.SplitHostPort(httpBackend(t).Listener.Addr().String())
+	return port
+}
+
+func TestCurl(t *testing.T) {
+	port := backendPort(t)
 	addr := serve(t, &Server{}, Auto)
 	authAddr := serve(t, &Server{Credentials: &Credentials{User: "u", Password: "p w"}}, Auto)
 	for _, tc := range []struct {
@@ -34,12 +47,9 @@ func TestCurl(t *testing.T) {
 		{"http with auth", []string{"--proxy", "http://" + authAddr, "--proxy-user", "u:p w", "http://localhost:" + port + "/a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"-sS", "--max-time", "10", "--noproxy", ""}, tc.args...)
-			cmd := exec.Command(curl, args...)
-			cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no *_proxy from the environment
-			out, err := cmd.CombinedOutput()
+			out, err := curl(t, tc.args...)
 			if err != nil {
-				t.Fatalf("curl %v: %v: %s", args, err, out)
+				t.Fatalf("curl %v: %v: %s", tc.args, err, out)
 			}
 			if !strings.HasPrefix(string(out), "backend saw GET /a") {
 				t.Fatalf("curl output %q", out)
@@ -52,12 +62,7 @@ func TestCurl(t *testing.T) {
 // SOCKS4's "rejected" reply at once (curl: "request rejected"), not a timeout; so does one past its
 // connection cap; a destination that cannot be reached is rejected too.
 func TestCurlSOCKS4Refused(t *testing.T) {
-	curl, err := exec.LookPath("curl")
-	if err != nil {
-		t.Fatalf("curl is required for this test: %v", err)
-	}
-	be := httpBackend(t)
-	_, port, _ := net.SplitHostPort(be.Listener.Addr().String())
+	port := backendPort(t)
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -78,10 +83,8 @@ func TestCurlSOCKS4Refused(t *testing.T) {
 		{"past the connection cap", fullAddr, "http://localhost:" + port + "/a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(curl, "-sS", "--max-time", "5", "--noproxy", "", "--socks4a", tc.proxy, tc.url)
-			cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 			start := time.Now()
-			out, err := cmd.CombinedOutput()
+			out, err := curl(t, "--socks4a", tc.proxy, tc.url)
 			if err == nil {
 				t.Fatalf("curl succeeded: %s", out)
 			}

@@ -57,6 +57,22 @@ func get(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// waitOK waits up to 10 s for base+path to answer 200, and fails with the agent's readiness otherwise.
+func waitOK(t *testing.T, base, path string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get(base + path); code == 200 {
+			return
+		}
+		if time.Now().After(deadline) {
+			_, body := get(base + "/readyz?verbose")
+			t.Fatalf("%s never answered 200: %s", path, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestAgentCommand(t *testing.T) {
 	addr, caFile, certFile, keyFile := testServer(t)
 	host, port, _ := net.SplitHostPort(addr)
@@ -72,17 +88,7 @@ func TestAgentCommand(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
 	base := "http://127.0.0.1:" + health
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if code, _ := get(base + "/readyz"); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			_, body := get(base + "/readyz?verbose")
-			t.Fatalf("agent never became ready: %s", body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitOK(t, base, "/readyz")
 	for _, tc := range []struct{ path, want string }{
 		{"/readyz?verbose", "[+]initial-sync ok"},
 		{"/readyz/server-connected", "ok"},
@@ -210,17 +216,7 @@ func TestAgentCommandServerMissing(t *testing.T) {
 		}
 	}()
 	base := "http://127.0.0.1:" + health
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if code, _ := get(base + "/readyz/server-connected"); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			_, body := get(base + "/readyz?verbose")
-			t.Fatalf("agent never connected: %s", body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitOK(t, base, "/readyz/server-connected")
 	if code, body := get(base + "/readyz?verbose"); code != 500 || !strings.Contains(body, "[-]initial-sync failed: connected to 1 of 2 servers") {
 		t.Errorf("/readyz?verbose: %d %q, want initial-sync failing", code, body)
 	}

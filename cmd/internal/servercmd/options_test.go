@@ -147,12 +147,21 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestConfigGracefulTimeout(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "f")
-	os.WriteFile(file, []byte("x"), 0o600)
-	o := NewOptions()
+// socketOptions are valid options of a server on the socket /x.sock, with file as every certificate.
+func socketOptions(t *testing.T) (o *Options, file string) {
+	t.Helper()
+	file = filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o = NewOptions()
 	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
 	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
+	return o, file
+}
+
+func TestConfigGracefulTimeout(t *testing.T) {
+	o, file := socketOptions(t)
 	cfg, err := o.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -179,10 +188,8 @@ func TestConfigGracefulTimeout(t *testing.T) {
 // TestDefaultsThatDifferFromUpstream: besides --backend-dial-timeout (TestFlagsMatchUpstream), the two
 // defaults the help and README.md name: -v is 0, and an empty --health-bind-address binds 127.0.0.1.
 func TestDefaultsThatDifferFromUpstream(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "f")
-	os.WriteFile(file, []byte("x"), 0o600)
+	o, _ := socketOptions(t)
 	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
-	o := NewOptions()
 	o.AddFlags(fs)
 	daemon.AddKlogFlags(fs, "v")
 	if v := fs.Lookup("v"); v == nil || v.DefValue != "0" {
@@ -191,8 +198,6 @@ func TestDefaultsThatDifferFromUpstream(t *testing.T) {
 	if f := fs.Lookup("health-bind-address"); f == nil || f.DefValue != "" {
 		t.Fatalf("--health-bind-address default: %v, want upstream's empty one", f)
 	}
-	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
-	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
 	cfg, err := o.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -205,11 +210,7 @@ func TestDefaultsThatDifferFromUpstream(t *testing.T) {
 // TestConfigServerCountZero: --server-count=0, which upstream's server starts with and its agents count as
 // one server, reaches the tunnel as 1.
 func TestConfigServerCountZero(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "f")
-	os.WriteFile(file, []byte("x"), 0o600)
-	o := NewOptions()
-	o.Upstream.UdsName, o.Upstream.ServerPort = "/x.sock", 0
-	o.Upstream.ClusterCert, o.Upstream.ClusterKey, o.Upstream.ClusterCaCert = file, file, file
+	o, _ := socketOptions(t)
 	o.Upstream.ServerCount = 0
 	if cfg, err := o.Config(); err != nil || cfg.Tunnel.ServerCount != 1 {
 		t.Fatalf("--server-count=0: %+v, %v; want a server count of 1", cfg, err)
