@@ -74,8 +74,11 @@ func TestAgentManifests(t *testing.T) {
 				t.Errorf("ServiceAccount %s/%s", sa.Namespace, sa.Name)
 			}
 			cr := decode(t, byName(t, files, "konnectivity-server-clusterrole.yaml")).(*rbacv1.ClusterRole)
-			if want := []rbacv1.PolicyRule{{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}}}; cr.Name != "konnectivity-server-tokenreview" || !reflect.DeepEqual(cr.Rules, want) {
-				t.Errorf("ClusterRole %+v, want only create on tokenreviews", cr)
+			if want := []rbacv1.PolicyRule{
+				{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+			}; cr.Name != "konnectivity-server-tokenreview" || !reflect.DeepEqual(cr.Rules, want) {
+				t.Errorf("ClusterRole %+v, want only create on tokenreviews and get on nodes", cr)
 			}
 			crb := decode(t, byName(t, files, "konnectivity-server-rbac.yaml")).(*rbacv1.ClusterRoleBinding)
 			if crb.Name != "konnectivity-server-tokenreview" || crb.RoleRef != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "konnectivity-server-tokenreview"}) ||

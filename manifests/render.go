@@ -48,7 +48,8 @@ const (
 	Audience = konnectivity.Audience
 	// ServerUser is the user name (certificate CN) the server authenticates to kube-apiserver as.
 	ServerUser = pki.ServerUser
-	// ServerTokenReviewRole is the ClusterRole that lets ServerUser create TokenReviews, and nothing more.
+	// ServerTokenReviewRole is the ClusterRole that lets ServerUser create TokenReviews and get Nodes, and
+	// nothing more.
 	ServerTokenReviewRole = "konnectivity-server-tokenreview"
 )
 

@@ -295,11 +295,13 @@ func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Str
 		if p, ok := peer.FromContext(ctx); ok {
 			src = source.Of(p.Addr)
 		}
-		if err := s.tokens.authenticate(ctx, md, src); err != nil {
+		node, err := s.tokens.authenticate(ctx, md, src)
+		if err != nil {
 			id, idents, remote := agentOf(ctx)
 			s.agents.refused(id, idents, remote, err)
 			return err
 		}
+		ss = s.verifyIdentifiers(ctx, ss, node)
 	}
 	return handler(srv, &acceptWatch{ServerStream: ss, accepted: func() {
 		if ac != nil {

@@ -296,7 +296,9 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 			s.agents.connected(id, idents, remote)
 		}
 	}
-	err := handler(srv, &addedStream{ServerStream: as, ctx: context.WithValue(ctx, backendAddedKey{}, added)})
+	// Upstream's Backend hands out its stream's context, and nothing else of it: the callback that addedWatch
+	// calls once the stream's Backend is registered goes there.
+	err := handler(srv, &contextStream{ServerStream: as, ctx: context.WithValue(ctx, backendAddedKey{}, added)})
 	if !accepted.Load() {
 		if err == nil {
 			err = status.Error(codes.Unknown, "agent stream ended before it was accepted")
@@ -307,15 +309,6 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	s.agents.disconnected(id, err)
 	return err
 }
-
-// addedStream is an agent stream whose context carries the callback that addedWatch calls once the stream's
-// Backend is registered: upstream's Backend hands out its stream's context, and nothing else of it.
-type addedStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (a *addedStream) Context() context.Context { return a.ctx }
 
 type backendAddedKey struct{}
 

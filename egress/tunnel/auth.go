@@ -66,11 +66,21 @@ type tokenAuthenticator struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	good    map[tokenKey]time.Time // until when
+	good    map[tokenKey]goodToken
 	bad     map[tokenKey]*rejectedToken
 	calls   map[tokenKey]*reviewCall
 	sources map[netip.Addr]*sourceRejections
 }
+
+// goodToken is a successful review, remembered until until.
+type goodToken struct {
+	until time.Time
+	node  string // the node of the pod the token is bound to, when kube-apiserver says (see nodeNameExtra)
+}
+
+// nodeNameExtra is the extra that kube-apiserver (1.30 and later) puts in the TokenReview of a token bound
+// to a pod that runs on a node, as kubelet's projected tokens are: the node's name.
+const nodeNameExtra = "authentication.kubernetes.io/node-name"
 
 type rejectedToken struct {
 	err        error
@@ -93,7 +103,8 @@ type reviewCall struct {
 	sources   map[netip.Addr]bool
 	agentID   string // of the stream that asked first, for the log
 	err       error
-	rejected  bool // err is kube-apiserver's verdict on the token, not a failure to ask
+	rejected  bool   // err is kube-apiserver's verdict on the token, not a failure to ask
+	node      string // see goodToken
 }
 
 func newTokenAuthenticator(cfg TokenAuth, m *authMetrics) *tokenAuthenticator {
@@ -106,36 +117,37 @@ func newTokenAuthenticator(cfg TokenAuth, m *authMetrics) *tokenAuthenticator {
 		n = DefaultMaxConcurrentReviews
 	}
 	return &tokenAuthenticator{cfg: cfg, ttl: ttl, sem: make(chan struct{}, n), m: m, now: time.Now,
-		good: map[tokenKey]time.Time{}, bad: map[tokenKey]*rejectedToken{}, calls: map[tokenKey]*reviewCall{},
+		good: map[tokenKey]goodToken{}, bad: map[tokenKey]*rejectedToken{}, calls: map[tokenKey]*reviewCall{},
 		sources: map[netip.Addr]*sourceRejections{}}
 }
 
-// authenticate checks the token in an agent's Connect metadata; src is the agent's source (source.Of).
-func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, src netip.Addr) error {
+// authenticate checks the token in an agent's Connect metadata; src is the agent's source (source.Of). node
+// is the name of the node the token's pod runs on, "" when kube-apiserver did not say.
+func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, src netip.Addr) (node string, err error) {
 	token, err := bearerToken(md)
 	if err != nil {
 		a.m.authRefused.WithLabelValues("no-token").Inc()
-		return err
+		return "", err
 	}
 	key := tokenKey(sha256.Sum256([]byte(token)))
 	now := a.now()
 	a.mu.Lock()
-	if until, ok := a.good[key]; ok && now.Before(until) {
+	if g, ok := a.good[key]; ok && now.Before(g.until) {
 		a.mu.Unlock()
 		a.m.cacheHits.WithLabelValues("authenticated").Inc()
-		return nil
+		return g.node, nil
 	}
 	if b, ok := a.bad[key]; ok && now.Before(b.until) {
 		a.mu.Unlock()
 		a.m.cacheHits.WithLabelValues("rejected").Inc()
-		return b.err
+		return "", b.err
 	}
 	call := a.calls[key]
 	if call == nil {
 		if s := a.sources[src]; s != nil && now.Before(s.until) {
 			a.mu.Unlock()
 			a.m.authRefused.WithLabelValues("source-backoff").Inc()
-			return status.Errorf(codes.Unavailable, "%d tokens from %s were rejected lately; the next is reviewed in %s",
+			return "", status.Errorf(codes.Unavailable, "%d tokens from %s were rejected lately; the next is reviewed in %s",
 				s.rejections, src, s.until.Sub(now).Round(100*time.Millisecond))
 		}
 		call = &reviewCall{done: make(chan struct{}), abandoned: make(chan struct{}), sources: map[netip.Addr]bool{},
@@ -149,7 +161,7 @@ func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, s
 
 	select {
 	case <-call.done:
-		return call.err
+		return call.node, call.err
 	case <-ctx.Done():
 		a.mu.Lock()
 		if call.waiters--; call.waiters == 0 && !call.started {
@@ -157,7 +169,7 @@ func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, s
 			delete(a.calls, key)
 		}
 		a.mu.Unlock()
-		return status.FromContextError(ctx.Err()).Err()
+		return "", status.FromContextError(ctx.Err()).Err()
 	}
 }
 
@@ -185,7 +197,7 @@ func (a *tokenAuthenticator) review(key tokenKey, token string, call *reviewCall
 	a.m.reviewsInFlight.Inc()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
-	username, rejected, err := a.validate(ctx, token)
+	username, node, rejected, err := a.validate(ctx, token)
 	cancel()
 	a.m.reviewDuration.Observe(time.Since(start).Seconds())
 	a.m.reviewsInFlight.Dec()
@@ -207,15 +219,15 @@ func (a *tokenAuthenticator) review(key tokenKey, token string, call *reviewCall
 	delete(a.calls, key)
 	switch {
 	case err == nil:
-		a.remember(key, token, now)
-		klog.V(5).InfoS("Agent successfully authenticated via token", "username", username)
+		a.remember(key, token, node, now)
+		klog.V(5).InfoS("Agent successfully authenticated via token", "username", username, "node", node)
 	case rejected:
 		a.reject(key, err, now)
 		for src := range call.sources {
 			a.blame(src, now)
 		}
 	}
-	call.err, call.rejected = err, rejected
+	call.err, call.rejected, call.node = err, rejected, node
 	a.mu.Unlock()
 	if err != nil {
 		klog.ErrorS(err, "Client authentication failed", "agentID", call.agentID, "sources", sourceList(call.sources))
@@ -224,36 +236,40 @@ func (a *tokenAuthenticator) review(key tokenKey, token string, call *reviewCall
 }
 
 // validate is upstream's validateAuthToken: a TokenReview for the server's audience, whose user must be the
-// configured ServiceAccount. rejected tells kube-apiserver's verdict from a failure to get one.
-func (a *tokenAuthenticator) validate(ctx context.Context, token string) (username string, rejected bool, err error) {
+// configured ServiceAccount. rejected tells kube-apiserver's verdict from a failure to get one. node is the
+// token's pod's node (nodeNameExtra), "" when the review names none.
+func (a *tokenAuthenticator) validate(ctx context.Context, token string) (username, node string, rejected bool, err error) {
 	r, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authv1.TokenReview{
 		Spec: authv1.TokenReviewSpec{Token: token, Audiences: []string{a.cfg.Audience}},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return "", false, fmt.Errorf("Failed to authenticate request. err:%v", err) //nolint:staticcheck // upstream's message
+		return "", "", false, fmt.Errorf("Failed to authenticate request. err:%v", err) //nolint:staticcheck // upstream's message
 	}
 	if r.Status.Error != "" {
-		return "", true, fmt.Errorf("lookup failed: %s", r.Status.Error)
+		return "", "", true, fmt.Errorf("lookup failed: %s", r.Status.Error)
 	}
 	if !r.Status.Authenticated {
-		return "", true, errors.New("lookup failed: service account jwt not valid")
+		return "", "", true, errors.New("lookup failed: service account jwt not valid")
 	}
 	// The username is system:serviceaccount:NAMESPACE:NAME.
 	username = r.Status.User.Username
 	parts := strings.Split(username, ":")
 	if len(parts) != 4 {
-		return "", true, errors.New("lookup failed: unexpected username format")
+		return "", "", true, errors.New("lookup failed: unexpected username format")
 	}
 	if parts[0] != "system" || parts[1] != "serviceaccount" {
-		return "", true, errors.New("lookup failed: username returned is not a service account")
+		return "", "", true, errors.New("lookup failed: username returned is not a service account")
 	}
 	if ns := parts[2]; ns != a.cfg.Namespace {
-		return "", true, fmt.Errorf("lookup failed: incoming request from %q namespace. Expected %q", ns, a.cfg.Namespace)
+		return "", "", true, fmt.Errorf("lookup failed: incoming request from %q namespace. Expected %q", ns, a.cfg.Namespace)
 	}
 	if sa := parts[3]; sa != a.cfg.ServiceAccount {
-		return "", true, fmt.Errorf("lookup failed: incoming request from %q service account. Expected %q", sa, a.cfg.ServiceAccount)
+		return "", "", true, fmt.Errorf("lookup failed: incoming request from %q service account. Expected %q", sa, a.cfg.ServiceAccount)
 	}
-	return username, false, nil
+	if v := r.Status.User.Extra[nodeNameExtra]; len(v) == 1 {
+		node = v[0]
+	}
+	return username, node, false, nil
 }
 
 // bearerToken is upstream's reading of the token from a Connect stream's metadata, with its errors.
@@ -276,7 +292,7 @@ func bearerToken(md metadata.MD) (string, error) {
 
 // remember caches a successful review for the TTL, or until the token expires if that is sooner (its JWT
 // exp claim, read without verifying it: kube-apiserver did that). The caller holds a.mu.
-func (a *tokenAuthenticator) remember(key tokenKey, token string, now time.Time) {
+func (a *tokenAuthenticator) remember(key tokenKey, token, node string, now time.Time) {
 	if a.ttl < 0 {
 		return
 	}
@@ -285,8 +301,8 @@ func (a *tokenAuthenticator) remember(key tokenKey, token string, now time.Time)
 		until = exp
 	}
 	if len(a.good) >= maxGoodTokens {
-		for k, until := range a.good {
-			if !now.Before(until) {
+		for k, g := range a.good {
+			if !now.Before(g.until) {
 				delete(a.good, k)
 			}
 		}
@@ -294,7 +310,7 @@ func (a *tokenAuthenticator) remember(key tokenKey, token string, now time.Time)
 			return
 		}
 	}
-	a.good[key] = until
+	a.good[key] = goodToken{until: until, node: node}
 	delete(a.bad, key)
 }
 

@@ -37,6 +37,7 @@ const (
 type reviewer struct {
 	mu          sync.Mutex
 	users       map[string]string // token → username; unknown tokens are "invalid bearer token"
+	nodes       map[string]string // token → the node-name extra of its review, when it has one
 	delay       time.Duration
 	gate        chan struct{} // when set, every review waits for it to close
 	reviews     atomic.Int64
@@ -44,7 +45,9 @@ type reviewer struct {
 	maxInFlight atomic.Int64
 }
 
-func newReviewer() *reviewer { return &reviewer{users: map[string]string{}} }
+func newReviewer() *reviewer {
+	return &reviewer{users: map[string]string{}, nodes: map[string]string{}}
+}
 
 func (r *reviewer) add(token, user string) {
 	r.mu.Lock()
@@ -67,6 +70,7 @@ func (r *reviewer) client() kubernetes.Interface {
 		}
 		r.mu.Lock()
 		user, ok := r.users[tr.Spec.Token]
+		node, bound := r.nodes[tr.Spec.Token]
 		gate := r.gate
 		r.mu.Unlock()
 		if gate != nil {
@@ -77,6 +81,9 @@ func (r *reviewer) client() kubernetes.Interface {
 			tr.Status = authv1.TokenReviewStatus{Error: "invalid bearer token"}
 		} else {
 			tr.Status = authv1.TokenReviewStatus{Authenticated: true, User: authv1.UserInfo{Username: user}, Audiences: tr.Spec.Audiences}
+			if bound {
+				tr.Status.User.Extra = map[string]authv1.ExtraValue{nodeNameExtra: {node}}
+			}
 		}
 		return true, tr, nil
 	})
@@ -143,7 +150,7 @@ func TestTokenAuthenticatorUpstreamSemantics(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Each from its own source, so that no source backs off.
 			src := netip.AddrFrom4([4]byte{192, 0, 2, byte(len(tc.name))})
-			err := a.authenticate(ctx, tc.md, src)
+			err := a.authErr(ctx, tc.md, src)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("rejected: %v", err)
@@ -168,7 +175,7 @@ func TestTokenAuthenticatorCache(t *testing.T) {
 	a.now = func() time.Time { return now }
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
-		if err := a.authenticate(ctx, bearer("good"), srcA); err != nil {
+		if err := a.authErr(ctx, bearer("good"), srcA); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,7 +193,7 @@ func TestTokenAuthenticatorCache(t *testing.T) {
 	}
 	a.mu.Unlock()
 	now = now.Add(time.Minute + time.Second)
-	if err := a.authenticate(ctx, bearer("good"), srcA); err != nil {
+	if err := a.authErr(ctx, bearer("good"), srcA); err != nil {
 		t.Fatal(err)
 	}
 	if n := r.reviews.Load(); n != 2 {
@@ -197,7 +204,7 @@ func TestTokenAuthenticatorCache(t *testing.T) {
 	now = exp.Add(-10 * time.Second)
 	for _, after := range []time.Duration{0, 5 * time.Second, 11 * time.Second} {
 		now = exp.Add(-10*time.Second + after)
-		if err := a.authenticate(ctx, bearer(jwt), srcA); err != nil {
+		if err := a.authErr(ctx, bearer(jwt), srcA); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -206,8 +213,8 @@ func TestTokenAuthenticatorCache(t *testing.T) {
 	}
 
 	// A rejection is remembered with its error.
-	first := a.authenticate(ctx, bearer("bogus"), srcA)
-	again := a.authenticate(ctx, bearer("bogus"), srcB)
+	first := a.authErr(ctx, bearer("bogus"), srcA)
+	again := a.authErr(ctx, bearer("bogus"), srcB)
 	if first == nil || again == nil || first.Error() != again.Error() {
 		t.Fatalf("rejections differ: %v / %v", first, again)
 	}
@@ -219,7 +226,7 @@ func TestTokenAuthenticatorCache(t *testing.T) {
 	off := newTestAuthenticator(t, r, func(ta *TokenAuth) { ta.CacheTTL = -1 })
 	before := r.reviews.Load()
 	for i := 0; i < 2; i++ {
-		if err := off.authenticate(ctx, bearer("good"), srcA); err != nil {
+		if err := off.authErr(ctx, bearer("good"), srcA); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -239,11 +246,11 @@ func TestTokenAuthenticatorBacksOffSources(t *testing.T) {
 	now := time.Now()
 	a.now = func() time.Time { return now }
 	ctx := context.Background()
-	if err := a.authenticate(ctx, bearer("good"), srcA); err != nil {
+	if err := a.authErr(ctx, bearer("good"), srcA); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i <= freeRejections; i++ {
-		if err := a.authenticate(ctx, bearer(fmt.Sprintf("bogus-%d", i)), srcA); err == nil {
+		if err := a.authErr(ctx, bearer(fmt.Sprintf("bogus-%d", i)), srcA); err == nil {
 			t.Fatal("bogus token accepted")
 		}
 	}
@@ -251,26 +258,26 @@ func TestTokenAuthenticatorBacksOffSources(t *testing.T) {
 	if reviews != freeRejections+2 {
 		t.Fatalf("%d TokenReviews, want %d", reviews, freeRejections+2)
 	}
-	err := a.authenticate(ctx, bearer("bogus-next"), srcA)
+	err := a.authErr(ctx, bearer("bogus-next"), srcA)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rejected lately") {
 		t.Fatalf("a source in backoff: %v", err)
 	}
 	if r.reviews.Load() != reviews {
 		t.Fatal("a source in backoff got a TokenReview")
 	}
-	if err := a.authenticate(ctx, bearer("good"), srcA); err != nil {
+	if err := a.authErr(ctx, bearer("good"), srcA); err != nil {
 		t.Fatalf("a known token from a source in backoff: %v", err)
 	}
-	if err := a.authenticate(ctx, bearer("good-2"), srcB); err != nil {
+	if err := a.authErr(ctx, bearer("good-2"), srcB); err != nil {
 		t.Fatalf("another source: %v", err)
 	}
 	// After the pause, the next unknown token is reviewed; its rejection doubles the pause.
 	now = now.Add(sourceFirst + time.Millisecond)
-	if err := a.authenticate(ctx, bearer("bogus-late"), srcA); err == nil || status.Code(err) == codes.Unavailable {
+	if err := a.authErr(ctx, bearer("bogus-late"), srcA); err == nil || status.Code(err) == codes.Unavailable {
 		t.Fatalf("after the pause: %v", err)
 	}
 	now = now.Add(sourceFirst + time.Millisecond)
-	if err := a.authenticate(ctx, bearer("bogus-later"), srcA); status.Code(err) != codes.Unavailable {
+	if err := a.authErr(ctx, bearer("bogus-later"), srcA); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the pause did not double: %v", err)
 	}
 	if got := counterValue(a.m.authRefused.WithLabelValues("source-backoff")); got != 2 {
@@ -278,7 +285,7 @@ func TestTokenAuthenticatorBacksOffSources(t *testing.T) {
 	}
 	// A quiet source is forgotten.
 	now = now.Add(sourceForgetsIn + time.Second)
-	if err := a.authenticate(ctx, bearer("bogus-much-later"), srcA); status.Code(err) == codes.Unavailable {
+	if err := a.authErr(ctx, bearer("bogus-much-later"), srcA); status.Code(err) == codes.Unavailable {
 		t.Fatalf("a quiet source still backs off: %v", err)
 	}
 }
@@ -300,7 +307,7 @@ func TestTokenAuthenticatorConcurrency(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs <- a.authenticate(ctx, bearer(fmt.Sprintf("agent-%d", i)), srcA)
+				errs <- a.authErr(ctx, bearer(fmt.Sprintf("agent-%d", i)), srcA)
 			}()
 		}
 	}
@@ -330,13 +337,13 @@ func TestTokenAuthenticatorAbandoned(t *testing.T) {
 
 	slowCtx, cancelSlow := context.WithCancel(context.Background())
 	slowDone := make(chan error, 1)
-	go func() { slowDone <- a.authenticate(slowCtx, bearer("slow"), srcA) }()
+	go func() { slowDone <- a.authErr(slowCtx, bearer("slow"), srcA) }()
 	for r.reviews.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	queuedCtx, cancelQueued := context.WithCancel(context.Background())
 	queuedDone := make(chan error, 1)
-	go func() { queuedDone <- a.authenticate(queuedCtx, bearer("queued"), srcA) }()
+	go func() { queuedDone <- a.authErr(queuedCtx, bearer("queued"), srcA) }()
 	for gaugeValue(a.m.reviewsWaiting) == 0 {
 		time.Sleep(time.Millisecond)
 	}
@@ -364,7 +371,7 @@ func TestTokenAuthenticatorAbandoned(t *testing.T) {
 	harness.EventuallyTrue(t, 5*time.Second, "the slow review remembered", func() bool {
 		return counterValue(a.m.reviews.WithLabelValues("authenticated")) == 1
 	})
-	if err := a.authenticate(context.Background(), bearer("slow"), srcA); err != nil {
+	if err := a.authErr(context.Background(), bearer("slow"), srcA); err != nil {
 		t.Fatal(err)
 	}
 	if n := r.reviews.Load(); n != 1 {
@@ -401,4 +408,10 @@ func TestReadinessReviewsThroughItsOwnClient(t *testing.T) {
 	if got := counterValue(s.authMetrics.readinessReview.WithLabelValues("ok")); got != 1 {
 		t.Errorf("readiness reviews counted %v, want 1", got)
 	}
+}
+
+// authErr is authenticate's error alone, for the tests that do not look at the node.
+func (a *tokenAuthenticator) authErr(ctx context.Context, md metadata.MD, src netip.Addr) error {
+	_, err := a.authenticate(ctx, md, src)
+	return err
 }

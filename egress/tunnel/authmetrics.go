@@ -16,6 +16,7 @@ type authMetrics struct {
 	reviewsInFlight prometheus.Gauge
 	reviewDuration  prometheus.Histogram
 	readinessReview *prometheus.CounterVec // result
+	identsDropped   *prometheus.CounterVec // reason
 }
 
 func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
@@ -54,12 +55,15 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 		readinessReview: prometheus.NewCounterVec(prometheus.CounterOpts(opts("readiness_token_reviews_total",
 			"TokenReviews sent by /readyz (with their own client and rate budget), by result (ok, error).")),
 			[]string{"result"}),
+		identsDropped: prometheus.NewCounterVec(prometheus.CounterOpts(opts("agent_identifiers_dropped_total",
+			"Agent identifiers the server did not route by, in token mode: a host, ipv4 or ipv6 that is none of the addresses of the node of the agent's token (not-node-address), any cidr or default-route, another type (other-type); unverified counts agent streams whose identifiers were taken as claimed because the TokenReview named no node or the node could not be read.")),
+			[]string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.unauthenticated, m.connsRefused, m.acceptWaits, m.connsExpired, m.authRefused, m.reviews,
-		m.cacheHits, m.reviewsWaiting, m.reviewsInFlight, m.reviewDuration, m.readinessReview} {
+		m.cacheHits, m.reviewsWaiting, m.reviewsInFlight, m.reviewDuration, m.readinessReview, m.identsDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

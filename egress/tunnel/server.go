@@ -77,6 +77,7 @@ type Server struct {
 	// without token authentication, frontendAdm without the mTLS TCP frontend.
 	authMetrics *authMetrics
 	tokens      *tokenAuthenticator
+	nodes       *nodeAddresses // the addresses of agents' nodes, in token mode (identity.go)
 	frontendAdm *admission
 
 	connMu sync.Mutex
@@ -136,6 +137,7 @@ func New(c *Config) (_ *Server, err error) {
 	}
 	if cfg.TokenAuth != nil {
 		s.tokens = newTokenAuthenticator(*cfg.TokenAuth, am)
+		s.nodes = newNodeAddresses(cfg.TokenAuth.Client)
 	}
 	// Dials are timed out by s.dials in both modes: upstream would hold a goroutine per dial for the whole
 	// timeout (dials.go).

@@ -561,6 +561,13 @@ func TestManifests(t *testing.T) {
 	if out, err := c.kubectl(ctx, nsCP, "auth", "can-i", "create", "tokenreviews.authentication.k8s.io", "--as=system:konnectivity-server"); err != nil || strings.TrimSpace(out) != "yes" {
 		t.Fatalf("system:konnectivity-server may not create TokenReviews: %q %v", out, err)
 	}
+	// It reads the Node a TokenReview names, to check the agent's identifiers, and may list none.
+	if out, err := c.kubectl(ctx, nsCP, "auth", "can-i", "get", "nodes", "--as=system:konnectivity-server"); err != nil || strings.TrimSpace(out) != "yes" {
+		t.Fatalf("system:konnectivity-server may not get Nodes: %q %v", out, err)
+	}
+	if out, _ := c.kubectl(ctx, nsCP, "auth", "can-i", "list", "nodes", "--as=system:konnectivity-server"); strings.TrimSpace(out) != "no" {
+		t.Fatalf("system:konnectivity-server may list Nodes: %q", out)
+	}
 	// Least privilege: TokenReviews only, no SubjectAccessReviews (system:auth-delegator would grant them).
 	if out, _ := c.kubectl(ctx, nsCP, "auth", "can-i", "create", "subjectaccessreviews.authorization.k8s.io", "--as=system:konnectivity-server"); strings.TrimSpace(out) != "no" {
 		t.Fatalf("system:konnectivity-server may create SubjectAccessReviews: %q", out)

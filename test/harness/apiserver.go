@@ -221,7 +221,8 @@ func (a *APIServer) getOK(url string) error {
 
 // AgentAuth prepares kube-apiserver for Konnectivity agents that authenticate by token, as konnect init's
 // manifests do: the ServiceAccount namespace/name, and a user (a client certificate with common name
-// serverUser, written into a kubeconfig at kubeconfig) that may create TokenReviews and nothing else.
+// serverUser, written into a kubeconfig at kubeconfig) that may create TokenReviews and get Nodes (to check
+// agents' identifiers against their node's addresses) and nothing else.
 func (a *APIServer) AgentAuth(ctx context.Context, namespace, name, serverUser, kubeconfig string) error {
 	cs, err := a.Client()
 	if err != nil {
@@ -233,7 +234,10 @@ func (a *APIServer) AgentAuth(ctx context.Context, namespace, name, serverUser, 
 	}
 	role := "harness:token-reviewer"
 	_, err = cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}}}},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+		}},
 		metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create ClusterRole: %w", err)
