@@ -382,9 +382,9 @@ func (a Agent) Render() ([]File, error) {
 		// The server authenticates agents with TokenReview, and reads the Node that a review names to keep
 		// only the agent identifiers that are that node's addresses (egress/tunnel/identity.go); it needs
 		// nothing else: not system:auth-delegator, whose SubjectAccessReviews would let it ask what any user
-		// may do. With client certificates it reviews nothing and gets no grant. The binding is not named system:konnectivity-server, as the
-		// Kubernetes documentation's binding to system:auth-delegator is: a roleRef cannot change, so applying
-		// this bundle over that binding would fail.
+		// may do. With client certificates it reviews nothing and gets no grant. The binding is not named
+		// system:konnectivity-server, as the Kubernetes documentation's binding to system:auth-delegator is:
+		// a roleRef cannot change, so applying this bundle over that binding would fail.
 		objs = append(objs,
 			namedObject{name: "konnectivity-server-clusterrole.yaml", obj: &rbacv1.ClusterRole{
 				TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
