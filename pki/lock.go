@@ -3,6 +3,7 @@ package pki
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -80,6 +81,11 @@ func Lock(dir string, wait time.Duration, create bool, waiting func(holder strin
 				created = top
 			}
 			undoMu.Unlock()
+			if errors.Is(err, fs.ErrNotExist) {
+				// The holder before us removed a directory above dir, empty once its lock file went, while
+				// we made the ones below it. Returning here would hand out no lock to a second holder.
+				continue
+			}
 			if err != nil {
 				return func() {}, nil // see "cannot be written to" above: the caller's own mkdir says why
 			}
