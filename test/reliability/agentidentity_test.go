@@ -41,14 +41,9 @@ import (
 func TestAgentIdentifiersVerified(t *testing.T) {
 	dir := copyBase(t)
 	ports := harness.FreePorts(t, 6)
-	api := harness.StartAPIServer(t, harness.APIServerOptions{Bin: harness.E2ETool(t, "kube-apiserver"),
-		Dir: filepath.Join(shortDir(t), "api"), Host: "127.0.0.1", Port: ports[0], EtcdPorts: [2]int{ports[1], ports[2]}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	kubeconfig := filepath.Join(dir, "tokenreview.kubeconfig")
-	if err := api.AgentAuth(ctx, agentNamespace, agentSA, "system:konnectivity-server", kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	api, kubeconfig := startTokenAPIServer(t, ctx, dir, ports)
 	cs, err := api.Client()
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,19 @@ func sumMetric(sc *bufio.Scanner, name string, labels ...string) float64 {
 	return sum
 }
 
+// startTokenAPIServer starts a real kube-apiserver on ports[0] (etcd on ports[1] and ports[2]) prepared for
+// agents that authenticate by token, and returns it with the kubeconfig, in dir, of the server's user.
+func startTokenAPIServer(t *testing.T, ctx context.Context, dir string, ports []int) (*harness.APIServer, string) {
+	t.Helper()
+	api := harness.StartAPIServer(t, harness.APIServerOptions{Bin: harness.E2ETool(t, "kube-apiserver"),
+		Dir: filepath.Join(shortDir(t), "api"), Host: "127.0.0.1", Port: ports[0], EtcdPorts: [2]int{ports[1], ports[2]}})
+	kubeconfig := filepath.Join(dir, "tokenreview.kubeconfig")
+	if err := api.AgentAuth(ctx, agentNamespace, agentSA, "system:konnectivity-server", kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return api, kubeconfig
+}
+
 // TestTokenReviewFlood floods a konnect server that authenticates agents by token against a real
 // kube-apiserver: one TLS connection opens 500 Connect streams with bogus tokens, and a genuine agent starts
 // meanwhile. The genuine agent connects within a few seconds (alone it takes a fraction of one), and the
@@ -85,14 +98,9 @@ func sumMetric(sc *bufio.Scanner, name string, labels ...string) float64 {
 func TestTokenReviewFlood(t *testing.T) {
 	dir := copyBase(t)
 	ports := harness.FreePorts(t, 8)
-	api := harness.StartAPIServer(t, harness.APIServerOptions{Bin: harness.E2ETool(t, "kube-apiserver"),
-		Dir: filepath.Join(shortDir(t), "api"), Host: "127.0.0.1", Port: ports[0], EtcdPorts: [2]int{ports[1], ports[2]}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	kubeconfig := filepath.Join(dir, "tokenreview.kubeconfig")
-	if err := api.AgentAuth(ctx, agentNamespace, agentSA, "system:konnectivity-server", kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	api, kubeconfig := startTokenAPIServer(t, ctx, dir, ports)
 	tokens, err := api.Tokens(ctx, agentNamespace, agentSA, agentAudience, time.Hour, 1, 1)
 	if err != nil {
 		t.Fatal(err)
