@@ -43,12 +43,7 @@ func TestIdentitiesOnlyAndIdentityAgent(t *testing.T) {
 	}
 	logsIn := func(t *testing.T, sshConfig string) {
 		t.Helper()
-		if ok, out := opensshConnects(t, sshConfig, "yes"); !ok {
-			t.Fatalf("OpenSSH refused: %s", out)
-		}
-		d, done := start(t, cfg(sshConfig))
-		waitReady(t, d, done)
-		get(t, d, be, "/")
+		bothConnect(t, sshConfig, cfg(sshConfig), be)
 	}
 
 	t.Run("IdentitiesOnly offers only the agent keys of the identity files", func(t *testing.T) {

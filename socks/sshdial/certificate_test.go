@@ -74,12 +74,7 @@ func TestUserCertificates(t *testing.T) {
 		sc := filepath.Join(t.TempDir(), "ssh_config")
 		os.WriteFile(sc, []byte(fmt.Sprintf("Host target\n  HostName 127.0.0.1\n  Port %d\n  User %s\n  IdentityFile %s\n  CertificateFile %s\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile %s\n  GlobalKnownHostsFile none\n",
 			f.sshd.Port, localUser(), key, cert, f.knownHosts)), 0o600)
-		if ok, out := opensshConnects(t, sc, "yes"); !ok {
-			t.Fatalf("OpenSSH refused: %s", out)
-		}
-		d, done := start(t, Config{Destination: "target", ConfigFile: sc, ConnectTimeout: 5 * time.Second})
-		waitReady(t, d, done)
-		get(t, d, be, "/")
+		bothConnect(t, sc, Config{Destination: "target", ConfigFile: sc, ConnectTimeout: 5 * time.Second}, be)
 	})
 
 	t.Run("the key without its certificate is refused", func(t *testing.T) {

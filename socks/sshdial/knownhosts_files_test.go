@@ -28,6 +28,18 @@ func knownHostsConfig(t *testing.T, f *fixture, user, global string) string {
 	return c
 }
 
+// bothConnect: OpenSSH's ssh connects with sshConfig, and so does konnect's dialer with cfg, which then
+// serves a request to the backend at be.
+func bothConnect(t *testing.T, sshConfig string, cfg Config, be string) {
+	t.Helper()
+	if ok, out := opensshConnects(t, sshConfig, "yes"); !ok {
+		t.Fatalf("OpenSSH refused: %s", out)
+	}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	get(t, d, be, "/")
+}
+
 // opensshConnects runs OpenSSH's client with sshConfig alone and StrictHostKeyChecking set to strict.
 func opensshConnects(t *testing.T, sshConfig, strict string) (bool, string) {
 	t.Helper()
@@ -93,12 +105,7 @@ func TestKnownHostsFiles(t *testing.T) {
 				return write(t, name+"_empty", first) + " " + write(t, name, second)
 			}
 			sc := knownHostsConfig(t, f, files("known_hosts", c.user), files("ssh_known_hosts", c.global))
-			if ok, out := opensshConnects(t, sc, "yes"); !ok {
-				t.Fatalf("OpenSSH refused: %s", out)
-			}
-			d, done := start(t, cfg(sc))
-			waitReady(t, d, done)
-			get(t, d, be, "/")
+			bothConnect(t, sc, cfg(sc), be)
 		})
 	}
 
@@ -162,10 +169,5 @@ func TestGlobalKnownHostsCertAuthority(t *testing.T) {
 	global := filepath.Join(t.TempDir(), "ssh_known_hosts")
 	os.WriteFile(global, []byte("@cert-authority * "+caPub+"\n"), 0o644)
 	sc := knownHostsConfig(t, f, filepath.Join(t.TempDir(), "known_hosts"), global)
-	if ok, out := opensshConnects(t, sc, "yes"); !ok {
-		t.Fatalf("OpenSSH refused: %s", out)
-	}
-	d, done := start(t, Config{Destination: "target", ConfigFile: sc, AgentSocket: "none", ConnectTimeout: 5 * time.Second})
-	waitReady(t, d, done)
-	get(t, d, backend(t), "/")
+	bothConnect(t, sc, Config{Destination: "target", ConfigFile: sc, AgentSocket: "none", ConnectTimeout: 5 * time.Second}, backend(t))
 }
