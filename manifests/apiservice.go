@@ -43,6 +43,16 @@ type APIService struct {
 // APIServiceFile is the file of Render that holds the APIServices.
 const APIServiceFile = "apiservice.yaml"
 
+// The files of Render that hold the extension server's RBAC.
+const (
+	authDelegatorFile = "auth-delegator.yaml"
+	authReaderFile    = "authentication-reader.yaml"
+)
+
+// APIServiceFiles are the names of the files Render writes. A directory that `certs webhook` shares with
+// `certs apiservice` keeps these names for the APIService's files, so a webhook manifest may not take one.
+var APIServiceFiles = []string{ServingSecretFile, APIServiceFile, authDelegatorFile, authReaderFile, "kustomization.yaml"}
+
 // apiService mirrors the fields of apiregistration.k8s.io/v1 APIService that konnect renders; the real
 // type lives in k8s.io/kube-aggregator, whose dependencies are far larger than these few lines.
 type apiService struct {
@@ -177,13 +187,13 @@ func (a APIService) Render() ([]File, error) {
 	return renderAll([]namedObject{
 		{name: ServingSecretFile, secret: true, obj: servingSecret(a.SecretName, a.Namespace, labels, ServingCerts{CA: a.CACert, Cert: a.Cert, Key: a.Key})},
 		{name: APIServiceFile, obj: documents(apiServices)},
-		{name: "auth-delegator.yaml", obj: &rbacv1.ClusterRoleBinding{
+		{name: authDelegatorFile, obj: &rbacv1.ClusterRoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
 			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":system:auth-delegator", Labels: labels},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:auth-delegator"},
 			Subjects:   subject,
 		}},
-		{name: "authentication-reader.yaml", obj: &rbacv1.RoleBinding{
+		{name: authReaderFile, obj: &rbacv1.RoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 			ObjectMeta: metav1.ObjectMeta{Name: a.Namespace + ":" + a.ServiceAccount + ":extension-apiserver-authentication-reader", Namespace: konnectivity.Namespace, Labels: labels},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "extension-apiserver-authentication-reader"},

@@ -34,6 +34,9 @@ func TestAPIServiceManifests(t *testing.T) {
 	if want := []string{"secret.yaml", "apiservice.yaml", "auth-delegator.yaml", "authentication-reader.yaml", "kustomization.yaml"}; !slices.Equal(names, want) {
 		t.Fatalf("files %q, want %q", names, want)
 	}
+	if !slices.Equal(names, APIServiceFiles) {
+		t.Fatalf("Render writes %q, APIServiceFiles names %q", names, APIServiceFiles)
+	}
 	checkKustomization(t, files)
 	if n, ran := kustomize(t, files); ran && n != 4 {
 		t.Errorf("kubectl kustomize emitted %d objects, want 4", n)

@@ -92,7 +92,7 @@ func TestRecordInClusterConfiguration(t *testing.T) {
 		}
 	}
 	vols := decodeSection(t, cc).APIServer.ExtraVolumes
-	if len(vols) != 2 || vols[0].Name != udsVolume || vols[0].PathType != "DirectoryOrCreate" || vols[0].ReadOnly ||
+	if len(vols) != 2 || vols[0].Name != udsVolume || vols[0].PathType != "DirectoryOrCreate" || !vols[0].ReadOnly ||
 		vols[1].Name != egressConfigVolume || vols[1].PathType != "File" || !vols[1].ReadOnly ||
 		vols[1].HostPath != "/etc/kubernetes/egress-selector-configuration.yaml" || vols[1].MountPath != vols[1].HostPath {
 		t.Errorf("extraVolumes %+v", vols)

@@ -41,7 +41,8 @@ type ManifestPatch struct {
 	// its value and position. The requestheader lists are merged, not replaced (sharedLists).
 	Flags []Flag
 	// UDSDir is the directory of the Konnectivity server's unix socket (SelectorConfig.UDSDir); it is
-	// mounted read-write. Empty with --transport tcp.
+	// mounted read-only, since connecting to a socket needs no write access to its file system, so that
+	// kube-apiserver cannot replace the socket the server listens on. Empty with --transport tcp.
 	UDSDir string
 	// Files are further files kube-apiserver must read, such as the TLS files of a TCP egress selector
 	// (SelectorConfig.Files). The files named by *-file flags in Flags are always included.
@@ -279,7 +280,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		if !filepath.IsAbs(p.UDSDir) {
 			return false, fmt.Errorf("unix socket directory %q must be absolute", p.UDSDir)
 		}
-		if err := ensureHostPath(pod, c, udsVolume, filepath.Clean(p.UDSDir), corev1.HostPathDirectoryOrCreate, false); err != nil {
+		if err := ensureHostPath(pod, c, udsVolume, filepath.Clean(p.UDSDir), corev1.HostPathDirectoryOrCreate, true); err != nil {
 			return false, err
 		}
 	} else {

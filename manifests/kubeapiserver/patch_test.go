@@ -109,8 +109,8 @@ func TestPatchKubeadmManifest(t *testing.T) {
 		uds.HostPath.Type == nil || *uds.HostPath.Type != corev1.HostPathDirectoryOrCreate {
 		t.Errorf("socket volume = %+v", uds)
 	}
-	if m := mountByName(c, "konnectivity-uds"); m == nil || m.MountPath != "/etc/kubernetes/konnectivity-server" || m.ReadOnly {
-		t.Errorf("socket mount = %+v, want read-write at the host path", m)
+	if m := mountByName(c, "konnectivity-uds"); m == nil || m.MountPath != "/etc/kubernetes/konnectivity-server" || !m.ReadOnly {
+		t.Errorf("socket mount = %+v, want read-only at the host path", m)
 	}
 	cfg := volumeByName(after, "egress-selector-config")
 	if cfg == nil || cfg.HostPath == nil || cfg.HostPath.Path != "/etc/kubernetes/egress-selector-configuration.yaml" ||

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -182,6 +183,14 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	probe.CACert, probe.Cert, probe.Key = placeholder("CERTIFICATE"), placeholder("CERTIFICATE"), placeholder("PRIVATE KEY")
 	if err := probe.Validate(); err != nil {
 		return err // names the flag
+	}
+	for _, name := range manifests.APIServiceFiles {
+		// Copied there by an older konnect, whose certs webhook took any name but two: replacing it would
+		// drop the webhook from the directory, and the next rotate-ca would miss its caBundle.
+		if old, err := os.ReadFile(filepath.Join(out, name)); err == nil && isWebhookCopy(old) {
+			return fmt.Errorf("%s: certs webhook copied a webhook manifest there, and certs apiservice writes its own %s: rename that manifest, run certs webhook with it again, then remove %s",
+				filepath.Join(out, name), name, filepath.Join(out, name))
+		}
 	}
 	if _, err := servingKustomization(out, nil); err != nil {
 		return err

@@ -513,7 +513,7 @@ func TestInitBadFlags(t *testing.T) {
 		// Agents on other nodes watch the Leases at --apiserver-url.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://127.0.0.1:6443", "--server-leases"}, "--apiserver-url (with --server-leases)"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--server-leases"}, "--server-leases needs --apiserver-url"},
-		// The socket's directory is mounted read-write into kube-apiserver and the server: not DIR or above.
+		// The socket's directory is mounted read-write into the server's pod: not DIR or above.
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--uds-name", "DIR/konnectivity-server.socket"}, "--uds-name"},
 		{[]string{"init", "--control-plane-address", "198.18.0.1", "--apiserver-url", "https://198.18.0.1:6443", "--uds-name", "/konnectivity-server.socket"}, "--uds-name"},
 		// The server's static pod is checked before any phase writes.

@@ -255,9 +255,9 @@ func (o *Options) Validate(n needs) error {
 	return fieldFlags.Error(errors.Join(errs...))
 }
 
-// checkSocketDir refuses a socket directory that holds anything but the socket: kube-apiserver and the
-// server's pod, which runs as root, both mount the socket's directory read-write, so a shared one (/run with
-// the container runtime's socket, or konnect's own keys and static pods) would be theirs to change.
+// checkSocketDir refuses a socket directory that holds anything but the socket: the server's pod, which runs
+// as root, mounts the socket's directory read-write (kube-apiserver read-only), so a shared one (/run with
+// the container runtime's socket, or konnect's own keys and static pods) would be its to change.
 func (o *Options) checkSocketDir() error {
 	sock, err := filepath.Abs(o.UDSName)
 	if err != nil {
@@ -265,7 +265,7 @@ func (o *Options) checkSocketDir() error {
 	}
 	dir := filepath.Dir(sock)
 	refuse := func(what string) error {
-		return fmt.Errorf("--uds-name %s: its directory %s holds %s, and kube-apiserver and the Konnectivity server mount it read-write; put the socket in a directory of its own (default %s)",
+		return fmt.Errorf("--uds-name %s: its directory %s holds %s, and the Konnectivity server's pod mounts it read-write; put the socket in a directory of its own (default %s)",
 			o.UDSName, dir, what, filepath.Dir(filepath.Join(o.Dir, strings.TrimPrefix(kubeapiserver.DefaultUDSName, pki.DefaultDir))))
 	}
 	for _, held := range []string{o.Dir, o.pkiDir(), filepath.Join(o.Dir, ManifestsSubdir), filepath.Join(o.Dir, manifests.AgentBundleDir)} {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/konnect-dev/konnect/manifests"
@@ -67,8 +68,11 @@ func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) 
 			return fmt.Errorf("manifest: %w", err)
 		}
 		base := filepath.Base(f)
-		if base == manifests.ServingSecretFile || base == "kustomization.yaml" {
-			return fmt.Errorf("manifest %s: its name collides with %s that konnect writes into --out; rename it", f, filepath.Join(out, base))
+		if slices.Contains(manifests.APIServiceFiles, base) {
+			// certs apiservice writes these into a directory it may share with certs webhook: a copy under
+			// one of their names would replace the APIService's file, or be replaced by it.
+			return fmt.Errorf("manifest %s: its name collides with %s, which konnect writes into --out (certs apiservice: %s); rename it",
+				f, filepath.Join(out, base), strings.Join(manifests.APIServiceFiles, ", "))
 		}
 		if _, dup := inputs[base]; dup {
 			return fmt.Errorf("manifest %s: another argument has the same file name %s, and both would be written to %s", f, base, filepath.Join(out, base))
@@ -146,8 +150,14 @@ func markedCopy(data []byte) []byte {
 	if t := bytes.TrimSpace(data); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
 		return data
 	}
-	return marked(data, "certs webhook, a copy of a manifest given to it with the caBundle set")
+	return marked(data, webhookCopy)
 }
+
+// webhookCopy is what the mark of a manifest that certs webhook copied says it is.
+const webhookCopy = "certs webhook, a copy of a manifest given to it with the caBundle set"
+
+// isWebhookCopy reports whether data is a manifest that certs webhook copied into its --out.
+func isWebhookCopy(data []byte) bool { return bytes.HasPrefix(data, marked(nil, webhookCopy)) }
 
 func newRotateCACommand() *cobra.Command {
 	var out string

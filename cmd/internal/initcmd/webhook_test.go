@@ -219,3 +219,48 @@ func TestServingDirSharedByAPIServiceAndWebhook(t *testing.T) {
 		t.Fatalf("the refused run wrote %v", entries)
 	}
 }
+
+// TestServingDirNamesDoNotCollide: in a directory that certs apiservice and certs webhook share, a webhook
+// manifest named like one of the APIService's files is refused before anything is written, and a copy an
+// older konnect wrote under such a name is not replaced by certs apiservice: either would leave one of the
+// two out of the directory, and out of the next rotate-ca.
+func TestServingDirNamesDoNotCollide(t *testing.T) {
+	in := t.TempDir()
+	hooks := strings.ReplaceAll(testWebhooks, "name: hook", "name: api")
+	apiservice := []string{"certs", "apiservice", "--service", "api", "--namespace", "pizza", "--group", "restaurant.example.com", "--version", "v1alpha1"}
+	for _, name := range []string{"apiservice.yaml", "auth-delegator.yaml", "authentication-reader.yaml"} {
+		t.Run(name, func(t *testing.T) {
+			input := filepath.Join(in, name)
+			if err := os.WriteFile(input, []byte(hooks), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "api")
+			mustRun(t, append(apiservice, "--out", dir)...)
+			before := sums(t, dir)
+			_, err := run(t, "certs", "webhook", "--service", "api", "--namespace", "pizza", "--out", dir, input)
+			if err == nil || !strings.Contains(err.Error(), input) || !strings.Contains(err.Error(), "rename it") {
+				t.Fatalf("a webhook manifest named %s: %v", name, err)
+			}
+			if !maps.Equal(before, sums(t, dir)) {
+				t.Fatal("the refused certs webhook changed the directory")
+			}
+
+			// As an older konnect left it: the webhook's copy in the APIService's file.
+			dir = filepath.Join(t.TempDir(), "api")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			copied := filepath.Join(dir, name)
+			if err := os.WriteFile(copied, markedCopy([]byte(hooks)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err = run(t, append(apiservice, "--out", dir)...)
+			if err == nil || !strings.Contains(err.Error(), copied) {
+				t.Fatalf("certs apiservice over a webhook copy in %s: %v", name, err)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+				t.Fatalf("the refused certs apiservice wrote %v", entries)
+			}
+		})
+	}
+}
