@@ -87,11 +87,6 @@ func New(cfg *Config) (_ *Agent, err error) {
 	reg := daemon.NewRegistry()
 	ac := cfg.Agent
 	ac.Registerer = reg
-	for name, file := range map[string]string{"agent-client": ac.CertFile, "agent-ca": ac.CAFile} {
-		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-	}
 	if l := cfg.Leases; l != nil {
 		if a.leases, err = agent.NewLeaseCounter(l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
 			return nil, fmt.Errorf("--count-server-leases: %w", err)
@@ -100,6 +95,12 @@ func New(cfg *Config) (_ *Agent, err error) {
 	}
 	if a.agent, err = agent.New(ac); err != nil {
 		return nil, err
+	}
+	certNames := map[string]string{"CertFile": "agent-client", "CAFile": "agent-ca"}
+	for field, cert := range a.agent.Certificates() {
+		if err := daemon.RegisterCertExpiry(reg, certNames[field], cert); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 	}
 	// The lease informer of --count-server-leases is upstream's, which counts its lists and watches in
 	// prometheus' default registry.

@@ -99,6 +99,8 @@ func TestAgentCommand(t *testing.T) {
 		{"/metrics", "konnectivity_network_proxy_agent_open_server_connections 1"},
 		{"/metrics", `konnect_certificate_expiry_seconds{file="` + caFile + `",name="agent-ca"}`},
 		{"/metrics", `konnect_certificate_expiry_seconds{file="` + certFile + `",name="agent-client"}`},
+		{"/metrics", `konnect_certificate_reload_pending{file="` + caFile + `",name="agent-ca"} 0`},
+		{"/metrics", `konnect_certificate_reload_pending{file="` + certFile + `",name="agent-client"} 0`},
 	} {
 		code, body := get(base + tc.path)
 		if code != 200 || !strings.Contains(body, tc.want) {
