@@ -127,13 +127,32 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Run connects to the servers and serves them until ctx ends. Then it drains: it sends DRAIN to every
+// StartGate is something Run waits for before it connects (Config.StartAfter).
+type StartGate interface {
+	// WaitForSync returns nil once the agent may connect, or an error once ctx ends.
+	WaitForSync(ctx context.Context) error
+	// Waiting says what it waits for, for the initial-sync check.
+	Waiting() string
+}
+
+// Run connects to the servers and serves them until ctx ends; with Config.StartAfter, it waits for it
+// first. Then it drains: it sends DRAIN to every
 // server (which then sends it a dial only when no other agent serves the destination), serves such dials,
 // waits for open connections to finish for at most Config.GracefulTimeout, closes what is left and returns
 // nil.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return errors.New("agent: Run called twice")
+	}
+	if g := a.cfg.StartAfter; g != nil {
+		// Rather than failing and waiting out the kubelet's back-off once the wait is over; a stop during
+		// the wait is a clean one.
+		if err := g.WaitForSync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 	}
 	a.startedAt.Store(time.Now().UnixNano())
 	// Sessions outlive ctx: they must stay up while draining.
@@ -621,8 +640,16 @@ func (a *Agent) ReadyChecks() []healthz.HealthChecker {
 			if a.synced.Load() {
 				return nil
 			}
-			up := time.Since(time.Unix(0, a.startedAt.Load()))
-			if a.startedAt.Load() != 0 && up >= a.cfg.InitialSyncGrace {
+			startedAt := a.startedAt.Load()
+			if startedAt == 0 {
+				// No count to report yet: the agent has not started connecting.
+				if g := a.cfg.StartAfter; g != nil {
+					return errors.New(g.Waiting())
+				}
+				return errors.New("not started yet")
+			}
+			up := time.Since(time.Unix(0, startedAt))
+			if up >= a.cfg.InitialSyncGrace {
 				return nil
 			}
 			n, known := a.Connected()

@@ -38,6 +38,9 @@ type Config struct {
 	// with the serverCount header as --server-count-source says: see ServerCountMax.
 	ServerCount    func() int
 	ServerCountMax bool // true: the larger of ServerCount and the header count; false: ServerCount alone
+	// StartAfter, when set, is what Run waits for before it connects: LeaseCounter, whose count means
+	// nothing before its watch has synced. Until then initial-sync says what it waits for.
+	StartAfter StartGate
 
 	Allow           AllowList     // empty: every destination may be dialled
 	DialTimeout     time.Duration // per backend dial

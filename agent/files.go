@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 
 	"github.com/konnect-dev/konnect/pki/field"
@@ -22,7 +21,7 @@ func parseToken(data [][]byte) (string, error) {
 
 // credentials are the agent's reloadable TLS and token material.
 type credentials struct {
-	ca      *reload.Files[*x509.CertPool]   // nil: system roots
+	ca      *reload.Files[*reload.CABundle] // nil: system roots
 	keyPair *reload.Files[*tls.Certificate] // nil: no client certificate
 	token   *reload.Files[string]           // nil: no token
 	alpn    []string
@@ -73,7 +72,7 @@ func (c *credentials) tlsConfig(serverName string) *tls.Config {
 		NextProtos: append([]string(nil), c.alpn...),
 	}
 	if c.ca != nil {
-		cfg.RootCAs = c.ca.Get()
+		cfg.RootCAs = c.ca.Get().Pool
 	}
 	if c.keyPair != nil {
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -81,6 +80,20 @@ func (c *credentials) tlsConfig(serverName string) *tls.Config {
 		}
 	}
 	return cfg
+}
+
+// Certificates are the client certificate and the CA bundle the agent loaded, by Config field ("CertFile",
+// "CAFile"; only those configured), each as it is in use, for the daemon's metrics.
+func (a *Agent) Certificates() map[string]reload.Cert {
+	c := a.creds
+	m := map[string]reload.Cert{}
+	if c.keyPair != nil {
+		m["CertFile"] = reload.PairCert(c.keyPair)
+	}
+	if c.ca != nil {
+		m["CAFile"] = reload.BundleCert(c.ca)
+	}
+	return m
 }
 
 // bearer returns the token to send, read again from disk if the kubelet rotated it.

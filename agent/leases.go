@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -26,6 +27,7 @@ type LeaseCounter struct {
 	namespace string
 	informer  cache.SharedIndexInformer
 	counter   *upstreamagent.ServerLeaseCounter
+	waitSince atomic.Int64 // WaitForSync's start in Unix nanoseconds; 0 before
 }
 
 // NewLeaseCounter builds the client, the watch and the counter, and starts nothing: Run runs the watch.
@@ -74,6 +76,7 @@ func (l *LeaseCounter) Run(ctx context.Context) error {
 // ctx ends first.
 func (l *LeaseCounter) WaitForSync(ctx context.Context) error {
 	began := time.Now()
+	l.waitSince.CompareAndSwap(0, began.UnixNano())
 	for {
 		round, cancel := context.WithTimeout(ctx, leaseSyncReport)
 		ok := cache.WaitForCacheSync(round.Done(), l.informer.HasSynced)
@@ -87,4 +90,13 @@ func (l *LeaseCounter) WaitForSync(ctx context.Context) error {
 		klog.InfoS("Waiting for the server leases before connecting; the lease watch's errors say why",
 			"namespace", l.namespace, "waited", time.Since(began).Round(time.Second))
 	}
+}
+
+// Waiting says that the agent waits for the leases, and since when, for its initial-sync check.
+func (l *LeaseCounter) Waiting() string {
+	what := fmt.Sprintf("waiting for the server leases in namespace %q to sync before connecting", l.namespace)
+	if since := l.waitSince.Load(); since != 0 {
+		what += fmt.Sprintf(" (for %s; the log has the lease watch's errors)", time.Since(time.Unix(0, since)).Round(time.Second))
+	}
+	return what
 }

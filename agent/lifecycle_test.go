@@ -129,6 +129,41 @@ func TestInitialSync(t *testing.T) {
 	}
 }
 
+// gate is a StartGate that opens when its channel is closed.
+type gate chan struct{}
+
+func (g gate) WaitForSync(ctx context.Context) error {
+	select {
+	case <-g:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g gate) Waiting() string { return "waiting for the gate" }
+
+// TestInitialSyncWaitsForStartAfter: until Config.StartAfter lets the agent connect, initial-sync says what
+// the agent waits for, and no server count or time since a start that has not happened.
+func TestInitialSyncWaitsForStartAfter(t *testing.T) {
+	pki := newTestPKI(t)
+	s1 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
+	cfg := pki.config(s1.agentAddr)
+	g := make(gate)
+	cfg.StartAfter = g
+	ra := startAgent(t, cfg)
+	time.Sleep(200 * time.Millisecond) // Run is waiting
+	if err := notReady(ra); err == nil || err.Error() != "initial-sync: waiting for the gate" {
+		t.Fatalf("waiting for StartAfter: %v, want initial-sync: waiting for the gate", err)
+	}
+	if s1.backends() != 0 {
+		t.Fatal("the agent connected before StartAfter let it")
+	}
+	close(g)
+	s1.waitBackends(t, 1)
+	harness.EventuallyTrue(t, 10*time.Second, "agent ready", func() bool { return notReady(ra) == nil })
+}
+
 func TestTwoServersOneAgent(t *testing.T) {
 	pki := newTestPKI(t)
 	s1 := startUpstreamServer(t, serverOpts{id: "s1", count: 2, ca: pki.ca})

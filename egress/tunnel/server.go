@@ -68,6 +68,10 @@ type Server struct {
 	leases       *leases.Controller
 	dials        *pendingDials
 
+	// The certificates in use, for Certificates.
+	agentCerts    tlsCerts
+	frontendCerts tlsCerts // zero on the Unix socket
+
 	metrics   *metrics
 	agents    agentTracker
 	frontends atomic.Int64
@@ -165,10 +169,11 @@ func New(c *Config) (_ *Server, err error) {
 // newAgentServer binds the agent listener and builds its gRPC server: mutual TLS with batched records.
 func (s *Server) newAgentServer() error {
 	cfg := s.cfg
-	agentTLS, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, cfg.ClusterAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+	agentTLS, certs, err := serverTLS(cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterCA, cfg.ClusterAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 	if err != nil {
 		return field.Errorf("{ClusterCert}: %w", err)
 	}
+	s.agentCerts = certs
 	if s.agentLn, err = net.Listen("tcp", cfg.AgentAddr); err != nil {
 		return field.Errorf("{AgentAddr}: listen on %s: %w", cfg.AgentAddr, err)
 	}
@@ -239,10 +244,11 @@ func (s *Server) newFrontendGRPC() error {
 	cfg := s.cfg
 	creds := insecure.NewCredentials()
 	if cfg.UDSName == "" {
-		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		tc, certs, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"h2"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
 			return field.Errorf("{ServerCert}: %w", err)
 		}
+		s.frontendCerts = certs
 		creds = admitCreds{credentials.NewTLS(tc), s.frontendAdm}
 	}
 	s.frontendGRPC = grpc.NewServer(
@@ -275,10 +281,11 @@ func (s *Server) newFrontendHTTP() error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	if cfg.UDSName == "" {
-		tc, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
+		tc, certs, err := serverTLS(cfg.ServerCert, cfg.ServerKey, cfg.ServerCA, cfg.ServerAllowedNames, []string{"http/1.1"}, cfg.MinTLSVersion, cfg.CipherSuites)
 		if err != nil {
 			return field.Errorf("{ServerCert}: %w", err)
 		}
+		s.frontendCerts = certs
 		s.frontendHTTP.TLSConfig = tc
 		// CONNECT tunnels are HTTP/1.1 only.
 		s.frontendHTTP.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}

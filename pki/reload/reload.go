@@ -59,6 +59,7 @@ type Files[T any] struct {
 	value     T
 	stamps    []stamp
 	lastCheck time.Time
+	pending   error // why the files on disk are not the loaded version; nil when they are
 }
 
 // LoadError is files that could not be read (Paths nil) or parsed. Its text starts with What, the label the
@@ -118,38 +119,58 @@ func (f *Files[T]) load() (T, []stamp, error) {
 
 // Get returns the current value, parsed again first if a file changed since the last check.
 func (f *Files[T]) Get() T {
+	v, _ := f.State()
+	return v
+}
+
+// State returns the value in use, after the check Get does, and why the files on disk are not that version:
+// a *LoadError for a changed file that does not load or a file that cannot be stat'ed (the next restart
+// would fail on it), nil once the files on disk are the version in use. Monitoring reads it, since nothing
+// else fails while the last good version serves.
+func (f *Files[T]) State() (T, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
 	if now.Sub(f.lastCheck) < CheckInterval {
-		return f.value
+		return f.value, f.pending
 	}
 	f.lastCheck = now
-	if f.unchanged() {
-		return f.value
+	f.pending = f.check()
+	return f.value, f.pending
+}
+
+// check loads the files again if one changed since they were loaded, and returns why the files on disk are
+// not the loaded version.
+func (f *Files[T]) check() error {
+	changed, err := f.changed()
+	if err != nil {
+		klog.ErrorS(err, "Cannot check file for changes; keeping the loaded version", "what", f.what)
+		return err
+	}
+	if !changed {
+		return nil
 	}
 	v, stamps, err := f.load()
 	if err != nil {
 		klog.ErrorS(err, "Changed file is not usable yet; keeping the loaded version", "what", f.what)
-		return f.value
+		return err
 	}
 	f.value, f.stamps = v, stamps
 	klog.InfoS("Reloaded from disk", "what", f.what, "files", f.paths)
-	return v
+	return nil
 }
 
-// unchanged reports whether every file still has its loaded stamp. A file that cannot be stat'ed counts as
-// unchanged: the loaded version stays in use, and the error is logged.
-func (f *Files[T]) unchanged() bool {
+// changed reports whether a file no longer has its loaded stamp. A file that cannot be stat'ed is an error:
+// the loaded version stays in use.
+func (f *Files[T]) changed() (bool, error) {
 	for i, p := range f.paths {
 		s, err := stampOf(p)
 		if err != nil {
-			klog.ErrorS(err, "Cannot check file for changes; keeping the loaded version", "file", p, "what", f.what)
-			return true
+			return false, &LoadError{What: f.what, Err: err}
 		}
 		if !s.equal(f.stamps[i]) {
-			return false
+			return true, nil
 		}
 	}
-	return true
+	return false, nil
 }

@@ -80,3 +80,48 @@ func TestLoadErrorText(t *testing.T) {
 		t.Error("LoadError does not unwrap to its cause")
 	}
 }
+
+// State tells a monitor what Get hides: the files on disk are not the version in use, from a changed file
+// that does not load or a file that is gone until a good version loads.
+func TestStatePending(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("one")
+	f, err := New("thing", parseText, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// state waits out the check interval, so that each call checks the disk.
+	state := func() (string, error) {
+		time.Sleep(CheckInterval + 10*time.Millisecond)
+		return f.State()
+	}
+	if v, err := state(); v != "one" || err != nil {
+		t.Fatalf("unchanged: %q, %v; want one, nil", v, err)
+	}
+	write("bad, a renewal that does not parse")
+	var le *LoadError
+	for i := 0; i < 2; i++ { // and again at the next check: it stays pending until the file is fixed
+		if v, err := state(); v != "one" || !errors.As(err, &le) || le.What != "thing" || le.Paths == nil {
+			t.Fatalf("broken change, check %d: %q, %v; want one and a LoadError naming thing and its files", i, v, err)
+		}
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := state(); v != "one" || !errors.As(err, &le) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("file removed: %q, %v; want one and not-exist", v, err)
+	}
+	write("two")
+	if v, err := state(); v != "two" || err != nil {
+		t.Fatalf("good renewal: %q, %v; want two, nil", v, err)
+	}
+	if v, err := state(); v != "two" || err != nil {
+		t.Fatalf("unchanged after the renewal: %q, %v; want two, nil", v, err)
+	}
+}

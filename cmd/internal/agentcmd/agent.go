@@ -87,19 +87,20 @@ func New(cfg *Config) (_ *Agent, err error) {
 	reg := daemon.NewRegistry()
 	ac := cfg.Agent
 	ac.Registerer = reg
-	for name, file := range map[string]string{"agent-client": ac.CertFile, "agent-ca": ac.CAFile} {
-		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-	}
 	if l := cfg.Leases; l != nil {
 		if a.leases, err = agent.NewLeaseCounter(l.Kubeconfig, l.Namespace, l.Selector, l.ContentType); err != nil {
 			return nil, fmt.Errorf("--count-server-leases: %w", err)
 		}
-		ac.ServerCount = a.leases.Count
+		ac.ServerCount, ac.StartAfter = a.leases.Count, a.leases
 	}
 	if a.agent, err = agent.New(ac); err != nil {
 		return nil, err
+	}
+	certNames := map[string]string{"CertFile": "agent-client", "CAFile": "agent-ca"}
+	for field, cert := range a.agent.Certificates() {
+		if err := daemon.RegisterCertExpiry(reg, certNames[field], cert); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 	}
 	// The lease informer of --count-server-leases is upstream's, which counts its lists and watches in
 	// prometheus' default registry.
@@ -152,19 +153,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Added before the agent, the watch stops after it: the count stays true while the agent drains.
 		g.Add("--count-server-leases", a.leases.Run)
 	}
-	g.Add("", func(ctx context.Context) error {
-		if a.leases != nil {
-			// The count means nothing before the watch has synced, so the agent waits for it as upstream's
-			// does, rather than failing and waiting out the kubelet's back-off once kube-apiserver is back;
-			// a signal during the wait is a clean stop.
-			if err := a.leases.WaitForSync(ctx); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("--count-server-leases: %w", err)
-			}
-		}
-		return a.agent.Run(ctx)
-	})
+	// With --count-server-leases, the agent waits for the watch to sync before it connects, as upstream's
+	// does (agent.Config.StartAfter).
+	g.Add("", a.agent.Run)
 	return g.Run(ctx)
 }

@@ -99,6 +99,8 @@ func TestAgentCommand(t *testing.T) {
 		{"/metrics", "konnectivity_network_proxy_agent_open_server_connections 1"},
 		{"/metrics", `konnect_certificate_expiry_seconds{file="` + caFile + `",name="agent-ca"}`},
 		{"/metrics", `konnect_certificate_expiry_seconds{file="` + certFile + `",name="agent-client"}`},
+		{"/metrics", `konnect_certificate_reload_pending{file="` + caFile + `",name="agent-ca"} 0`},
+		{"/metrics", `konnect_certificate_reload_pending{file="` + certFile + `",name="agent-client"} 0`},
 	} {
 		code, body := get(base + tc.path)
 		if code != 200 || !strings.Contains(body, tc.want) {
@@ -167,7 +169,8 @@ func TestAgentCommandRefusals(t *testing.T) {
 
 // sigtermStops runs `konnect agent args...` with its health port on health, waits until path answers 200
 // there, sends the process SIGTERM and checks that the agent stops cleanly within stopWithin.
-func sigtermStops(t *testing.T, health, path string, stopWithin time.Duration, args ...string) {
+// whileUp, when set, runs once path answers 200, before the SIGTERM.
+func sigtermStops(t *testing.T, health, path string, stopWithin time.Duration, whileUp func(base string), args ...string) {
 	t.Helper()
 	cmd := NewAgentCommand()
 	cmd.SetArgs(append(args, "--health-server-host=127.0.0.1", "--health-server-port="+health, "--admin-server-port="+freePort(t)))
@@ -179,6 +182,9 @@ func sigtermStops(t *testing.T, health, path string, stopWithin time.Duration, a
 			t.Fatalf("the agent's %s never answered 200", path)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if whileUp != nil {
+		whileUp("http://127.0.0.1:" + health)
 	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -229,7 +235,7 @@ func TestAgentCommandServerMissing(t *testing.T) {
 func TestAgentCommandSIGTERM(t *testing.T) {
 	addr, caFile, _, _ := testServer(t)
 	host, port, _ := net.SplitHostPort(addr)
-	sigtermStops(t, freePort(t), "/readyz", 10*time.Second,
+	sigtermStops(t, freePort(t), "/readyz", 10*time.Second, nil,
 		"--ca-cert="+caFile, "--proxy-server-host="+host, "--proxy-server-port="+port, "--graceful-timeout=2s")
 }
 
@@ -255,8 +261,15 @@ func TestAgentCommandSIGTERMWhileWaitingForLeases(t *testing.T) {
 		"\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\ncurrent-context: c\n"), 0o600)
 	addr, caFile, _, _ := testServer(t)
 	host, port, _ := net.SplitHostPort(addr)
-	// /livez answers once Run serves it; the agent is then waiting for the leases.
-	sigtermStops(t, freePort(t), "/livez", 5*time.Second,
+	// /livez answers once Run serves it; the agent is then waiting for the leases, and /readyz says so,
+	// without a server count or a time since a start that has not happened.
+	whileUp := func(base string) {
+		want := `[-]initial-sync failed: waiting for the server leases in namespace "kube-system" to sync before connecting`
+		if code, body := get(base + "/readyz?verbose"); code != 500 || !strings.Contains(body, want) || strings.Contains(body, "after the start") {
+			t.Errorf("/readyz?verbose while waiting for the leases: %d %q, want %q", code, body, want)
+		}
+	}
+	sigtermStops(t, freePort(t), "/livez", 5*time.Second, whileUp,
 		"--ca-cert="+caFile, "--proxy-server-host="+host, "--proxy-server-port="+port,
 		"--count-server-leases", "--kubeconfig="+kubeconfig)
 }

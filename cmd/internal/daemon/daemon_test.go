@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/reload"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -101,10 +103,6 @@ func TestHealthEndpoints(t *testing.T) {
 		healthz.NamedCheck("tunnel", func(*http.Request) error { return tunnelErr }),
 	}
 	reg := prometheus.NewRegistry()
-	dir := t.TempDir()
-	if err := RegisterCertExpiry(reg, "agent-ca", filepath.Join(dir, "missing.crt")); err != nil {
-		t.Fatal(err)
-	}
 	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
 	if err != nil {
 		t.Fatal(err)
@@ -137,8 +135,8 @@ func TestHealthEndpoints(t *testing.T) {
 	if code, _ := get(t, base+"/readyz"); code != 200 {
 		t.Errorf("/readyz after recovery = %d, want 200", code)
 	}
-	if code, body := get(t, base+"/metrics"); code != 200 || strings.Contains(body, "konnect_certificate_expiry_seconds{") {
-		t.Errorf("/metrics = %d; a missing cert file must export no sample:\n%s", code, body)
+	if code, _ := get(t, base+"/metrics"); code != 200 {
+		t.Errorf("/metrics = %d", code)
 	}
 
 	cancel()
@@ -159,27 +157,44 @@ func TestCertExpiryMetric(t *testing.T) {
 	if err := os.WriteFile(file, []byte(testCert), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	notAfter, err := CertNotAfter(file)
+	bundle, err := reload.CAPool("CA bundle", file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if notAfter.Year() < 2120 {
-		t.Fatalf("NotAfter = %v, want about a century from 2026", notAfter)
-	}
 	reg := prometheus.NewRegistry()
-	if err := RegisterCertExpiry(reg, "ca", file); err != nil {
+	if err := RegisterCertExpiry(reg, "ca", reload.BundleCert(bundle)); err != nil {
 		t.Fatal(err)
 	}
 	// A second certificate on the same registry is a daemon with both a CA bundle and a client certificate.
-	if err := RegisterCertExpiry(reg, "client", file); err != nil {
+	if err := RegisterCertExpiry(reg, "client", reload.Cert{File: file, InUse: func() (*x509.Certificate, error) {
+		c, _ := bundle.State()
+		return c.Certs[0], errors.New("changed file does not load")
+	}}); err != nil {
 		t.Fatalf("second certificate on one registry: %v", err)
 	}
 	mfs, err := reg.Gather()
-	if err != nil || len(mfs) != 1 || len(mfs[0].Metric) != 2 {
-		t.Fatalf("Gather = %v, %v; want two samples of one metric", mfs, err)
+	if err != nil || len(mfs) != 2 {
+		t.Fatalf("Gather = %v, %v; want two metrics", mfs, err)
 	}
-	if v := mfs[0].Metric[0].GetGauge().GetValue(); v < 90*365*24*3600 {
-		t.Fatalf("expiry seconds = %v, want about a century", v)
+	for _, mf := range mfs {
+		if len(mf.Metric) != 2 {
+			t.Fatalf("%s has %d samples, want one per certificate", mf.GetName(), len(mf.Metric))
+		}
+		for _, m := range mf.Metric {
+			v, name := m.GetGauge().GetValue(), m.GetLabel()[1].GetValue()
+			switch mf.GetName() {
+			case "konnect_certificate_expiry_seconds":
+				if v < 90*365*24*3600 {
+					t.Errorf("%s: expiry seconds = %v, want about a century", name, v)
+				}
+			case "konnect_certificate_reload_pending":
+				if want := map[string]float64{"ca": 0, "client": 1}[name]; v != want {
+					t.Errorf("%s: reload pending = %v, want %v", name, v, want)
+				}
+			default:
+				t.Errorf("unexpected metric %s", mf.GetName())
+			}
+		}
 	}
 }
 

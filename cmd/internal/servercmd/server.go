@@ -96,16 +96,17 @@ func New(cfg *Config) (_ *Server, err error) {
 	reg := daemon.NewRegistry()
 	tc := cfg.Tunnel
 	tc.Registerer = reg
-	// Before tunnel.New, which binds listeners that an error here would leave open.
-	for name, file := range map[string]string{"cluster-cert": tc.ClusterCert, "server-cert": tc.ServerCert} {
-		if err := daemon.RegisterCertExpiry(reg, name, file); err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-	}
 	if s.tunnel, err = tunnel.New(&tc); err != nil {
 		return nil, flagError(err)
 	}
 	s.bound.Add(s.tunnel)
+	// Named by their flags.
+	certNames := map[string]string{"ClusterCert": "cluster-cert", "ClusterCA": "cluster-ca-cert", "ServerCert": "server-cert", "ServerCA": "server-ca-cert"}
+	for field, cert := range s.tunnel.Certificates() {
+		if err := daemon.RegisterCertExpiry(reg, certNames[field], cert); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
 	if tc.AllowUnauthenticatedAgents {
 		klog.Warningf("Agents are not authenticated (--allow-unauthenticated-agents, and neither --cluster-ca-cert nor --agent-namespace): "+
 			"anyone who reaches %s can register as an agent and receive kube-apiserver's traffic", s.tunnel.AgentAddr())

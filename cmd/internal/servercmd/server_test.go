@@ -3,6 +3,8 @@ package servercmd
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -82,26 +85,13 @@ func runCmd(t *testing.T, ctx context.Context, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// TestServerAndDoctor runs `konnect server` as a user would, checks its health, metrics and admin
-// endpoints, and drives `konnect doctor status` and `konnect doctor dial` against it, before and after an
-// agent connects.
-func TestServerAndDoctor(t *testing.T) {
-	dir, err := os.MkdirTemp("", "ksc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ca, sc, sk, ac, ak := writePKI(t, dir)
-	sock := filepath.Join(dir, "konnectivity-server.socket")
-
+// startServer runs `konnect server` with args until the test ends, and returns its agent, health (a URL)
+// and admin addresses.
+func startServer(t *testing.T, args ...string) (agentAddr, health, admin string) {
+	t.Helper()
 	var out syncBuffer
 	cmd := NewServerCommand()
-	cmd.SetArgs([]string{
-		"--uds-name=" + sock, "--cluster-cert=" + sc, "--cluster-key=" + sk, "--cluster-ca-cert=" + ca,
-		"--mode=grpc", "--server-port=0", "--agent-port=0", "--agent-bind-address=127.0.0.1",
-		"--admin-port=0", "--health-port=0", "--graceful-timeout=2s", "--server-id=cmd-test",
-		"--logtostderr=true", "--v=0",
-	})
+	cmd.SetArgs(args)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -125,7 +115,26 @@ func TestServerAndDoctor(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	agentAddr, health, admin := m[1], "http://"+m[2], m[3]
+	return m[1], "http://" + m[2], m[3]
+}
+
+// TestServerAndDoctor runs `konnect server` as a user would, checks its health, metrics and admin
+// endpoints, and drives `konnect doctor status` and `konnect doctor dial` against it, before and after an
+// agent connects.
+func TestServerAndDoctor(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ksc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ca, sc, sk, ac, ak := writePKI(t, dir)
+	sock := filepath.Join(dir, "konnectivity-server.socket")
+
+	agentAddr, health, admin := startServer(t,
+		"--uds-name="+sock, "--cluster-cert="+sc, "--cluster-key="+sk, "--cluster-ca-cert="+ca,
+		"--mode=grpc", "--server-port=0", "--agent-port=0", "--agent-bind-address=127.0.0.1",
+		"--admin-port=0", "--health-port=0", "--graceful-timeout=2s", "--server-id=cmd-test",
+		"--logtostderr=true", "--v=0")
 
 	if code, body := get(t, health+"/readyz?verbose"); code != 200 || !strings.Contains(body, "[+]frontend-socket ok") || !strings.Contains(body, "[+]shutdown ok") {
 		t.Errorf("/readyz?verbose: %d %s", code, body)
@@ -302,4 +311,103 @@ func TestTwoServersInOneProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestCertificateMetricsShowTheCertificateInUse: after a renewal that does not load (a certificate for
+// another key, a CA bundle with no certificate), the server keeps the old certificate, and so must
+// konnect_certificate_expiry_seconds, or an expiry alert would be silenced until the old one expires;
+// konnect_certificate_reload_pending shows the failed renewal until a good one loads.
+func TestCertificateMetricsShowTheCertificateInUse(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ksc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ca := pkitest.NewCA(t, "test-ca")
+	caFile := ca.WriteCert(t, filepath.Join(dir, "ca.crt"))
+	sc, sk := ca.Server(t, "server", "127.0.0.1").Write(t, dir, "server")
+	client := ca.Client(t, "agent")
+	agentAddr, health, _ := startServer(t,
+		"--uds-name="+filepath.Join(dir, "s.sock"), "--cluster-cert="+sc, "--cluster-key="+sk, "--cluster-ca-cert="+caFile,
+		"--mode=grpc", "--server-port=0", "--agent-port=0", "--agent-bind-address=127.0.0.1",
+		"--admin-port=0", "--health-port=0", "--graceful-timeout=2s", "--logtostderr=true", "--v=0")
+
+	// sample reads name's two series; each scrape checks the files, at most once per reload.CheckInterval.
+	sample := func(name, file string) (expiry time.Duration, pending string) {
+		t.Helper()
+		_, body := get(t, health+"/metrics")
+		labels := regexp.QuoteMeta(`{file="` + file + `",name="` + name + `"} `)
+		e := regexp.MustCompile(`(?m)^konnect_certificate_expiry_seconds` + labels + `(\S+)$`).FindStringSubmatch(body)
+		p := regexp.MustCompile(`(?m)^konnect_certificate_reload_pending` + labels + `(\S+)$`).FindStringSubmatch(body)
+		if e == nil || p == nil {
+			t.Fatalf("/metrics lacks %s's series:\n%s", name, body)
+		}
+		secs, err := strconv.ParseFloat(e[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(secs * float64(time.Second)), p[1]
+	}
+	// waitPending scrapes until name's pending series is want, and returns the expiry then.
+	waitPending := func(name, file, want string) time.Duration {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			expiry, pending := sample(name, file)
+			if pending == want {
+				return expiry
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: konnect_certificate_reload_pending %s, want %s", name, pending, want)
+			}
+		}
+	}
+	// served is the certificate the agent port presents.
+	served := func() *x509.Certificate {
+		t.Helper()
+		c, err := tls.Dial("tcp", agentAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1",
+			Certificates: []tls.Certificate{client.TLS()}, NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0]
+	}
+	near := func(d time.Duration, notAfter time.Time) bool {
+		return (time.Until(notAfter) - d).Abs() < time.Minute
+	}
+
+	old := served()
+	if e := waitPending("cluster-cert", sc, "0"); !near(e, old.NotAfter) {
+		t.Fatalf("at start: cluster-cert expires in %v, want the served certificate's %v", e, time.Until(old.NotAfter))
+	}
+	// A renewal that wrote a ten-day certificate for a new key, but not the key.
+	renewed := ca.Issue(t, pkitest.Spec{CN: "server", Hosts: []string{"127.0.0.1"}, Server: true, NotAfter: time.Now().Add(10 * 24 * time.Hour)})
+	pkitest.WriteFile(t, sc, renewed.CertPEM)
+	e := waitPending("cluster-cert", sc, "1")
+	if !served().Equal(old) {
+		t.Fatal("the server serves a certificate whose key it does not have")
+	}
+	if !near(e, old.NotAfter) {
+		t.Errorf("broken renewal: cluster-cert expires in %v, want the certificate in use's %v, not the file's %v",
+			e, time.Until(old.NotAfter), time.Until(renewed.Cert.NotAfter))
+	}
+	// The renewal completes: the key, then the certificate, each renamed into place.
+	renewed.Write(t, dir, "server")
+	if e := waitPending("cluster-cert", sc, "0"); !near(e, renewed.Cert.NotAfter) {
+		t.Errorf("good renewal: cluster-cert expires in %v, want %v", e, time.Until(renewed.Cert.NotAfter))
+	}
+	if !served().Equal(renewed.Cert) {
+		t.Error("the renewed certificate is not served")
+	}
+
+	// The CA bundle the server trusts: one without a certificate does not load; the CA in use is reported.
+	if e := waitPending("cluster-ca-cert", caFile, "0"); !near(e, ca.Cert.NotAfter) {
+		t.Fatalf("cluster-ca-cert expires in %v, want %v", e, time.Until(ca.Cert.NotAfter))
+	}
+	pkitest.WriteFile(t, caFile, []byte("# no certificate yet\n"))
+	if e := waitPending("cluster-ca-cert", caFile, "1"); !near(e, ca.Cert.NotAfter) {
+		t.Errorf("broken CA bundle: cluster-ca-cert expires in %v, want the CA in use's %v", e, time.Until(ca.Cert.NotAfter))
+	}
+	ca.WriteCert(t, caFile)
+	waitPending("cluster-ca-cert", caFile, "0")
 }
