@@ -306,8 +306,13 @@ func (s Server) Pod() (*corev1.Pod, error) {
 			Annotations: annotations,
 		},
 		Spec: corev1.PodSpec{
-			HostNetwork:       true,
-			PriorityClassName: "system-cluster-critical",
+			HostNetwork: true,
+			// As kubeadm's control-plane pods: node-critical, so that the kubelet's OOM score protects it
+			// (only node-critical pods get -997), and with the class's value written out, since a static
+			// pod passes no admission that would fill it in and graceful node shutdown orders pods by it.
+			// kube-apiserver must not outlive its tunnel.
+			PriorityClassName: "system-node-critical",
+			Priority:          ptr.To[int32](systemNodeCriticalPriority),
 			SecurityContext: &corev1.PodSecurityContext{
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
@@ -321,7 +326,7 @@ func (s Server) Pod() (*corev1.Pod, error) {
 				LivenessProbe:   liveness,
 				ReadinessProbe:  probe("/readyz", 5, 3),
 				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-					corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
+					corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("128Mi"), // about what 1,000 tunnels take
 				}},
 				VolumeMounts: mounts,
 				// Root, because the keys are root's 0600 files and the socket directory is root's; but with
@@ -337,6 +342,10 @@ func (s Server) Pod() (*corev1.Pod, error) {
 		},
 	}, nil
 }
+
+// systemNodeCriticalPriority is the value of PriorityClass system-node-critical
+// (SystemCriticalPriority + 1000 in Kubernetes' scheduling API), the value kubeadm writes into its static pods.
+const systemNodeCriticalPriority = 2000001000
 
 // fileMount is a file the pod mounts on its own, and the volume's name.
 type fileMount struct{ name, path string }

@@ -180,8 +180,9 @@ func TestServerPod(t *testing.T) {
 				t.Errorf("pod %s/%s", pod.Namespace, pod.Name)
 			}
 			spec := pod.Spec
-			if !spec.HostNetwork || spec.PriorityClassName != "system-cluster-critical" {
-				t.Errorf("hostNetwork %v, priorityClassName %q", spec.HostNetwork, spec.PriorityClassName)
+			if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" || spec.Priority == nil || *spec.Priority != 2000001000 {
+				t.Errorf("hostNetwork %v, priorityClassName %q, priority %v; want the node-critical class and its value, as kubeadm's control-plane pods",
+					spec.HostNetwork, spec.PriorityClassName, spec.Priority)
 			}
 			if spec.SecurityContext == nil || spec.SecurityContext.SeccompProfile == nil || spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 				t.Errorf("pod securityContext %+v, want seccomp RuntimeDefault", spec.SecurityContext)
