@@ -1,11 +1,14 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,10 +34,8 @@ func getFrom(src, addr string) error {
 	return nil
 }
 
-// TestServeLimitsConnectionsPerSource: a health, metrics or admin endpoint takes at most MaxConnsPerSource
-// connections from one source address at once (each also bounded in time by the timeouts); beyond, a new
-// one is reset, while other sources are served, and the source is served again once it closes some.
-func TestServeLimitsConnectionsPerSource(t *testing.T) {
+func serveHealth(t *testing.T) (addr string, stop func()) {
+	t.Helper()
 	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
 	if err != nil {
 		t.Fatal(err)
@@ -42,42 +43,152 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, ln, NewHealthMux(nil, nil, prometheus.NewRegistry())) }()
-	defer func() { cancel(); <-done }()
-	addr := ln.Addr().String()
+	return ln.Addr().String(), func() { cancel(); <-done }
+}
 
+// closedOf counts the connections of cs that the server has closed or reset: each is read until a deadline
+// 300 ms away, all at once.
+func closedOf(cs []net.Conn) int {
+	var wg sync.WaitGroup
+	var closed atomic.Int32
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if reset(c) {
+				closed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(closed.Load())
+}
+
+// TestServeEvictsQuietConnectionsAtTheBound: kubelet's probe shares its source (loopback, or the node's
+// address) with every other process there, so a process that holds the source's share of connections
+// without using them (a scraper that leaks keep-alive connections, a script) must not get the probe
+// refused. At the bound a new connection takes the place of the one quiet longest, so that the source still
+// holds at most MaxConnsPerSource.
+func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
+	addr, stop := serveHealth(t)
+	defer stop()
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {
 			c.Close()
 		}
 	}()
+	// The source's share, each an idle keep-alive connection that did one request.
 	for range MaxConnsPerSource {
 		c, err := harness.DialFrom("127.0.0.1", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
+		if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("request on connection %d: %v", len(held), err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || res.Close {
+			t.Fatalf("request on connection %d: %s, close %v; want 200 and the connection kept", len(held), res.Status, res.Close)
+		}
 	}
+	// Connections that never send a byte; the server's header timeout (5 s) must not run out before the
+	// end of the test, so nothing here waits long.
+	const silent = 8
+	for i := range silent {
+		c, err := harness.DialFrom("127.0.0.1", addr)
+		if err != nil {
+			t.Errorf("connection %d past the bound refused while the source's others are quiet: %v", i+1, err)
+			continue
+		}
+		held = append(held, c)
+	}
+	if err := getFrom("127.0.0.1", addr); err != nil {
+		t.Fatalf("/livez from a source whose connections are all quiet: %v", err)
+	}
+	// The bound still holds: the silent ones and the probe each took the place of one connection.
+	if n := closedOf(held); n != silent+1 {
+		t.Fatalf("%d of the %d connections held were closed, want %d", n, len(held), silent+1)
+	}
+}
+
+// TestServeLimitsConnectionsPerSource: a health, metrics or admin endpoint takes at most MaxConnsPerSource
+// connections from one source address at once (each also bounded in time by the timeouts); while all of them
+// are mid-request (here each trickles its headers a byte at a time), a new one is reset, while other sources
+// are served, and the source is served again once the header timeout closes them.
+func TestServeLimitsConnectionsPerSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the header timeout")
+	}
+	addr, stop := serveHealth(t)
+	defer stop()
+
+	var held []net.Conn
+	trickle := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(trickle)
+		for _, c := range held {
+			c.Close()
+		}
+		wg.Wait()
+	}()
+	const request = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+	for range MaxConnsPerSource {
+		c, err := harness.DialFrom("127.0.0.1", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; i < len(request)-1; i++ { // never the last byte
+				if _, err := io.WriteString(c, request[i:i+1]); err != nil {
+					return
+				}
+				select {
+				case <-trickle:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // every held connection has sent a byte
+	start := time.Now()
 	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
 		defer c.Close()
 		if !reset(c) {
-			t.Fatalf("connection %d from one source was kept", MaxConnsPerSource+1)
+			t.Fatalf("connection %d from one source was kept while the others were mid-request", MaxConnsPerSource+1)
 		}
 	}
-	if reset(held[0]) {
-		t.Fatal("a connection within the bound was reset")
+	if err := getFrom("127.0.0.1", addr); err == nil {
+		t.Fatal("/livez was served past the bound while every connection of the source was mid-request")
+	}
+	if n := closedOf(held); n != 0 {
+		t.Fatalf("%d connections within the bound, mid-request, were closed", n)
 	}
 	if err := getFrom("127.0.0.2", addr); err != nil {
 		t.Fatalf("another source is not served: %v", err)
 	}
-	for _, c := range held[:8] {
-		c.Close()
-	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(ReadHeaderTimeout + 5*time.Second)
 	for err := getFrom("127.0.0.1", addr); err != nil; err = getFrom("127.0.0.1", addr) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the source is not served again after closing connections: %v", err)
+			t.Fatalf("the source is not served again after the header timeout: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if waited := time.Since(start); waited < ReadHeaderTimeout/2 {
+		t.Fatalf("the source was served again after %v, before the header timeout (%v) freed a connection", waited, ReadHeaderTimeout)
 	}
 }
