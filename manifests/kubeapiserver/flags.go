@@ -44,6 +44,9 @@ type APIServerFlags struct {
 
 const aggregatorRoutingFlag = "enable-aggregator-routing"
 
+// egressSelectorFlag names the egress selector configuration, which kube-apiserver reads only at start-up.
+const egressSelectorFlag = "egress-selector-config-file"
+
 // OptionalFlags are the flags that Flags returns only on request: a patch that no longer asks for one takes
 // it out again where konnect added it (ManifestPatch.Optional).
 var OptionalFlags = []string{aggregatorRoutingFlag}
@@ -61,7 +64,7 @@ func (c APIServerFlags) Flags() ([]Flag, error) {
 		{"requestheader-uid-headers", "X-Remote-Uid"},
 		{"proxy-client-cert-file", c.ProxyClientCertFile},
 		{"proxy-client-key-file", c.ProxyClientKeyFile},
-		{"egress-selector-config-file", c.EgressSelectorConfigFile},
+		{egressSelectorFlag, c.EgressSelectorConfigFile},
 	}
 	if c.EnableAggregatorRouting {
 		flags = append(flags, Flag{aggregatorRoutingFlag, "true"})

@@ -216,7 +216,9 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 		return false, err
 	}
 	for _, f := range podRec.Flags {
-		restoreFlag(c, f.Name, f.Previous)
+		if !f.Unknown {
+			restoreFlag(c, f.Name, f.Previous)
+		}
 	}
 	// kubeadm's record wins: kubeadm may have written the manifest anew since, and then a later patch recorded
 	// konnect's own earlier values as the pod's.
@@ -229,9 +231,8 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 		restoreFlag(c, a.Name, a.ManifestPrevious)
 	}
 	_, egressMarked := pod.Annotations[EgressConfigAnnotation]
-	const egressFlag = "egress-selector-config-file"
-	if egressMarked && !podRec.flag(egressFlag) && rec.arg(egressFlag) == nil {
-		editFlag(c, egressFlag, false, "")
+	if egressMarked && !podRec.flag(egressSelectorFlag) && rec.arg(egressSelectorFlag) == nil {
+		editFlag(c, egressSelectorFlag, false, "")
 	}
 	_, addedMarked := pod.Annotations[AddedFlagsAnnotation]
 	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {

@@ -236,7 +236,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			recorded = append(recorded, f.Name)
 		}
 	}
-	earlier := snapshot(pod, c, recorded)
+	earlier, byOlder := snapshot(pod, c, recorded), unrecorded(pod)
 	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
@@ -303,7 +303,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		if !strings.HasSuffix(f.Name, "-file") {
 			continue
 		}
-		if f.Name == "egress-selector-config-file" {
+		if f.Name == egressSelectorFlag {
 			// Mounted as a single file: its directory (often /etc/kubernetes) holds admin credentials that
 			// kube-apiserver has no business seeing, and kube-apiserver reads this file only at start-up.
 			if !filepath.IsAbs(f.Value) {
@@ -344,7 +344,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			removeVolume(pod, c, v.Name)
 		}
 	}
-	if err := recordPatch(pod, c, earlier); err != nil {
+	if err := recordPatch(pod, c, earlier, byOlder); err != nil {
 		return false, err
 	}
 	return !equality.Semantic.DeepEqual(before, pod), nil

@@ -30,6 +30,9 @@ type RecordedFlag struct {
 	Name string `json:"name"`
 	// Previous is the flag's value before konnect; nil when the pod did not have the flag.
 	Previous *string `json:"previous,omitempty"`
+	// Unknown: a konnect that kept no record (before this annotation existed) had set the flag, so its value
+	// before konnect is not known. UnpatchPod leaves it as it is.
+	Unknown bool `json:"unknown,omitempty"`
 }
 
 // RecordedVolume is one of konnect's volumes (konnectVolume) that PatchPod changed.
@@ -113,9 +116,21 @@ func mountOf(c *corev1.Container, name string) *corev1.VolumeMount {
 	return nil
 }
 
+// unrecorded reports whether pod was patched by a konnect that kept no PodRecord: it carries konnect's marks
+// but no record. What such a pod has of konnect's is not what it had before konnect.
+func unrecorded(pod *corev1.Pod) bool {
+	_, egress := pod.Annotations[EgressConfigAnnotation]
+	_, added := pod.Annotations[AddedFlagsAnnotation]
+	_, recorded := pod.Annotations[PodRecordAnnotation]
+	return (egress || added) && !recorded
+}
+
 // recordPatch adds to pod's PodRecordAnnotation each flag and volume that differs from before, unless the
-// record holds it already.
-func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot) error {
+// record holds it already. byOlder says the pod was unrecorded before this patch: its konnect-named volumes are
+// then konnect's, and the flags it had set are recorded as Unknown whether this patch changed them or not,
+// so that neither a later patch nor UnpatchPod takes an older konnect's value for the pod's own. The
+// egress selector flag is the exception: the mark says konnect added it, as UnpatchPod assumes.
+func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot, byOlder bool) error {
 	rec, _, err := readPodRecord(pod)
 	if err != nil {
 		return err
@@ -128,7 +143,15 @@ func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot) error
 	slices.Sort(names)
 	for _, name := range names {
 		prev := before.flags[name]
-		if now := flagValue(c, name); !equality.Semantic.DeepEqual(prev, now) && !rec.flag(name) {
+		if rec.flag(name) {
+			continue
+		}
+		switch {
+		case byOlder && prev != nil && name != egressSelectorFlag:
+			rec.Flags = append(rec.Flags, RecordedFlag{Name: name, Unknown: true})
+		case byOlder && name == egressSelectorFlag:
+			rec.Flags = append(rec.Flags, RecordedFlag{Name: name})
+		case !equality.Semantic.DeepEqual(prev, flagValue(c, name)):
 			rec.Flags = append(rec.Flags, RecordedFlag{Name: name, Previous: prev})
 		}
 	}
@@ -148,6 +171,9 @@ func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot) error
 		same := equality.Semantic.DeepEqual(b.volume, a.volume) && equality.Semantic.DeepEqual(b.mount, a.mount)
 		if same || rec.volume(name) {
 			continue
+		}
+		if byOlder {
+			b = volumeAndMount{} // konnect's own, from before the record
 		}
 		rec.Volumes = append(rec.Volumes, RecordedVolume{Name: name, Previous: b.volume, PreviousMount: b.mount})
 	}

@@ -179,3 +179,79 @@ func TestUnpatchPodKubeadmRecordWinsOverPodRecord(t *testing.T) {
 		t.Errorf("after UnpatchPod:\n%s\nwant kubeadm's:\n%s", podYAML(pod), podYAML(before))
 	}
 }
+
+// A pod patched by a konnect that kept no PodRecord (before the annotation existed), then by this one: the
+// socket mount that the older konnect made read-write changes, and the record must call konnect-named volumes
+// konnect's, and the flags the older konnect set Unknown, not the pod's own. UnpatchPod then refuses while a
+// flag reads through a volume it removes, and once the user has put the flags back, it leaves the pod as it
+// was before either konnect, rather than putting back the older konnect's socket mount.
+func TestPatchAfterAnUnrecordedKonnect(t *testing.T) {
+	original, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := kubeadmPatch(t, func(f *APIServerFlags) {
+		f.RequestHeaderClientCAFile = "/srv/konnect/pki/front-proxy-ca.crt"
+		f.ProxyClientCertFile = "/srv/konnect/pki/front-proxy-client.crt"
+		f.ProxyClientKeyFile = "/srv/konnect/pki/front-proxy-client.key"
+		f.EgressSelectorConfigFile = "/srv/konnect/egress-selector-configuration.yaml"
+	})
+	p.Optional = OptionalFlags
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	p.UDSDir = "/srv/konnect/konnectivity-server"
+
+	// As the older konnect left it: no record, the socket directory mounted read-write, no UID header flag.
+	pod := original.DeepCopy()
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Annotations, PodRecordAnnotation)
+	c := apiserverOf(t, pod)
+	mountByName(c, udsVolume).ReadOnly = false
+	editFlag(c, uidHeadersFlag, false, "")
+
+	if _, err := PatchPod(pod, p); err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := readPodRecord(pod)
+	if err != nil || !ok {
+		t.Fatalf("record %v, %v", ok, err)
+	}
+	for _, v := range rec.Volumes {
+		if v.Previous != nil || v.PreviousMount != nil {
+			t.Errorf("volume %s recorded with the older konnect's as the pod's own: %+v", v.Name, v)
+		}
+	}
+	for _, f := range rec.Flags {
+		switch f.Name {
+		case "proxy-client-cert-file", "proxy-client-key-file", "requestheader-client-ca-file":
+			if !f.Unknown {
+				t.Errorf("--%s, set by the older konnect, recorded as %+v, want unknown", f.Name, f)
+			}
+		case uidHeadersFlag, egressSelectorFlag:
+			if f.Unknown || f.Previous != nil {
+				t.Errorf("--%s, which the pod did not have before konnect, recorded as %+v", f.Name, f)
+			}
+		}
+	}
+
+	before := pod.DeepCopy()
+	if _, err := UnpatchPod(pod, KubeadmRecord{}); err == nil || !strings.Contains(err.Error(), "/srv/konnect/pki/front-proxy") {
+		t.Fatalf("UnpatchPod with the older konnect's front-proxy flags: %v", err)
+	}
+	if !equality.Semantic.DeepEqual(pod, before) {
+		t.Fatal("UnpatchPod changed the pod although it refused")
+	}
+	// The user puts the flags back, as the error asks.
+	c = apiserverOf(t, pod)
+	oc := apiserverOf(t, original)
+	for _, name := range []string{"proxy-client-cert-file", "proxy-client-key-file", "requestheader-client-ca-file"} {
+		setFlag(c, Flag{name, *flagValue(oc, name)})
+	}
+	if _, err := UnpatchPod(pod, KubeadmRecord{}); err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(pod, original) {
+		t.Errorf("after reset:\n%s\nwant the pod from before konnect:\n%s", podYAML(pod), podYAML(original))
+	}
+}
