@@ -258,6 +258,23 @@ func TestFlowServerNeverGrants(t *testing.T) {
 	}
 }
 
+// TestFlowAnswerWithUnknownFields: the agent skips fields of the server's answer it does not know, with a
+// value that is not a number or with none, and uses v1 with the server's window.
+func TestFlowAnswerWithUnknownFields(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer+";codec=zstd;zerocopy")
+	hose, _, _ := firehose(t)
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(hose, 1)
+	if got := ss.dataFor(id, time.Second); got != 65536 {
+		t.Fatalf("the agent sent %d bytes of a 65536-byte window", got)
+	}
+	if err := notReady(ra); err != nil {
+		t.Fatalf("not ready: %v", err)
+	}
+}
+
 // TestFlowServerIgnoresWindow: a server that sends a connection more than the agent's window gets that
 // connection closed with the reason, and counted; the agent's other connections carry on.
 func TestFlowServerIgnoresWindow(t *testing.T) {

@@ -202,6 +202,25 @@ func TestFlowOffered(t *testing.T) {
 	}
 }
 
+// TestFlowOfferWithUnknownFields: fields this server does not know, with a value that is not a number or
+// with no value at all, are skipped, as the specification reserves them for later versions: the server
+// answers v1 and holds its uploads to the agent's window.
+func TestFlowOfferWithUnknownFields(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", "v1;window=65536;max=1048576;codec=zstd;zerocopy")
+	if a.offer == nil {
+		t.Fatal("the server did not take up a v1 offer with unknown fields")
+	}
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	if got := a.dataFor(1, time.Second); got != 65536 {
+		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
+	}
+}
+
 // TestFlowAgentIgnoresWindow: an agent that sends a connection more than the server's window gets that
 // connection closed, counted, and its excess is never delivered; the agent's other connections carry on.
 func TestFlowAgentIgnoresWindow(t *testing.T) {

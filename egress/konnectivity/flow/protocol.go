@@ -52,6 +52,8 @@ func (o Offer) Validate() error {
 
 // ParseOffer reads a Header value. An offer of another version, or none, is not an error: it means the peer
 // does not speak this version, and ok is false. A v1 offer that is malformed or out of bounds is an error.
+// Fields it does not know are skipped whatever their value, or with none: they are for later extensions of
+// v1, and refusing them would cut this version off from every peer that uses one.
 func ParseOffer(values []string) (o Offer, ok bool, err error) {
 	if len(values) == 0 {
 		return Offer{}, false, nil
@@ -62,16 +64,20 @@ func ParseOffer(values []string) (o Offer, ok bool, err error) {
 	}
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
+		var dst *int
+		switch k {
+		case "window":
+			dst = &o.Window
+		case "max":
+			dst = &o.Max
+		default:
+			continue
+		}
 		n, perr := strconv.Atoi(v)
 		if perr != nil {
 			return Offer{}, false, fmt.Errorf("%s %q: %s is not a number", Header, values[0], k)
 		}
-		switch k {
-		case "window":
-			o.Window = n
-		case "max":
-			o.Max = n
-		}
+		*dst = n
 	}
 	if err := o.Validate(); err != nil {
 		return Offer{}, false, fmt.Errorf("%s %q: %w", Header, values[0], err)

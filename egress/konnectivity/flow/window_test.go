@@ -195,6 +195,13 @@ func TestParseOffer(t *testing.T) {
 		{[]string{"v2;window=65536;max=65536"}, Offer{}, false, false},
 		{[]string{"v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
 		{[]string{"v1;window=65536;max=4194304;future=1"}, Offer{65536, 4194304}, true, false},
+		// Unknown fields are skipped whatever their value, and so are flags without a value: only the known
+		// fields must be numbers.
+		{[]string{"v1;window=65536;max=4194304;codec=zstd"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;zerocopy;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;max=4194304;"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window;max=4194304"}, Offer{}, false, true},
+		{[]string{"v1;window=65536;max=4M"}, Offer{}, false, true},
 		{[]string{"v1;window=1;max=2"}, Offer{}, false, true},
 		{[]string{"v1;window=65536;max=1024"}, Offer{}, false, true},
 		{[]string{"v1;window=65536;max=1099511627776"}, Offer{}, false, true},
