@@ -23,7 +23,7 @@ import (
 // check the agent against peers that break the protocol.
 type scriptedServer struct {
 	agentpb.UnimplementedAgentServiceServer
-	answer  string // the server's Header answer; "" takes no flow control up
+	answers []string // the values of the server's Header answer; none, or "", takes no flow control up
 	streams chan *scriptedStream
 	addr    string
 }
@@ -40,9 +40,9 @@ type scriptedStream struct {
 	foreign atomic.Int32
 }
 
-func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedServer {
+func startScriptedServer(t *testing.T, pki *testPKI, answers ...string) *scriptedServer {
 	t.Helper()
-	s := &scriptedServer{answer: answer, streams: make(chan *scriptedStream, 10)}
+	s := &scriptedServer{answers: answers, streams: make(chan *scriptedStream, 10)}
 	s.addr = fakeServer(t, pki, s)
 	return s
 }
@@ -50,8 +50,10 @@ func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedSer
 func (s *scriptedServer) Connect(stream agentpb.AgentService_ConnectServer) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	h := metadata.Pairs(header.ServerID, "scripted", header.ServerCount, "1")
-	if s.answer != "" {
-		h.Set(flow.Header, s.answer)
+	for _, a := range s.answers {
+		if a != "" {
+			h.Append(flow.Header, a)
+		}
 	}
 	if err := stream.SendHeader(h); err != nil {
 		return err
@@ -272,6 +274,30 @@ func TestFlowAnswerWithUnknownFields(t *testing.T) {
 	}
 	if err := notReady(ra); err != nil {
 		t.Fatalf("not ready: %v", err)
+	}
+}
+
+// TestFlowAnswerNotOffered: an answer the agent cannot take, of a version it did not offer or with more than
+// one value, ends the stream with the reason: the server would go on under a protocol the agent does not
+// speak, and wait for grants that never come.
+func TestFlowAnswerNotOffered(t *testing.T) {
+	for _, answers := range [][]string{
+		{"v2;window=65536;max=1048576"},
+		{serverAnswer, serverAnswer},
+	} {
+		t.Run(answers[0], func(t *testing.T) {
+			pki := newTestPKI(t)
+			srv := startScriptedServer(t, pki, answers...)
+			ra := startAgent(t, pki.config(srv.addr))
+			srv.next(t)
+			harness.EventuallyTrue(t, 10*time.Second, "the answer refused", func() bool {
+				st := ra.Status()
+				return len(st) == 1 && !st[0].Connected && strings.Contains(st[0].LastError, flow.Header+" answer")
+			})
+			if err := notReady(ra); err == nil {
+				t.Fatal("ready on a server whose answer it refused")
+			}
+		})
 	}
 }
 

@@ -150,7 +150,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		return fail(fmt.Errorf("bad %s header %q", header.ServerCount, counts[0]))
 	}
 	if !a.cfg.DisableFlowControl {
-		offer, ok, err := flow.ParseOffer(hdr.Get(flow.Header))
+		offer, ok, err := flow.ParseAnswer(hdr.Get(flow.Header))
 		if err != nil {
 			return fail(err)
 		}

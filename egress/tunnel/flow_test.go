@@ -31,6 +31,7 @@ type fakeAgent struct {
 	cc     *grpc.ClientConn
 	stream agentpb.AgentService_ConnectClient
 	offer  *flow.Offer // the server's answer; nil if it did not take flow control up
+	answer []string    // the values of the server's answer header
 	recv   chan *client.Packet
 	done   chan error // the stream's end
 	sendMu sync.Mutex
@@ -39,10 +40,20 @@ type fakeAgent struct {
 // connectFakeAgent opens an agent stream to s with offer ("" offers no flow control).
 func connectFakeAgent(t *testing.T, e *env, s *running, id, offer string) *fakeAgent {
 	t.Helper()
+	var offers []string
+	if offer != "" {
+		offers = []string{offer}
+	}
+	return connectFakeAgentOffers(t, e, s, id, offers...)
+}
+
+// connectFakeAgentOffers opens an agent stream to s that offers each of offers, one value of the header each.
+func connectFakeAgentOffers(t *testing.T, e *env, s *running, id string, offers ...string) *fakeAgent {
+	t.Helper()
 	cc := connectRaw(t, e, s)
 	md := metadata.Pairs(header.AgentID, id)
-	if offer != "" {
-		md.Set(flow.Header, offer)
+	for _, o := range offers {
+		md.Append(flow.Header, o)
 	}
 	stream, err := agentpb.NewAgentServiceClient(cc).Connect(metadata.NewOutgoingContext(context.Background(), md))
 	if err != nil {
@@ -52,8 +63,8 @@ func connectFakeAgent(t *testing.T, e *env, s *running, id, offer string) *fakeA
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &fakeAgent{t: t, cc: cc, stream: stream, recv: make(chan *client.Packet, 1024), done: make(chan error, 1)}
-	if o, ok, err := flow.ParseOffer(hdr.Get(flow.Header)); err != nil {
+	a := &fakeAgent{t: t, cc: cc, stream: stream, answer: hdr.Get(flow.Header), recv: make(chan *client.Packet, 1024), done: make(chan error, 1)}
+	if o, ok, err := flow.ParseAnswer(a.answer); err != nil {
 		t.Fatal(err)
 	} else if ok {
 		a.offer = &o
@@ -218,6 +229,29 @@ func TestFlowOfferWithUnknownFields(t *testing.T) {
 	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
 	if got := a.dataFor(1, time.Second); got != 65536 {
 		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
+	}
+}
+
+// TestFlowSeveralVersionsOffered: an agent that offers a later version first, and v1 after it, gets v1: the
+// answer is one value, of v1 and the server's windows, and the server holds its uploads to the agent's v1
+// window.
+func TestFlowSeveralVersionsOffered(t *testing.T) {
+	e, s := flowServer(t, func(c *Config) { c.FlowWindow, c.FlowMaxWindow = 32<<10, 2<<20 })
+	a := connectFakeAgentOffers(t, e, s, "a", "v2;window=16384;max=16384;codec=zstd", "v1;window=65536;max=1048576")
+	if want := (flow.Offer{Window: 32 << 10, Max: 2 << 20}).String(); len(a.answer) != 1 || a.answer[0] != want {
+		t.Fatalf("the server answered %q, want [%q]", a.answer, want)
+	}
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	if got := a.dataFor(1, time.Second); got != 65536 {
+		t.Fatalf("the agent got %d bytes of a connection it granted 65536 in its v1 offer", got)
+	}
+	// Only versions the server does not know: no flow control, as with no offer.
+	if b := connectFakeAgentOffers(t, e, s, "b", "v3;window=65536", "v2;window=65536;max=65536"); len(b.answer) != 0 {
+		t.Fatalf("the server answered offers of other versions only: %q", b.answer)
 	}
 }
 
