@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/test/harness"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/metadata"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
@@ -299,6 +300,51 @@ func TestFlowAnswerNotOffered(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFlowServerStreamsByFlowControl: konnect_agent_server_streams counts a stream to konnect's server as
+// v1, and one to upstream's server as none; each goes when its stream does.
+func TestFlowServerStreamsByFlowControl(t *testing.T) {
+	streams := func(ra *runningAgent) (v1, none float64) {
+		var m dto.Metric
+		for fc, v := range map[string]*float64{flow.Version: &v1, flow.None: &none} {
+			if err := ra.m.serverStreams.WithLabelValues(fc).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			*v = m.GetGauge().GetValue()
+		}
+		return v1, none
+	}
+	const notTaken = `"Server did not take up flow control: connections of this agent share the stream's pace, as with upstream"`
+	t.Run("konnect", func(t *testing.T) {
+		logs := harness.CaptureKlog(t)
+		pki := newTestPKI(t)
+		ks := startKonnectServer(t, pki, "k1", 1, "grpc")
+		ra := startAgent(t, pki.config(ks.srv.AgentAddr()))
+		harness.EventuallyTrue(t, 10*time.Second, "one v1 stream", func() bool {
+			v1, none := streams(ra)
+			return v1 == 1 && none == 0
+		})
+		if l := logs(); !strings.Contains(l, `"Connected to server" serverID="k1"`) || !strings.Contains(l, `flowControl="v1"`) || strings.Contains(l, notTaken) {
+			t.Errorf("the connect log does not say the stream runs flow control v1:\n%s", l)
+		}
+	})
+	t.Run("upstream", func(t *testing.T) {
+		logs := harness.CaptureKlog(t)
+		_, srv, ra := agentOnServer(t, nil)
+		harness.EventuallyTrue(t, 10*time.Second, "one stream without flow control", func() bool {
+			v1, none := streams(ra)
+			return v1 == 0 && none == 1
+		})
+		if l := logs(); !strings.Contains(l, `flowControl="none"`) || !strings.Contains(l, notTaken+` serverID="s1"`) {
+			t.Errorf("the connect log does not say the server did not take up flow control:\n%s", l)
+		}
+		srv.stop()
+		harness.EventuallyTrue(t, 10*time.Second, "no stream once the server is gone", func() bool {
+			v1, none := streams(ra)
+			return v1 == 0 && none == 0
+		})
+	})
 }
 
 // TestFlowServerIgnoresWindow: a server that sends a connection more than the agent's window gets that

@@ -167,6 +167,14 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 	return s, nil
 }
 
+// flowControl is the flow control the stream runs: flow.Version, or flow.None.
+func (s *session) flowControl() string {
+	if s.flow != nil {
+		return flow.Version
+	}
+	return flow.None
+}
+
 func (s *session) send(pkt *client.Packet) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -252,6 +253,57 @@ func TestFlowSeveralVersionsOffered(t *testing.T) {
 	// Only versions the server does not know: no flow control, as with no offer.
 	if b := connectFakeAgentOffers(t, e, s, "b", "v3;window=65536", "v2;window=65536;max=65536"); len(b.answer) != 0 {
 		t.Fatalf("the server answered offers of other versions only: %q", b.answer)
+	}
+}
+
+// TestFlowAgentStreamsCounted: konnect_tunnel_server_agent_streams counts a stream as v1 only when flow
+// control was taken up: an offer of versions the server does not know, no offer, and any offer to a server
+// with --flow-control=false count as none. The connect log says which, at Info when a server that offers
+// flow control does not get it, with an offer of unknown versions.
+func TestFlowAgentStreamsCounted(t *testing.T) {
+	logs := harness.CaptureKlog(t)
+	want := func(s *running, v1, none float64) {
+		t.Helper()
+		if g1, gn := gaugeValue(s.metrics.agentStreams.WithLabelValues(flow.Version)), gaugeValue(s.metrics.agentStreams.WithLabelValues(flow.None)); g1 != v1 || gn != none {
+			t.Fatalf("agent_streams v1=%v none=%v, want v1=%v none=%v", g1, gn, v1, none)
+		}
+	}
+	e, s := flowServer(t, nil)
+	connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	want(s, 1, 0)
+	connectFakeAgent(t, e, s, "b", "v2;window=65536;max=65536")
+	connectFakeAgent(t, e, s, "c", "")
+	s.waitAgents(t, 3)
+	want(s, 1, 2)
+	e2, s2 := flowServer(t, func(c *Config) { c.DisableFlowControl = true })
+	connectFakeAgent(t, e2, s2, "d", agentOffer)
+	s2.waitAgents(t, 1)
+	want(s2, 0, 1)
+	lines := strings.Split(logs(), "\n")
+	for agent, msg := range map[string]string{
+		"a": `] "Agent stream connected; flow control: v1"`,
+		"b": `] "Agent offered only flow-control versions this server does not know (v1): connections of this agent share the stream's pace, as with upstream" agentID="b"`,
+		"c": `] "Agent did not take up flow control: connections of this agent share the stream's pace, as with upstream" agentID="c"`,
+		"d": `] "Agent stream connected; flow control is off (--flow-control=false)"`,
+	} {
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, msg) && strings.Contains(l, `agentID="`+agent+`"`) {
+				n++
+				if agent == "b" && !strings.Contains(l, `offer=["v2;window=65536;max=65536"]`) {
+					t.Errorf("the log of an offer of unknown versions does not show it: %s", l)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("agent %s: %d lines with %s, want 1", agent, n, msg)
+		}
+	}
+	for _, l := range lines {
+		if (strings.Contains(l, "did not take up") || strings.Contains(l, "does not know")) && strings.Contains(l, `agentID="a"`) {
+			t.Errorf("a v1 stream logged as without flow control: %s", l)
+		}
 	}
 }
 

@@ -23,6 +23,8 @@ const (
 	Header = "konnect-flow-control"
 	// Version is the only version there is.
 	Version = "v1"
+	// None is what metrics and logs call a stream without the extension, next to Version for one with it.
+	None = "none"
 	// GrantType is the packet type of a grant: a Packet with this Type and a Data payload whose ConnectID is
 	// 0 and whose Data holds pairs of unsigned varints, (connection ID, bytes), each giving that many more
 	// bytes of credit for that connection.
