@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/klog/v2"
 )
@@ -502,16 +503,34 @@ func (a *Agent) connect(ctx context.Context, st *epState, extra bool) {
 	if len(a.sessions) >= known {
 		a.synced.Store(true)
 	}
-	a.m.serverConns.Set(float64(len(a.sessions)))
+	a.setSessionGaugesLocked()
 	a.m.knownServers.Set(float64(known))
 	a.wg.Add(1)
 	a.mu.Unlock()
-	klog.InfoS("Connected to server", "serverID", s.serverID, "server", st.ep.addr, "serverCount", s.count)
+	klog.InfoS("Connected to server", "serverID", s.serverID, "server", st.ep.addr, "serverCount", s.count, "flowControl", s.flowControl())
+	if s.flow == nil && !a.cfg.DisableFlowControl {
+		// Without flow control one slow reader holds up every connection of this agent; in a mixed fleet this
+		// is how an operator finds the streams that lost that protection.
+		klog.InfoS("Server did not take up flow control: connections of this agent share the stream's pace, as with upstream",
+			"serverID", s.serverID, "server", st.ep.addr)
+	}
 	go func() {
 		defer a.wg.Done()
 		s.serve()
 		a.sessionEnded(s, st)
 	}()
+}
+
+// setSessionGaugesLocked counts the open sessions, in all and by flow control.
+func (a *Agent) setSessionGaugesLocked() {
+	n := map[string]int{flow.Version: 0, flow.None: 0}
+	for _, s := range a.sessions {
+		n[s.flowControl()]++
+	}
+	a.m.serverConns.Set(float64(len(a.sessions)))
+	for fc, v := range n {
+		a.m.serverStreams.WithLabelValues(fc).Set(float64(v))
+	}
 }
 
 func (a *Agent) sessionEnded(s *session, st *epState) {
@@ -524,7 +543,7 @@ func (a *Agent) sessionEnded(s *session, st *epState) {
 	st.lastErr, st.errAt = err, time.Now()
 	st.retry.reset(&a.cfg)
 	a.resolveSoonLocked(st.ep.addr)
-	a.m.serverConns.Set(float64(len(a.sessions)))
+	a.setSessionGaugesLocked()
 	a.mu.Unlock()
 	if !a.draining.Load() {
 		klog.InfoS("Disconnected from server; will reconnect", "serverID", s.serverID, "server", st.ep.addr, "reason", err)

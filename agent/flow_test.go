@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/test/harness"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/metadata"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 	agentpb "sigs.k8s.io/apiserver-network-proxy/proto/agent"
@@ -23,7 +24,7 @@ import (
 // check the agent against peers that break the protocol.
 type scriptedServer struct {
 	agentpb.UnimplementedAgentServiceServer
-	answer  string // the server's Header answer; "" takes no flow control up
+	answers []string // the values of the server's Header answer; none, or "", takes no flow control up
 	streams chan *scriptedStream
 	addr    string
 }
@@ -40,9 +41,9 @@ type scriptedStream struct {
 	foreign atomic.Int32
 }
 
-func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedServer {
+func startScriptedServer(t *testing.T, pki *testPKI, answers ...string) *scriptedServer {
 	t.Helper()
-	s := &scriptedServer{answer: answer, streams: make(chan *scriptedStream, 10)}
+	s := &scriptedServer{answers: answers, streams: make(chan *scriptedStream, 10)}
 	s.addr = fakeServer(t, pki, s)
 	return s
 }
@@ -50,8 +51,10 @@ func startScriptedServer(t *testing.T, pki *testPKI, answer string) *scriptedSer
 func (s *scriptedServer) Connect(stream agentpb.AgentService_ConnectServer) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
 	h := metadata.Pairs(header.ServerID, "scripted", header.ServerCount, "1")
-	if s.answer != "" {
-		h.Set(flow.Header, s.answer)
+	for _, a := range s.answers {
+		if a != "" {
+			h.Append(flow.Header, a)
+		}
 	}
 	if err := stream.SendHeader(h); err != nil {
 		return err
@@ -256,6 +259,92 @@ func TestFlowServerNeverGrants(t *testing.T) {
 	if v := counterValue(ra.m.creditWait); v < 0.5 || v > time.Since(began).Seconds() {
 		t.Errorf("konnect_agent_flow_credit_wait_seconds_total %.3f after a second without credit, %s into the test", v, time.Since(began))
 	}
+}
+
+// TestFlowAnswerWithUnknownFields: the agent skips fields of the server's answer it does not know, with a
+// value that is not a number or with none, and uses v1 with the server's window.
+func TestFlowAnswerWithUnknownFields(t *testing.T) {
+	pki := newTestPKI(t)
+	srv := startScriptedServer(t, pki, serverAnswer+";codec=zstd;zerocopy")
+	hose, _, _ := firehose(t)
+	ra := startAgent(t, pki.config(srv.addr))
+	ss := srv.next(t)
+	id := ss.dial(hose, 1)
+	if got := ss.dataFor(id, time.Second); got != 65536 {
+		t.Fatalf("the agent sent %d bytes of a 65536-byte window", got)
+	}
+	if err := notReady(ra); err != nil {
+		t.Fatalf("not ready: %v", err)
+	}
+}
+
+// TestFlowAnswerNotOffered: an answer the agent cannot take, of a version it did not offer or with more than
+// one value, ends the stream with the reason: the server would go on under a protocol the agent does not
+// speak, and wait for grants that never come.
+func TestFlowAnswerNotOffered(t *testing.T) {
+	for _, answers := range [][]string{
+		{"v2;window=65536;max=1048576"},
+		{serverAnswer, serverAnswer},
+	} {
+		t.Run(answers[0], func(t *testing.T) {
+			pki := newTestPKI(t)
+			srv := startScriptedServer(t, pki, answers...)
+			ra := startAgent(t, pki.config(srv.addr))
+			srv.next(t)
+			harness.EventuallyTrue(t, 10*time.Second, "the answer refused", func() bool {
+				st := ra.Status()
+				return len(st) == 1 && !st[0].Connected && strings.Contains(st[0].LastError, flow.Header+" answer")
+			})
+			if err := notReady(ra); err == nil {
+				t.Fatal("ready on a server whose answer it refused")
+			}
+		})
+	}
+}
+
+// TestFlowServerStreamsByFlowControl: konnect_agent_server_streams counts a stream to konnect's server as
+// v1, and one to upstream's server as none; each goes when its stream does.
+func TestFlowServerStreamsByFlowControl(t *testing.T) {
+	streams := func(ra *runningAgent) (v1, none float64) {
+		var m dto.Metric
+		for fc, v := range map[string]*float64{flow.Version: &v1, flow.None: &none} {
+			if err := ra.m.serverStreams.WithLabelValues(fc).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			*v = m.GetGauge().GetValue()
+		}
+		return v1, none
+	}
+	const notTaken = `"Server did not take up flow control: connections of this agent share the stream's pace, as with upstream"`
+	t.Run("konnect", func(t *testing.T) {
+		logs := harness.CaptureKlog(t)
+		pki := newTestPKI(t)
+		ks := startKonnectServer(t, pki, "k1", 1, "grpc")
+		ra := startAgent(t, pki.config(ks.srv.AgentAddr()))
+		harness.EventuallyTrue(t, 10*time.Second, "one v1 stream", func() bool {
+			v1, none := streams(ra)
+			return v1 == 1 && none == 0
+		})
+		if l := logs(); !strings.Contains(l, `"Connected to server" serverID="k1"`) || !strings.Contains(l, `flowControl="v1"`) || strings.Contains(l, notTaken) {
+			t.Errorf("the connect log does not say the stream runs flow control v1:\n%s", l)
+		}
+	})
+	t.Run("upstream", func(t *testing.T) {
+		logs := harness.CaptureKlog(t)
+		_, srv, ra := agentOnServer(t, nil)
+		harness.EventuallyTrue(t, 10*time.Second, "one stream without flow control", func() bool {
+			v1, none := streams(ra)
+			return v1 == 0 && none == 1
+		})
+		if l := logs(); !strings.Contains(l, `flowControl="none"`) || !strings.Contains(l, notTaken+` serverID="s1"`) {
+			t.Errorf("the connect log does not say the server did not take up flow control:\n%s", l)
+		}
+		srv.stop()
+		harness.EventuallyTrue(t, 10*time.Second, "no stream once the server is gone", func() bool {
+			v1, none := streams(ra)
+			return v1 == 0 && none == 0
+		})
+	})
 }
 
 // TestFlowServerIgnoresWindow: a server that sends a connection more than the agent's window gets that

@@ -37,6 +37,7 @@ type metrics struct {
 	controlDropped  prometheus.Counter
 	flowViolations  *prometheus.CounterVec
 	creditWait      prometheus.Counter
+	serverStreams   *prometheus.GaugeVec
 	dataToServer    prometheus.Counter
 	dataFromServer  prometheus.Counter
 	bytesToServer   prometheus.Counter
@@ -104,6 +105,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "konnect_agent_flow_credit_wait_seconds_total",
 			Help: "Time connections spent unread because the server had granted no credit, summed over connections: a slow reader's, or windows too small for the path (--flow-control-max-window-bytes).",
 		}),
+		serverStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "konnect_agent_server_streams",
+			Help: "Streams open to servers, by flow control: v1, or none (upstream's or an older server, or --flow-control=false), whose connections share the stream's pace as with upstream.",
+		}, []string{"flow_control"}),
 	}
 	m.dataToServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentFromAgent), client.PacketType_DATA.String())
 	m.dataFromServer = m.streamPackets.WithLabelValues(string(commonmetrics.SegmentToAgent), client.PacketType_DATA.String())
@@ -114,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.dialLatency, m.dialFailures, m.serverConns, m.knownServers,
 		m.endpointConns, m.streamPackets, m.streamErrors, m.serverFailures, m.bytes, m.overflows, m.connectFailures, m.controlDropped,
-		m.flowViolations, m.creditWait} {
+		m.flowViolations, m.creditWait, m.serverStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -150,7 +150,7 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		return fail(fmt.Errorf("bad %s header %q", header.ServerCount, counts[0]))
 	}
 	if !a.cfg.DisableFlowControl {
-		offer, ok, err := flow.ParseOffer(hdr.Get(flow.Header))
+		offer, ok, err := flow.ParseAnswer(hdr.Get(flow.Header))
 		if err != nil {
 			return fail(err)
 		}
@@ -165,6 +165,14 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 	}
 	s.serverID, s.count, s.since = ids[0], n, time.Now()
 	return s, nil
+}
+
+// flowControl is the flow control the stream runs: flow.Version, or flow.None.
+func (s *session) flowControl() string {
+	if s.flow != nil {
+		return flow.Version
+	}
+	return flow.None
 }
 
 func (s *session) send(pkt *client.Packet) error {

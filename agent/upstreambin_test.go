@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/test/harness"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // startProxyServerBinary runs upstream's proxy-server binary with its agent listener on agentPort and its
@@ -54,6 +56,13 @@ func TestUpstreamProxyServerBinary(t *testing.T) {
 		}
 	}
 	harness.EventuallyTrue(t, 20*time.Second, "a tunnel through the upstream proxy-server", tunnelWorks(uds))
+	// Upstream's server sends no answer to the flow-control offer: the stream is counted as without it.
+	var m dto.Metric
+	for fc, want := range map[string]float64{flow.Version: 0, flow.None: 1} {
+		if err := ra.m.serverStreams.WithLabelValues(fc).Write(&m); err != nil || m.GetGauge().GetValue() != want {
+			t.Errorf("konnect_agent_server_streams{flow_control=%q} = %v (%v), want %v", fc, m.GetGauge().GetValue(), err, want)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := (&upstreamServer{uds: uds}).dial(ctx, echo.Addr)

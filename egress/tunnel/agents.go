@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server"
 	"sigs.k8s.io/apiserver-network-proxy/proto/header"
@@ -275,8 +276,12 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 		return err
 	}
 	as := &agentStream{ServerStream: ss, split: s.metrics.chunkedPackets}
+	offers := md.Get(flow.Header)
+	var offer flow.Offer
 	if !s.cfg.DisableFlowControl {
-		offer, ok, err := flow.ParseOffer(md.Get(flow.Header))
+		var ok bool
+		var err error
+		offer, ok, err = flow.ParseOffer(offers)
 		if err != nil {
 			err = status.Error(codes.InvalidArgument, err.Error())
 			s.agents.failed(id, idents, remote, err)
@@ -291,9 +296,16 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	// Upstream's handler refuses a stream before it adds the stream's Backend to the backend managers; a
 	// stream whose Backend was added was accepted, and dials can reach it from then on (addedWatch).
 	var accepted atomic.Bool
+	fc := flow.None
+	if as.flow != nil {
+		fc = flow.Version
+	}
+	streams := s.metrics.agentStreams.WithLabelValues(fc)
 	added := func() {
 		if !accepted.Swap(true) {
+			streams.Inc() // before connected: a stream that Status shows is already counted
 			s.agents.connected(id, idents, remote)
+			s.logFlowControl(id, remote, offers, offer, as.flow != nil)
 		}
 	}
 	// Upstream's Backend hands out its stream's context, and nothing else of it: the callback that addedWatch
@@ -306,8 +318,29 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 		s.agents.failed(id, idents, remote, err)
 		return err
 	}
+	streams.Dec()
 	s.agents.disconnected(id, err)
 	return err
+}
+
+// logFlowControl says whether an accepted agent stream runs flow control. Without it, one slow reader holds
+// up every connection of the agent, so a server that offers flow control says so at Info: in a mixed fleet
+// it is how an operator finds the agents that lost that protection (older, upstream's, or offering only
+// versions this server does not know, whose offer is logged).
+func (s *Server) logFlowControl(id, remote string, offers []string, offer flow.Offer, on bool) {
+	switch {
+	case on:
+		klog.V(2).InfoS("Agent stream connected; flow control: "+flow.Version, "agentID", id, "remote", remote,
+			"agentWindow", offer.Window, "agentMaxWindow", offer.Max)
+	case s.cfg.DisableFlowControl:
+		klog.V(2).InfoS("Agent stream connected; flow control is off (--flow-control=false)", "agentID", id, "remote", remote)
+	case len(offers) > 0:
+		klog.InfoS("Agent offered only flow-control versions this server does not know ("+flow.Version+"): connections of this agent share the stream's pace, as with upstream",
+			"agentID", id, "remote", remote, "offer", offers)
+	default:
+		klog.InfoS("Agent did not take up flow control: connections of this agent share the stream's pace, as with upstream",
+			"agentID", id, "remote", remote)
+	}
 }
 
 type backendAddedKey struct{}

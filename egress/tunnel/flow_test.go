@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,6 +32,7 @@ type fakeAgent struct {
 	cc     *grpc.ClientConn
 	stream agentpb.AgentService_ConnectClient
 	offer  *flow.Offer // the server's answer; nil if it did not take flow control up
+	answer []string    // the values of the server's answer header
 	recv   chan *client.Packet
 	done   chan error // the stream's end
 	sendMu sync.Mutex
@@ -39,10 +41,20 @@ type fakeAgent struct {
 // connectFakeAgent opens an agent stream to s with offer ("" offers no flow control).
 func connectFakeAgent(t *testing.T, e *env, s *running, id, offer string) *fakeAgent {
 	t.Helper()
+	var offers []string
+	if offer != "" {
+		offers = []string{offer}
+	}
+	return connectFakeAgentOffers(t, e, s, id, offers...)
+}
+
+// connectFakeAgentOffers opens an agent stream to s that offers each of offers, one value of the header each.
+func connectFakeAgentOffers(t *testing.T, e *env, s *running, id string, offers ...string) *fakeAgent {
+	t.Helper()
 	cc := connectRaw(t, e, s)
 	md := metadata.Pairs(header.AgentID, id)
-	if offer != "" {
-		md.Set(flow.Header, offer)
+	for _, o := range offers {
+		md.Append(flow.Header, o)
 	}
 	stream, err := agentpb.NewAgentServiceClient(cc).Connect(metadata.NewOutgoingContext(context.Background(), md))
 	if err != nil {
@@ -52,8 +64,8 @@ func connectFakeAgent(t *testing.T, e *env, s *running, id, offer string) *fakeA
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &fakeAgent{t: t, cc: cc, stream: stream, recv: make(chan *client.Packet, 1024), done: make(chan error, 1)}
-	if o, ok, err := flow.ParseOffer(hdr.Get(flow.Header)); err != nil {
+	a := &fakeAgent{t: t, cc: cc, stream: stream, answer: hdr.Get(flow.Header), recv: make(chan *client.Packet, 1024), done: make(chan error, 1)}
+	if o, ok, err := flow.ParseAnswer(a.answer); err != nil {
 		t.Fatal(err)
 	} else if ok {
 		a.offer = &o
@@ -199,6 +211,99 @@ func TestFlowOffered(t *testing.T) {
 	e2, s2 := flowServer(t, func(c *Config) { c.DisableFlowControl = true })
 	if d := connectFakeAgent(t, e2, s2, "d", agentOffer); d.offer != nil {
 		t.Fatalf("a server without flow control answered: %+v", d.offer)
+	}
+}
+
+// TestFlowOfferWithUnknownFields: fields this server does not know, with a value that is not a number or
+// with no value at all, are skipped, as the specification reserves them for later versions: the server
+// answers v1 and holds its uploads to the agent's window.
+func TestFlowOfferWithUnknownFields(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", "v1;window=65536;max=1048576;codec=zstd;zerocopy")
+	if a.offer == nil {
+		t.Fatal("the server did not take up a v1 offer with unknown fields")
+	}
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	if got := a.dataFor(1, time.Second); got != 65536 {
+		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
+	}
+}
+
+// TestFlowSeveralVersionsOffered: an agent that offers a later version first, and v1 after it, gets v1: the
+// answer is one value, of v1 and the server's windows, and the server holds its uploads to the agent's v1
+// window.
+func TestFlowSeveralVersionsOffered(t *testing.T) {
+	e, s := flowServer(t, func(c *Config) { c.FlowWindow, c.FlowMaxWindow = 32<<10, 2<<20 })
+	a := connectFakeAgentOffers(t, e, s, "a", "v2;window=16384;max=16384;codec=zstd", "v1;window=65536;max=1048576")
+	if want := (flow.Offer{Window: 32 << 10, Max: 2 << 20}).String(); len(a.answer) != 1 || a.answer[0] != want {
+		t.Fatalf("the server answered %q, want [%q]", a.answer, want)
+	}
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	if got := a.dataFor(1, time.Second); got != 65536 {
+		t.Fatalf("the agent got %d bytes of a connection it granted 65536 in its v1 offer", got)
+	}
+	// Only versions the server does not know: no flow control, as with no offer.
+	if b := connectFakeAgentOffers(t, e, s, "b", "v3;window=65536", "v2;window=65536;max=65536"); len(b.answer) != 0 {
+		t.Fatalf("the server answered offers of other versions only: %q", b.answer)
+	}
+}
+
+// TestFlowAgentStreamsCounted: konnect_tunnel_server_agent_streams counts a stream as v1 only when flow
+// control was taken up: an offer of versions the server does not know, no offer, and any offer to a server
+// with --flow-control=false count as none. The connect log says which, at Info when a server that offers
+// flow control does not get it, with an offer of unknown versions.
+func TestFlowAgentStreamsCounted(t *testing.T) {
+	logs := harness.CaptureKlog(t)
+	want := func(s *running, v1, none float64) {
+		t.Helper()
+		if g1, gn := gaugeValue(s.metrics.agentStreams.WithLabelValues(flow.Version)), gaugeValue(s.metrics.agentStreams.WithLabelValues(flow.None)); g1 != v1 || gn != none {
+			t.Fatalf("agent_streams v1=%v none=%v, want v1=%v none=%v", g1, gn, v1, none)
+		}
+	}
+	e, s := flowServer(t, nil)
+	connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	want(s, 1, 0)
+	connectFakeAgent(t, e, s, "b", "v2;window=65536;max=65536")
+	connectFakeAgent(t, e, s, "c", "")
+	s.waitAgents(t, 3)
+	want(s, 1, 2)
+	e2, s2 := flowServer(t, func(c *Config) { c.DisableFlowControl = true })
+	connectFakeAgent(t, e2, s2, "d", agentOffer)
+	s2.waitAgents(t, 1)
+	want(s2, 0, 1)
+	lines := strings.Split(logs(), "\n")
+	for agent, msg := range map[string]string{
+		"a": `] "Agent stream connected; flow control: v1"`,
+		"b": `] "Agent offered only flow-control versions this server does not know (v1): connections of this agent share the stream's pace, as with upstream" agentID="b"`,
+		"c": `] "Agent did not take up flow control: connections of this agent share the stream's pace, as with upstream" agentID="c"`,
+		"d": `] "Agent stream connected; flow control is off (--flow-control=false)"`,
+	} {
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, msg) && strings.Contains(l, `agentID="`+agent+`"`) {
+				n++
+				if agent == "b" && !strings.Contains(l, `offer=["v2;window=65536;max=65536"]`) {
+					t.Errorf("the log of an offer of unknown versions does not show it: %s", l)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("agent %s: %d lines with %s, want 1", agent, n, msg)
+		}
+	}
+	for _, l := range lines {
+		if (strings.Contains(l, "did not take up") || strings.Contains(l, "does not know")) && strings.Contains(l, `agentID="a"`) {
+			t.Errorf("a v1 stream logged as without flow control: %s", l)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/prometheus/client_golang/prometheus"
 	servermetrics "sigs.k8s.io/apiserver-network-proxy/pkg/server/metrics"
 )
@@ -19,6 +20,7 @@ type metrics struct {
 	dialsRefused   prometheus.Counter
 	flowViolations *prometheus.CounterVec
 	creditWait     prometheus.Counter
+	agentStreams   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,12 +65,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "konnect", Subsystem: "tunnel_server", Name: "flow_credit_wait_seconds_total",
 			Help: "Time tunnels spent with data from kube-apiserver and no credit from the agent, summed over tunnels: a slow backend's, or windows too small for the path.",
 		}),
+		agentStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "konnect", Subsystem: "tunnel_server", Name: "agent_streams",
+			Help: "Agent streams connected, by flow control: v1, or none (an upstream or older agent, one offering only versions this server does not know, or --flow-control=false), whose connections share the stream's pace as with upstream.",
+		}, []string{"flow_control"}),
 	}
+	// Both series exist from the start, so that a dashboard reads 0 rather than nothing.
+	m.agentStreams.WithLabelValues(flow.Version)
+	m.agentStreams.WithLabelValues(flow.None)
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.queuedBytes, m.stalledWaits, m.stalledClosed, m.chunkedPackets, m.mergedPackets,
-		m.pendingDials, m.dialTimeouts, m.dialsRefused, m.flowViolations, m.creditWait} {
+		m.pendingDials, m.dialTimeouts, m.dialsRefused, m.flowViolations, m.creditWait, m.agentStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

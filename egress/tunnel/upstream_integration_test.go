@@ -120,6 +120,34 @@ func TestTunnelUpstreamAgent(t *testing.T) {
 	}
 }
 
+// TestAgentStreamsByFlowControl: konnect_tunnel_server_agent_streams counts konnect's agent's stream as v1
+// and upstream's proxy-agent's as none, and each goes when its agent does.
+func TestAgentStreamsByFlowControl(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.ClusterCA = e.ca.file
+	s := start(t, cfg)
+	want := func(v1, none float64) {
+		t.Helper()
+		if g1, gn := gaugeValue(s.metrics.agentStreams.WithLabelValues("v1")), gaugeValue(s.metrics.agentStreams.WithLabelValues("none")); g1 != v1 || gn != none {
+			t.Fatalf("agent_streams v1=%v none=%v, want v1=%v none=%v", g1, gn, v1, none)
+		}
+	}
+	want(0, 0)
+	stopKonnect := startKonnectAgent(t, e, "konnect-agent", s.agentPort())
+	s.waitAgents(t, 1)
+	want(1, 0)
+	up := startUpstreamAgent(t, e, "upstream-agent", s.agentPort())
+	s.waitAgents(t, 2)
+	want(1, 1)
+	up.Kill()
+	s.waitAgents(t, 1)
+	want(1, 0)
+	stopKonnect()
+	s.waitAgents(t, 0)
+	want(0, 0)
+}
+
 func TestAgentAndServerRestart(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")

@@ -23,6 +23,8 @@ const (
 	Header = "konnect-flow-control"
 	// Version is the only version there is.
 	Version = "v1"
+	// None is what metrics and logs call a stream without the extension, next to Version for one with it.
+	None = "none"
 	// GrantType is the packet type of a grant: a Packet with this Type and a Data payload whose ConnectID is
 	// 0 and whose Data holds pairs of unsigned varints, (connection ID, bytes), each giving that many more
 	// bytes of credit for that connection.
@@ -50,31 +52,81 @@ func (o Offer) Validate() error {
 	return nil
 }
 
-// ParseOffer reads a Header value. An offer of another version, or none, is not an error: it means the peer
-// does not speak this version, and ok is false. A v1 offer that is malformed or out of bounds is an error.
+// ParseOffer reads a peer's offers: the values of Header, one version's offer each, in the peer's order of
+// preference. It takes the first of a version it knows (there is only v1) and skips the others, so that a
+// later peer that offers a newer version first still gets v1 here. No offer of a version it knows is not an
+// error: the peer does not speak one, and ok is false. A v1 offer that is malformed or out of bounds is an
+// error.
 func ParseOffer(values []string) (o Offer, ok bool, err error) {
-	if len(values) == 0 {
-		return Offer{}, false, nil
+	for _, v := range offers(values) {
+		if version(v) == Version {
+			return parseV1(v)
+		}
 	}
-	fields := strings.Split(values[0], ";")
-	if fields[0] != Version {
+	return Offer{}, false, nil
+}
+
+// ParseAnswer reads a server's answer to an agent's offer of Version alone. No answer is not an error: the
+// server did not take flow control up (upstream's), and ok is false. An answer is one value, of a version
+// the agent offered: anything else is an error, since the two sides would then disagree on whether grants
+// flow, and the server could wait for credit the agent never sends.
+func ParseAnswer(values []string) (o Offer, ok bool, err error) {
+	vs := offers(values)
+	switch {
+	case len(vs) == 0:
 		return Offer{}, false, nil
+	case len(vs) > 1:
+		return Offer{}, false, fmt.Errorf("%s answer %q: more than one value; an answer names the one version chosen", Header, vs)
+	case version(vs[0]) != Version:
+		return Offer{}, false, fmt.Errorf("%s answer %q: version %q was not offered (offered %s)", Header, vs[0], version(vs[0]), Version)
 	}
+	return parseV1(vs[0])
+}
+
+// offers splits the values of Header into single offers. gRPC lets a proxy join the values of a key with
+// commas, which is why no offer contains one.
+func offers(values []string) []string {
+	var out []string
+	for _, v := range values {
+		for _, o := range strings.Split(v, ",") {
+			if o = strings.TrimSpace(o); o != "" {
+				out = append(out, o)
+			}
+		}
+	}
+	return out
+}
+
+// version is the version an offer is of: its first field.
+func version(offer string) string {
+	v, _, _ := strings.Cut(offer, ";")
+	return v
+}
+
+// parseV1 reads one v1 offer. Fields it does not know are skipped whatever their value, or with none: they
+// are for later extensions of v1, and refusing them would cut this version off from every peer that uses
+// one.
+func parseV1(offer string) (o Offer, ok bool, err error) {
+	fields := strings.Split(offer, ";")
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
-		n, perr := strconv.Atoi(v)
-		if perr != nil {
-			return Offer{}, false, fmt.Errorf("%s %q: %s is not a number", Header, values[0], k)
-		}
+		var dst *int
 		switch k {
 		case "window":
-			o.Window = n
+			dst = &o.Window
 		case "max":
-			o.Max = n
+			dst = &o.Max
+		default:
+			continue
 		}
+		n, perr := strconv.Atoi(v)
+		if perr != nil {
+			return Offer{}, false, fmt.Errorf("%s %q: %s is not a number", Header, offer, k)
+		}
+		*dst = n
 	}
 	if err := o.Validate(); err != nil {
-		return Offer{}, false, fmt.Errorf("%s %q: %w", Header, values[0], err)
+		return Offer{}, false, fmt.Errorf("%s %q: %w", Header, offer, err)
 	}
 	return o, true, nil
 }

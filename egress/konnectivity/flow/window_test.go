@@ -195,11 +195,26 @@ func TestParseOffer(t *testing.T) {
 		{[]string{"v2;window=65536;max=65536"}, Offer{}, false, false},
 		{[]string{"v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
 		{[]string{"v1;window=65536;max=4194304;future=1"}, Offer{65536, 4194304}, true, false},
+		// Unknown fields are skipped whatever their value, and so are flags without a value: only the known
+		// fields must be numbers.
+		{[]string{"v1;window=65536;max=4194304;codec=zstd"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;zerocopy;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;max=4194304;"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window;max=4194304"}, Offer{}, false, true},
+		{[]string{"v1;window=65536;max=4M"}, Offer{}, false, true},
 		{[]string{"v1;window=1;max=2"}, Offer{}, false, true},
 		{[]string{"v1;window=65536;max=1024"}, Offer{}, false, true},
 		{[]string{"v1;window=65536;max=1099511627776"}, Offer{}, false, true},
 		{[]string{"v1;window=x;max=1"}, Offer{}, false, true},
 		{[]string{"v1"}, Offer{}, false, true},
+		// Several offers, in the peer's order of preference: the first v1 one is taken, the others skipped.
+		{[]string{"v2;window=65536;max=65536", "v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v2;codec=zstd", "v1;window=32768;max=65536", "v1;window=65536;max=4194304"}, Offer{32768, 65536}, true, false},
+		{[]string{"v3;window=1", "v2;window=65536;max=65536"}, Offer{}, false, false},
+		{[]string{"v2;window=65536;max=65536", "v1;window=1;max=2"}, Offer{}, false, true},
+		// The values of a key joined with commas, as gRPC lets a proxy do.
+		{[]string{"v2;window=65536;max=65536, v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v2;x=1,v1;window=65536;max=4194304,"}, Offer{65536, 4194304}, true, false},
 	} {
 		got, ok, err := ParseOffer(tc.in)
 		if got != tc.want || ok != tc.ok || (err != nil) != tc.err {
@@ -209,6 +224,29 @@ func TestParseOffer(t *testing.T) {
 	o := Offer{Window: 65536, Max: 1 << 20}
 	if got, ok, err := ParseOffer([]string{o.String()}); got != o || !ok || err != nil {
 		t.Errorf("round trip of %v: %+v %v %v", o, got, ok, err)
+	}
+}
+
+func TestParseAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		in      []string
+		want    Offer
+		ok, err bool
+	}{
+		{nil, Offer{}, false, false},
+		{[]string{"v1;window=65536;max=4194304"}, Offer{65536, 4194304}, true, false},
+		{[]string{"v1;window=65536;max=4194304;codec=zstd"}, Offer{65536, 4194304}, true, false},
+		// A version the agent did not offer: the server would use it, and the agent could not.
+		{[]string{"v2;window=65536;max=4194304"}, Offer{}, false, true},
+		// An answer names one version.
+		{[]string{"v1;window=65536;max=4194304", "v1;window=65536;max=4194304"}, Offer{}, false, true},
+		{[]string{"v2;window=65536;max=4194304,v1;window=65536;max=4194304"}, Offer{}, false, true},
+		{[]string{"v1;window=65536;max=1024"}, Offer{}, false, true},
+	} {
+		got, ok, err := ParseAnswer(tc.in)
+		if got != tc.want || ok != tc.ok || (err != nil) != tc.err {
+			t.Errorf("ParseAnswer(%q) = %+v, %v, %v", tc.in, got, ok, err)
+		}
 	}
 }
 
