@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -153,32 +152,6 @@ func TestTunnel100Concurrent(t *testing.T) {
 	harness.EventuallyTrue(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
 }
 
-// fullBacklogListener returns the address of a loopback listener whose accept queue is full, so that a
-// further connect is never answered: a dial to it times out, without any traffic leaving the machine.
-func fullBacklogListener(t *testing.T) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := syscall.Getsockname(fd)
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	// Fill the queue with connections that are never accepted.
-	for range 4 {
-		d := net.Dialer{Timeout: 200 * time.Millisecond}
-		if c, err := d.Dial("tcp", addr); err == nil {
-			t.Cleanup(func() { c.Close() })
-		}
-	}
-	return addr
-}
-
 func TestDialErrors(t *testing.T) {
 	_, srv, _ := agentOnServer(t, func(c *Config) { c.DialTimeout = 500 * time.Millisecond })
 
@@ -194,7 +167,7 @@ func TestDialErrors(t *testing.T) {
 		within           time.Duration
 	}{
 		{"refused", refusedAddr, "dial tcp " + refusedAddr + ": connect: connection refused", 2 * time.Second},
-		{"timeout", fullBacklogListener(t), "i/o timeout", 3 * time.Second},
+		{"timeout", harness.FullBacklogListener(t), "i/o timeout", 3 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
