@@ -269,3 +269,51 @@ func TestServerFirstBackend(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestCloseWritesQueuedData: data the client wrote before it closed reaches the backend whole. The backend
+// reads nothing for a while, so most of it still waits in the agent's queue when the server's CLOSE_REQ
+// comes; the agent writes it out before it closes the backend (upstream's proxy-agent closes at once and
+// drops it).
+func TestCloseWritesQueuedData(t *testing.T) {
+	_, srv, _ := agentOnServer(t, nil)
+	const total, chunk = 8_000_000, 1_000_000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- -1
+			return
+		}
+		defer c.Close()
+		time.Sleep(500 * time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := srv.dial(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, chunk)
+	for range total / chunk {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	select {
+	case n := <-got:
+		if n != total {
+			t.Fatalf("the backend read %d of the %d bytes written before the close", n, total)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the backend saw no end within 30s")
+	}
+}

@@ -198,3 +198,13 @@ func TestFirstDataHoldWaitsOnlyForItsTunnel(t *testing.T) {
 		})
 	}
 }
+
+// TestHalfCloseEndsConnectionUpstreamAgent: checkHalfCloseEndsConnection with upstream's proxy-agent, which
+// may drop the request it has not yet written when the close comes.
+func TestHalfCloseEndsConnectionUpstreamAgent(t *testing.T) {
+	e := newEnv(t)
+	s := start(t, e.config("http-connect"))
+	startUpstreamAgent(t, e, "agent-1", s.agentPort())
+	s.waitAgents(t, 1)
+	checkHalfCloseEndsConnection(t, s, false)
+}
