@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -16,16 +17,6 @@ import (
 // closeFlushTimeout bounds how long data already queued for a backend may take to drain after the server
 // asked to close the connection. konnectivity-client waits 10 s for the CLOSE_RSP.
 const closeFlushTimeout = 5 * time.Second
-
-// firstDataHold works around a race in konnectivity-client (v0.34): its receive loop hands DIAL_RSP to the
-// dialing goroutine and goes on to the next packet before that goroutine has registered the connection, so
-// DATA that follows DIAL_RSP closely is dropped as "Connection not recognized" and the tunnel is closed.
-// That happens with backends that speak first (SSH, SMTP, MySQL banners). The agent therefore holds a
-// connection's first DATA until the client has sent something (it can only write once it has registered the
-// connection) or this much time has passed. Client-first protocols such as HTTP and TLS never wait; a
-// server-first banner waits at most this long, which is long enough for the client's goroutine to be
-// scheduled on a loaded node (20 ms was not, 1 run in 6 under a saturated 2-core machine).
-const firstDataHold = 100 * time.Millisecond
 
 // writeBatch is the most the queue hands the backend writer at once; it writes flow.Piece at a time.
 const writeBatch = 256 << 10
@@ -282,13 +273,15 @@ func (c *conn) readLoop() {
 	}
 }
 
+// holdFirstData holds the connection's first DATA until the server has sent something on it, or for
+// konnectivity.FirstDataHold: konnectivity-client loses data that follows its DIAL_RSP too closely.
 func (c *conn) holdFirstData() {
 	select {
 	case <-c.heard:
 		return
 	default:
 	}
-	t := time.NewTimer(firstDataHold)
+	t := time.NewTimer(konnectivity.FirstDataHold)
 	defer t.Stop()
 	select {
 	case <-c.heard:

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -153,32 +152,6 @@ func TestTunnel100Concurrent(t *testing.T) {
 	harness.EventuallyTrue(t, 10*time.Second, "all connections closed on the agent", func() bool { return ra.OpenConnections() == 0 })
 }
 
-// fullBacklogListener returns the address of a loopback listener whose accept queue is full, so that a
-// further connect is never answered: a dial to it times out, without any traffic leaving the machine.
-func fullBacklogListener(t *testing.T) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := syscall.Getsockname(fd)
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	// Fill the queue with connections that are never accepted.
-	for range 4 {
-		d := net.Dialer{Timeout: 200 * time.Millisecond}
-		if c, err := d.Dial("tcp", addr); err == nil {
-			t.Cleanup(func() { c.Close() })
-		}
-	}
-	return addr
-}
-
 func TestDialErrors(t *testing.T) {
 	_, srv, _ := agentOnServer(t, func(c *Config) { c.DialTimeout = 500 * time.Millisecond })
 
@@ -194,7 +167,7 @@ func TestDialErrors(t *testing.T) {
 		within           time.Duration
 	}{
 		{"refused", refusedAddr, "dial tcp " + refusedAddr + ": connect: connection refused", 2 * time.Second},
-		{"timeout", fullBacklogListener(t), "i/o timeout", 3 * time.Second},
+		{"timeout", harness.FullBacklogListener(t), "i/o timeout", 3 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -294,5 +267,53 @@ func TestServerFirstBackend(t *testing.T) {
 			t.Fatalf("tunnel %d: banner %q, %v", i, buf, err)
 		}
 		c.Close()
+	}
+}
+
+// TestCloseWritesQueuedData: data the client wrote before it closed reaches the backend whole. The backend
+// reads nothing for a while, so most of it still waits in the agent's queue when the server's CLOSE_REQ
+// comes; the agent writes it out before it closes the backend (upstream's proxy-agent closes at once and
+// drops it).
+func TestCloseWritesQueuedData(t *testing.T) {
+	_, srv, _ := agentOnServer(t, nil)
+	const total, chunk = 8_000_000, 1_000_000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- -1
+			return
+		}
+		defer c.Close()
+		time.Sleep(500 * time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := srv.dial(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, chunk)
+	for range total / chunk {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	select {
+	case n := <-got:
+		if n != total {
+			t.Fatalf("the backend read %d of the %d bytes written before the close", n, total)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the backend saw no end within 30s")
 	}
 }

@@ -9,6 +9,8 @@
 // batchtls (TLS records batched under the agent link).
 package konnectivity
 
+import "time"
+
 // Identities.
 const (
 	// Namespace holds the agents, their ServiceAccount and the server's static pod.
@@ -36,3 +38,17 @@ const (
 // repeated field in one byte. An agent's headers (its ID, identifiers, token and flow-control offer) take a
 // few KiB, kube-apiserver's and the server's answers less.
 const MaxHeaderList = 64 << 10
+
+// FirstDataHold works around a race in konnectivity-client (v0.34, kube-apiserver's client): its receive
+// loop hands DIAL_RSP to the dialing goroutine and goes on to the next packet before that goroutine has
+// registered the connection, so DATA that follows DIAL_RSP closely is dropped as "Connection not recognized",
+// and the client reports a clean end of stream after a truncated one. Over HTTP CONNECT, kube-apiserver's
+// dialer refuses a 200 that arrives in the same read as data. Both hit backends that speak first (SSH, SMTP,
+// MySQL banners). So a connection's first data towards kube-apiserver is held until the client has sent
+// something on it (it can only write once it has registered the connection, and once it has read the 200)
+// or for this long after the dial's answer. konnect's agent holds it (agent/conn.go), for any server; the
+// server holds it too (egress/tunnel/frontend.go), for agents that do not (upstream's proxy-agent).
+// Client-first protocols such as HTTP and TLS never wait; a server-first banner waits at most this long,
+// which is long enough for the client's goroutine to be scheduled on a loaded node (20 ms was not, 1 run
+// in 6 under a saturated 2-core machine).
+const FirstDataHold = 100 * time.Millisecond

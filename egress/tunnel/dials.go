@@ -147,12 +147,34 @@ func (p *pendingDials) release(random int64, s *dialStream) {
 	}
 }
 
-// releaseStream ends every dial of a frontend stream that is over. Upstream cancels them on the agent.
-func (p *pendingDials) releaseStream(s *dialStream) {
+// cancel ends the dial random of stream s, which its frontend cancelled (DIAL_CLS).
+func (p *pendingDials) cancel(random int64, s *dialStream) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if d := p.dials[random]; d != nil && d.s == s {
+		p.drop(d)
+		s.cancelled = append(s.cancelled, random)
+	}
+}
+
+// releaseStream ends every dial of a frontend stream that is over. Upstream cancels them on the agent.
+//
+// Upstream's handler, which has returned, forgot the stream's pending dials without updating its
+// konnectivity_network_proxy_server_pending_backend_dials gauge (PendingDialManager.removeForStream), and a
+// dial the frontend cancelled may have gone the same way. Only its Add and Remove set the gauge, from its
+// table, and konnect's agent never answers a dial it cancelled, so no late DIAL_RSP comes to correct it:
+// removing those dials again, by ID, sets it right.
+func (p *pendingDials) releaseStream(s *dialStream) {
+	p.mu.Lock()
+	gone := s.cancelled
+	s.cancelled = nil
 	for len(s.dials) > 0 {
+		gone = append(gone, s.dials[0].random)
 		p.drop(s.dials[0])
+	}
+	p.mu.Unlock()
+	for _, random := range gone {
+		p.ps.PendingDial.Remove(random)
 	}
 }
 
@@ -289,6 +311,8 @@ type dialStream struct {
 	grpc.ServerStream
 	p     *pendingDials
 	dials []*pendingDial // guarded by p.mu; kube-apiserver's single-use tunnels have at most one
+	// cancelled: the IDs of dials the frontend cancelled, guarded by p.mu (releaseStream).
+	cancelled []int64
 
 	flow *frontendFlow // nil when the server does not use flow control
 	// rest is what is left of a DATA packet that was larger than its connection's credit: the next RecvMsg
@@ -326,7 +350,7 @@ func (s *dialStream) RecvMsg(m any) error {
 				continue
 			}
 		case client.PacketType_DIAL_CLS:
-			s.p.release(pkt.GetCloseDial().GetRandom(), s)
+			s.p.cancel(pkt.GetCloseDial().GetRandom(), s)
 		}
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/test/harness"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -492,4 +493,55 @@ func TestAgentConnectedOnceDialsReachIt(t *testing.T) {
 	if got := a.next(t, client.PacketType_DIAL_REQ).GetDialRequest().GetRandom(); got != 7 {
 		t.Fatalf("dial request %d, want 7", got)
 	}
+}
+
+// TestCancelledDialLeavesNoPendingGauge: a dial that kube-apiserver's client cancels (DIAL_CLS, then the end
+// of its stream) while konnect's agent is still connecting leaves upstream's
+// konnectivity_network_proxy_server_pending_backend_dials at 0, as konnect's own pending dials. konnect's
+// agent cancels the dial and never answers it, so no late answer corrects the gauge.
+func TestCancelledDialLeavesNoPendingGauge(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	s := start(t, cfg)
+	startKonnectAgent(t, e, "konnect-agent", s.agentPort())
+	s.waitAgents(t, 1)
+	hanging := harness.FullBacklogListener(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		c, err := s.frontend("grpc").Dial(ctx, hanging)
+		if c != nil {
+			c.Close()
+		}
+		errc <- err
+	}()
+	harness.EventuallyTrue(t, 10*time.Second, "the dial pending, in konnect's count and upstream's gauge", func() bool {
+		return s.dials.pending() == 1 && upstreamPendingDials(t) == 1
+	})
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled dial succeeded")
+	}
+	waitPending(t, s, 0)
+	harness.EventuallyTrue(t, 5*time.Second, "upstream's pending-dials gauge back at 0", func() bool {
+		return upstreamPendingDials(t) == 0
+	})
+}
+
+// upstreamPendingDials reads upstream's konnectivity_network_proxy_server_pending_backend_dials gauge.
+func upstreamPendingDials(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "konnectivity_network_proxy_server_pending_backend_dials" {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
 }

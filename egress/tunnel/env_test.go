@@ -118,6 +118,17 @@ func start(t testing.TB, cfg *Config) *running {
 	return &running{Server: s, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, s.Run)}
 }
 
+// startWithFirstDataHold is start, with the server holding first data for hold.
+func startWithFirstDataHold(t *testing.T, cfg *Config, hold time.Duration) *running {
+	t.Helper()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	s.firstDataHold = hold
+	return &running{Server: s, Daemon: harness.RunDaemon(t, cfg.GracefulTimeout, s.Run)}
+}
+
 func (r *running) frontend(mode string) Frontend {
 	return Frontend{UDSName: r.cfg.UDSName, Mode: mode}
 }
@@ -216,6 +227,41 @@ func startHTTPBackend(t testing.TB) string {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
+}
+
+// startServerFirstBackend accepts connections that get n pattern bytes at once, before the client says
+// anything (as an SSH, SMTP or MySQL server greets), and are then closed.
+func startServerFirstBackend(t *testing.T, n int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	body := make([]byte, n)
+	fill(body, 0)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				_, _ = c.Write(body)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// readAllWithin reads c to its end, and closes c once d has passed (konnectivity-client's connections have
+// no deadlines).
+func readAllWithin(c net.Conn, d time.Duration) ([]byte, error) {
+	t := time.AfterFunc(d, func() { c.Close() })
+	defer t.Stop()
+	return io.ReadAll(c)
 }
 
 func counterValue(c prometheus.Counter) float64 {

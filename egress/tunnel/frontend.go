@@ -98,8 +98,9 @@ func newFrontendQueue(s *Server, stalled func()) *flow.Queue[*client.Packet] {
 // the agent stream's goroutine.
 type frontendStream struct {
 	grpc.ServerStream
-	q    *flow.Queue[*client.Packet]
-	flow *frontendFlow
+	q     *flow.Queue[*client.Packet]
+	flow  *frontendFlow
+	first *firstData
 }
 
 // frontendFlowOf is the flow-control state of a frontend stream that frontendInterceptor wrapped.
@@ -118,6 +119,78 @@ func (f *frontendStream) SendMsg(m any) error {
 	return f.q.Push(f.Context(), p)
 }
 
+// RecvMsg notes that the client has sent something after its dial (data, a close, or the end of its
+// stream): its first DATA need no longer be held.
+func (f *frontendStream) RecvMsg(m any) error {
+	err := f.ServerStream.RecvMsg(m)
+	if p, ok := m.(*client.Packet); err != nil || !ok || p.Type != client.PacketType_DIAL_REQ {
+		f.first.clientSent()
+	}
+	return err
+}
+
+// firstData holds a tunnel's first DATA towards the frontend, from the dial's answer until the client has
+// sent something or for at most hold (konnectivity.FirstDataHold says why). Upstream's agent sends that DATA
+// right behind its DIAL_RSP. konnect's agent, the one that speaks flow control, holds it itself, so a
+// connection under flow control is not held again. The hold runs on the frontend's own queue writer, so only
+// this tunnel waits: the agent stream pushes into the queue as ever, and should the queue fill up meanwhile,
+// the hold ends rather than make that push wait. A frontend stream holds its first DATA only:
+// kube-apiserver's tunnels are single-use.
+type firstData struct {
+	hold       time.Duration
+	agentHolds func(connID int64) bool // the agent holds the connection's first DATA itself
+	heard      chan struct{}           // the client sent something after its dial
+	full       chan struct{}           // a push found the queue full
+	heard1     sync.Once
+	full1      sync.Once
+
+	// The writer's own.
+	answered time.Time // when the dial's answer went out; zero before
+	done     bool      // the first DATA went out, or there is no hold
+}
+
+func newFirstData(hold time.Duration, agentHolds func(connID int64) bool) *firstData {
+	return &firstData{hold: hold, agentHolds: agentHolds, heard: make(chan struct{}), full: make(chan struct{}),
+		done: hold <= 0}
+}
+
+func (h *firstData) clientSent() { h.heard1.Do(func() { close(h.heard) }) }
+func (h *firstData) queueFull()  { h.full1.Do(func() { close(h.full) }) }
+
+// before runs on the writer before p is sent: the first DATA after the dial's answer waits.
+func (h *firstData) before(ctx context.Context, p *client.Packet) {
+	if h.done || p.Type != client.PacketType_DATA || h.answered.IsZero() {
+		return
+	}
+	h.done = true
+	wait := time.Until(h.answered.Add(h.hold))
+	if wait <= 0 {
+		return
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-h.heard:
+	case <-h.full:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// sent runs on the writer once p went out: a successful dial's answer starts the hold.
+func (h *firstData) sent(p *client.Packet) {
+	if h.done || !h.answered.IsZero() || p.Type != client.PacketType_DIAL_RSP {
+		return
+	}
+	switch rsp := p.GetDialResponse(); {
+	case rsp.GetError() != "":
+	case h.agentHolds(rsp.GetConnectID()):
+		h.done = true
+	default:
+		h.answered = time.Now()
+	}
+}
+
 // frontendInterceptor gives every frontend stream (one tunnel, one connection: kube-apiserver's client is
 // single-use) its send queue. The handler runs on the stream's own goroutine: a stalled reader is cut off
 // by closing its connection (see tunnelCreds), which ends the handler.
@@ -130,6 +203,10 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		closeTunnelConn(ss.Context())
 	})
 	ff := &frontendFlow{close: func() { closeTunnelConn(ss.Context()) }, queue: q}
+	// The agent's DIAL_RSP bound a connection under flow control to ff before it reached this writer.
+	first := newFirstData(s.firstDataHold, func(id int64) bool { return ff.conn(id) != nil })
+	waited := q.Hooks.Waited
+	q.Hooks.Waited = func() { first.queueFull(); waited() }
 	defer ff.end()
 	writerDone := make(chan struct{})
 	// A DATA message counts as consumed, and its connection is granted more, once the connection has
@@ -150,12 +227,15 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 		}
 	}
 	send := func(m any) error {
+		p := m.(*client.Packet)
+		first.before(ss.Context(), p)
 		err := ss.SendMsg(m)
 		q.Progress()
 		if err != nil {
 			return err
 		}
-		d := m.(*client.Packet).GetData()
+		first.sent(p)
+		d := p.GetData()
 		if d == nil {
 			return nil
 		}
@@ -177,7 +257,7 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	q.Idle = credit
 	q.Start(func(batch []*client.Packet) error { return s.sendPackets(send, batch, chunk) },
 		func(error) { close(writerDone) })
-	err := handler(srv, &frontendStream{ServerStream: ss, q: q, flow: ff})
+	err := handler(srv, &frontendStream{ServerStream: ss, q: q, flow: ff, first: first})
 	if stalled.Load() {
 		return status.Error(codes.ResourceExhausted, flow.ErrStalled.Error())
 	}

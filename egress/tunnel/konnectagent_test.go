@@ -108,3 +108,32 @@ func TestTwoServersOneAgent(t *testing.T) {
 	servers[1] = start(t, cfgs[1])
 	check(servers[1])
 }
+
+// TestKonnectAgentFirstDataNotHeldTwice: konnect's agent holds a connection's first data itself
+// (konnectivity.FirstDataHold), so the server adds no hold of its own for it: with the server's hold made a
+// minute long, a server-first backend's data still comes at once, after the agent's own short hold, whole.
+func TestKonnectAgentFirstDataNotHeldTwice(t *testing.T) {
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(mode)
+			s := startWithFirstDataHold(t, cfg, time.Minute)
+			startKonnectAgent(t, e, "konnect-agent", s.agentPort())
+			s.waitAgents(t, 1)
+			addr := startServerFirstBackend(t, 1<<20)
+			for range 5 {
+				start := time.Now()
+				c := dial(t, s.frontend(mode), addr)
+				got, err := readAllWithin(c, 20*time.Second)
+				c.Close()
+				if err != nil || len(got) != 1<<20 {
+					t.Fatalf("%d bytes, %v", len(got), err)
+				}
+				checkPattern(t, got, 0)
+				if d := time.Since(start); d > 10*time.Second {
+					t.Fatalf("a server-first backend's data took %v: the server held it too", d)
+				}
+			}
+		})
+	}
+}

@@ -92,6 +92,9 @@ type Server struct {
 	tokenErr     error
 
 	runOnce atomic.Bool
+
+	// firstDataHold is konnectivity.FirstDataHold; tests lengthen it to see who waits.
+	firstDataHold time.Duration
 }
 
 // New builds the server and binds its frontend (socket or mTLS TCP) and agent listeners. An error with one
@@ -134,6 +137,8 @@ func New(c *Config) (_ *Server, err error) {
 		agents:  newAgentTracker(),
 		conns:   map[*connectStream]struct{}{},
 		metrics: m,
+
+		firstDataHold: konnectivity.FirstDataHold,
 	}
 	s.authMetrics = am
 	if n := len(s.ps.BackendManagers); n > 0 {

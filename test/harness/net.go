@@ -2,6 +2,7 @@ package harness
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -86,6 +88,33 @@ func kernelPort(t testing.TB) int {
 func ClosedAddr(t testing.TB) string {
 	t.Helper()
 	return "127.0.0.1:" + strconv.Itoa(FreePort(t))
+}
+
+// FullBacklogListener returns the address of a loopback listener whose accept queue is full, so that a
+// further connect is never answered: a dial to it times out, without any traffic leaving the machine.
+func FullBacklogListener(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the queue with connections that are never accepted.
+	for range 4 {
+		d := net.Dialer{Timeout: 200 * time.Millisecond}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	return addr
 }
 
 // Echo is a loopback backend that echoes every byte back on each connection.
