@@ -647,6 +647,22 @@ func (kc *kadmCluster) rollServers(t *testing.T) {
 		path := filepath.Join(n.dir, "etc-kubernetes", "manifests", "konnectivity-server.yaml")
 		parked := filepath.Join(n.dir, "konnectivity-server.yaml.parked")
 		began := time.Now()
+		// The mirror pod exists first, so that its going away below says the pod stopped: kube-apiserver's
+		// admission (priority class and value, Pod Security) accepted the static pod that konnect init wrote.
+		if err := harness.Poll("the server's mirror pod on "+n.name, 2*time.Minute, time.Second, func() error {
+			out, err := kc.kubectl(ctx, nsCP, "-n", "kube-system", "get", "pod", "konnectivity-server-"+n.name,
+				"-o", "jsonpath={.spec.priorityClassName}={.spec.priority}")
+			if err != nil {
+				return err
+			}
+			if want := "system-node-critical=2000001000"; strings.TrimSpace(out) != want {
+				return fmt.Errorf("priority %q, want %q", out, want)
+			}
+			return nil
+		}); err != nil {
+			l.finish()
+			t.Fatal(err)
+		}
 		if err := kc.lbSet(n.name, "drain"); err != nil {
 			l.finish()
 			t.Fatal(err)
