@@ -131,10 +131,15 @@ func StartEcho(t testing.TB) *Echo {
 		t.Fatal(err)
 	}
 	e := &Echo{Addr: ln.Addr().String()}
+	// The accept loop counts in wg too, so that no Add of a connection's goroutine races the cleanup's Wait;
+	// closed keeps a connection accepted as the test ends from outliving the cleanup.
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]struct{}{}
+	closed := false
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -142,9 +147,14 @@ func StartEcho(t testing.TB) *Echo {
 			}
 			e.Accepted.Add(1)
 			mu.Lock()
+			if closed {
+				mu.Unlock()
+				c.Close()
+				return
+			}
 			conns[c] = struct{}{}
-			mu.Unlock()
 			wg.Add(1)
+			mu.Unlock()
 			go func() {
 				defer wg.Done()
 				_, _ = io.Copy(c, c)
@@ -158,6 +168,7 @@ func StartEcho(t testing.TB) *Echo {
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		closed = true
 		for c := range conns {
 			c.Close()
 		}
