@@ -54,14 +54,17 @@ func proxyURLs(t *testing.T, kubeconfig string) map[string]string {
 // their own change. Then the same with `kubectl config set` of other clusters at the same time: set-proxy
 // waits for kubectl's lock and kubectl, which does not wait, fails naming it. kubectl itself reads the file
 // before it takes the lock and writes back every cluster that changed since, as it read it: it loses updates
-// even between two kubectl runs, so those rounds check no change but that nothing is left or torn.
+// even between two kubectl runs, so those rounds check no change but that nothing is left or torn. kubectl
+// also writes in place: a kubectl that reads the file while another truncated it writes back a kubeconfig of
+// its one change alone, without the contexts, and a set-proxy that comes after it then rightly finds no
+// context of its name; in those rounds that refusal, and only that one, is kubectl's doing.
 func TestKubeconfigSetProxyConcurrent(t *testing.T) {
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
 		t.Fatal("kubectl is needed, as the other program that changes kubeconfigs: ", err)
 	}
 	const rounds, runs = 6, 8
-	lost, kubectlFailed, kubectlLost := 0, 0, 0
+	lost, kubectlFailed, kubectlLost, kubectlEmptied := 0, 0, 0, 0
 	for round := range rounds {
 		withKubectl := round >= rounds/2
 		kc := filepath.Join(shortDir(t), "config")
@@ -91,6 +94,11 @@ func TestKubeconfigSetProxyConcurrent(t *testing.T) {
 		wg.Wait()
 		got := proxyURLs(t, kc) // fails the test if the file does not load
 		for i, r := range results {
+			emptied := fmt.Sprintf("context \"c%d\" not found in %s (contexts: )", i, kc)
+			if r.code != 0 && withKubectl && strings.Contains(r.stderr, emptied) {
+				kubectlEmptied++
+				continue
+			}
 			if r.code != 0 {
 				t.Errorf("round %d: run %d: %s", round, i, r)
 				continue
@@ -117,8 +125,8 @@ func TestKubeconfigSetProxyConcurrent(t *testing.T) {
 			t.Errorf("round %d: %s.lock is left behind", round, kc)
 		}
 	}
-	t.Logf("set-proxy alone: %d of %d updates lost; with kubectl: %d kubectl runs refused by the lock, %d kubectl updates lost (by kubectl's own stale writes)",
-		lost, rounds/2*runs, kubectlFailed, kubectlLost)
+	t.Logf("set-proxy alone: %d of %d updates lost; with kubectl: %d kubectl runs refused by the lock, %d kubectl updates lost (by kubectl's own stale writes), %d set-proxy runs that found a kubeconfig kubectl had emptied of contexts",
+		lost, rounds/2*runs, kubectlFailed, kubectlLost, kubectlEmptied)
 }
 
 // TestKubeconfigSetProxyTakesTurnsWithKubectl holds `kubectl config set` inside its lock, deterministically:
