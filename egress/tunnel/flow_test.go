@@ -110,6 +110,16 @@ func (a *fakeAgent) next(typ client.PacketType) *client.Packet {
 }
 
 // dataFor reads the DATA the server sends connection id for d, and returns how many bytes came.
+// uploadFirst opens the first tunnel through s, which a accepts as connection 1, and writes 1 MiB into it
+// in one write, far more than any window: what a then receives of it is what its credit let through.
+func uploadFirst(t *testing.T, s *running, a *fakeAgent) {
+	t.Helper()
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+}
+
 func (a *fakeAgent) dataFor(id int64, d time.Duration) int {
 	n := 0
 	end := time.After(d)
@@ -224,10 +234,7 @@ func TestFlowOfferWithUnknownFields(t *testing.T) {
 		t.Fatal("the server did not take up a v1 offer with unknown fields")
 	}
 	s.waitAgents(t, 1)
-	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
-	a.accept(1)
-	c := connOf(t, ch)
-	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	uploadFirst(t, s, a)
 	if got := a.dataFor(1, time.Second); got != 65536 {
 		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
 	}
@@ -243,10 +250,7 @@ func TestFlowSeveralVersionsOffered(t *testing.T) {
 		t.Fatalf("the server answered %q, want [%q]", a.answer, want)
 	}
 	s.waitAgents(t, 1)
-	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
-	a.accept(1)
-	c := connOf(t, ch)
-	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
+	uploadFirst(t, s, a)
 	if got := a.dataFor(1, time.Second); got != 65536 {
 		t.Fatalf("the agent got %d bytes of a connection it granted 65536 in its v1 offer", got)
 	}
@@ -358,10 +362,7 @@ func TestFlowAgentNeverGrants(t *testing.T) {
 	s.waitAgents(t, 1)
 	f := s.frontend("grpc")
 
-	up := dialAsync(f, "198.18.0.1:80")
-	a.accept(1)
-	uc := connOf(t, up)
-	go func() { _, _ = uc.Write(make([]byte, 1<<20)) }() // one write, far more than the window
+	uploadFirst(t, s, a)
 
 	if got := a.dataFor(1, time.Second); got != 65536 {
 		t.Fatalf("the agent got %d bytes of a connection it granted 65536", got)
