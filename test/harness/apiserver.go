@@ -165,19 +165,27 @@ func (a *APIServer) Stop() {
 	}
 }
 
-// WaitReady waits until kube-apiserver answers /readyz, failing early if it exits.
+// WaitReady waits until kube-apiserver answers /readyz and takes a write into kube-system, failing early
+// if it exits. /readyz does not cover the second: kube-apiserver creates its system namespaces after its
+// post-start hooks report done, and a create in the first seconds after /readyz has been seen to hang
+// for the whole of a test's deadline. A dry-run create goes through admission and validation, as the
+// tests' own writes do, without leaving an object behind; each attempt has its own short deadline.
 func (a *APIServer) WaitReady(within time.Duration) error {
 	cs, err := a.Client()
 	if err != nil {
 		return err
 	}
-	err = Poll("kube-apiserver /readyz", within, 500*time.Millisecond, func() error {
+	probe := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "harness-write-probe"}}
+	err = Poll("kube-apiserver /readyz and a write into kube-system", within, 500*time.Millisecond, func() error {
 		if err := a.Proc.Exited(); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if _, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+			return err
+		}
+		_, err := cs.CoreV1().ServiceAccounts(metav1.NamespaceSystem).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
 	if err != nil {
