@@ -130,36 +130,45 @@ func TestInitialSync(t *testing.T) {
 }
 
 // gate is a StartGate that opens when its channel is closed.
-type gate chan struct{}
+// gate is a StartGate that the test opens; waited is closed once Run waits on it.
+type gate struct {
+	open, waited chan struct{}
+	once         sync.Once
+}
 
-func (g gate) WaitForSync(ctx context.Context) error {
+func newGate() *gate { return &gate{open: make(chan struct{}), waited: make(chan struct{})} }
+
+func (g *gate) WaitForSync(ctx context.Context) error {
+	g.once.Do(func() { close(g.waited) })
 	select {
-	case <-g:
+	case <-g.open:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func (g gate) Waiting() string { return "waiting for the gate" }
+func (g *gate) Waiting() string { return "waiting for the gate" }
 
-// TestInitialSyncWaitsForStartAfter: until Config.StartAfter lets the agent connect, initial-sync says what
-// the agent waits for, and no server count or time since a start that has not happened.
 func TestInitialSyncWaitsForStartAfter(t *testing.T) {
 	pki := newTestPKI(t)
 	s1 := startUpstreamServer(t, serverOpts{id: "s1", ca: pki.ca})
 	cfg := pki.config(s1.agentAddr)
-	g := make(gate)
+	g := newGate()
 	cfg.StartAfter = g
 	ra := startAgent(t, cfg)
-	time.Sleep(200 * time.Millisecond) // Run is waiting
+	select {
+	case <-g.waited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not wait on StartAfter")
+	}
 	if err := notReady(ra); err == nil || err.Error() != "initial-sync: waiting for the gate" {
 		t.Fatalf("waiting for StartAfter: %v, want initial-sync: waiting for the gate", err)
 	}
 	if s1.backends() != 0 {
 		t.Fatal("the agent connected before StartAfter let it")
 	}
-	close(g)
+	close(g.open)
 	s1.waitBackends(t, 1)
 	harness.EventuallyTrue(t, 10*time.Second, "agent ready", func() bool { return notReady(ra) == nil })
 }
