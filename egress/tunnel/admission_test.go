@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -402,7 +403,7 @@ func TestBadOfferIsOneAttempt(t *testing.T) {
 			if got := counterValue(s.authMetrics.authRefused.WithLabelValues("stream")); got != streams-1 {
 				t.Errorf("streams refused as further attempts: %v counted, want %d", got, streams-1)
 			}
-			if after := agentStatus(s, "genuine"); after != before {
+			if after := agentStatus(s, "genuine"); !reflect.DeepEqual(after, before) {
 				t.Errorf("the connected agent's status changed:\nbefore %+v\nafter  %+v", before, after)
 			}
 

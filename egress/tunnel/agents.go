@@ -3,6 +3,7 @@ package tunnel
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"sort"
 	"strings"
@@ -95,6 +96,12 @@ type AgentStatus struct {
 	LastSeen    time.Time `json:"lastSeen"`
 	LastError   string    `json:"lastError,omitempty"`
 	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
+	// FlowControl counts the agent's connected streams by their per-connection flow control: the version
+	// negotiated (flow.Version) or flow.None, the label of konnect_tunnel_server_agent_streams. A stream
+	// without it lets one slow reader hold up the agent's other connections (docs/flow-control.md). It is
+	// empty while the agent is not connected, and absent from the status of servers that predate it: a
+	// reader takes a connected agent without it as unknown.
+	FlowControl map[string]int `json:"flowControl,omitempty"`
 }
 
 // Status is the server's answer on its status endpoint.
@@ -107,6 +114,9 @@ type Status struct {
 	Frontends   int64         `json:"openFrontends"`
 	Draining    bool          `json:"draining"`
 	Agents      []AgentStatus `json:"agents"`
+	// FlowControl is the flow-control version this server takes up from agents that offer it, or
+	// flow.None when it runs with --flow-control=false. Servers that predate the field leave it out.
+	FlowControl string `json:"flowControl,omitempty"`
 }
 
 // maxRemembered bounds how many disconnected agents are remembered, and maxRefused how many agent IDs under
@@ -142,20 +152,24 @@ func (t *agentTracker) get(id string) *AgentStatus {
 	return a
 }
 
-func (t *agentTracker) connected(id, idents, remote string) {
+// connected records a stream of agent id that was accepted with flow control fc (flow.Version or flow.None).
+func (t *agentTracker) connected(id, idents, remote, fc string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	a := t.get(id)
 	now := time.Now()
 	if a.Connections == 0 {
 		a.Since = now
+		a.FlowControl = map[string]int{}
 	}
 	a.Connections++
+	a.FlowControl[fc]++
 	a.Connected = true
 	a.Identifiers, a.Remote, a.LastSeen = idents, remote, now
 }
 
-func (t *agentTracker) disconnected(id string, err error) {
+// disconnected records the end of a stream that connected recorded with the same fc.
+func (t *agentTracker) disconnected(id, fc string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	a := t.agents[id]
@@ -165,8 +179,11 @@ func (t *agentTracker) disconnected(id string, err error) {
 	now := time.Now()
 	a.Connections--
 	a.LastSeen = now
+	if a.FlowControl[fc]--; a.FlowControl[fc] <= 0 {
+		delete(a.FlowControl, fc)
+	}
 	if a.Connections <= 0 {
-		a.Connections, a.Connected, a.Since = 0, false, time.Time{}
+		a.Connections, a.Connected, a.Since, a.FlowControl = 0, false, time.Time{}, nil
 	}
 	if err != nil && status.Code(err) != codes.Canceled {
 		a.LastError, a.LastErrorAt = err.Error(), now
@@ -236,7 +253,9 @@ func (t *agentTracker) list() []AgentStatus {
 	out := make([]AgentStatus, 0, len(t.agents)+len(t.refusals))
 	for _, m := range []map[string]*AgentStatus{t.agents, t.refusals} {
 		for _, a := range m {
-			out = append(out, *a)
+			c := *a
+			c.FlowControl = maps.Clone(a.FlowControl) // encoded after t.mu is released
+			out = append(out, c)
 		}
 	}
 	t.mu.Unlock()
@@ -304,7 +323,7 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	added := func() {
 		if !accepted.Swap(true) {
 			streams.Inc() // before connected: a stream that Status shows is already counted
-			s.agents.connected(id, idents, remote)
+			s.agents.connected(id, idents, remote, fc)
 			s.logFlowControl(id, remote, offers, offer, as.flow != nil)
 		}
 	}
@@ -319,7 +338,7 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 		return err
 	}
 	streams.Dec()
-	s.agents.disconnected(id, err)
+	s.agents.disconnected(id, fc, err)
 	return err
 }
 

@@ -184,6 +184,14 @@ func (c *Config) flowOffer() flow.Offer {
 	return flow.Offer{Window: c.FlowWindow, Max: c.FlowMaxWindow}
 }
 
+// flowControl is what the server's status says of its own flow control: the version it takes up, or none.
+func (c *Config) flowControl() string {
+	if c.DisableFlowControl {
+		return flow.None
+	}
+	return flow.Version
+}
+
 // boundOrDefault maps a Config count to an admission bound: 0 is the default, negative is none (0).
 func boundOrDefault(n, def int) int {
 	switch {

@@ -537,6 +537,7 @@ func (s *Server) Status() Status {
 		Agent:       s.AgentAddr(),
 		Frontends:   s.frontends.Load(),
 		Draining:    s.draining.Load(),
+		FlowControl: s.cfg.flowControl(),
 		Agents:      s.agents.list(),
 	}
 }

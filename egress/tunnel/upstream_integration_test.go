@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/test/harness"
 	authv1 "k8s.io/api/authentication/v1"
 	"sigs.k8s.io/apiserver-network-proxy/pkg/server/proxystrategies"
@@ -121,7 +123,8 @@ func TestTunnelUpstreamAgent(t *testing.T) {
 }
 
 // TestAgentStreamsByFlowControl: konnect_tunnel_server_agent_streams counts konnect's agent's stream as v1
-// and upstream's proxy-agent's as none, and each goes when its agent does.
+// and upstream's proxy-agent's as none, and each goes when its agent does; the server's status (konnect
+// doctor's source) says the same of each agent.
 func TestAgentStreamsByFlowControl(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("grpc")
@@ -140,9 +143,21 @@ func TestAgentStreamsByFlowControl(t *testing.T) {
 	up := startUpstreamAgent(t, e, "upstream-agent", s.agentPort())
 	s.waitAgents(t, 2)
 	want(1, 1)
+	statusSays := func(id string, fc map[string]int) {
+		t.Helper()
+		if got := agentStatus(s, id).FlowControl; !maps.Equal(got, fc) {
+			t.Errorf("status of %s: flow control %v, want %v", id, got, fc)
+		}
+	}
+	if got := s.Status().FlowControl; got != flow.Version {
+		t.Errorf("status: the server's flow control %q, want %q", got, flow.Version)
+	}
+	statusSays("konnect-agent", map[string]int{flow.Version: 1})
+	statusSays("upstream-agent", map[string]int{flow.None: 1})
 	up.Kill()
 	s.waitAgents(t, 1)
 	want(1, 0)
+	statusSays("upstream-agent", nil)
 	stopKonnect()
 	s.waitAgents(t, 0)
 	want(0, 0)

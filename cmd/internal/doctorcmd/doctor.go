@@ -9,14 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
+	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/spf13/cobra"
@@ -44,10 +47,15 @@ func newStatusCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show each server's connected agents, their identifiers, connection age and last error",
+		Short: "Show each server's connected agents, their identifiers, connection age, flow control and last error",
 		Long: `Queries the admin endpoint (/debug/agents) of one or more konnect servers and prints, for each server,
-the agents it knows: connected or not, identifiers, remote address, connection age and the last error
-(for example a failed token authentication).`,
+the agents it knows: connected or not, identifiers, remote address, connection age, per-connection flow
+control and the last error (for example a failed token authentication).
+
+FLOW CONTROL is the version of per-connection flow control the agent's streams negotiated (v1), or none:
+upstream's proxy-agent and older konnect agents do not offer it, and on such an agent one slow reader can
+stall the agent's other connections. A warning names those agents. A server older than this doctor does
+not report it: the column says unknown.`,
 		Example: `  konnect doctor status --admin-address 127.0.0.1:8133
   konnect doctor status --admin-address 10.0.0.1:8133,10.0.0.2:8133 -o json`,
 		Args: cobra.NoArgs,
@@ -158,7 +166,7 @@ func printStatus(w io.Writer, results []serverResult, now time.Time) {
 			continue
 		}
 		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  AGENT\tSTATE\tAGE\tREMOTE\tIDENTIFIERS\tLAST ERROR")
+		fmt.Fprintln(tw, "  AGENT\tSTATE\tAGE\tFLOW CONTROL\tREMOTE\tIDENTIFIERS\tLAST ERROR")
 		for _, a := range st.Agents {
 			stateStr, age := "disconnected", "-"
 			if a.Connected {
@@ -173,9 +181,59 @@ func printStatus(w io.Writer, results []serverResult, now time.Time) {
 			if idents == "" {
 				idents = "-"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", a.ID, stateStr, age, a.Remote, idents, lastErr)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, stateStr, age, flowControlCell(a), a.Remote, idents, lastErr)
 		}
 		tw.Flush()
+		printFlowControlWarning(w, st)
+	}
+}
+
+// flowControlCell is an agent's FLOW CONTROL: the version its connected streams negotiated, "none", or, for
+// an agent with streams of both kinds, each kind with its count of streams. A server older than the field
+// does not say: "unknown".
+func flowControlCell(a tunnel.AgentStatus) string {
+	switch {
+	case !a.Connected:
+		return "-"
+	case len(a.FlowControl) == 0:
+		return "unknown"
+	case len(a.FlowControl) == 1:
+		for fc := range a.FlowControl {
+			return fc
+		}
+	}
+	kinds := make([]string, 0, len(a.FlowControl))
+	for _, fc := range slices.Sorted(maps.Keys(a.FlowControl)) {
+		kinds = append(kinds, fmt.Sprintf("%s×%d", fc, a.FlowControl[fc]))
+	}
+	return strings.Join(kinds, ",")
+}
+
+// printFlowControlWarning names the connected agents of st that run without per-connection flow control
+// (docs/flow-control.md) on any stream, and those whose flow control the server does not report.
+func printFlowControlWarning(w io.Writer, st *tunnel.Status) {
+	var without, unknown []string
+	for _, a := range st.Agents {
+		switch {
+		case !a.Connected:
+		case len(a.FlowControl) == 0:
+			unknown = append(unknown, a.ID)
+		case a.FlowControl[flow.None] > 0:
+			without = append(without, a.ID)
+		}
+	}
+	const stall = "one slow reader can stall the other connections of that agent, as with upstream (ANP issue 180)"
+	switch {
+	case len(without) == 0:
+	case st.FlowControl == flow.None:
+		fmt.Fprintf(w, "  warning: this server runs with --flow-control=false: its agents have no per-connection flow control, and %s\n", stall)
+	default:
+		fmt.Fprintf(w, "  warning: no per-connection flow control on %d agent(s): %s: %s; upgrade them to a konnect agent that offers it (upstream's proxy-agent and older konnect agents do not)\n",
+			len(without), strings.Join(without, ", "), stall)
+	}
+	if len(unknown) > 0 {
+		fmt.Fprintf(w, "  note: flow control unknown for %s: this server's status does not report it (a konnect server older than this doctor); "+
+			"its /metrics may count the streams in konnect_tunnel_server_agent_streams{flow_control}\n", strings.Join(unknown, ", "))
 	}
 }
 

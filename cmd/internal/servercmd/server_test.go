@@ -24,6 +24,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/doctorcmd"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/pki/pkitest"
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 )
@@ -32,6 +33,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
 		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreTopFunction(harness.SpawnerFunc), // the thread that starts upstream's binaries
+		goleak.Cleanup(func(code int) {
+			harness.RemoveUpstreamBinaries()
+			os.Exit(code)
+		}),
 	)
 }
 
