@@ -15,8 +15,11 @@
 //     servers that come and go behind a name are followed without a restart (ANP issue 273);
 //   - reloads its CA bundle, client certificate and token from disk when they change, without a restart and
 //     without touching open tunnels;
-//   - reads backends in large pooled buffers, writes to them with per-connection bounded queues so that one
-//     stalled backend cannot stall the shared stream (ANP issue 180), and accepts large DATA messages;
+//   - reads backends in large pooled buffers and accepts large DATA messages; with konnect's server,
+//     per-connection flow control keeps a slow backend from holding up the shared stream (ANP issue 180).
+//     With a server without it (upstream's), each backend has a bounded queue: once it is full the shared
+//     stream waits while that backend keeps reading, and one that reads nothing for the stall timeout is
+//     closed alone;
 //   - batches TLS records under the server link, so a large gRPC write is a few system calls instead of
 //     one per 16 KiB record;
 //   - can restrict the destinations it dials (--allow-destination);

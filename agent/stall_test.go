@@ -164,3 +164,63 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestSteadyReaderBehindFullSocketIsNotClosed: a backend that keeps reading, at 200 KB/s, while the client
+// writes far more than that is slow, not stalled, and keeps its connection for many stall timeouts. The
+// agent's write into its socket blocks for longer than the stall timeout although the reader makes progress:
+// Linux wakes a writer blocked on a full TCP send buffer only once about a third of it has drained, and the
+// buffer grows to megabytes. Counting only completed writes, the agent cut such a reader off as "stopped
+// reading" after one stall timeout.
+func TestSteadyReaderBehindFullSocketIsNotClosed(t *testing.T) {
+	const stall = time.Second
+	_, srv, ra := agentOnServer(t, func(c *Config) {
+		c.ConnectionBuffer = 256 << 10
+		c.StallTimeout = stall
+	})
+	var read atomic.Int64
+	stop := make(chan struct{})
+	slow := sinkServer(t, func(c net.Conn) {
+		defer c.Close() // at stop: what the agent still holds for it then goes nowhere, at once
+		buf := make([]byte, 16<<10)
+		for {
+			m, err := c.Read(buf)
+			read.Add(int64(m))
+			if err != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(80 * time.Millisecond): // 200 KB/s
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := srv.dial(ctx, slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The client writes in the background: once the agent's queue is full, its writes wait too.
+	go func() {
+		chunk := make([]byte, 256<<10)
+		for ctx.Err() == nil {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	const watch = 8 * stall
+	deadline := time.Now().Add(watch)
+	for time.Now().Before(deadline) {
+		if n := counterValue(ra.m.overflows); n != 0 {
+			t.Fatalf("the agent closed a backend that kept reading (%d bytes so far at 200 KB/s) as stalled", read.Load())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	if n := read.Load(); n < int64(watch/time.Second)*100_000 {
+		t.Fatalf("the backend read %d bytes in %v; it reads 200 KB/s", n, watch)
+	}
+}

@@ -95,7 +95,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.ConnectionBuffer, "connection-buffer-bytes", o.ConnectionBuffer,
 		"With a server without flow control: bytes queued for one backend before the agent waits for it to read. Connections have their own queues, so a slow backend does not hold up the others while its queue has room.")
 	fs.DurationVar(&o.StallTimeout, "connection-stall-timeout", o.StallTimeout,
-		"With a server without flow control: a backend whose queue is full and that reads nothing for this long is closed, so that it cannot stall the stream it shares with every other connection (ANP issue 180).")
+		"With a server without flow control: a backend whose queue is full and that reads nothing for this long (its socket acknowledges nothing) is closed, so that it cannot hold up for good the stream it shares with every other connection (ANP issue 180). One that keeps reading, however slowly, is waited for.")
 	o.FlowControl.AddFlags(fs, "servers")
 	fs.IntVar(&o.ReadBuffer, "read-buffer-bytes", o.ReadBuffer,
 		"Largest read from a backend, and so the largest DATA message sent to a server (4096 to 1048576; gRPC servers accept 4 MiB by default). Connections start with 4 KiB reads and grow only while reads fill the buffer.")

@@ -45,6 +45,11 @@ type Hooks struct {
 	Queued  func(delta int) // bytes entered (positive) or left (negative) the queue
 	Waited  func()          // a push found the queue full and began to wait
 	Stalled func()          // a push gave up and failed the queue with ErrStalled; called once
+	// Moving, asked when a push has waited the stall timeout with no progress from the writer, says whether
+	// data still moves below the writer: a TCP send buffer that drains to a slow reader wakes a blocked
+	// write only once about a third of it is free, which at 100 KB/s can take longer than the timeout. True
+	// starts the stall clock again.
+	Moving func() bool
 }
 
 // Queue holds items of type T for one connection's writer.
@@ -138,6 +143,10 @@ func (q *Queue[T]) Push(ctx context.Context, v T) error {
 			// Progress (or the end of the queue, which the next round sees): the stall clock starts again.
 			timer.Reset(q.stall)
 		case <-timer.C:
+			if q.Hooks.Moving != nil && q.Hooks.Moving() {
+				timer.Reset(q.stall)
+				continue
+			}
 			if q.fail(ErrStalled) && q.Hooks.Stalled != nil {
 				q.Hooks.Stalled()
 			}

@@ -95,6 +95,27 @@ func TestStallWithoutProgress(t *testing.T) {
 	}
 }
 
+// TestMovingPostponesTheStall: while the Moving hook says data still moves below a writer stuck in one
+// write, a push into the full queue waits on; once it says nothing moved for a stall timeout, the push gives
+// up.
+func TestMovingPostponesTheStall(t *testing.T) {
+	const stall = 100 * time.Millisecond
+	q := New(64<<10, stall, size)
+	asked := 0
+	q.Hooks.Moving = func() bool { asked++; return asked <= 3 }
+	if err := q.Push(context.Background(), make([]byte, 60<<10)); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	q.Start(func([][]byte) error { <-release; return nil }, nil)
+	began := time.Now()
+	err := q.Push(context.Background(), make([]byte, 60<<10))
+	if !errors.Is(err, ErrStalled) || asked != 4 || time.Since(began) < 4*stall*3/4 {
+		t.Fatalf("push into a full queue: %v after %v, Moving asked %d times; want ErrStalled after 4 stall timeouts", err, time.Since(began), asked)
+	}
+}
+
 // TestSlowWriterIsNotStalled: a writer that keeps making progress, each step slower than nothing but well
 // within the stall timeout, is waited for however long the whole takes.
 func TestSlowWriterIsNotStalled(t *testing.T) {
