@@ -148,7 +148,7 @@ func TestFileModes(t *testing.T) {
 }
 
 // TestCheckExpirationJSON checks that konnect certs check-expiration -o json is valid JSON, lists the
-// certificates, and carries no key material.
+// certificates, and carries no key material; nor does its table, the default output.
 func TestCheckExpirationJSON(t *testing.T) {
 	dir := copyBase(t)
 	r := konnect(t, time.Minute, "certs", "check-expiration", "--dir", dir, "-o", "json")
@@ -159,20 +159,27 @@ func TestCheckExpirationJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, r.stdout)
 	}
-	for _, n := range []string{"ca", "front-proxy-ca", "konnectivity-server", "konnectivity-agent"} {
-		if !strings.Contains(r.stdout, strconv.Quote(n)) {
-			t.Errorf("%q missing from the output", n)
-		}
+	table := konnect(t, time.Minute, "certs", "check-expiration", "--dir", dir)
+	if table.code != 0 {
+		t.Fatalf("%s", table)
 	}
-	out := r.stdout + r.stderr
-	for _, bad := range []string{"PRIVATE KEY", "BEGIN", "client-key-data"} {
-		if strings.Contains(out, bad) {
-			t.Errorf("the output contains %q", bad)
+	keys := keyChunks(t, pkiKeys(t, dir)...)
+	for name, r := range map[string]result{"-o json": r, "the table": table} {
+		for _, n := range []string{"ca", "front-proxy-ca", "konnectivity-server", "konnectivity-agent"} {
+			if name == "-o json" && !strings.Contains(r.stdout, strconv.Quote(n)) || !strings.Contains(r.stdout, n) {
+				t.Errorf("%s: %q missing from the output", name, n)
+			}
 		}
-	}
-	for what, chunk := range keyChunks(t, pkiKeys(t, dir)...) {
-		if strings.Contains(out, chunk) {
-			t.Errorf("the output contains %s", what)
+		out := r.stdout + r.stderr
+		for _, bad := range []string{"PRIVATE KEY", "BEGIN", "client-key-data"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%s: the output contains %q", name, bad)
+			}
+		}
+		for what, chunk := range keys {
+			if strings.Contains(out, chunk) {
+				t.Errorf("%s: the output contains %s", name, what)
+			}
 		}
 	}
 }
