@@ -109,7 +109,6 @@ func (a *fakeAgent) next(typ client.PacketType) *client.Packet {
 	}
 }
 
-// dataFor reads the DATA the server sends connection id for d, and returns how many bytes came.
 // uploadFirst opens the first tunnel through s, which a accepts as connection 1, and writes 1 MiB into it
 // in one write, far more than any window: what a then receives of it is what its credit let through.
 func uploadFirst(t *testing.T, s *running, a *fakeAgent) {
@@ -120,6 +119,7 @@ func uploadFirst(t *testing.T, s *running, a *fakeAgent) {
 	go func() { _, _ = c.Write(make([]byte, 1<<20)) }()
 }
 
+// dataFor reads the DATA the server sends connection id for d, and returns how many bytes came.
 func (a *fakeAgent) dataFor(id int64, d time.Duration) int {
 	n := 0
 	end := time.After(d)
@@ -389,6 +389,56 @@ func TestFlowAgentNeverGrants(t *testing.T) {
 	a.send(flow.EncodeGrants(map[int64]int64{1: 1<<20 - 65536 - 10000}))
 	if got := a.dataFor(1, time.Second); got != 1<<20-65536-10000 {
 		t.Fatalf("the rest: %d bytes", got)
+	}
+}
+
+// TestFlowCloseFollowsWaitingData: kube-apiserver writes 1 MiB into a tunnel and closes it at once, while
+// the agent has granted only its first window. The CLOSE_REQ waits behind the data that waits for credit:
+// none comes while the agent grants nothing, and once it grants the rest, every byte reaches it before the
+// CLOSE_REQ does. A close that overtook its data would cut the upload short at the backend.
+func TestFlowCloseFollowsWaitingData(t *testing.T) {
+	e, s := flowServer(t, nil)
+	a := connectFakeAgent(t, e, s, "a", agentOffer)
+	s.waitAgents(t, 1)
+	ch := dialAsync(s.frontend("grpc"), "198.18.0.1:80")
+	a.accept(1)
+	c := connOf(t, ch)
+	go func() {
+		_, _ = c.Write(make([]byte, 1<<20))
+		c.Close()
+	}()
+	const total = 1 << 20
+	got, closed := a.dataUntilClose(1, 1500*time.Millisecond)
+	if closed || got != 65536 {
+		t.Fatalf("with only the first window granted: %d bytes, CLOSE_REQ %v; want 65536 and no CLOSE_REQ yet", got, closed)
+	}
+	a.send(flow.EncodeGrants(map[int64]int64{1: total - 65536}))
+	rest, closed := a.dataUntilClose(1, 20*time.Second)
+	if !closed || got+rest != total {
+		t.Fatalf("after the grant: %d of %d bytes before the CLOSE_REQ (CLOSE_REQ %v)", got+rest, total, closed)
+	}
+}
+
+// dataUntilClose reads what the server sends connection id for at most d, until its CLOSE_REQ: the bytes of
+// DATA before it, and whether it came.
+func (a *fakeAgent) dataUntilClose(id int64, d time.Duration) (int, bool) {
+	n := 0
+	end := time.After(d)
+	for {
+		select {
+		case pkt, ok := <-a.recv:
+			if !ok {
+				return n, false
+			}
+			switch {
+			case pkt.Type == client.PacketType_DATA && pkt.GetData().ConnectID == id:
+				n += len(pkt.GetData().Data)
+			case pkt.Type == client.PacketType_CLOSE_REQ && pkt.GetCloseRequest().ConnectID == id:
+				return n, true
+			}
+		case <-end:
+			return n, false
+		}
 	}
 }
 
