@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
 )
 
-// TestNewStartsNoWatch: New builds the lease watch of --count-server-leases but starts nothing; Run starts it,
-// and an agent that is closed without running never asks the API server for anything.
+// TestNewStartsNoWatch: New builds the lease watch of --count-server-leases but starts nothing (no goroutine,
+// no request); Run starts it, and an agent that is closed without running never asks the API server for
+// anything.
 func TestNewStartsNoWatch(t *testing.T) {
 	var requests atomic.Int64
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -50,8 +52,12 @@ func TestNewStartsNoWatch(t *testing.T) {
 		return a
 	}
 
-	// Closed without running: no request, then or later.
+	// Closed without running: no goroutine and no request, then or later.
+	before := goleak.IgnoreCurrent()
 	a := newAgent()
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("New started goroutines: %v", err)
+	}
 	time.Sleep(time.Second) // the informer's first list goes out at once when it runs
 	if err := a.Close(); err != nil {
 		t.Fatal(err)

@@ -300,9 +300,13 @@ func TestTwoServersInOneProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		before := goleak.IgnoreCurrent()
 		s, err := New(cfg)
 		if err != nil {
 			t.Fatalf("server %d: %v", i, err)
+		}
+		if err := goleak.Find(before); err != nil {
+			t.Errorf("server %d: New started goroutines (New binds, Run starts): %v", i, err)
 		}
 		rec := httptest.NewRecorder()
 		s.endpoints.HealthMux.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
