@@ -71,9 +71,6 @@ type conn struct {
 	// broken: the server broke flow control on this connection, which is closing; what it still sends for
 	// it is dropped without another count. The receive loop's own.
 	broken bool
-	// acked is how much the backend had acknowledged at the last look of a push waiting for it
-	// (watchAcks); the receive loop's own.
-	acked uint64
 
 	mu       sync.Mutex
 	closing  bool // the server sent CLOSE_REQ: flush the queue, then close
@@ -109,8 +106,8 @@ func newConn(s *session, id int64, nc net.Conn) *conn {
 	// and an allocation each, and goes to the backend in few writes.
 	c.q.Merge = func(tail, b []byte, owned bool) ([]byte, bool) { return flow.AppendSmall(tail, b, owned, flow.Piece) }
 	c.q.Hooks.Stalled = c.stalled
-	c.q.Hooks.Waited = c.watchAcks
-	c.q.Hooks.Moving = c.acksMoved
+	acks := flow.NewAckWatch(nc)
+	c.q.Hooks.Waited, c.q.Hooks.Moving = acks.Mark, acks.Moved
 	c.data.ConnectID = id
 	c.pkt.Type = client.PacketType_DATA
 	c.pkt.Payload = &client.Packet_Data{Data: &c.data}
@@ -160,18 +157,6 @@ func (c *conn) brokeFlowControl(reason string, err error) {
 		defer c.s.wg.Done()
 		c.finish("konnect agent: " + err.Error())
 	}()
-}
-
-// watchAcks notes how much the backend has acknowledged when a push begins to wait for it, and acksMoved
-// whether that has grown since: a backend that keeps reading is slow, not stalled, although the write into
-// its full socket has not returned. Both run on the receive loop, the only caller of Push.
-func (c *conn) watchAcks() { c.acked, _ = ackedBytes(c.nc) }
-
-func (c *conn) acksMoved() bool {
-	n, ok := ackedBytes(c.nc)
-	moved := ok && n > c.acked
-	c.acked = n
-	return moved
 }
 
 // stalled runs on the receive loop when enqueue gave up on a backend.

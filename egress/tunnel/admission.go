@@ -171,6 +171,9 @@ type admitConn struct {
 	tried    atomic.Bool
 }
 
+// NetConn is the accepted connection (flow.AckWatch looks through it).
+func (c *admitConn) NetConn() net.Conn { return c.Conn }
+
 // authenticated takes the connection out of its admission's bounds for good.
 func (c *admitConn) authenticated() {
 	if c.state.CompareAndSwap(connPending, connAuthenticated) {

@@ -670,7 +670,7 @@ func TestFlowDialedAfterFrontendEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Server{metrics: m, cfg: Config{FlowWindow: 64 << 10, FlowMaxWindow: 1 << 20}}
-	f := &frontendFlow{close: func() {}, queue: newFrontendQueue(s, func() {})}
+	f := &frontendFlow{close: func() {}, queue: newFrontendQueue(s, nil, func() {})}
 	s.dials = &pendingDials{dials: map[int64]*pendingDial{7: {random: 7, s: &dialStream{flow: f}}}}
 	a := newAgentFlow(s, flow.Offer{Window: 64 << 10, Max: 1 << 20}, func(*client.Packet) error { return nil })
 	defer a.end()

@@ -70,7 +70,7 @@ func sendChunked(send func(any) error, p *client.Packet, chunk int, split promet
 // metrics. stalled closes the connection when its reader stalled. It takes --connection-buffer-bytes
 // without waiting; a connection under flow control lifts that (frontendFlow.add), since its window bounds
 // what the agent may send it.
-func newFrontendQueue(s *Server, stalled func()) *flow.Queue[*client.Packet] {
+func newFrontendQueue(s *Server, conn net.Conn, stalled func()) *flow.Queue[*client.Packet] {
 	q := flow.New(s.cfg.ConnectionBuffer, s.cfg.StallTimeout, packetSize)
 	// One batch is at most 1 MiB, sent as messages of up to frontendChunk (or written flow.Piece at a time).
 	q.MaxBatch = maxChunk
@@ -83,13 +83,16 @@ func newFrontendQueue(s *Server, stalled func()) *flow.Queue[*client.Packet] {
 		}
 		return m, ok
 	}
+	// A reader over TCP that keeps taking data is slow, not stalled, while the write into its socket waits.
+	acks := flow.NewAckWatch(conn)
 	q.Hooks = flow.Hooks{
 		Queued: func(d int) { s.metrics.queuedBytes.Add(float64(d)) },
-		Waited: s.metrics.stalledWaits.Inc,
+		Waited: func() { acks.Mark(); s.metrics.stalledWaits.Inc() },
 		Stalled: func() {
 			s.metrics.stalledClosed.Inc()
 			stalled()
 		},
+		Moving: acks.Moved,
 	}
 	return q
 }
@@ -198,7 +201,7 @@ func (s *Server) frontendInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Stre
 	s.frontends.Add(1)
 	defer s.frontends.Add(-1)
 	var stalled atomic.Bool
-	q := newFrontendQueue(s, func() {
+	q := newFrontendQueue(s, tunnelConn(ss.Context()), func() {
 		stalled.Store(true)
 		closeTunnelConn(ss.Context())
 	})
@@ -300,12 +303,20 @@ func (c tunnelCreds) Clone() credentials.TransportCredentials {
 	return tunnelCreds{c.TransportCredentials.Clone()}
 }
 
-// closeTunnelConn closes the connection of the stream whose context ctx is.
-func closeTunnelConn(ctx context.Context) {
+// tunnelConn is the connection of the stream whose context ctx is, or nil.
+func tunnelConn(ctx context.Context) net.Conn {
 	if p, ok := peer.FromContext(ctx); ok {
 		if info, ok := p.AuthInfo.(tunnelInfo); ok {
-			_ = info.conn.Close()
+			return info.conn
 		}
+	}
+	return nil
+}
+
+// closeTunnelConn closes the connection of the stream whose context ctx is.
+func closeTunnelConn(ctx context.Context) {
+	if c := tunnelConn(ctx); c != nil {
+		_ = c.Close()
 	}
 }
 
@@ -314,6 +325,9 @@ type sentConn struct {
 	net.Conn
 	ledger sentLedger
 }
+
+// NetConn is the connection sentConn counts for (flow.AckWatch looks through it).
+func (c *sentConn) NetConn() net.Conn { return c.Conn }
 
 func (c *sentConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)

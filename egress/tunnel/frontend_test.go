@@ -30,7 +30,7 @@ func frontendMessages(t *testing.T, packets []*client.Packet, unbound bool) ([]*
 		t.Fatal(err)
 	}
 	s := &Server{metrics: m, cfg: Config{ConnectionBuffer: flow.DefaultLimit, StallTimeout: time.Minute}}
-	q := newFrontendQueue(s, func() { t.Error("stalled") })
+	q := newFrontendQueue(s, nil, func() { t.Error("stalled") })
 	if unbound {
 		q.Unbound()
 	}

@@ -4,6 +4,8 @@ package tunnel
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -61,8 +63,6 @@ func TestSlowReaderDoesNotStallOthers(t *testing.T) {
 	}
 }
 
-// TestStalledReaderIsCutOff: a reader that never reads, with more data coming than its buffer holds, is
-// closed after the stall timeout, and the other connections on the agent carry on.
 // stallServer runs a server in mode with an upstream agent, a per-connection buffer and a stall timeout,
 // and a backend.
 func stallServer(t *testing.T, mode string, buffer int, stall time.Duration) (*running, string) {
@@ -76,6 +76,8 @@ func stallServer(t *testing.T, mode string, buffer int, stall time.Duration) (*r
 	return s, startHTTPBackend(t)
 }
 
+// TestStalledReaderIsCutOff: a reader that never reads, with more data coming than its buffer holds, is
+// closed after the stall timeout, and the other connections on the agent carry on.
 func TestStalledReaderIsCutOff(t *testing.T) {
 	s, web := stallServer(t, "grpc", 1<<20, time.Second)
 	f := s.frontend("grpc")
@@ -151,5 +153,51 @@ func TestSlowReaderIsNotCutOff(t *testing.T) {
 				t.Fatalf("a slow reader was cut off as stalled (%v)", n-before)
 			}
 		})
+	}
+}
+
+// TestSteadyReaderOverTCPIsNotCutOff: an HTTP CONNECT client over the mTLS TCP frontend that keeps reading at
+// 200 KB/s, behind an upstream agent, is slow, not stalled. The server's write into its socket can block for
+// longer than the stall timeout while the reader makes progress: Linux wakes a writer blocked on a full TCP
+// send buffer only once about a third of it is free, and the buffer grows to megabytes.
+func TestSteadyReaderOverTCPIsNotCutOff(t *testing.T) {
+	const stall = time.Second
+	e := newEnv(t)
+	cfg := e.config("http-connect")
+	cfg.UDSName, cfg.ServerAddr = "", "127.0.0.1:0"
+	cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
+	cfg.ConnectionBuffer, cfg.StallTimeout = 256<<10, stall
+	s := start(t, cfg)
+	startUpstreamAgent(t, e, "agent-1", s.agentPort())
+	s.waitAgents(t, 1)
+	web := startHTTPBackend(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(e.ca.Cert.Cert)
+	pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey) // any client certificate from the CA
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := Frontend{Addr: s.FrontendAddr(), Mode: "http-connect", TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
+	before := counterValue(s.metrics.stalledClosed)
+
+	c := dial(t, f, web)
+	defer c.Close()
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/bytes?n=%d", web, 256<<20), nil)
+	if err := req.Write(c); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16<<10)
+	read := 0
+	for began := time.Now(); time.Since(began) < 8*stall; {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := io.ReadFull(c, buf)
+		read += n
+		if err != nil {
+			t.Fatalf("after %d bytes in %v: %v", read, time.Since(began), err)
+		}
+		if n := counterValue(s.metrics.stalledClosed); n != before {
+			t.Fatalf("a reader that kept taking 200 KB/s was cut off as stalled after %d bytes", read)
+		}
+		time.Sleep(80 * time.Millisecond)
 	}
 }

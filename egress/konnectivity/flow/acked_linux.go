@@ -1,20 +1,14 @@
-package agent
+package flow
 
 import (
 	"net"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// ackedBytes is how much of c's output its peer has acknowledged (TCP_INFO's bytes_acked), and whether c
-// could say: false for a connection that is not a TCP socket.
-func ackedBytes(c net.Conn) (uint64, bool) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return 0, false
-	}
-	rc, err := sc.SyscallConn()
+// tcpAcked reads TCP_INFO's bytes_acked.
+func tcpAcked(c *net.TCPConn) (uint64, bool) {
+	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, false
 	}
