@@ -58,8 +58,8 @@ type Config struct {
 	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means
 	// the config file's ServerAliveCountMax, else 3.
 	ServerAliveCountMax int
-	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve)
-	// before any connection was up, as when the server is not up yet. Without it Run returns that error: a
+	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve, or
+	// the peer is not an SSH server) before any connection was up, as when the server is not up yet. Without it Run returns that error: a
 	// wrong host or port never heals. Once a connection has been up, every failure but the permanent ones is
 	// retried.
 	RetryFirst bool

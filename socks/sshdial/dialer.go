@@ -362,8 +362,9 @@ func (d *Dialer) demand() bool {
 }
 
 // startMistake turns a refusal into a permanent error until a connection has been up once, unless
-// RetryFirst: "connection refused" or a host name that does not resolve at start-up means a wrong host or
-// port far more often than a server that is briefly away.
+// RetryFirst: "connection refused", a host name that does not resolve or a peer that is no SSH server (it
+// closes before the SSH version line or speaks another protocol) at start-up means a wrong host or port
+// far more often than a server that is briefly away.
 func (d *Dialer) startMistake(err error) error {
 	d.mu.Lock()
 	wasUp := d.wasUp
@@ -372,7 +373,8 @@ func (d *Dialer) startMistake(err error) error {
 		return nil
 	}
 	var dnsErr *net.DNSError
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+	var notSSH *NotSSHError
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound || errors.As(err, &notSSH) {
 		return &StartError{Target: d.Target(), Err: err}
 	}
 	return nil
@@ -582,7 +584,8 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	c, chans, reqs, err := ssh.NewClientConn(newReadBuffered(conn, heard), hop.addr(), cc)
+	watch := &versionWatch{Conn: newReadBuffered(conn, heard)}
+	c, chans, reqs, err := ssh.NewClientConn(watch, hop.addr(), cc)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("ssh handshake with %s: %w", hop, ctx.Err())
@@ -608,6 +611,9 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 		case strings.Contains(cause.Error(), "unable to authenticate"), tooManyAuthFailures(cause):
 			return nil, &AuthError{Endpoint: hop.String(), Err: cause, Offered: offered(),
 				Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
+		}
+		if notSSH := watch.notSSH(hop.String(), cause); notSSH != nil {
+			return nil, notSSH
 		}
 		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, cause)
 	}
