@@ -121,6 +121,8 @@ type endpoint struct {
 	// hashKnownHosts (ssh_config HashKnownHosts, yes in Debian's /etc/ssh/ssh_config) records a new host
 	// under a hashed name, so that known_hosts does not list where one connects.
 	hashKnownHosts bool
+	// acceptNew is this host's ssh_config StrictHostKeyChecking accept-new (or no/off, taken as accept-new).
+	acceptNew bool
 	// proxyCommand is the ssh_config ProxyCommand, tokens expanded, whose stdio is the transport to this
 	// hop. Only the first hop has one, as with OpenSSH (later hops go through the hop before them).
 	proxyCommand string
@@ -536,6 +538,11 @@ func resolve(cfg Config) (*plan, error) {
 		p.hops = append(p.hops, e)
 	}
 	p.hops = append(p.hops, target)
+	for i := range p.hops {
+		if err := strictHostKeyChecking(sc, &p.hops[i], cfg.AcceptNew, cfg.Log); err != nil {
+			return nil, err
+		}
+	}
 
 	for _, f := range cfg.IdentityFiles {
 		f = expandPath(f, target)
@@ -667,4 +674,29 @@ func proxyRoute(sc *sshConfig, e *endpoint, log logr.Logger) (jumps []string, er
 	}
 	log.V(1).Info("Reaching the SSH server through ProxyCommand", "host", e.alias, "command", e.proxyCommand, "file", file, "line", line)
 	return nil, nil
+}
+
+// strictHostKeyChecking applies e's ssh_config StrictHostKeyChecking. konnect never asks and never connects
+// to a host whose key changed: yes and ask (the default) refuse an unknown host, accept-new records it, and no
+// or off, which in OpenSSH also let a changed key through, are taken as accept-new, with a warning. The
+// --accept-new flag (cliAcceptNew) accepts new hosts whatever the file says.
+func strictHostKeyChecking(sc *sshConfig, e *endpoint, cliAcceptNew bool, log logr.Logger) error {
+	_, v, file, line, _ := sc.first(e.alias, "StrictHostKeyChecking")
+	switch strings.ToLower(v) {
+	case "", "yes", "ask":
+		e.acceptNew = false
+	case "accept-new":
+		e.acceptNew = true
+		if !cliAcceptNew {
+			log.Info("StrictHostKeyChecking accept-new in the SSH config file: the key of a host seen for the first time is added to known_hosts; a changed key is refused",
+				"host", e.alias, "file", file, "line", line)
+		}
+	case "no", "off":
+		e.acceptNew = true
+		log.Info("WARNING: StrictHostKeyChecking "+v+" in the SSH config file is taken as accept-new: konnect adds the key of a host seen for the first time "+
+			"to known_hosts, but never connects to a host whose key changed", "host", e.alias, "file", file, "line", line)
+	default:
+		return fmt.Errorf("ssh config %s line %d: StrictHostKeyChecking %q for %s is not yes, accept-new, no, off or ask", file, line, v, e.alias)
+	}
+	return nil
 }

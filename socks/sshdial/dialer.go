@@ -3,9 +3,9 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand, ServerAliveInterval,
-// ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts), sends
-// keepalives, and reconnects when
+// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand, StrictHostKeyChecking,
+// ServerAliveInterval, ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias,
+// HashKnownHosts), sends keepalives, and reconnects when
 // the connection drops: in the background with backoff, and at once when a dial needs the connection. Dials
 // made meanwhile wait, bounded by the connect timeout. A dial whose answer is late checks, with a keepalive,
 // that the server is still there, and moves to a fresh connection when it is not.
@@ -586,7 +586,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 	}
 	cc := &ssh.ClientConfig{
 		User:              hop.user,
-		HostKeyCallback:   d.known.callback(hop.knownHostsAddr(), hop.hashKnownHosts),
+		HostKeyCallback:   d.known.callback(hop.knownHostsAddr(), hop.hashKnownHosts, hop.acceptNew),
 		HostKeyAlgorithms: algos,
 		ClientVersion:     "SSH-2.0-konnect",
 	}
