@@ -158,7 +158,7 @@ func TestProxyCommandSSHW(t *testing.T) {
 	if got := get(t, d, backend(t), "/w"); got != "hello from backend /w" {
 		t.Fatalf("body = %q", got)
 	}
-	if !strings.Contains(jump.Log(), "direct-tcpip") && !strings.Contains(jump.Log(), "Accepted publickey") {
+	if !strings.Contains(jump.Log(), "Accepted publickey") {
 		t.Fatalf("the jump sshd saw no login:\n%s", jump.Log())
 	}
 }
@@ -213,5 +213,33 @@ func TestProxyCommandNotSSH(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("Run = %v, want an error saying %q", err, w)
 		}
+	}
+}
+
+// With -J, the first jump host is reached through its own ProxyCommand, as ssh -J reaches it.
+func TestProxyCommandOfFirstJumpHost(t *testing.T) {
+	f := newFixture(t)
+	jump := harness.StartSSHD(t, mustRead(t, f.key+".pub"))
+	log := filepath.Join(f.dir, "netcat.log")
+	dead := harness.ClosedAddr(t)
+	host, port, _ := net.SplitHostPort(dead)
+	cfgFile := writeSSHConfig(t, fmt.Sprintf("Host jumppc\n  HostName %s\n  Port %s\n  User %s\n  ProxyCommand %s\n",
+		host, port, localUser(), netcatCommand(t, log, jump.Addr(), "%n")))
+	known := fmt.Sprintf("[%s]:%s %s\n%s\n", host, port, jump.HostKeyLine, f.sshd.KnownHostsLine())
+	if err := os.WriteFile(f.knownHosts, []byte(known), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config()
+	cfg.ConfigFile, cfg.JumpHosts = cfgFile, []string{"jumppc"}
+	d, done := start(t, cfg)
+	waitReady(t, d, done)
+	if got := get(t, d, backend(t), "/j"); got != "hello from backend /j" {
+		t.Fatalf("body = %q", got)
+	}
+	if _, args := netcatRuns(t, log); len(args) != 1 || !strings.HasSuffix(args[0], " jumppc") {
+		t.Fatalf("ProxyCommand runs %q, want one for jumppc", args)
+	}
+	if !strings.Contains(jump.Log(), "Accepted publickey") {
+		t.Fatalf("the jump sshd saw no login:\n%s", jump.Log())
 	}
 }
