@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/konnect-dev/konnect/test/harness"
 )
 
@@ -177,6 +179,9 @@ func mustRead(t *testing.T, path string) string {
 func TestProxyCommandExitsAtOnce(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.viaCommand(t, `sh -c 'echo "bastion says no" >&2; exit 3'`)
+	var mu sync.Mutex
+	var logged []string
+	cfg.Log = funcr.New(func(prefix, args string) { mu.Lock(); logged = append(logged, args); mu.Unlock() }, funcr.Options{})
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +198,12 @@ func TestProxyCommandExitsAtOnce(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
 		}
+	}
+	// Its stderr lines are logged as they come, as ssh shows them.
+	mu.Lock()
+	defer mu.Unlock()
+	if log := strings.Join(logged, "\n"); !strings.Contains(log, `"ProxyCommand stderr"`) || !strings.Contains(log, "bastion says no") {
+		t.Errorf("the command's stderr was not logged: %s", log)
 	}
 }
 
