@@ -58,8 +58,8 @@ type Config struct {
 	// ServerAliveCountMax is how many keepalives may go unanswered before the connection is dropped. 0 means
 	// the config file's ServerAliveCountMax, else 3.
 	ServerAliveCountMax int
-	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve)
-	// before any connection was up, as when the server is not up yet. Without it Run returns that error: a
+	// RetryFirst keeps retrying when a connection attempt is refused (or the host name does not resolve, the
+	// peer is not an SSH server, or the ProxyCommand exits) before any connection was up, as when the server is not up yet. Without it Run returns that error: a
 	// wrong host or port never heals. Once a connection has been up, every failure but the permanent ones is
 	// retried.
 	RetryFirst bool
@@ -121,6 +121,11 @@ type endpoint struct {
 	// hashKnownHosts (ssh_config HashKnownHosts, yes in Debian's /etc/ssh/ssh_config) records a new host
 	// under a hashed name, so that known_hosts does not list where one connects.
 	hashKnownHosts bool
+	// acceptNew is this host's ssh_config StrictHostKeyChecking accept-new (or no/off, taken as accept-new).
+	acceptNew bool
+	// proxyCommand is the ssh_config ProxyCommand, tokens expanded, whose stdio is the transport to this
+	// hop. Only the first hop has one, as with OpenSSH (later hops go through the hop before them).
+	proxyCommand string
 }
 
 func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
@@ -166,7 +171,53 @@ func (p *plan) probeTimeout() time.Duration {
 }
 
 // sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
-type sshConfig struct{ files []*ssh_config.Config }
+type sshConfig struct {
+	files []*ssh_config.Config
+	paths []string // the file each of files was read from
+}
+
+// first returns which of keys is set first for alias, and its value, file and line (0 inside an Include):
+// OpenSSH takes the first value it reads of each keyword, and of ProxyJump and ProxyCommand whichever
+// comes first. Both set in one included file is an error: the parser does not say which line comes first.
+func (c *sshConfig) first(alias string, keys ...string) (key, value, file string, line int, err error) {
+	if c == nil {
+		return "", "", "", 0, nil
+	}
+	for fi, f := range c.files {
+		for _, h := range f.Hosts {
+			if !h.Matches(alias) {
+				continue
+			}
+			for _, n := range h.Nodes {
+				switch t := n.(type) {
+				case *ssh_config.KV:
+					for _, k := range keys {
+						if strings.EqualFold(t.Key, k) && t.Value != "" {
+							return k, t.Value, c.paths[fi], t.Pos().Line, nil
+						}
+					}
+				case *ssh_config.Include:
+					var found []string
+					for _, k := range keys {
+						if v := t.Get(alias, k); v != "" {
+							found = append(found, k)
+							key, value = k, v
+						}
+					}
+					if len(found) > 1 {
+						return "", "", "", 0, fmt.Errorf("ssh config %s: the file included at line %d sets %s for %s; "+
+							"konnect cannot tell which comes first: keep one, or override with --jump",
+							c.paths[fi], t.Pos().Line, strings.Join(found, " and "), alias)
+					}
+					if len(found) == 1 {
+						return key, value, c.paths[fi], 0, nil
+					}
+				}
+			}
+		}
+	}
+	return "", "", "", 0, nil
+}
 
 func (c *sshConfig) get(alias, key string) string {
 	if c == nil {
@@ -226,6 +277,7 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 			return nil, fmt.Errorf("ssh config %s: %w", p, err)
 		}
 		out.files = append(out.files, cfg)
+		out.paths = append(out.paths, p)
 	}
 	return out, nil
 }
@@ -457,25 +509,40 @@ func resolve(cfg Config) (*plan, error) {
 		}
 	}
 
+	// -J wins over the config file's ProxyJump and ProxyCommand, as with OpenSSH ("-J none" drops both);
+	// in the file, whichever of the two comes first applies.
 	jumps := cfg.JumpHosts
 	if len(jumps) == 0 {
-		if pj := sc.get(target.alias, "ProxyJump"); pj != "" {
-			jumps = SplitJump(pj)
+		route, err := proxyRoute(sc, &target, cfg.Log)
+		if err != nil {
+			return nil, err
 		}
+		jumps = route
 	}
 	if len(jumps) == 1 && jumps[0] == "none" {
 		jumps = nil
 	}
-	for _, j := range jumps {
+	for i, j := range jumps {
 		// Jump hosts take their user and port from their own spec and config entry, not from -l and -p,
 		// as with OpenSSH. Their own ProxyJump is not followed.
 		e, err := resolveEndpoint(j, "", 0, sc)
 		if err != nil {
 			return nil, fmt.Errorf("jump host: %w", err)
 		}
+		// The first jump host is reached as ssh reaches it: through its own ProxyCommand when it has one.
+		if i == 0 {
+			if _, err := proxyRoute(sc, &e, cfg.Log); err != nil {
+				return nil, fmt.Errorf("jump host: %w", err)
+			}
+		}
 		p.hops = append(p.hops, e)
 	}
 	p.hops = append(p.hops, target)
+	for i := range p.hops {
+		if err := strictHostKeyChecking(sc, &p.hops[i], cfg.AcceptNew, cfg.Log); err != nil {
+			return nil, err
+		}
+	}
 
 	for _, f := range cfg.IdentityFiles {
 		f = expandPath(f, target)
@@ -584,4 +651,52 @@ func SplitJump(s string) []string {
 		}
 	}
 	return out
+}
+
+// proxyRoute reads how e is reached from the config file: the ProxyJump list, or a ProxyCommand (set on e
+// with its tokens expanded), whichever the file sets first for e. "none" for either means a direct
+// connection. A jump host's own ProxyJump is not followed: the caller passes on its list only for the
+// destination.
+func proxyRoute(sc *sshConfig, e *endpoint, log logr.Logger) (jumps []string, err error) {
+	key, value, file, line, err := sc.first(e.alias, "ProxyJump", "ProxyCommand")
+	if err != nil || value == "" || value == "none" {
+		return nil, err
+	}
+	if key == "ProxyJump" {
+		return SplitJump(value), nil
+	}
+	if e.proxyCommand, err = expandProxyCommand(value, *e); err != nil {
+		return nil, fmt.Errorf("ssh config %s: %w", file, err)
+	}
+	if v := sc.get(e.alias, "ProxyUseFdpass"); strings.EqualFold(v, "yes") {
+		log.Info("Ignoring ProxyUseFdpass of the SSH config file: konnect talks through the command's stdin and stdout",
+			"host", e.alias, "file", file)
+	}
+	log.V(1).Info("Reaching the SSH server through ProxyCommand", "host", e.alias, "command", e.proxyCommand, "file", file, "line", line)
+	return nil, nil
+}
+
+// strictHostKeyChecking applies e's ssh_config StrictHostKeyChecking. konnect never asks and never connects
+// to a host whose key changed: yes and ask (the default) refuse an unknown host, accept-new records it, and no
+// or off, which in OpenSSH also let a changed key through, are taken as accept-new, with a warning. The
+// --accept-new flag (cliAcceptNew) accepts new hosts whatever the file says.
+func strictHostKeyChecking(sc *sshConfig, e *endpoint, cliAcceptNew bool, log logr.Logger) error {
+	_, v, file, line, _ := sc.first(e.alias, "StrictHostKeyChecking")
+	switch strings.ToLower(v) {
+	case "", "yes", "ask":
+		e.acceptNew = false
+	case "accept-new":
+		e.acceptNew = true
+		if !cliAcceptNew {
+			log.Info("StrictHostKeyChecking accept-new in the SSH config file: the key of a host seen for the first time is added to known_hosts; a changed key is refused",
+				"host", e.alias, "file", file, "line", line)
+		}
+	case "no", "off":
+		e.acceptNew = true
+		log.Info("WARNING: StrictHostKeyChecking "+v+" in the SSH config file is taken as accept-new: konnect adds the key of a host seen for the first time "+
+			"to known_hosts, but never connects to a host whose key changed", "host", e.alias, "file", file, "line", line)
+	default:
+		return fmt.Errorf("ssh config %s line %d: StrictHostKeyChecking %q for %s is not yes, accept-new, no, off or ask", file, line, v, e.alias)
+	}
+	return nil
 }

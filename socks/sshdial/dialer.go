@@ -3,8 +3,9 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ServerAliveInterval, ServerAliveCountMax,
-// UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts), sends keepalives, and reconnects when
+// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand, StrictHostKeyChecking,
+// ServerAliveInterval, ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias,
+// HashKnownHosts), sends keepalives, and reconnects when
 // the connection drops: in the background with backoff, and at once when a dial needs the connection. Dials
 // made meanwhile wait, bounded by the connect timeout. A dial whose answer is late checks, with a keepalive,
 // that the server is still there, and moves to a fresh connection when it is not.
@@ -71,6 +72,8 @@ type Dialer struct {
 	stopped bool
 	running bool
 	next    int // where the search for the least loaded session starts, so that ties rotate
+
+	procs sync.WaitGroup // ProxyCommands not reaped yet; Run waits for them before it returns
 }
 
 // slot is one of the SSH connections Run keeps, reconnected on its own.
@@ -220,6 +223,7 @@ func (d *Dialer) Run(ctx context.Context) error {
 			close(d.up)
 		}
 		d.mu.Unlock()
+		d.procs.Wait()
 	}()
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -362,8 +366,9 @@ func (d *Dialer) demand() bool {
 }
 
 // startMistake turns a refusal into a permanent error until a connection has been up once, unless
-// RetryFirst: "connection refused" or a host name that does not resolve at start-up means a wrong host or
-// port far more often than a server that is briefly away.
+// RetryFirst: "connection refused", a host name that does not resolve, a peer that is no SSH server (it
+// closes before the SSH version line or speaks another protocol) or a ProxyCommand that exits at start-up
+// means a wrong host, port or command far more often than a server that is briefly away.
 func (d *Dialer) startMistake(err error) error {
 	d.mu.Lock()
 	wasUp := d.wasUp
@@ -372,7 +377,10 @@ func (d *Dialer) startMistake(err error) error {
 		return nil
 	}
 	var dnsErr *net.DNSError
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+	var notSSH *NotSSHError
+	var pce *ProxyCommandError
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound || errors.As(err, &notSSH) ||
+		errors.As(err, &pce) && pce.Exited {
 		return &StartError{Target: d.Target(), Err: err}
 	}
 	return nil
@@ -389,8 +397,13 @@ func (e *StartError) Error() string { return e.Named(fieldName) }
 
 // Named is Error with the Config field that retries (RetryFirst) spelled as name returns it.
 func (e *StartError) Named(name func(field string) string) string {
-	return fmt.Sprintf("cannot connect to %s: %v; check the host and port, or pass %s to keep trying until the server answers",
-		e.Target, e.Err, name("RetryFirst"))
+	check := "the host and port"
+	var pce *ProxyCommandError
+	if errors.As(e.Err, &pce) {
+		check = "the ProxyCommand"
+	}
+	return fmt.Sprintf("cannot connect to %s: %v; check %s, or pass %s to keep trying until the server answers",
+		e.Target, e.Err, check, name("RetryFirst"))
 }
 
 func (e *StartError) Unwrap() error { return e.Err }
@@ -525,7 +538,13 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		hctx, cancel := context.WithTimeout(ctx, d.plan.connectTimeout)
 		var conn net.Conn
 		var err error
-		if i == 0 {
+		var pc *commandConn
+		if i == 0 && hop.proxyCommand != "" {
+			pc, err = startProxyCommand(hop.proxyCommand, hop, d.log, &d.procs)
+			if pc != nil {
+				conn = pc
+			}
+		} else if i == 0 {
 			nd := net.Dialer{KeepAlive: 30 * time.Second}
 			conn, err = nd.DialContext(hctx, "tcp", hop.addr())
 			if err != nil && len(d.plan.hops) > 1 {
@@ -545,6 +564,12 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		c, err := d.handshake(ctx, conn, hop, heard)
 		if err != nil {
 			conn.Close()
+			if pc != nil && !permanent(err) {
+				err = pc.failure(hop.String(), err)
+			}
+			if pc != nil && len(d.plan.hops) > 1 {
+				err = fmt.Errorf("jump host %s: %w", hop, err)
+			}
 			return fail(err)
 		}
 		chain = append(chain, c)
@@ -561,7 +586,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 	}
 	cc := &ssh.ClientConfig{
 		User:              hop.user,
-		HostKeyCallback:   d.known.callback(hop.knownHostsAddr(), hop.hashKnownHosts),
+		HostKeyCallback:   d.known.callback(hop.knownHostsAddr(), hop.hashKnownHosts, hop.acceptNew),
 		HostKeyAlgorithms: algos,
 		ClientVersion:     "SSH-2.0-konnect",
 	}
@@ -582,7 +607,8 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	c, chans, reqs, err := ssh.NewClientConn(newReadBuffered(conn, heard), hop.addr(), cc)
+	watch := &versionWatch{Conn: newReadBuffered(conn, heard)}
+	c, chans, reqs, err := ssh.NewClientConn(watch, hop.addr(), cc)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("ssh handshake with %s: %w", hop, ctx.Err())
@@ -608,6 +634,9 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 		case strings.Contains(cause.Error(), "unable to authenticate"), tooManyAuthFailures(cause):
 			return nil, &AuthError{Endpoint: hop.String(), Err: cause, Offered: offered(),
 				Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
+		}
+		if notSSH := watch.notSSH(hop.String(), cause); notSSH != nil {
+			return nil, notSSH
 		}
 		return nil, fmt.Errorf("ssh handshake with %s: %w", hop, cause)
 	}

@@ -282,8 +282,9 @@ func probeKey() (ssh.PublicKey, error) {
 }
 
 // callback returns the HostKeyCallback for one hop, dialled as addr ("host:port"); with hash, a host key that
-// --accept-new records is recorded under a hashed name.
-func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
+// --accept-new records is recorded under a hashed name. acceptNew accepts a new host for this hop alone (its
+// ssh_config StrictHostKeyChecking).
+func (k *knownHosts) callback(addr string, hash, acceptNew bool) ssh.HostKeyCallback {
 	return func(hostname string, remote net.Addr, key ssh.PublicKey) error {
 		k.mu.Lock()
 		defer k.mu.Unlock()
@@ -332,7 +333,7 @@ func (k *knownHosts) callback(addr string, hash bool) ssh.HostKeyCallback {
 			}
 			return hke
 		case errors.As(err, &ke):
-			if !k.acceptNew {
+			if !k.acceptNew && !acceptNew {
 				return hke
 			}
 			if k.recordFile() == "" {

@@ -307,8 +307,10 @@ Host keys are checked against known_hosts: an unknown host is refused with the l
 --accept-new once), and a changed key is always refused. If the SSH connection drops, the port stays open,
 new connections wait up to --connect-timeout, and konnect reconnects: in the background with backoff, and
 at once when a connection waits. Keepalives drop a server that stops answering within 20s (a waiting
-connection checks after a second). A refused first connection, failed authentication, no identity at all
-or an identity file that others may read end the command instead (--retry-first keeps retrying the first).
+connection checks after a second). A refused first connection, a first peer that is not an SSH server (or a
+ProxyCommand that exits), failed authentication, no identity at all or an identity file that others may read
+end the command instead (--retry-first keeps retrying the first). --ssh-config lists the ssh_config keywords
+konnect reads; ProxyCommand and StrictHostKeyChecking accept-new work as in OpenSSH.
 Errors tell the SSH server's failure (SOCKS5 reply 1, HTTP 503) from the destination's (reply 5, 502, ...).
 
 With --ssh-connections N, konnect keeps N SSH connections to host and gives each new proxied connection to
