@@ -2,8 +2,10 @@ package sshdial
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -37,13 +39,28 @@ type AuthError struct {
 	Skipped []string
 	// Ignored lists default keys not offered because others may read them, with their permissions.
 	Ignored []string
+	// Accepted lists the identities the server accepted while asking for more (a partial success, from
+	// sshd's AuthenticationMethods): the key works, and Wanted is what the server asked for next.
+	Accepted, Wanted []string
+	// Answered lists the methods (password, keyboard-interactive) whose answers the server then refused.
+	Answered []string
 }
 
 func (e *AuthError) Error() string {
 	msg := fmt.Sprintf("ssh authentication to %s failed: ", e.Endpoint)
-	if len(e.Offered) == 0 {
+	switch {
+	case len(e.Accepted) > 0:
+		msg += fmt.Sprintf("the server accepted the key %s but requires more: %s (AuthenticationMethods)",
+			strings.Join(e.Accepted, ", then "), strings.Join(e.Wanted, " / "))
+		if len(e.Answered) > 0 {
+			msg += "; it refused the answers to " + strings.Join(e.Answered, ", ")
+		} else {
+			msg += "; konnect answers only password and keyboard-interactive, unless PreferredAuthentications, " +
+				"PasswordAuthentication or KbdInteractiveAuthentication in the SSH config file exclude them"
+		}
+	case len(e.Offered) == 0:
 		msg += "no identity was offered"
-	} else {
+	default:
 		msg += "the server accepted none of the identities offered: " + strings.Join(e.Offered, ", ")
 	}
 	// The library's own words name the methods the server allows.
@@ -132,17 +149,43 @@ func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool, log log
 var errNoTerminal = errors.New("no terminal")
 
 func terminalPassphrase(file string) ([]byte, error) {
+	b, err := readTerminal(fmt.Sprintf("Enter passphrase for key '%s': ", file), false)
+	if err != nil && !errors.Is(err, errNoTerminal) {
+		return nil, fmt.Errorf("read passphrase: %w", err)
+	}
+	return b, err
+}
+
+// haveTerminal reports whether stdin is a terminal a person can answer on.
+func haveTerminal() bool { return term.IsTerminal(int(os.Stdin.Fd())) }
+
+// readTerminal shows prompt on stderr and reads one line from stdin, which must be a terminal, without
+// echo unless echo is set, as OpenSSH's read_passphrase does.
+func readTerminal(prompt string, echo bool) ([]byte, error) {
 	fd := int(os.Stdin.Fd())
 	if !term.IsTerminal(fd) {
 		return nil, errNoTerminal
 	}
-	fmt.Fprintf(os.Stderr, "Enter passphrase for key '%s': ", file)
+	fmt.Fprint(os.Stderr, prompt)
+	if echo {
+		// Byte by byte, so that nothing after the line is consumed.
+		var line []byte
+		b := make([]byte, 1)
+		for {
+			n, err := os.Stdin.Read(b)
+			switch {
+			case n == 1 && b[0] == '\n', err == io.EOF && len(line) > 0:
+				return bytes.TrimSuffix(line, []byte("\r")), nil
+			case n == 1:
+				line = append(line, b[0])
+			case err != nil:
+				return nil, err
+			}
+		}
+	}
 	b, err := term.ReadPassword(fd)
 	fmt.Fprintln(os.Stderr)
-	if err != nil {
-		return nil, fmt.Errorf("read passphrase: %w", err)
-	}
-	return b, nil
+	return b, err
 }
 
 // keySource says where an identity file was named, which decides what a missing or unsafe file means.
@@ -313,18 +356,14 @@ func (d *Dialer) identityFiles(e endpoint) (files []string, src []keySource) {
 }
 
 // authMethods sets up authentication for one hop: the agent's keys first, then identity files, loaded (and a
-// passphrase asked for) only if the agent's keys were not enough. pause stops the handshake timeout while a
-// passphrase is asked for. The returned closer releases the agent connection after the handshake; offered
-// describes the identities offered so far, for AuthError.
-func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (resume func())) (closer func(), offered func() []string) {
+// passphrase asked for) only if the agent's keys were not enough, then, if the server accepted a key but
+// wants more, password and keyboard-interactive. pause stops the handshake timeout while a person is asked;
+// the end of ctx ends the asking. The returned closer releases the agent connection after the handshake;
+// run knows what was offered and accepted, for AuthError.
+func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoint, pause func() (resume func())) (closer func(), run *authRun) {
 	closer = func() {}
-	var tried []string
-	note := func(what string) {
-		if !slices.Contains(tried, what) {
-			tried = append(tried, what)
-		}
-	}
-	offered = func() []string { return tried }
+	run = &authRun{d: d, ctx: ctx, hop: e, pause: pause}
+	defer func() { cc.AuthCallback = run.then(cc.AuthCallback) }()
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 		var keys []ssh.Signer
 		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
@@ -346,8 +385,7 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		// OpenSSH's order: CertificateFile certificates first, then each key followed by its FILE-cert.pub.
 		var out []ssh.Signer
 		offer := func(file string, s ssh.Signer) {
-			note(file + " (" + describeKey(s.PublicKey(), "") + ")")
-			out = append(out, s)
+			out = append(out, run.record(s, file+" ("+describeKey(s.PublicKey(), "")+")"))
 		}
 		for _, cf := range e.certificates {
 			c := d.certificate(cf, true)
@@ -374,13 +412,13 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 	sock := d.agentSocketPath(e)
 	if sock == "" {
 		cc.Auth = []ssh.AuthMethod{files}
-		return closer, offered
+		return closer, run
 	}
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		d.log.V(1).Info("ssh-agent not reachable; using identity files only", "socket", sock, "err", err)
 		cc.Auth = []ssh.AuthMethod{files}
-		return closer, offered
+		return closer, run
 	}
 	ag := agent.NewClient(c)
 	cc.Auth = []ssh.AuthMethod{ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
@@ -399,8 +437,8 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 				comments[string(k.Marshal())] = k.Comment
 			}
 		}
-		for _, s := range signers {
-			note("agent key " + describeKey(s.PublicKey(), comments[string(s.PublicKey().Marshal())]))
+		for i, s := range signers {
+			signers[i] = run.record(s, "agent key "+describeKey(s.PublicKey(), comments[string(s.PublicKey().Marshal())]))
 		}
 		return signers, nil
 	})}
@@ -413,7 +451,7 @@ func (d *Dialer) authMethods(cc *ssh.ClientConfig, e endpoint, pause func() (res
 		}
 		return nil, nil
 	}
-	return func() { c.Close() }, offered
+	return func() { c.Close() }, run
 }
 
 // certificate reads a user certificate, or returns nil when there is none to use: absent (a CertificateFile,

@@ -81,6 +81,11 @@ type Config struct {
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
 	// otherwise fails with an error that says to load the key into ssh-agent.
 	Passphrase func(keyFile string) ([]byte, error)
+	// Ask puts a question to a person when the server accepted a key but wants more (sshd's
+	// AuthenticationMethods publickey,password): question is the prompt as OpenSSH shows it ("user@host's
+	// password: ", or the server's keyboard-interactive prompt), echo whether the answer may be shown. nil
+	// asks on the terminal when stdin is one; otherwise authentication fails with an InteractiveAuthError.
+	Ask func(question string, echo bool) (string, error)
 	// Log receives the dialer's log lines: connections made, lost and retried, keys skipped, host keys
 	// added. The zero Logger discards them; a command passes klog's (klog.NewKlogr()).
 	Log logr.Logger
@@ -126,6 +131,7 @@ type endpoint struct {
 	// proxyCommand is the ssh_config ProxyCommand, tokens expanded, whose stdio is the transport to this
 	// hop. Only the first hop has one, as with OpenSSH (later hops go through the hop before them).
 	proxyCommand string
+	auth         authSettings // what follows a key the server accepted while asking for more
 }
 
 func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
@@ -159,6 +165,7 @@ type plan struct {
 	retryFirst     bool
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
+	ask            func(question string, echo bool) (string, error) // Config.Ask
 }
 
 // probeTimeout is how long a dial that waits for the server's answer gives a keepalive before it declares
@@ -440,6 +447,9 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	}
 	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
 	e.hashKnownHosts = strings.EqualFold(sc.get(alias, "HashKnownHosts"), "yes")
+	if e.auth, err = readAuthSettings(sc, alias); err != nil {
+		return endpoint{}, err
+	}
 	return e, nil
 }
 
@@ -466,6 +476,7 @@ func resolve(cfg Config) (*plan, error) {
 		retryFirst:     cfg.RetryFirst,
 		minBackoff:     cfg.MinBackoff,
 		maxBackoff:     cfg.MaxBackoff,
+		ask:            cfg.Ask,
 	}
 	if p.minBackoff <= 0 {
 		p.minBackoff = defaultMinBackoff

@@ -275,7 +275,7 @@ func (d *Dialer) keep(ctx context.Context, sl *slot, first chan struct{}) error 
 				return nil
 			}
 			d.setErr(err)
-			if permanent(err) {
+			if permanent(err) || d.unaskable(err) {
 				return err
 			}
 			if err := d.startMistake(err); err != nil {
@@ -602,7 +602,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 		}
 		return func() { timer.Reset(d.plan.connectTimeout) }
 	}
-	closeAgent, offered := d.authMethods(cc, hop, pause)
+	closeAgent, auth := d.authMethods(ctx, cc, hop, pause)
 	defer closeAgent()
 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -624,7 +624,10 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 		var hk *HostKeyError
 		var ek *EncryptedKeyError
 		var uk *UnprotectedKeyError
+		var ie *InteractiveAuthError
 		switch {
+		case errors.As(cause, &ie):
+			return nil, ie
 		case errors.As(cause, &hk):
 			return nil, hk
 		case errors.As(cause, &ek):
@@ -632,8 +635,7 @@ func (d *Dialer) handshake(ctx context.Context, conn net.Conn, hop endpoint, hea
 		case errors.As(cause, &uk):
 			return nil, uk
 		case strings.Contains(cause.Error(), "unable to authenticate"), tooManyAuthFailures(cause):
-			return nil, &AuthError{Endpoint: hop.String(), Err: cause, Offered: offered(),
-				Skipped: d.keys.skippedFiles(), Ignored: d.keys.ignoredFiles()}
+			return nil, auth.authError(cause)
 		}
 		if notSSH := watch.notSSH(hop.String(), cause); notSSH != nil {
 			return nil, notSSH
