@@ -99,7 +99,15 @@ func run(ctx context.Context, o *Options, out io.Writer) error {
 	// limit brings collection back when many connections hold buffers. Here, not in Run, which tests call in
 	// their own process.
 	daemon.TuneGC(400, 256<<20)
-	return daemon.RunCommand(ctx, out, o.Config, New)
+	o.SSH.Quieten()
+	config := func() (*Config, error) {
+		cfg, err := o.Config()
+		if err == nil {
+			o.SSH.Notice()
+		}
+		return cfg, err
+	}
+	return daemon.RunCommand(ctx, out, config, New)
 }
 
 // Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener, with --via the SSH

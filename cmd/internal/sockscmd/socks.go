@@ -331,10 +331,12 @@ connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to over
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
+	o.SSH.Quieten()
 	// The process is tuned here, not in Run, which tests call in their own process.
 	config := func() (*Config, error) {
 		cfg, err := o.Config()
 		if err == nil {
+			o.SSH.Notice()
 			tuneProcess(cfg.SSH.Connections)
 		}
 		return cfg, err
