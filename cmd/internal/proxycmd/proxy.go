@@ -194,7 +194,13 @@ func (p *Proxy) Startup() daemon.Startup {
 	if p.endpoints.Health != nil {
 		kv = append(kv, "health", p.endpoints.Health.Addr().String())
 	}
-	return daemon.Startup{Line: fmt.Sprintf("Starting to serve on %s", p.server.Addr()), KV: kv}
+	st := daemon.Startup{Line: fmt.Sprintf("Starting to serve on %s", p.server.Addr()), KV: kv}
+	if p.dialer != nil {
+		// The line above is kubectl proxy's, which scripts wait for: it stays at once. The log says "Serving"
+		// only once the SSH connection of --via is up.
+		st.Ready, st.Waiting = p.dialer.Ready, "Listening; connecting to the SSH server"
+	}
+	return st
 }
 
 // Close releases what New bound, for a proxy that never runs.

@@ -205,7 +205,9 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 	})
 
+	// It ends without logging "Serving": until the SSH connection is up the log says "Listening; connecting".
 	t.Run("unknown host key ends the command", func(t *testing.T) {
+		logs := captureKlog(t)
 		empty := filepath.Join(t.TempDir(), "known_hosts")
 		if err := os.WriteFile(empty, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -223,6 +225,10 @@ func TestViaRealSSHD(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "--via") || !strings.Contains(strings.ToLower(err.Error()), "host") {
 			t.Fatalf("error %q does not name --via and the host key", err)
+		}
+		klog.Flush()
+		if log := logs.String(); !strings.Contains(log, `"Listening; connecting to the SSH server"`) || strings.Contains(log, `"Serving"`) {
+			t.Errorf("want Listening and no Serving in the log:\n%s", log)
 		}
 	})
 }

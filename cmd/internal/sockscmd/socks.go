@@ -241,7 +241,8 @@ func (p *Proxy) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{healthz.NamedCheck("ssh", func(*http.Request) error { return p.dialer.Ready() })}
 }
 
-// Startup names the bound addresses and the SSH server; socks prints no line of its own.
+// Startup names the bound addresses and the SSH server; socks prints no line of its own, and logs
+// "Serving" once the first SSH connection is up.
 func (p *Proxy) Startup() daemon.Startup {
 	kv := []any{"socks", p.socksLn.Addr().String(), "via", p.dialer.Target()}
 	if p.httpLn != nil {
@@ -250,7 +251,7 @@ func (p *Proxy) Startup() daemon.Startup {
 	if p.endpoints.Health != nil {
 		kv = append(kv, "health", p.endpoints.Health.Addr().String())
 	}
-	return daemon.Startup{KV: kv}
+	return daemon.Startup{KV: kv, Ready: p.dialer.Ready, Waiting: "Listening; connecting to the SSH server"}
 }
 
 // Close releases what New bound, for a proxy that never runs.
