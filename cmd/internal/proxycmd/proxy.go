@@ -46,6 +46,8 @@ given on the command line replaces the whole default.
 Watches stream, and exec, attach and port-forward (SPDY or WebSocket) pass when the filter allows them.
 The kubeconfig's proxy-url is honoured; with --via [user@]host the traffic goes over one SSH connection
 instead (host keys checked against known_hosts, reconnects with backoff), the way 'konnect socks' does.
+What konnect proxy answers itself (the SSH server is down: 503; the API server could not be reached: 502;
+the filter refused: 403 or 400) is a Status, as kube-apiserver answers, so kubectl prints why.
 
 Unlike kubectl proxy, konnect proxy refuses to listen on an address that is not loopback unless
 --allow-remote is given, and refuses requests that a browser sends on behalf of a page from another

@@ -234,8 +234,9 @@ func TestViaRealSSHD(t *testing.T) {
 }
 
 // kubectl, through konnect proxy --via in front of a real kube-apiserver, prints konnect proxy's own
-// answers: which hop is down (503) and why a path is refused (400), where for a plain-text body it printed
-// only its generic sentence for the code ("the server is currently unable to handle the request").
+// answers: which hop is down (503), why a path is refused (400) and which filter rule refused exec (403),
+// where for a plain-text body it printed only its generic sentence for the code ("the server is currently
+// unable to handle the request"). A watch open when SSH drops ends.
 func TestViaKubectlPrintsWhy(t *testing.T) {
 	t.Setenv("SSH_AUTH_SOCK", "")
 	dir := t.TempDir()
@@ -279,8 +280,49 @@ func TestViaKubectlPrintsWhy(t *testing.T) {
 		t.Errorf("kubectl exec: %v %q, want %q", err, out, want)
 	}
 
+	// A watch open when SSH drops ends with it, and kubectl get -w then exits with status 0 and no message,
+	// as through kubectl proxy: the proxy keeps its port, not the connections on it (README).
+	path, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(t.TempDir(), "empty-kubeconfig")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	watch := exec.Command(path, "--server", server, "get", "namespaces", "--watch")
+	watch.Env = append(os.Environ(), "KUBECONFIG="+empty, "HOME="+home)
+	var watchOut syncBuffer
+	watch.Stdout, watch.Stderr = &watchOut, &watchOut
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- watch.Wait() }()
+	t.Cleanup(func() {
+		if watch.ProcessState == nil {
+			_ = watch.Process.Kill()
+			<-watchDone
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(watchOut.String(), "kube-system") {
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl get --watch printed no namespaces: %q", watchOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	sshd.Stop()
 	t.Cleanup(sshd.Restart)
+	select {
+	case err := <-watchDone:
+		if err != nil {
+			t.Errorf("kubectl get --watch after the SSH connection dropped: %v, want exit status 0\n%s", err, watchOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("kubectl get --watch still runs 30s after the SSH connection dropped")
+	}
 	want = "Error from server (ServiceUnavailable): konnect proxy: SSH server root@" + sshd.Addr() + " is unreachable: "
 	if out, err := kubectl(t, home, "--server", server, "get", "namespaces"); err == nil || !strings.Contains(out, want) {
 		t.Errorf("kubectl get namespaces with the SSH server down: %v %q, want %q...", err, out, want)
