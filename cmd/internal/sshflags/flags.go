@@ -45,11 +45,11 @@ type Flags struct {
 
 	// ssh's own flags, taken so that an `ssh -D 1080 -N -C host` line can be pasted (see AddFlags).
 	NoCommand   bool     // -N: konnect never runs a remote command
-	Quiet       bool     // -q: log errors only (see Quiet)
-	Compression bool     // -C: accepted and ignored, with a notice
-	IPv4, IPv6  bool     // -4, -6: refused, see Config
-	Background  bool     // -f: refused, see Config
-	Options     []string // -o: refused with the flag or ssh_config keyword that does it, see Config
+	Quiet       bool     // -q: log errors only (see Quieten)
+	Compression bool     // -C: accepted and ignored, with a notice (see Notice)
+	IPv4, IPv6  bool     // -4, -6: refused, see checkHabits
+	Background  bool     // -f: refused, see checkHabits
+	Options     []string // -o: refused with the flag or ssh_config keyword that does it, see checkHabits
 
 	registered []*pflag.Flag // by AddFlags and AddConnectionsFlag, for Given
 }
