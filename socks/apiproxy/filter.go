@@ -130,6 +130,23 @@ func (f *Filter) Allows(method, path, hostHeader string) bool {
 	return matchAny(path, f.AcceptPaths) && f.allowsHost(hostHeader)
 }
 
+// refusal says which of the filter's rules refuses a request that Allows or AllowsOrigin refused, in the
+// order Allows applies them.
+func (f *Filter) refusal(method, path, hostHeader, origin string) string {
+	switch {
+	case matchAny(path, f.RejectPaths):
+		return fmt.Sprintf("the request filter refuses the path %s (--reject-paths)", path)
+	case matchAny(method, f.RejectMethods):
+		return fmt.Sprintf("the request filter refuses the method %s (--reject-methods)", method)
+	case !matchAny(path, f.AcceptPaths):
+		return fmt.Sprintf("the request filter does not accept the path %s (--accept-paths)", path)
+	case !f.allowsHost(hostHeader):
+		return fmt.Sprintf("the request filter does not accept the Host header %q (--accept-hosts)", hostHeader)
+	default:
+		return fmt.Sprintf("the request filter does not accept a request from a page of origin %q (--accept-hosts)", origin)
+	}
+}
+
 // allowsHost matches the Host header without its port, as kubectl does. kubectl then compares "::1" from
 // "[::1]:8001" with its own default `^\[::1\]$` and refuses it; an IPv6 literal is therefore also tried
 // in its bracketed form, which is what that default means.
@@ -162,20 +179,20 @@ func (f *Filter) AllowsOrigin(origin string) bool {
 }
 
 // Wrap returns a handler that serves the requests f allows with next, answers the others with 403, and a
-// path that RoutedPath refuses with 400.
+// path that RoutedPath refuses with 400, each with a Status that says why (writeStatus).
 func (f *Filter) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		escaped := r.URL.EscapedPath() // what is forwarded
 		path, err := RoutedPath(escaped)
 		if err != nil {
 			klog.V(2).InfoS("Request rejected by filter: ambiguous path", "method", r.Method, "path", escaped, "reason", err)
-			http.Error(w, "konnect proxy: "+err.Error(), http.StatusBadRequest)
+			writeStatus(w, http.StatusBadRequest, "konnect proxy: "+err.Error())
 			return
 		}
 		origin := r.Header.Get("Origin")
 		if !f.Allows(r.Method, path, r.Host) || !f.AllowsOrigin(origin) {
 			klog.V(2).InfoS("Request rejected by filter", "method", r.Method, "path", path, "host", r.Host, "origin", origin)
-			http.Error(w, http.StatusText(http.StatusForbidden), http.StatusForbidden)
+			writeStatus(w, http.StatusForbidden, "konnect proxy: "+f.refusal(r.Method, path, r.Host, origin))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -118,7 +118,7 @@ func TestFilterWrapAnswers403(t *testing.T) {
 	if rec.Code != http.StatusForbidden || called {
 		t.Fatalf("status %d, delegate called %v; want 403 and not called", rec.Code, called)
 	}
-	if !strings.Contains(rec.Body.String(), "Forbidden") {
+	if st := decodeStatus(t, rec.Code, rec.Body.String()); st.Reason != "Forbidden" || !strings.Contains(st.Message, "evil.example") {
 		t.Errorf("body %q", rec.Body.String())
 	}
 }

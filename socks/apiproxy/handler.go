@@ -205,8 +205,8 @@ func (h *Handler) newAPIHandler(cfg HandlerConfig) (http.Handler, error) {
 
 // proxyError answers a request that could not be forwarded, as konnect socks answers one: 503 when a hop
 // of the dialer's route is down (with --via, the SSH server), 504 when the API server did not answer in
-// time, else 502 (the API server refused, as the SSH server reports it with --via). The body is the error,
-// which names the hop. Failures are logged at the default level, rate-limited. A client that went away is
+// time, else 502 (the API server refused, as the SSH server reports it with --via). The body is a Status
+// whose message is the error, which names the hop. Failures are logged at the default level, rate-limited. A client that went away is
 // not an error.
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
@@ -215,7 +215,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	code := localproxy.HTTPStatus(err)
 	h.failures.Log("Proxying to the API server failed", "method", r.Method, "path", r.URL.Path, "answer", code, "err", err)
-	http.Error(w, "konnect proxy: "+err.Error(), code)
+	writeStatus(w, code, "konnect proxy: "+err.Error())
 }
 
 // stripPrefixKeepSlash is http.StripPrefix that leaves the path starting with "/", so that the filter's
@@ -229,7 +229,7 @@ func stripPrefixKeepSlash(prefix string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := strings.CutPrefix(r.URL.Path, prefix)
 		if !ok {
-			http.NotFound(w, r)
+			writeStatus(w, http.StatusNotFound, fmt.Sprintf("konnect proxy: %s is not under the API prefix %s", r.URL.Path, prefix))
 			return
 		}
 		rp, rok := strings.CutPrefix(r.URL.RawPath, prefix)

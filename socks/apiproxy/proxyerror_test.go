@@ -69,8 +69,8 @@ func captureKlog(t *testing.T) *lockedBuffer {
 
 // TestProxyErrorsNameTheHop: a request the dialer could not carry is answered as konnect socks answers
 // it: 503 when a hop of the route is down, 502 when the destination refused as the hop reports it, 504 on a
-// timeout, with the error (which names the hop) as the body; failures are logged at the default level, a
-// burst of 5 and then one a second, the next line saying how many were left out.
+// timeout, with the error (which names the hop) as a Status's message; failures are logged at the default
+// level, a burst of 5 and then one a second, the next line saying how many were left out.
 func TestProxyErrorsNameTheHop(t *testing.T) {
 	p := newTestPKI(t)
 	_, rc := p.kubeconfig(t, "https://198.18.0.1:6443", "") // never dialled: Dial answers
@@ -89,6 +89,7 @@ func TestProxyErrorsNameTheHop(t *testing.T) {
 			dial := func(context.Context, string, string) (net.Conn, error) { return nil, c.err }
 			base := startProxy(t, HandlerConfig{REST: rc, Filter: mustFilter(t, DefaultFilterSpec()), Dial: dial})
 			code, body := do(t, "GET", base+"/api", "", "")
+			body = decodeStatus(t, code, body).Message
 			if code != c.code || !strings.HasPrefix(body, "konnect proxy: ") || !strings.Contains(body, c.err.Error()) {
 				t.Errorf("got %d %q, want %d and the error", code, body, c.code)
 			}

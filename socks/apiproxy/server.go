@@ -167,7 +167,7 @@ func (s *Server) track(next http.Handler) http.Handler {
 		s.mu.Lock()
 		if s.stopped {
 			s.mu.Unlock()
-			http.Error(w, "konnect proxy is shutting down", http.StatusServiceUnavailable)
+			writeStatus(w, http.StatusServiceUnavailable, "konnect proxy is shutting down")
 			return
 		}
 		s.inflight.Add(1)
@@ -205,8 +205,13 @@ type cappedListener struct {
 	refused func() // counts a refusal; nil when the proxy keeps no metrics
 }
 
-const tooManyConnections = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n" +
-	"Connection: close\r\nContent-Length: 47\r\n\r\nkonnect proxy: too many connections; try later\n"
+// tooManyConnections is the whole answer, written before any request is read; its body is a Status as
+// writeStatus's are.
+var tooManyConnections = func() []byte {
+	body := statusBody(http.StatusServiceUnavailable, "konnect proxy: too many connections; try later")
+	return append(fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"+
+		"Connection: close\r\nContent-Length: %d\r\n\r\n", len(body)), body...)
+}()
 
 func (l *cappedListener) Accept() (net.Conn, error) {
 	for {
@@ -222,7 +227,7 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 			l.refused()
 		}
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.Write([]byte(tooManyConnections))
+		_, _ = c.Write(tooManyConnections)
 		_ = c.Close()
 	}
 }

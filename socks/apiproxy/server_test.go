@@ -190,7 +190,7 @@ func TestServerCapsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "too many connections") {
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(decodeStatus(t, resp.StatusCode, string(b)).Message, "too many connections") {
 		t.Fatalf("third connection: %s %q, want 503 too many connections", resp.Status, b)
 	}
 	// Freeing a slot lets the next client in. Each try is a fresh connection: a refused one is closed by the

@@ -26,3 +26,13 @@ func AddKlogFlags(fs *pflag.FlagSet, names ...string) {
 		}
 	})
 }
+
+// LogErrorsOnly makes klog write errors only, for a command's -q (ssh -q keeps only errors): informational
+// lines and warnings are dropped, at any -v. A command's own failure is not a log line, and still shows.
+func LogErrorsOnly() {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs) // the same settings as the process's, not copies
+	// stderrthreshold applies to logtostderr (klog's default) only once the legacy behaviour is off.
+	_ = fs.Set("legacy_stderr_threshold_behavior", "false")
+	_ = fs.Set("stderrthreshold", "ERROR")
+}

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -67,4 +71,110 @@ func TestRunCommandReportsStartupOnce(t *testing.T) {
 	if !errors.Is(err, boom) || out.Len() > 0 || strings.Contains(logs.String(), "Serving") {
 		t.Errorf("New failed: err %v, output %q, logs %q", err, out.String(), logs.String())
 	}
+}
+
+// readyDaemon becomes ready when told to, and fails its run when told to instead.
+type readyDaemon struct {
+	ready  atomic.Bool
+	failed chan error
+}
+
+func (d *readyDaemon) Run(ctx context.Context) error {
+	select {
+	case err := <-d.failed:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
+}
+func (d *readyDaemon) Close() error { return nil }
+func (d *readyDaemon) Startup() Startup {
+	return Startup{KV: []any{"socks", "127.0.0.1:1080"}, Waiting: "Listening; connecting to the SSH server", Ready: func() error {
+		if d.ready.Load() {
+			return nil
+		}
+		return errors.New("not yet")
+	}}
+}
+
+// With Startup.Ready, "Serving" waits for it: a daemon that fails before it is ready (a refused host key)
+// shows "Listening; connecting ..." and then its error, never "Serving".
+func TestRunCommandServingOnceReady(t *testing.T) {
+	var logs syncBuffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&logs)
+	defer func() {
+		klog.SetOutput(nil)
+		klog.LogToStderr(true)
+	}()
+	run := func(d *readyDaemon) chan error {
+		errc := make(chan error, 1)
+		go func() {
+			errc <- RunCommand(context.Background(), io.Discard, func() (int, error) { return 1, nil },
+				func(int) (*readyDaemon, error) { return d, nil })
+		}()
+		return errc
+	}
+	waitLog := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for klog.Flush(); !strings.Contains(logs.String(), want); klog.Flush() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s in the log:\n%s", want, logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	boom := errors.New("host key refused")
+	d := &readyDaemon{failed: make(chan error, 1)}
+	errc := run(d)
+	waitLog(`"Listening; connecting to the SSH server" socks="127.0.0.1:1080"`)
+	time.Sleep(3 * readyPoll)
+	d.failed <- boom
+	if err := <-errc; !errors.Is(err, boom) {
+		t.Fatalf("RunCommand returned %v, want %v", err, boom)
+	}
+	klog.Flush()
+	if strings.Contains(logs.String(), "Serving") {
+		t.Fatalf("a daemon that never became ready logged Serving:\n%s", logs.String())
+	}
+
+	logs.Reset()
+	d = &readyDaemon{failed: make(chan error, 1)}
+	errc = run(d)
+	waitLog("Listening; connecting")
+	d.ready.Store(true)
+	waitLog(`"Serving" socks="127.0.0.1:1080"`)
+	d.failed <- nil
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), `"Serving"`); n != 1 {
+		t.Fatalf("Serving logged %d times:\n%s", n, logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer that klog and the test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.Reset()
 }

@@ -46,6 +46,8 @@ given on the command line replaces the whole default.
 Watches stream, and exec, attach and port-forward (SPDY or WebSocket) pass when the filter allows them.
 The kubeconfig's proxy-url is honoured; with --via [user@]host the traffic goes over one SSH connection
 instead (host keys checked against known_hosts, reconnects with backoff), the way 'konnect socks' does.
+What konnect proxy answers itself (the SSH server is down: 503; the API server could not be reached: 502;
+the filter refused: 403 or 400) is a Status, as kube-apiserver answers, so kubectl prints why.
 
 Unlike kubectl proxy, konnect proxy refuses to listen on an address that is not loopback unless
 --allow-remote is given, and refuses requests that a browser sends on behalf of a page from another
@@ -99,7 +101,15 @@ func run(ctx context.Context, o *Options, out io.Writer) error {
 	// limit brings collection back when many connections hold buffers. Here, not in Run, which tests call in
 	// their own process.
 	daemon.TuneGC(400, 256<<20)
-	return daemon.RunCommand(ctx, out, o.Config, New)
+	o.SSH.Quieten()
+	config := func() (*Config, error) {
+		cfg, err := o.Config()
+		if err == nil {
+			o.SSH.Notice()
+		}
+		return cfg, err
+	}
+	return daemon.RunCommand(ctx, out, config, New)
 }
 
 // Proxy is a `konnect proxy` ready to run: the API proxy on its bound listener, with --via the SSH
@@ -186,7 +196,13 @@ func (p *Proxy) Startup() daemon.Startup {
 	if p.endpoints.Health != nil {
 		kv = append(kv, "health", p.endpoints.Health.Addr().String())
 	}
-	return daemon.Startup{Line: fmt.Sprintf("Starting to serve on %s", p.server.Addr()), KV: kv}
+	st := daemon.Startup{Line: fmt.Sprintf("Starting to serve on %s", p.server.Addr()), KV: kv}
+	if p.dialer != nil {
+		// The line above is kubectl proxy's, which scripts wait for: it stays at once. The log says "Serving"
+		// only once the SSH connection of --via is up.
+		st.Ready, st.Waiting = p.dialer.Ready, "Listening; connecting to the SSH server"
+	}
+	return st
 }
 
 // Close releases what New bound, for a proxy that never runs.

@@ -151,6 +151,12 @@ func TestValidate(t *testing.T) {
 		// SSH flags without --via would be silently ignored.
 		{"jump without via", []string{"--jump=bastion.example"}, "--jump: applies only with --via"},
 		{"SSH flags without via", []string{"-i", "/nonexistent", "--ssh-port=2222", "--accept-new"}, "--ssh-port, --identity, --accept-new: applies only with --via"},
+		// ssh's own flags: -N and -C belong to --via, -q to the whole command.
+		{"ssh -N without via", []string{"-N"}, "--no-command: applies only with --via"},
+		{"ssh -N -C with via", []string{"-N", "-C", "--via=bastion"}, ""},
+		{"ssh -q without via", []string{"-q"}, ""},
+		{"ssh -f with via", []string{"-f", "--via=bastion"}, "--via: -f (--background): konnect does not go to the background"},
+		{"ssh -o with via", []string{"-o", "User=alice", "--via=bastion"}, "--via: -o (--ssh-option \"User=alice\"): not supported; use --ssh-user (-l)"},
 		{"SSH flags with via", []string{"--via=bastion.example", "--jump=j.example", "--ssh-config=none"}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,4 +132,71 @@ func TestProcessNoSecretsInLogsAndCleanExit(t *testing.T) {
 			t.Fatalf("a secret appears in the logs: %q", s)
 		}
 	}
+}
+
+// The start-up log says "Serving" only once the SSH connection is up: a refused host key shows "Listening;
+// connecting to the SSH server" and then the error. ssh's -N and -C are taken (-C with a notice), and -q
+// leaves only the error.
+func TestProcessStartupLogAndSSHHabits(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	srv := harness.StartSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
+	unknown := filepath.Join(dir, "known_hosts.empty")
+	os.WriteFile(unknown, nil, 0o600)
+
+	fails := func(t *testing.T, args ...string) string {
+		t.Helper()
+		cmd, out := konnectProcess(t, append([]string{"-D", "127.0.0.1:0", "-i", key, "--known-hosts", unknown, "-F", "none"}, append(args, srv.Addr())...)...)
+		var ee *exec.ExitError
+		if err := waitExit(t, cmd, 30*time.Second); !errors.As(err, &ee) || ee.ExitCode() == 0 {
+			t.Fatalf("exit = %v, want a failure; output:\n%s", err, out)
+		}
+		return out.String()
+	}
+	t.Run("refused host key", func(t *testing.T) {
+		out := fails(t)
+		if !strings.Contains(out, `"Listening; connecting to the SSH server"`) || !strings.Contains(out, "Error: ") || strings.Contains(out, `"Serving"`) {
+			t.Fatalf("want Listening, then the error, and no Serving:\n%s", out)
+		}
+	})
+	t.Run("-q", func(t *testing.T) {
+		out := fails(t, "-q", "-N")
+		if !strings.Contains(out, "Error: ") || regexp.MustCompile(`(?m)^[IW]\d{4} `).MatchString(out) {
+			t.Fatalf("-q: want the error alone:\n%s", out)
+		}
+	})
+	t.Run("connected, -N -C", func(t *testing.T) {
+		health := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+		cmd, out := konnectProcess(t, "-N", "-C", "-D", "127.0.0.1:0", "--health-listen", health, "-i", key, "--known-hosts", kh, "-F", "none", srv.Addr())
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			resp, err := http.Get("http://" + health + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("konnect socks not ready within 60s")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		// "Serving" follows the connection within RunCommand's poll.
+		time.Sleep(500 * time.Millisecond)
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := waitExit(t, cmd, 15*time.Second); err != nil {
+			t.Fatalf("exit after SIGTERM = %v, want 0; output:\n%s", err, out)
+		}
+		logs := out.String()
+		listening, established, serving := strings.Index(logs, `"Listening; connecting to the SSH server"`), strings.Index(logs, "SSH connection established"), strings.Index(logs, `"Serving"`)
+		if listening < 0 || established < listening || serving < established {
+			t.Errorf("want Listening, SSH connection established, then Serving:\n%s", logs)
+		}
+		if !strings.Contains(logs, "-C (--compression): ignored") {
+			t.Errorf("no notice that -C is ignored:\n%s", logs)
+		}
+	})
 }

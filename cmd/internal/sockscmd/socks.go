@@ -241,7 +241,8 @@ func (p *Proxy) ReadyChecks() []healthz.HealthChecker {
 	return []healthz.HealthChecker{healthz.NamedCheck("ssh", func(*http.Request) error { return p.dialer.Ready() })}
 }
 
-// Startup names the bound addresses and the SSH server; socks prints no line of its own.
+// Startup names the bound addresses and the SSH server; socks prints no line of its own, and logs
+// "Serving" once the first SSH connection is up.
 func (p *Proxy) Startup() daemon.Startup {
 	kv := []any{"socks", p.socksLn.Addr().String(), "via", p.dialer.Target()}
 	if p.httpLn != nil {
@@ -250,7 +251,7 @@ func (p *Proxy) Startup() daemon.Startup {
 	if p.endpoints.Health != nil {
 		kv = append(kv, "health", p.endpoints.Health.Addr().String())
 	}
-	return daemon.Startup{KV: kv}
+	return daemon.Startup{KV: kv, Ready: p.dialer.Ready, Waiting: "Listening; connecting to the SSH server"}
 }
 
 // Close releases what New bound, for a proxy that never runs.
@@ -304,7 +305,8 @@ on the remote side, like ssh -D) and HTTP proxying (CONNECT and http:// URLs). P
 'konnect kubeconfig set-proxy --context NAME --proxy-url socks5://127.0.0.1:1080'.
 
 Host keys are checked against known_hosts: an unknown host is refused with the line to add (or use
---accept-new once), and a changed key is always refused. If the SSH connection drops, the port stays open,
+--accept-new once), and a changed key is always refused. If the SSH connection drops, the port stays open
+but the connections it carried end (a watch, a download: clients must open them again, as with ssh -D),
 new connections wait up to --connect-timeout, and konnect reconnects: in the background with backoff, and
 at once when a connection waits. Keepalives drop a server that stops answering within 20s (a waiting
 connection checks after a second). A refused first connection, a first peer that is not an SSH server (or a
@@ -317,8 +319,13 @@ With --ssh-connections N, konnect keeps N SSH connections to host and gives each
 the one carrying the fewest: OpenSSH encrypts one SSH connection on one core at each end, so parallel
 downloads then use more cores. Each SSH connection checks the host key and reconnects on its own; a lost
 one breaks only the proxied connections it carried. konnect socks runs one Go scheduler thread per SSH
-connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to override.`,
+connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to override.
+
+ssh's -N (a no-op: konnect never runs a remote command), -q (errors only) and -C (ignored, with a notice:
+no compression) are taken, so that an ssh -D line pastes; -f, -4, -6 and -o are refused with an error that
+says what to use instead. The log says "Serving" once the SSH connection is up.`,
 		Example: `  konnect socks -D 1080 alice@bastion.example.com
+  konnect socks -D 1080 -N -q alice@bastion.example.com   # as ssh -D 1080 -N -q would
   konnect socks -J jump.example.com -i ~/.ssh/id_ed25519 --health-listen 127.0.0.1:8081 bastion
   konnect socks -D 1080 --ssh-connections 4 alice@bastion.example.com`,
 		Args: cobra.ExactArgs(1),
@@ -333,10 +340,12 @@ connection (GOMAXPROCS), which measured cheaper per byte; set GOMAXPROCS to over
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
+	o.SSH.Quieten()
 	// The process is tuned here, not in Run, which tests call in their own process.
 	config := func() (*Config, error) {
 		cfg, err := o.Config()
 		if err == nil {
+			o.SSH.Notice()
 			tuneProcess(cfg.SSH.Connections)
 		}
 		return cfg, err

@@ -65,6 +65,14 @@ func TestFlagDefaults(t *testing.T) {
 		"ssh-connections":       "1",
 		"retry-first":           "false",
 		"allow-unprotected-key": "false",
+		// ssh's own flags, taken so that an ssh -D line can be pasted.
+		"no-command":  "false",
+		"quiet":       "false",
+		"compression": "false",
+		"ipv4":        "false",
+		"ipv6":        "false",
+		"background":  "false",
+		"ssh-option":  "[]",
 	}
 	got := map[string]string{}
 	fs.VisitAll(func(f *pflag.Flag) { got[f.Name] = f.DefValue })
@@ -76,7 +84,8 @@ func TestFlagDefaults(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("flags = %v, want exactly %v", got, want)
 	}
-	for short, long := range map[string]string{"D": "dynamic-forward", "p": "ssh-port", "l": "ssh-user", "i": "identity", "J": "jump", "F": "ssh-config"} {
+	for short, long := range map[string]string{"D": "dynamic-forward", "p": "ssh-port", "l": "ssh-user", "i": "identity", "J": "jump", "F": "ssh-config",
+		"N": "no-command", "q": "quiet", "C": "compression", "4": "ipv4", "6": "ipv6", "f": "background", "o": "ssh-option"} {
 		if f := fs.ShorthandLookup(short); f == nil || f.Name != long {
 			t.Errorf("-%s is not --%s", short, long)
 		}

@@ -5,12 +5,16 @@ package sshflags
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/flagerr"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
 	"golang.org/x/crypto/ssh"
+	"k8s.io/klog/v2"
 )
 
 // Names are the flags behind the sshdial.Config fields that sshdial's errors name.
@@ -38,6 +42,14 @@ type Flags struct {
 	// Connections is --ssh-connections, registered by AddConnectionsFlag for the commands that carry many
 	// streams at once.
 	Connections int
+
+	// ssh's own flags, taken so that an `ssh -D 1080 -N -C host` line can be pasted (see AddFlags).
+	NoCommand   bool     // -N: konnect never runs a remote command
+	Quiet       bool     // -q: log errors only (see Quieten)
+	Compression bool     // -C: accepted and ignored, with a notice (see Notice)
+	IPv4, IPv6  bool     // -4, -6: refused, see checkHabits
+	Background  bool     // -f: refused, see checkHabits
+	Options     []string // -o: refused with the flag or ssh_config keyword that does it, see checkHabits
 
 	registered []*pflag.Flag // by AddFlags and AddConnectionsFlag, for Given
 }
@@ -73,9 +85,95 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.RetryFirst, "retry-first", f.RetryFirst, "Keep retrying when the SSH server refuses the first connection (or its name does not resolve), e.g. while it boots. Without it that ends the command: a wrong host or port never heals.")
 	fs.BoolVar(&f.AllowUnprotectedKey, "allow-unprotected-key", f.AllowUnprotectedKey, "Use identity files that group or others may read, which OpenSSH refuses (UNPROTECTED PRIVATE KEY FILE).")
 	fs.StringSliceVar(&f.Ciphers, "cipher", f.Ciphers, "SSH ciphers in order of preference, e.g. chacha20-poly1305@openssh.com. Default: aes128-gcm@openssh.com first, the fastest with AES-NI.")
-	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "retry-first", "allow-unprotected-key"} {
+
+	// ssh's flags that konnect takes so that an ssh command line can be pasted. -q is not an SSH option, so
+	// it is not among the flags that Given reports.
+	fs.BoolVarP(&f.NoCommand, "no-command", short("N"), f.NoCommand, "Accepted for ssh -N habits; it changes nothing: konnect never runs a remote command, it only forwards.")
+	fs.BoolVarP(&f.Quiet, "quiet", short("q"), f.Quiet, "Log errors only, no informational lines or warnings (like ssh -q).")
+	fs.BoolVarP(&f.Compression, "compression", short("C"), f.Compression, "Accepted for ssh -C habits and ignored, with a notice: the Go SSH library konnect uses has no compression.")
+	fs.BoolVarP(&f.IPv4, "ipv4", short("4"), f.IPv4, "Not supported (ssh -4): an error. Give an IPv4 address as the destination, or as HostName in the SSH config file, instead.")
+	fs.BoolVarP(&f.IPv6, "ipv6", short("6"), f.IPv6, "Not supported (ssh -6): an error. Give an IPv6 address as the destination, or as HostName in the SSH config file, instead.")
+	fs.BoolVarP(&f.Background, "background", short("f"), f.Background, "Not supported (ssh -f): an error. konnect stays in the foreground; run it with & or as a systemd service.")
+	fs.StringArrayVarP(&f.Options, "ssh-option", short("o"), f.Options, "Not supported (ssh -o Key=Value): an error that names the konnect flag for Key, or says to put it in the SSH config file (~/.ssh/config, or the file of -F).")
+	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "retry-first", "allow-unprotected-key",
+		"no-command", "compression", "ipv4", "ipv6", "background", "ssh-option"} {
 		f.registered = append(f.registered, fs.Lookup(n))
 	}
+}
+
+// Quieten applies -q, before anything is logged: ssh -q keeps only errors.
+func (f *Flags) Quieten() {
+	if f.Quiet {
+		daemon.LogErrorsOnly()
+	}
+}
+
+// Notice logs, once the flags are valid, that -C is ignored (a warning, which -q silences as ssh -q does).
+func (f *Flags) Notice() {
+	if f.Compression {
+		klog.Warning("-C (--compression): ignored: the Go SSH library konnect uses has no compression")
+	}
+}
+
+// sshOptionFlags are the konnect flags that do what an ssh -o keyword does, by lower-case keyword.
+var sshOptionFlags = map[string]string{
+	"port":                  "--ssh-port (-p)",
+	"user":                  "--ssh-user (-l)",
+	"identityfile":          "--identity (-i)",
+	"proxyjump":             "--jump (-J)",
+	"userknownhostsfile":    "--known-hosts",
+	"connecttimeout":        "--connect-timeout (a duration: 10s)",
+	"serveraliveinterval":   "--server-alive-interval (a duration: 30s)",
+	"ciphers":               "--cipher",
+	"dynamicforward":        "-D",
+	"stricthostkeychecking": "--accept-new for accept-new (konnect always checks host keys, and reads no StrictHostKeyChecking)",
+}
+
+// configKeywords are the ssh_config keywords that socks/sshdial reads, by lower-case keyword: an -o of one
+// of them can go into the SSH config file instead. Keep in step with sshdial's lookups.
+var configKeywords = map[string]bool{
+	"certificatefile": true, "connecttimeout": true, "globalknownhostsfile": true, "hashknownhosts": true,
+	"hostkeyalias": true, "hostname": true, "identitiesonly": true, "identityagent": true, "identityfile": true,
+	"port": true, "proxyjump": true, "serveralivecountmax": true, "serveraliveinterval": true, "user": true,
+	"userknownhostsfile": true,
+}
+
+// habitError names an ssh flag as given and as konnect spells it: "-f (--background): ...", or with its
+// value: "-o (--ssh-option "User=alice"): ...".
+func habitError(short, long, format string, args ...any) error {
+	return fmt.Errorf("-%s (--%s): %s", short, long, fmt.Sprintf(format, args...))
+}
+
+// checkHabits refuses the ssh flags that konnect cannot honour, naming each, and says what does the same.
+func (f *Flags) checkHabits() error {
+	switch {
+	case f.Background:
+		return habitError("f", "background", "konnect does not go to the background: it keeps running in the foreground; start it with & (and nohup), or as a systemd service")
+	case f.IPv4 || f.IPv6:
+		short, long, family := "4", "ipv4", "IPv4"
+		if !f.IPv4 {
+			short, long, family = "6", "ipv6", "IPv6"
+		}
+		return habitError(short, long, "not supported: konnect tries every address the host name resolves to; to use %s only, give an %s address as the destination, or as HostName in the SSH config file", family, family)
+	}
+	for _, o := range f.Options {
+		key, _, _ := strings.Cut(strings.TrimSpace(o), "=")
+		key, _, _ = strings.Cut(key, " ")
+		const inConfig = "put %s in the SSH config file (~/.ssh/config, or a file given with -F FILE), in the destination's Host block"
+		lower := strings.ToLower(key)
+		flag, hasFlag := sshOptionFlags[lower]
+		switch {
+		case hasFlag && configKeywords[lower]:
+			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; use %s, or "+inConfig, flag, key)
+		case hasFlag:
+			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; use %s", flag)
+		case configKeywords[lower]:
+			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; "+inConfig, key)
+		default:
+			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported, and konnect does not read %s from the SSH config file either", key)
+		}
+	}
+	return nil
 }
 
 // Given returns the SSH flags set on the command line, as "--name": for a command where SSH is optional,
@@ -100,6 +198,9 @@ func (f *Flags) AddConnectionsFlag(fs *pflag.FlagSet) {
 
 // Config checks the flags and builds a Config for destination, naming the flag in every error.
 func (f *Flags) Config(destination string) (sshdial.Config, error) {
+	if err := f.checkHabits(); err != nil {
+		return sshdial.Config{}, err
+	}
 	if destination == "" {
 		return sshdial.Config{}, fmt.Errorf("an SSH destination [user@]host is required")
 	}

@@ -2,6 +2,7 @@ package sshflags
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -63,5 +64,61 @@ func TestConnectionsFlag(t *testing.T) {
 	cfg, err := f.Config("host")
 	if err != nil || cfg.Connections != 4 {
 		t.Fatalf("--ssh-connections 4: %+v, %v", cfg.Connections, err)
+	}
+}
+
+// ssh's own flags parse, so that an `ssh -D 1080 -N host` line can be pasted: -N and -C run (-C with a
+// notice, see Notice), the others are refused with an error that names the flag and says what to do instead.
+func TestSSHHabits(t *testing.T) {
+	parse := func(t *testing.T, args ...string) (*Flags, error) {
+		t.Helper()
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		f := NewFlags()
+		f.AddFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		_, err := f.Config("me@host")
+		return f, err
+	}
+	for _, args := range [][]string{{"-N"}, {"-C"}, {"-q"}, {"-NCq"}, {"--no-command", "--compression", "--quiet"}} {
+		f, err := parse(t, args...)
+		if err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		if g := f.Given(); slices.Contains(g, "--quiet") {
+			t.Errorf("%v: Given reports -q, which is no SSH option: %v", args, g)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-f"}, []string{"-f (--background)", "foreground", "&", "systemd"}},
+		{[]string{"-N", "-f"}, []string{"-f (--background)"}},
+		{[]string{"-4"}, []string{"-4 (--ipv4)", "not supported", "IPv4 address"}},
+		{[]string{"-6"}, []string{"-6 (--ipv6)", "not supported", "IPv6 address"}},
+		{[]string{"-o", "ServerAliveInterval=30"}, []string{`-o (--ssh-option "ServerAliveInterval=30"): not supported`, "--server-alive-interval", "put ServerAliveInterval in the SSH config file", "-F FILE"}},
+		{[]string{"-o", "StrictHostKeyChecking=accept-new"}, []string{"-o (--ssh-option \"", "--accept-new"}},
+		{[]string{"-o", "IdentitiesOnly yes"}, []string{"-o (--ssh-option \"", "put IdentitiesOnly in the SSH config file", "~/.ssh/config"}},
+		{[]string{"-o", "ExitOnForwardFailure=yes"}, []string{"-o (--ssh-option \"", "does not read ExitOnForwardFailure"}},
+	} {
+		if _, err := parse(t, c.args...); err == nil {
+			t.Errorf("%v: no error", c.args)
+		} else {
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v: %v; want it to say %q", c.args, err, w)
+				}
+			}
+		}
+	}
+	// A command that owns a letter keeps it; the long name still works.
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	fs.BoolP("force", "f", false, "")
+	f := NewFlags()
+	f.AddFlags(fs)
+	if fs.ShorthandLookup("f").Name != "force" || fs.Lookup("background") == nil {
+		t.Fatal("-f taken from the command")
 	}
 }
