@@ -187,6 +187,9 @@ type sshConfig struct {
 // OpenSSH takes the first value it reads of each keyword, and of ProxyJump and ProxyCommand whichever
 // comes first. Both set in one included file is an error: the parser does not say which line comes first.
 func (c *sshConfig) first(alias string, keys ...string) (key, value, file string, line int, err error) {
+	for _, k := range keys {
+		mustRead(k)
+	}
 	if c == nil {
 		return "", "", "", 0, nil
 	}
@@ -226,7 +229,33 @@ func (c *sshConfig) first(alias string, keys ...string) (key, value, file string
 	return "", "", "", 0, nil
 }
 
+// configKeywords are the ssh_config keywords konnect reads, besides Host, Include and Match, which shape the
+// file. Every lookup names one (mustRead), so that the list, which -o's errors use, cannot fall behind.
+var configKeywords = map[string]bool{}
+
+func init() {
+	for _, k := range []string{"HostName", "User", "Port", "IdentityFile", "CertificateFile", "IdentitiesOnly",
+		"IdentityAgent", "ProxyJump", "ProxyCommand", "ProxyUseFdpass", "StrictHostKeyChecking", "ConnectTimeout",
+		"ServerAliveInterval", "ServerAliveCountMax", "UserKnownHostsFile", "GlobalKnownHostsFile", "HostKeyAlias",
+		"HashKnownHosts", "PreferredAuthentications", "PasswordAuthentication", "KbdInteractiveAuthentication",
+		"ChallengeResponseAuthentication", "NumberOfPasswordPrompts"} {
+		configKeywords[strings.ToLower(k)] = true
+	}
+}
+
+// ReadsConfigKeyword says whether konnect reads keyword (any case) from the SSH config file.
+func ReadsConfigKeyword(keyword string) bool { return configKeywords[strings.ToLower(keyword)] }
+
+// mustRead panics on a lookup of a keyword missing from configKeywords: a programming error, which any test
+// that reaches the lookup reports.
+func mustRead(key string) {
+	if !ReadsConfigKeyword(key) {
+		panic("sshdial: ssh_config keyword " + key + " is read but missing from configKeywords")
+	}
+}
+
 func (c *sshConfig) get(alias, key string) string {
+	mustRead(key)
 	if c == nil {
 		return ""
 	}
@@ -239,6 +268,7 @@ func (c *sshConfig) get(alias, key string) string {
 }
 
 func (c *sshConfig) getAll(alias, key string) []string {
+	mustRead(key)
 	if c == nil {
 		return nil
 	}

@@ -129,15 +129,6 @@ var sshOptionFlags = map[string]string{
 	"stricthostkeychecking": "--accept-new for accept-new (konnect always checks host keys, and reads no StrictHostKeyChecking)",
 }
 
-// configKeywords are the ssh_config keywords that socks/sshdial reads, by lower-case keyword: an -o of one
-// of them can go into the SSH config file instead. Keep in step with sshdial's lookups.
-var configKeywords = map[string]bool{
-	"certificatefile": true, "connecttimeout": true, "globalknownhostsfile": true, "hashknownhosts": true,
-	"hostkeyalias": true, "hostname": true, "identitiesonly": true, "identityagent": true, "identityfile": true,
-	"port": true, "proxyjump": true, "serveralivecountmax": true, "serveraliveinterval": true, "user": true,
-	"userknownhostsfile": true,
-}
-
 // habitError names an ssh flag as given and as konnect spells it: "-f (--background): ...", or with its
 // value: "-o (--ssh-option "User=alice"): ...".
 func habitError(short, long, format string, args ...any) error {
@@ -163,11 +154,11 @@ func (f *Flags) checkHabits() error {
 		lower := strings.ToLower(key)
 		flag, hasFlag := sshOptionFlags[lower]
 		switch {
-		case hasFlag && configKeywords[lower]:
+		case hasFlag && sshdial.ReadsConfigKeyword(key):
 			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; use %s, or "+inConfig, flag, key)
 		case hasFlag:
 			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; use %s", flag)
-		case configKeywords[lower]:
+		case sshdial.ReadsConfigKeyword(key):
 			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported; "+inConfig, key)
 		default:
 			return habitError("o", "ssh-option "+strconv.Quote(o), "not supported, and konnect does not read %s from the SSH config file either", key)
