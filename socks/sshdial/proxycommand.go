@@ -165,11 +165,15 @@ func (c *commandConn) Close() error {
 	return nil
 }
 
-func (c *commandConn) LocalAddr() net.Addr                { return pipeAddr("") }
-func (c *commandConn) RemoteAddr() net.Addr               { return c.addr }
-func (c *commandConn) SetDeadline(t time.Time) error      { return errors.New("ProxyCommand: no deadlines") }
-func (c *commandConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
-func (c *commandConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
+func (c *commandConn) LocalAddr() net.Addr  { return pipeAddr("") }
+func (c *commandConn) RemoteAddr() net.Addr { return c.addr }
+
+// Deadlines are the pipes' own: os.Pipe's ends are pollable, as sockets are.
+func (c *commandConn) SetReadDeadline(t time.Time) error  { return c.stdout.SetReadDeadline(t) }
+func (c *commandConn) SetWriteDeadline(t time.Time) error { return c.stdin.SetWriteDeadline(t) }
+func (c *commandConn) SetDeadline(t time.Time) error {
+	return errors.Join(c.SetReadDeadline(t), c.SetWriteDeadline(t))
+}
 
 // failure explains a handshake that failed over the command: whether the command exited (with its status and
 // last stderr lines) or not. It waits a moment for the command, which usually exits right after its output.

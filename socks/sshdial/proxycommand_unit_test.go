@@ -1,10 +1,15 @@
 package sshdial
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
 )
 
 func writeSSHConfig(t *testing.T, text string) string {
@@ -80,5 +85,25 @@ Host *
 				t.Errorf("%s: hop %s has ProxyCommand %q; only the first hop may", tc.dest, h, h.proxyCommand)
 			}
 		}
+	}
+}
+
+// TestCommandConnDeadlines: a ProxyCommand's connection keeps deadlines as a socket does, so that what sets
+// one on the SSH transport bounds a read from a command that says nothing.
+func TestCommandConnDeadlines(t *testing.T) {
+	var procs sync.WaitGroup
+	c, err := startProxyCommand("sleep 30", endpoint{hostName: "127.0.0.1", port: 22, user: "u"}, logr.Discard(), &procs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer procs.Wait()
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	_, err = c.Read(make([]byte, 1))
+	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(began) > 5*time.Second {
+		t.Fatalf("read from a silent command: %v after %v, want a deadline error", err, time.Since(began))
 	}
 }
