@@ -188,7 +188,7 @@ type sshConfig struct {
 // comes first. Both set in one included file is an error: the parser does not say which line comes first.
 func (c *sshConfig) first(alias string, keys ...string) (key, value, file string, line int, err error) {
 	for _, k := range keys {
-		mustRead(k)
+		readsKeyword(k)
 	}
 	if c == nil {
 		return "", "", "", 0, nil
@@ -230,7 +230,7 @@ func (c *sshConfig) first(alias string, keys ...string) (key, value, file string
 }
 
 // configKeywords are the ssh_config keywords konnect reads, besides Host, Include and Match, which shape the
-// file. Every lookup names one (mustRead), so that the list, which -o's errors use, cannot fall behind.
+// file. Every lookup names one (readsKeyword), so that the list, which -o's errors use, cannot fall behind.
 var configKeywords = map[string]bool{}
 
 func init() {
@@ -246,16 +246,16 @@ func init() {
 // ReadsConfigKeyword says whether konnect reads keyword (any case) from the SSH config file.
 func ReadsConfigKeyword(keyword string) bool { return configKeywords[strings.ToLower(keyword)] }
 
-// mustRead panics on a lookup of a keyword missing from configKeywords: a programming error, which any test
+// readsKeyword panics on a lookup of a keyword missing from configKeywords: a programming error, which any test
 // that reaches the lookup reports.
-func mustRead(key string) {
+func readsKeyword(key string) {
 	if !ReadsConfigKeyword(key) {
 		panic("sshdial: ssh_config keyword " + key + " is read but missing from configKeywords")
 	}
 }
 
 func (c *sshConfig) get(alias, key string) string {
-	mustRead(key)
+	readsKeyword(key)
 	if c == nil {
 		return ""
 	}
@@ -268,7 +268,7 @@ func (c *sshConfig) get(alias, key string) string {
 }
 
 func (c *sshConfig) getAll(alias, key string) []string {
-	mustRead(key)
+	readsKeyword(key)
 	if c == nil {
 		return nil
 	}
