@@ -350,20 +350,15 @@ const systemNodeCriticalPriority = 2000001000
 // fileMount is a file the pod mounts on its own, and the volume's name.
 type fileMount struct{ name, path string }
 
+// fileVolumes name the volumes of the files the server reads, in the order the pod mounts them.
+var fileVolumes = []string{"cluster-cert", "cluster-key", "server-cert", "server-key", "server-ca-cert", "cluster-ca-cert", "kubeconfig"}
+
 // fileMounts are the files the server reads, each mounted on its own.
 func (s Server) fileMounts() []fileMount {
 	var out []fileMount
-	for _, f := range []fileMount{
-		{"cluster-cert", s.ClusterCert},
-		{"cluster-key", s.ClusterKey},
-		{"server-cert", s.ServerCert},
-		{"server-key", s.ServerKey},
-		{"server-ca-cert", s.ServerCACert},
-		{"cluster-ca-cert", s.AgentClientCA},
-		{"kubeconfig", s.Kubeconfig},
-	} {
-		if f.path != "" {
-			out = append(out, fileMount{f.name, filepath.Clean(f.path)})
+	for i, path := range []string{s.ClusterCert, s.ClusterKey, s.ServerCert, s.ServerKey, s.ServerCACert, s.AgentClientCA, s.Kubeconfig} {
+		if path != "" {
+			out = append(out, fileMount{fileVolumes[i], filepath.Clean(path)})
 		}
 	}
 	return out

@@ -70,6 +70,7 @@ func TestNodes(t *testing.T) {
 	t.Run("slow-reader", func(t *testing.T) { nc.checkSlowReader(t) })
 	t.Run("least-privilege", func(t *testing.T) { nc.checkLeastPrivilege(t) })
 	t.Run("honest-streams", func(t *testing.T) { nc.checkHonestStreams(t) })
+	t.Run("certs-renew", func(t *testing.T) { nc.renewServerCerts(t) })
 	t.Run("server-leases", func(t *testing.T) { nc.checkServerLeases(t) })
 	t.Run("drop-in-agent", func(t *testing.T) { nc.swapAgents(t) })
 	t.Run("drop-in-server", func(t *testing.T) { nc.swapServer(t) })

@@ -270,19 +270,29 @@ func (s *tunnelServer) restartStopped(t *testing.T, c *cluster) {
 // presents on its agent port, as an agent in w1 sees it.
 func (c *cluster) agentPortSerial(t *testing.T, s *tunnelServer) *big.Int {
 	t.Helper()
+	serial, err := c.agentPortSerialAt(net.JoinHostPort(cpAddr, strconv.Itoa(s.agentPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serial
+}
+
+// agentPortSerialAt returns the serial number of the certificate that the agent port at
+// addr presents to an agent in w1.
+func (c *cluster) agentPortSerialAt(addr string) (*big.Int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := harness.DialIn(ctx, c.tp.ns(nsW1), net.JoinHostPort(cpAddr, strconv.Itoa(s.agentPort)))
+	raw, err := harness.DialIn(ctx, c.tp.ns(nsW1), addr)
 	if err != nil {
-		t.Fatalf("dial agent port: %v", err)
+		return nil, fmt.Errorf("dial agent port: %w", err)
 	}
 	defer raw.Close()
 	// Only the presented certificate matters here, not trust.
 	conn := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // reads the served certificate only
 	if err := conn.HandshakeContext(ctx); err != nil {
-		t.Fatalf("TLS handshake with agent port: %v", err)
+		return nil, fmt.Errorf("TLS handshake with agent port: %w", err)
 	}
-	return conn.ConnectionState().PeerCertificates[0].SerialNumber
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
 }
 
 // expectFrontendRequiresClientCert checks that the TCP frontend refuses a

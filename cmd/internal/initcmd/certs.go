@@ -2,6 +2,7 @@ package initcmd
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,7 +13,9 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/manifests"
+	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/spf13/cobra"
 )
 
@@ -137,8 +140,11 @@ named, and is re-signed with its own key so that everything it issued stays vali
 konnectivity-server-client or ca also updates DIR/` + pki.KubeconfigFile + `, which embeds both; after
 renewing ca, run konnect init again and re-apply DIR/` + manifests.AgentBundleDir + `, whose
 ConfigMap carries ca.crt to the agents, and with --transport tcp restart kube-apiserver, which reads
-its egress caBundle only when it starts. Each renewal prints the steps it needs. To replace a key,
-delete the certificate's files and run konnect init.
+its egress caBundle only when it starts. When a renewed file is one that the server's static pod
+DIR/` + ManifestsSubdir + `/` + manifests.ServerPodFile + ` mounts, renew sets the pod's annotation ` + manifests.FilesDigestAnnotation + ` to the
+digest of the files it mounts now, and changes nothing else in it: kubelet restarts the server, which then
+uses the renewed files. With several control-plane nodes, renew one node at a time. Each renewal prints
+the steps it needs. To replace a key, delete the certificate's files and run konnect init.
 
 Certificates:
   all                          every leaf certificate present in DIR/pki
@@ -206,6 +212,20 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 				next = append(next, step)
 				err = rerr
 			}
+			if !serving {
+				// Also after an error: what was renewed is on disk, and the server should start with it.
+				line, pod, perr := refreshServerPod(d, res)
+				if line != "" {
+					fmt.Fprintln(cmd.OutOrStdout(), line)
+				}
+				if pod != podUnknown {
+					next = slices.DeleteFunc(next, func(s string) bool { return strings.HasPrefix(s, restartServerStep) })
+				}
+				if pod == podUpdated {
+					next = append([]string{serverRestartsStep}, next...)
+				}
+				err = errors.Join(err, perr)
+			}
 			for _, step := range next {
 				fmt.Fprintf(cmd.OutOrStdout(), "next: %s\n", strings.ReplaceAll(step, "DIR", d))
 			}
@@ -245,6 +265,115 @@ func refreshServing(w io.Writer, d string) (next string, err error) {
 	return "apply DIR again (kubectl apply -k DIR): its Secret and caBundles now carry the renewed certificates", nil
 }
 
+// restartServerStep starts the step for a renewed file of the server's when renew could not update its static
+// pod (refreshServerPod): there is none in DIR/manifests, or it is not konnect's.
+const restartServerStep = "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: "
+
+// serverRestartsStep replaces restartServerStep once renew has updated the server's static pod. Each
+// control-plane node has its own server certificates and pod; one node at a time leaves the agents the
+// servers of the others while one restarts.
+const serverRestartsStep = "kubelet restarts the konnectivity-server static pod with the renewed files (its annotation " + manifests.FilesDigestAnnotation +
+	" changed): wait until " + manifests.Namespace + "/konnectivity-server-NODE is Ready again; with several control-plane nodes, renew one node at a time, each once the server before it is Ready"
+
+// serverPod is what refreshServerPod found.
+type serverPod int
+
+const (
+	podUnknown    serverPod = iota // none in DIR/manifests, or not konnect's: restartServerStep stays
+	podUnaffected                  // konnect's, and it mounts no renewed file: no restart needed
+	podUpdated                     // its annotation changed, and kubelet restarts it
+)
+
+// refreshServerPod brings the server's static pod DIR/manifests/konnectivity-server.yaml in line with a
+// renewal: when a file it mounts was renewed (res), it sets the pod's manifests.FilesDigestAnnotation to the
+// digest of the files it mounts now, and kubelet restarts the server, whose file mounts would otherwise keep
+// the old files. Only that annotation's value changes (manifests.SetFilesDigest): renew has none of init's
+// flags to render the pod from, and whatever an operator changed in the pod stays. The file keeps its mode,
+// and is replaced atomically, never through a path that another user could redirect. A pod that mounts no
+// renewed file is not touched, and neither is one that is not konnect's (no manifests.ManagedByLabel). line
+// is what to print, if anything.
+func refreshServerPod(d string, res []pki.Result) (line string, found serverPod, err error) {
+	path := filepath.Join(d, ManifestsSubdir, manifests.ServerPodFile)
+	fail := func(err error) (string, serverPod, error) {
+		return "", podUnknown, fmt.Errorf("%s: certificates renewed, but the server's static pod was not updated, so it still runs the old ones (restart it yourself): %w", path, err)
+	}
+	resolved, err := safepath.Resolve(path)
+	if err != nil {
+		if _, serr := os.Lstat(path); os.IsNotExist(serr) {
+			return "", podUnknown, nil
+		}
+		return fail(err)
+	}
+	data, err := os.ReadFile(resolved)
+	if os.IsNotExist(err) {
+		return "", podUnknown, nil
+	}
+	if err != nil {
+		return fail(err)
+	}
+	konnects := manifests.ManagedByKonnect(data, path)
+	pod, err := kubeapiserver.DecodePod(data, path)
+	if err != nil && !konnects {
+		return "", podUnknown, nil
+	}
+	if err != nil {
+		return fail(err)
+	}
+	files := manifests.PodMountedFiles(pod)
+	dryRun, mounted := false, false
+	for _, r := range res {
+		if (r.Action == pki.Renewed || r.Action == pki.Updated) && slices.ContainsFunc(files, func(f string) bool { return sameFile(f, r.CertFile) }) {
+			mounted, dryRun = true, r.DryRun
+		}
+	}
+	switch {
+	case !konnects && mounted:
+		return fmt.Sprintf("[kept] %s: it mounts renewed files, but konnect did not write it (no label %s=%s), so only a restart brings them to the server", path, manifests.ManagedByLabel, manifests.ManagedBy), podUnknown, nil
+	case !konnects:
+		return "", podUnknown, nil
+	case !mounted:
+		return "", podUnaffected, nil
+	}
+	what := "annotation " + manifests.FilesDigestAnnotation + " follows the renewed files it mounts: kubelet restarts the Konnectivity server with them"
+	if dryRun {
+		return fmt.Sprintf("[would be updated] %s: %s", path, what), podUnknown, nil
+	}
+	digest, err := manifests.FilesDigest(files)
+	if err != nil {
+		return fail(err)
+	}
+	out, changed, err := manifests.SetFilesDigest(data, path, digest)
+	if err != nil {
+		return fail(err)
+	}
+	if !changed {
+		return fmt.Sprintf("[kept] %s: its annotation %s already matches the files it mounts", path, manifests.FilesDigestAnnotation), podUnaffected, nil
+	}
+	st, err := os.Stat(resolved)
+	if err != nil {
+		return fail(err)
+	}
+	// What a killed renewal left: hidden, so kubelet ignores it, but gone before the new write, as init does.
+	pki.RemoveStaleTemps(resolved)
+	if _, err := pki.WriteFile(resolved, out, st.Mode().Perm(), pki.DirMode); err != nil {
+		return fail(err)
+	}
+	return fmt.Sprintf("[updated] %s: %s", path, what), podUpdated, nil
+}
+
+// sameFile reports whether paths a and b name one file: the same path, or links to it.
+func sameFile(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	sb, err := os.Stat(b)
+	return err == nil && os.SameFile(sa, sb)
+}
+
 // renewalSteps are what must happen before the renewed certificate called name is used: a step for each of
 // its readers that does not read it again by itself. present reports whether a certificate of DIR/pki
 // exists, which shows the set-up a reader depends on (pki.Feed's With).
@@ -259,7 +388,7 @@ func renewalSteps(name string, present func(name string) bool) []string {
 		case f.Restart == "":
 		case f.With != "" && !present(f.With):
 		case f.Reader == pki.ServerPod:
-			steps = append(steps, "restart the konnectivity-server static pod, or run konnect init again, whose new manifest kubelet restarts it for: "+f.Restart)
+			steps = append(steps, restartServerStep+f.Restart)
 		case f.Reader == pki.AgentBundle:
 			steps = append(steps, "run konnect init again and re-apply DIR/"+manifests.AgentBundleDir+": "+f.Restart)
 		default:

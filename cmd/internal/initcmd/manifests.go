@@ -1,7 +1,6 @@
 package initcmd
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,7 +21,7 @@ func (r *runner) manifests([]string) error {
 	o := r.o
 	mtls := o.AgentAuth == AgentAuthMTLS
 	srv := o.serverManifest()
-	digest, err := filesDigest(srv.MountedFiles())
+	digest, err := manifests.FilesDigest(srv.MountedFiles())
 	if err != nil {
 		return err
 	}
@@ -111,21 +110,6 @@ func (o *Options) serverManifest() manifests.Server {
 		srv.AllowSharedUDSDir = o.AllowSharedUDSDir
 	}
 	return srv
-}
-
-// filesDigest is the SHA-256 over the names and contents of files, for manifests.Server.FilesDigest: a file
-// that does not exist yet (on a dry run) counts as empty.
-func filesDigest(files []string) (string, error) {
-	h := sha256.New()
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil && !os.IsNotExist(err) {
-			return "", err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
-		h.Write(data)
-	}
-	return fmt.Sprintf("%x", h.Sum(nil)), nil
 }
 
 // pkiPath is the certificate (or with key, the key) of the named pki spec under DIR/pki.
