@@ -1,7 +1,6 @@
 package apiproxy
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -11,11 +10,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"k8s.io/klog/v2"
 )
 
@@ -34,30 +33,13 @@ func (refusedThere) Error() string {
 func (refusedThere) ReportedBy() string { return "SSH server u@h:22" }
 func (refusedThere) Unwrap() error      { return syscall.ECONNREFUSED }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func captureKlog(t *testing.T) *lockedBuffer {
+func captureKlog(t *testing.T) *harness.SyncBuffer {
 	t.Helper()
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	_ = fs.Set("logtostderr", "false")
 	_ = fs.Set("alsologtostderr", "false")
-	buf := &lockedBuffer{}
+	buf := &harness.SyncBuffer{}
 	klog.SetOutput(buf)
 	t.Cleanup(func() {
 		klog.Flush()

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/test/harness"
 	"k8s.io/klog/v2"
 )
 
@@ -100,7 +100,7 @@ func (d *readyDaemon) Startup() Startup {
 // With Startup.Ready, "Serving" waits for it: a daemon that fails before it is ready (a refused host key)
 // shows "Listening; connecting ..." and then its error, never "Serving".
 func TestRunCommandServingOnceReady(t *testing.T) {
-	var logs syncBuffer
+	var logs harness.SyncBuffer
 	klog.LogToStderr(false)
 	klog.SetOutput(&logs)
 	defer func() {
@@ -153,28 +153,4 @@ func TestRunCommandServingOnceReady(t *testing.T) {
 	if n := strings.Count(logs.String(), `"Serving"`); n != 1 {
 		t.Fatalf("Serving logged %d times:\n%s", n, logs.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer that klog and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b.Reset()
 }

@@ -1,7 +1,6 @@
 package proxycmd
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -261,30 +260,12 @@ current-context: %[6]s
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for the command writing and the test reading.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // runCommand runs `konnect proxy args...` in-process until the returned stop is called, and returns the
 // address from its "Starting to serve on" line.
 func runCommand(t *testing.T, args ...string) (addr string, stop func() error) {
 	t.Helper()
 	cmd := NewProxyCommand()
-	out := &syncBuffer{}
+	out := &harness.SyncBuffer{}
 	cmd.SetOut(out)
 	cmd.SetErr(out)
 	cmd.SetArgs(args)
@@ -498,13 +479,13 @@ func TestCommandDisableFilterWarns(t *testing.T) {
 }
 
 // captureKlog sends klog's output to a buffer for the rest of the test.
-func captureKlog(t *testing.T) *syncBuffer {
+func captureKlog(t *testing.T) *harness.SyncBuffer {
 	t.Helper()
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	_ = fs.Set("logtostderr", "false")
 	_ = fs.Set("alsologtostderr", "false")
-	buf := &syncBuffer{}
+	buf := &harness.SyncBuffer{}
 	klog.SetOutput(buf)
 	t.Cleanup(func() {
 		klog.Flush()

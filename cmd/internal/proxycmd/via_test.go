@@ -181,7 +181,7 @@ func TestViaRealSSHD(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				cmd := NewProxyCommand()
-				out := &syncBuffer{}
+				out := &harness.SyncBuffer{}
 				cmd.SetOut(out)
 				cmd.SetErr(out)
 				args := sshArgs(knownHosts)
@@ -213,7 +213,7 @@ func TestViaRealSSHD(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := NewProxyCommand()
-		out := &syncBuffer{}
+		out := &harness.SyncBuffer{}
 		cmd.SetOut(out)
 		cmd.SetErr(out)
 		cmd.SetArgs(sshArgs(empty))
@@ -292,7 +292,7 @@ func TestViaKubectlPrintsWhy(t *testing.T) {
 	}
 	watch := exec.Command(path, "--server", server, "get", "namespaces", "--watch")
 	watch.Env = append(os.Environ(), "KUBECONFIG="+empty, "HOME="+home)
-	var watchOut syncBuffer
+	var watchOut harness.SyncBuffer
 	watch.Stdout, watch.Stderr = &watchOut, &watchOut
 	if err := watch.Start(); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,23 +38,6 @@ func TestMain(m *testing.M) {
 			os.Exit(code)
 		}),
 	)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // writePKI writes a CA and a server and agent certificate (SAN 127.0.0.1) into dir.
@@ -95,7 +77,7 @@ func runCmd(t *testing.T, ctx context.Context, args ...string) (string, error) {
 // and admin addresses.
 func startServer(t *testing.T, args ...string) (agentAddr, health, admin string) {
 	t.Helper()
-	var out syncBuffer
+	var out harness.SyncBuffer
 	cmd := NewServerCommand()
 	cmd.SetArgs(args)
 	cmd.SetOut(&out)
