@@ -1,6 +1,8 @@
 package tunnel
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"math/big"
@@ -101,6 +103,27 @@ func (e *env) config(mode string) *Config {
 		ClusterCA:         e.ca.file, // agents authenticate with e.agentCert unless a test says otherwise
 		GracefulTimeout:   5 * time.Second,
 	}
+}
+
+// tcpConfig is config(mode) with kube-apiserver's TCP transport: an mTLS frontend on a loopback port in
+// place of the Unix socket.
+func (e *env) tcpConfig(mode string) *Config {
+	cfg := e.config(mode)
+	cfg.UDSName, cfg.ServerAddr = "", "127.0.0.1:0"
+	cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
+	return cfg
+}
+
+// tcpFrontend is a client of r's mTLS TCP frontend, with a client certificate from e's CA (any will do).
+func (e *env) tcpFrontend(t testing.TB, r *running, mode string) Frontend {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(e.ca.Cert.Cert)
+	pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Frontend{Addr: r.FrontendAddr(), Mode: mode, TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
 }
 
 type running struct {

@@ -4,8 +4,6 @@ package tunnel
 
 import (
 	"bufio"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -163,21 +161,13 @@ func TestSlowReaderIsNotCutOff(t *testing.T) {
 func TestSteadyReaderOverTCPIsNotCutOff(t *testing.T) {
 	const stall = time.Second
 	e := newEnv(t)
-	cfg := e.config("http-connect")
-	cfg.UDSName, cfg.ServerAddr = "", "127.0.0.1:0"
-	cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
+	cfg := e.tcpConfig("http-connect")
 	cfg.ConnectionBuffer, cfg.StallTimeout = 256<<10, stall
 	s := start(t, cfg)
 	startUpstreamAgent(t, e, "agent-1", s.agentPort())
 	s.waitAgents(t, 1)
 	web := startHTTPBackend(t)
-	pool := x509.NewCertPool()
-	pool.AddCert(e.ca.Cert.Cert)
-	pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey) // any client certificate from the CA
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := Frontend{Addr: s.FrontendAddr(), Mode: "http-connect", TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
+	f := e.tcpFrontend(t, s, "http-connect")
 	before := counterValue(s.metrics.stalledClosed)
 
 	c := dial(t, f, web)

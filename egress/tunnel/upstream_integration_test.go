@@ -420,29 +420,19 @@ func TestMTLSFrontend(t *testing.T) {
 	for _, mode := range []string{"grpc", "http-connect"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t)
-			cfg := e.config(mode)
-			cfg.UDSName = ""
-			cfg.ServerAddr = "127.0.0.1:0"
-			cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
-			s := start(t, cfg)
+			s := start(t, e.tcpConfig(mode))
 			startUpstreamAgent(t, e, "agent-1", s.agentPort())
 			s.waitAgents(t, 1)
 			web := startHTTPBackend(t)
 
-			pool := x509.NewCertPool()
-			pool.AddCert(e.ca.Cert.Cert)
-			pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey) // any client cert from the CA
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := Frontend{Addr: s.FrontendAddr(), Mode: mode, TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
+			f := e.tcpFrontend(t, s, mode)
 			c := dial(t, f, web)
 			if res, _ := httpGet(t, c, web, "/"); res.StatusCode != 200 {
 				t.Fatalf("status %s", res.Status)
 			}
 			c.Close()
 
-			f.TLS = &tls.Config{RootCAs: pool}
+			f.TLS = &tls.Config{RootCAs: f.TLS.RootCAs}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			if c, err := f.Dial(ctx, web); err == nil {
@@ -541,9 +531,7 @@ func TestMTLSFrontendBoundsHandshakes(t *testing.T) {
 	for _, mode := range []string{"grpc", "http-connect"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t)
-			cfg := e.config(mode)
-			cfg.UDSName, cfg.ServerAddr = "", "127.0.0.1:0"
-			cfg.ServerCert, cfg.ServerKey, cfg.ServerCA = e.serverCert, e.serverKey, e.ca.file
+			cfg := e.tcpConfig(mode)
 			cfg.HandshakeTimeout = time.Second
 			s := start(t, cfg)
 			startUpstreamAgent(t, e, "agent-1", s.agentPort())
@@ -555,14 +543,7 @@ func TestMTLSFrontendBoundsHandshakes(t *testing.T) {
 			for i := 0; i < maxFrontendHandshakes; i++ {
 				raw = append(raw, dialFrom(t, "127.0.0.1", s.FrontendAddr()))
 			}
-			pool := x509.NewCertPool()
-			pool.AddCert(e.ca.Cert.Cert)
-			pair, err := tls.LoadX509KeyPair(e.agentCert, e.agentKey)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := Frontend{Addr: s.FrontendAddr(), Mode: mode, TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
-			c := dial(t, f, web) // waits for a slot, which the silent connections free when they time out
+			c := dial(t, e.tcpFrontend(t, s, mode), web) // waits for a slot, which the silent connections free when they time out
 			if res, _ := httpGet(t, c, web, "/"); res.StatusCode != 200 {
 				t.Fatalf("status %s", res.Status)
 			}
