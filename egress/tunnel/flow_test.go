@@ -121,19 +121,34 @@ func uploadFirst(t *testing.T, s *running, a *fakeAgent) {
 
 // dataFor reads the DATA the server sends connection id for d, and returns how many bytes came.
 func (a *fakeAgent) dataFor(id int64, d time.Duration) int {
-	n := 0
+	n, _ := a.readData(id, d, false)
+	return n
+}
+
+// dataUntilClose reads what the server sends connection id for at most d, until its CLOSE_REQ: the bytes of
+// DATA before it, and whether it came.
+func (a *fakeAgent) dataUntilClose(id int64, d time.Duration) (int, bool) {
+	return a.readData(id, d, true)
+}
+
+// readData counts the DATA bytes for connection id that arrive within d; untilClose stops at its CLOSE_REQ,
+// and closed says whether one came.
+func (a *fakeAgent) readData(id int64, d time.Duration, untilClose bool) (n int, closed bool) {
 	end := time.After(d)
 	for {
 		select {
 		case pkt, ok := <-a.recv:
 			if !ok {
-				return n
+				return n, false
 			}
-			if dd := pkt.GetData(); pkt.Type == client.PacketType_DATA && dd.ConnectID == id {
-				n += len(dd.Data)
+			switch {
+			case pkt.Type == client.PacketType_DATA && pkt.GetData().ConnectID == id:
+				n += len(pkt.GetData().Data)
+			case untilClose && pkt.Type == client.PacketType_CLOSE_REQ && pkt.GetCloseRequest().ConnectID == id:
+				return n, true
 			}
 		case <-end:
-			return n
+			return n, false
 		}
 	}
 }
@@ -416,29 +431,6 @@ func TestFlowCloseFollowsWaitingData(t *testing.T) {
 	rest, closed := a.dataUntilClose(1, 20*time.Second)
 	if !closed || got+rest != total {
 		t.Fatalf("after the grant: %d of %d bytes before the CLOSE_REQ (CLOSE_REQ %v)", got+rest, total, closed)
-	}
-}
-
-// dataUntilClose reads what the server sends connection id for at most d, until its CLOSE_REQ: the bytes of
-// DATA before it, and whether it came.
-func (a *fakeAgent) dataUntilClose(id int64, d time.Duration) (int, bool) {
-	n := 0
-	end := time.After(d)
-	for {
-		select {
-		case pkt, ok := <-a.recv:
-			if !ok {
-				return n, false
-			}
-			switch {
-			case pkt.Type == client.PacketType_DATA && pkt.GetData().ConnectID == id:
-				n += len(pkt.GetData().Data)
-			case pkt.Type == client.PacketType_CLOSE_REQ && pkt.GetCloseRequest().ConnectID == id:
-				return n, true
-			}
-		case <-end:
-			return n, false
-		}
 	}
 }
 

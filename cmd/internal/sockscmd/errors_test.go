@@ -4,7 +4,6 @@ package sockscmd
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -22,11 +21,11 @@ import (
 )
 
 // konnectProcessEnv is konnectProcess with extra environment variables.
-func konnectProcessEnv(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+func konnectProcessEnv(t *testing.T, env []string, args ...string) (*exec.Cmd, *harness.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"=1", "SSH_AUTH_SOCK="), env...)
-	var out bytes.Buffer
+	var out harness.SyncBuffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out
 	if err := cmd.Start(); err != nil {

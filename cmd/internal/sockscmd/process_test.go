@@ -3,7 +3,6 @@
 package sockscmd
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"net/http"
@@ -22,23 +21,9 @@ import (
 
 // konnectProcess runs `konnect socks args...` as its own process (this test binary, see TestMain) with
 // stdin on /dev/null, so there is no terminal.
-func konnectProcess(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+func konnectProcess(t *testing.T, args ...string) (*exec.Cmd, *harness.SyncBuffer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1", "SSH_AUTH_SOCK=")
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd, &out
+	return konnectProcessEnv(t, nil, args...)
 }
 
 func waitExit(t *testing.T, cmd *exec.Cmd, within time.Duration) error {
@@ -185,7 +170,7 @@ func TestProcessStartupLogAndSSHHabits(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		// "Serving" follows the connection within RunCommand's poll.
-		time.Sleep(500 * time.Millisecond)
+		harness.EventuallyTrue(t, 10*time.Second, `"Serving" logged`, func() bool { return strings.Contains(out.String(), `"Serving"`) })
 		cmd.Process.Signal(syscall.SIGTERM)
 		if err := waitExit(t, cmd, 15*time.Second); err != nil {
 			t.Fatalf("exit after SIGTERM = %v, want 0; output:\n%s", err, out)
