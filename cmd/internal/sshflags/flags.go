@@ -126,7 +126,7 @@ var sshOptionFlags = map[string]string{
 	"serveraliveinterval":   "--server-alive-interval (a duration: 30s)",
 	"ciphers":               "--cipher",
 	"dynamicforward":        "-D",
-	"stricthostkeychecking": "--accept-new for accept-new (konnect always checks host keys, and reads no StrictHostKeyChecking)",
+	"stricthostkeychecking": "--accept-new for accept-new on every host, or StrictHostKeyChecking per host in the SSH config file (konnect always checks host keys)",
 }
 
 // habitError names an ssh flag as given and as konnect spells it: "-f (--background): ...", or with its
