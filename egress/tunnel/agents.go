@@ -322,9 +322,10 @@ func (s *Server) agentInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamS
 	streams := s.metrics.agentStreams.WithLabelValues(fc)
 	added := func() {
 		if !accepted.Swap(true) {
-			streams.Inc() // before connected: a stream that Status shows is already counted
-			s.agents.connected(id, idents, remote, fc)
+			// Before connected: a stream that Status shows is already counted, and its flow control logged.
+			streams.Inc()
 			s.logFlowControl(id, remote, offers, offer, as.flow != nil)
+			s.agents.connected(id, idents, remote, fc)
 		}
 	}
 	// Upstream's Backend hands out its stream's context, and nothing else of it: the callback that addedWatch
