@@ -79,12 +79,16 @@ type Config struct {
 	// "none" disables the agent.
 	AgentSocket string
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
-	// otherwise fails with an error that says to load the key into ssh-agent.
+	// otherwise fails with an error that says to load the key into ssh-agent. The returned slice is wiped
+	// once the key is decrypted.
 	Passphrase func(keyFile string) ([]byte, error)
 	// Ask puts a question to a person when the server accepted a key but wants more (sshd's
 	// AuthenticationMethods publickey,password): question is the prompt as OpenSSH shows it ("user@host's
 	// password: ", or the server's keyboard-interactive prompt), echo whether the answer may be shown. nil
 	// asks on the terminal when stdin is one; otherwise authentication fails with an InteractiveAuthError.
+	//
+	// When Run's context ends, Run stops waiting for Passphrase and Ask: a call still waiting for a person
+	// is left to return in the background, and what it returns then is dropped.
 	Ask func(question string, echo bool) (string, error)
 	// Log receives the dialer's log lines: connections made, lost and retried, keys skipped, host keys
 	// added. The zero Logger discards them; a command passes klog's (klog.NewKlogr()).

@@ -48,8 +48,14 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWithPassphrase(t, "")
+}
+
+// newFixtureWithPassphrase is newFixture with the client key encrypted with passphrase.
+func newFixtureWithPassphrase(t *testing.T, passphrase string) *fixture {
+	t.Helper()
 	dir := t.TempDir()
-	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", passphrase)
 	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	if err := os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600); err != nil {
