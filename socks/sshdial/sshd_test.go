@@ -397,7 +397,7 @@ func TestJumpChain(t *testing.T) {
 // also when the target names one.
 func TestJumpHostDefaultIdentity(t *testing.T) {
 	home := t.TempDir()
-	t.Setenv("HOME", home)
+	setHome(t, home)
 	os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
 	_, defaultPub := harness.SSHKeyPair(t, filepath.Join(home, ".ssh"), "id_ed25519", "")
 	dir := t.TempDir()
@@ -465,7 +465,7 @@ Host inner
 
 func TestAgentAuth(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir) // no default identity files
+	setHome(t, dir) // no default identity files
 	key, pub := harness.SSHKeyPair(t, dir, "id_agent", "agent-pass")
 	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
