@@ -21,7 +21,7 @@ import (
 // command naming the keys offered, not a failure to retry.
 func TestIdentitiesOnlyAndIdentityAgent(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir) // no default identity files
+	setHome(t, dir) // no default identity files
 	t.Setenv("SSH_AUTH_SOCK", "")
 	f := newFixture(t)
 	var unrelated []string

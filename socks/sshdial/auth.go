@@ -128,6 +128,7 @@ func checkKeyPermissions(file string, allowOpen bool) error {
 // passphrase again. Passphrases themselves are never stored or logged.
 type keyring struct {
 	passphrase func(file string) ([]byte, error)
+	onTerminal bool // passphrase asks on the terminal
 	allowOpen  bool
 	log        logr.Logger
 
@@ -138,11 +139,12 @@ type keyring struct {
 }
 
 func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool, log logr.Logger) *keyring {
-	if passphrase == nil {
+	onTerminal := passphrase == nil
+	if onTerminal {
 		passphrase = terminalPassphrase
 	}
-	return &keyring{passphrase: passphrase, allowOpen: allowOpen, log: log, signers: map[string]ssh.Signer{},
-		skipped: map[string]bool{}, ignored: map[string]string{}}
+	return &keyring{passphrase: passphrase, onTerminal: onTerminal, allowOpen: allowOpen, log: log,
+		signers: map[string]ssh.Signer{}, skipped: map[string]bool{}, ignored: map[string]string{}}
 }
 
 // errNoTerminal tells load that no passphrase can be asked for.
@@ -198,8 +200,9 @@ const (
 )
 
 // load returns the signer for file, or (nil, nil) for a file that src allows to be skipped. An encrypted
-// default without a terminal is recorded in skipped, an unsafe default in ignored.
-func (k *keyring) load(file string, src keySource, pause func() (resume func())) (ssh.Signer, error) {
+// default without a terminal is recorded in skipped, an unsafe default in ignored. The end of ctx ends the
+// wait for a passphrase (see answer).
+func (k *keyring) load(ctx context.Context, file string, src keySource, pause func() (resume func())) (ssh.Signer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if s, ok := k.signers[file]; ok {
@@ -229,7 +232,7 @@ func (k *keyring) load(file string, src keySource, pause func() (resume func()))
 	var missing *ssh.PassphraseMissingError
 	if errors.As(err, &missing) {
 		resume := pause()
-		pass, perr := k.passphrase(file)
+		pass, perr := answer(ctx, k.onTerminal, func() ([]byte, error) { return k.passphrase(file) })
 		resume()
 		if errors.Is(perr, errNoTerminal) {
 			if src != fromDefault {
@@ -369,7 +372,7 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
 		names, srcs := d.identityFiles(e)
 		for i, f := range names {
-			s, err := d.keys.load(f, srcs[i], pause)
+			s, err := d.keys.load(ctx, f, srcs[i], pause)
 			if err != nil {
 				return nil, err
 			}

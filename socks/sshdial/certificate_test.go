@@ -33,7 +33,7 @@ func userCertificate(t *testing.T, ca, key, out string) {
 // CertificateFile, as with OpenSSH; the key alone is refused.
 func TestUserCertificates(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir)
+	setHome(t, dir)
 	t.Setenv("SSH_AUTH_SOCK", "")
 	f := newFixture(t)
 	ca, caPub := harness.SSHKeyPair(t, dir, "user_ca", "")

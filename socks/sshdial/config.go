@@ -20,7 +20,8 @@ import (
 )
 
 // Config describes one SSH destination, how to reach it and how to trust it. It holds no pflag types; Flags
-// builds it from the command line. Zero values mean the OpenSSH defaults.
+// builds it from the command line. Zero values mean the OpenSSH defaults. As in OpenSSH, "~" is the home
+// directory of the running user's passwd entry, not $HOME (used only when there is no entry).
 type Config struct {
 	// Destination is "[user@]host[:port]" (port only with brackets for IPv6, "[::1]:22") or
 	// "ssh://[user@]host[:port]". host may be an alias from the SSH config file.
@@ -79,12 +80,16 @@ type Config struct {
 	// "none" disables the agent.
 	AgentSocket string
 	// Passphrase asks for the passphrase of an encrypted key. nil asks on the terminal when stdin is one, and
-	// otherwise fails with an error that says to load the key into ssh-agent.
+	// otherwise fails with an error that says to load the key into ssh-agent. The returned slice is wiped
+	// once the key is decrypted.
 	Passphrase func(keyFile string) ([]byte, error)
 	// Ask puts a question to a person when the server accepted a key but wants more (sshd's
 	// AuthenticationMethods publickey,password): question is the prompt as OpenSSH shows it ("user@host's
 	// password: ", or the server's keyboard-interactive prompt), echo whether the answer may be shown. nil
 	// asks on the terminal when stdin is one; otherwise authentication fails with an InteractiveAuthError.
+	//
+	// When Run's context ends, Run stops waiting for Passphrase and Ask: a call still waiting for a person
+	// is left to return in the background, and what it returns then is dropped.
 	Ask func(question string, echo bool) (string, error)
 	// Log receives the dialer's log lines: connections made, lost and retried, keys skipped, host keys
 	// added. The zero Logger discards them; a command passes klog's (klog.NewKlogr()).
@@ -288,7 +293,7 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 	case "none":
 		return nil, nil
 	case "":
-		if home, err := os.UserHomeDir(); err == nil {
+		if home, err := homeDir(); err == nil {
 			paths = append(paths, filepath.Join(home, ".ssh", "config"))
 		}
 		paths = append(paths, "/etc/ssh/ssh_config")
@@ -417,9 +422,29 @@ func localUser() string {
 	return "root"
 }
 
+// passwdHome is the home directory in the running user's passwd entry; a variable for tests, which give it
+// a directory of their own.
+var passwdHome = func() (string, error) {
+	u, err := user.Current()
+	if err != nil {
+		return "", err
+	}
+	return u.HomeDir, nil
+}
+
+// homeDir is the directory "~" stands for, in every path konnect reads (the SSH config file, known_hosts,
+// identity files). As OpenSSH (getpwuid(getuid())->pw_dir), it is the home directory of the running user's
+// passwd entry, whatever $HOME says; $HOME only when there is no entry to read.
+func homeDir() (string, error) {
+	if home, err := passwdHome(); err == nil && home != "" {
+		return home, nil
+	}
+	return os.UserHomeDir()
+}
+
 // expandPath handles "~/" and the ssh_config tokens that matter for key and known_hosts paths.
 func expandPath(p string, e endpoint) string {
-	home, _ := os.UserHomeDir()
+	home, _ := homeDir()
 	if strings.HasPrefix(p, "~/") {
 		p = filepath.Join(home, p[2:])
 	}
@@ -602,7 +627,7 @@ func resolve(cfg Config) (*plan, error) {
 		}
 	}
 	// Each hop without an identity of its own (-i or IdentityFile) tries these, as OpenSSH does per host.
-	home, _ := os.UserHomeDir()
+	home, _ := homeDir()
 	if home != "" {
 		for _, n := range []string{"id_ed25519", "id_ecdsa", "id_rsa"} {
 			p.defaultIDs = append(p.defaultIDs, filepath.Join(home, ".ssh", n))
@@ -643,7 +668,7 @@ func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, err
 	var out []string
 	for _, n := range names {
 		if strings.HasPrefix(n, "~/") {
-			if home, err := os.UserHomeDir(); err != nil || home == "" {
+			if home, err := homeDir(); err != nil || home == "" {
 				return nil, fmt.Errorf("no home directory to find %s in; set the known_hosts file explicitly", n)
 			}
 		}

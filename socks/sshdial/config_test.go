@@ -4,7 +4,9 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"errors"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -52,7 +54,7 @@ func TestParseDestination(t *testing.T) {
 
 func TestResolveWithSSHConfig(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir)
+	setHome(t, dir)
 	cfgFile := filepath.Join(dir, "config")
 	os.WriteFile(cfgFile, []byte(`Host bastion
   HostName 192.0.2.10
@@ -176,7 +178,7 @@ func TestNewRefusesTooManyConnections(t *testing.T) {
 // exec never runs; "Match all" applies, as "Host *".
 func TestMatchBlocksAreSkippedWithAWarning(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir)
+	setHome(t, dir)
 	marker := filepath.Join(dir, "exec-ran")
 	cfgFile := filepath.Join(dir, "config")
 	os.WriteFile(cfgFile, []byte(`Host tgt
@@ -215,4 +217,83 @@ Match all
 	if len(logged) != 3 {
 		t.Errorf("%d lines logged, want one per Match block but Match all:\n%s", len(logged), strings.Join(logged, "\n"))
 	}
+}
+
+// setHome makes dir the home directory of the running user's passwd entry as konnect finds it (homeDir),
+// for the rest of the test.
+func setHome(t *testing.T, dir string) {
+	t.Helper()
+	prev := passwdHome
+	passwdHome = func() (string, error) { return dir, nil }
+	t.Cleanup(func() { passwdHome = prev })
+}
+
+// TestHomeIsThePasswdEntrys: as OpenSSH, konnect takes "~" from the running user's passwd entry, whatever
+// $HOME says: for ~/.ssh/config, the default known_hosts and identity files, and ~ and %d in the config
+// file's paths. $HOME counts only when there is no entry.
+func TestHomeIsThePasswdEntrys(t *testing.T) {
+	elsewhere := t.TempDir()
+	t.Setenv("HOME", elsewhere)
+
+	t.Run("the running user's entry", func(t *testing.T) {
+		u, err := user.Current()
+		if err != nil || u.HomeDir == "" || u.HomeDir == elsewhere {
+			t.Skipf("no passwd entry with a home directory: %v", err)
+		}
+		p, err := resolve(Config{Destination: "h", ConfigFile: "none"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(u.HomeDir, ".ssh", "id_ed25519"); len(p.defaultIDs) == 0 || p.defaultIDs[0] != want {
+			t.Errorf("default identity files %q, want %s first", p.defaultIDs, want)
+		}
+		if want := filepath.Join(u.HomeDir, ".ssh", "known_hosts"); len(p.knownHosts) == 0 || p.knownHosts[0] != want {
+			t.Errorf("known_hosts files %q, want %s first", p.knownHosts, want)
+		}
+		if got, want := expandPath("~/k %d/k", p.hops[0]), filepath.Join(u.HomeDir, "k")+" "+u.HomeDir+"/k"; got != want {
+			t.Errorf("~/k %%d/k expands to %q, want %q", got, want)
+		}
+	})
+
+	// The SSH config file is the entry's ~/.ssh/config, and the paths in it are the entry's too.
+	t.Run("the SSH config file", func(t *testing.T) {
+		home := t.TempDir()
+		setHome(t, home)
+		for dir, user := range map[string]string{home: "from-passwd-home", elsewhere: "from-HOME"} {
+			if err := os.MkdirAll(filepath.Join(dir, ".ssh"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			conf := "Host h\n  User " + user + "\n  IdentityFile ~/.ssh/id_h\n  CertificateFile %d/.ssh/id_h-cert.pub\n"
+			if err := os.WriteFile(filepath.Join(dir, ".ssh", "config"), []byte(conf), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := resolve(Config{Destination: "h"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := p.hops[0]
+		if h.user != "from-passwd-home" {
+			t.Errorf("user %q: the SSH config file read is not the passwd entry's home's", h.user)
+		}
+		if want := []string{filepath.Join(home, ".ssh", "id_h")}; !slices.Equal(h.identity, want) {
+			t.Errorf("IdentityFile ~/.ssh/id_h is %q, want %q", h.identity, want)
+		}
+		if want := []string{filepath.Join(home, ".ssh", "id_h-cert.pub")}; !slices.Equal(h.certificates, want) {
+			t.Errorf("CertificateFile %%d/.ssh/id_h-cert.pub is %q, want %q", h.certificates, want)
+		}
+	})
+
+	t.Run("no entry", func(t *testing.T) {
+		prev := passwdHome
+		passwdHome = func() (string, error) { return "", errors.New("no passwd entry") }
+		t.Cleanup(func() { passwdHome = prev })
+		p, err := resolve(Config{Destination: "h", ConfigFile: "none"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(elsewhere, ".ssh", "id_ed25519"); len(p.defaultIDs) == 0 || p.defaultIDs[0] != want {
+			t.Errorf("default identity files %q, want %s ($HOME's) first", p.defaultIDs, want)
+		}
+	})
 }

@@ -166,7 +166,7 @@ func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
 		// OpenSSH ignores an unprotected default key (with its warning) and tries the others; when it was the
 		// only one, there is nothing to log in with, and the start fails saying why.
 		home := t.TempDir()
-		t.Setenv("HOME", home)
+		setHome(t, home)
 		os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
 		def := filepath.Join(home, ".ssh", "id_ed25519")
 		os.WriteFile(def, pem, 0o600)
@@ -187,7 +187,7 @@ func TestUnprotectedKeyRefusedLikeOpenSSH(t *testing.T) {
 func TestAuthErrorNamesIdentities(t *testing.T) {
 	f := newFixture(t)
 	dir := t.TempDir()
-	t.Setenv("HOME", dir)
+	setHome(t, dir)
 	wrongFile, _ := harness.SSHKeyPair(t, dir, "id_wrong_file", "")
 	wrongAgent, _ := harness.SSHKeyPair(t, dir, "wrong-agent-key@laptop", "")
 	cfg := f.config()

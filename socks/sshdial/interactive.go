@@ -275,7 +275,7 @@ func (r *authRun) method(name string) ssh.AuthMethod {
 }
 
 // ask puts question to a person: Config.Ask, else the terminal. The handshake timeout stops meanwhile, and
-// the end of ctx (konnect stopping) ends the wait, the terminal's echo restored.
+// the end of ctx (konnect stopping) ends the wait (see answer).
 func (r *authRun) ask(question string, echo bool) (a string, err error) {
 	defer func() {
 		if err != nil {
@@ -286,41 +286,65 @@ func (r *authRun) ask(question string, echo bool) (a string, err error) {
 	defer resume()
 	askMu.Lock()
 	defer askMu.Unlock()
-	if r.d.plan.ask != nil {
-		a, err := r.d.plan.ask(question, echo)
-		if errors.Is(err, errNoTerminal) {
-			return "", &InteractiveAuthError{Endpoint: r.hop.String(), Accepted: r.accepted, Methods: r.interactive(r.wanted)}
+	custom := r.d.plan.ask
+	read := func() ([]byte, error) { return readTerminal(question, echo) }
+	if custom != nil {
+		read = func() ([]byte, error) {
+			a, err := custom(question, echo)
+			return []byte(a), err
 		}
-		return a, err
+	}
+	b, err := answer(r.ctx, custom == nil, read)
+	switch {
+	case errors.Is(err, errNoTerminal):
+		return "", &InteractiveAuthError{Endpoint: r.hop.String(), Accepted: r.accepted, Methods: r.interactive(r.wanted)}
+	case err != nil && custom == nil && r.ctx.Err() == nil:
+		return "", fmt.Errorf("read answer for %s: %w", r.hop, err)
+	case err != nil:
+		return "", err
+	}
+	s := string(b)
+	clear(b)
+	return s, nil
+}
+
+// answer returns what read, a question put to a person, answers, or ctx's error as soon as ctx ends:
+// konnect stopping (SIGTERM, Ctrl-C) must not wait for someone who does not answer. read is then left to
+// finish in the background, and an answer that comes after all is wiped. onTerminal says read asks on the
+// terminal, whose settings (echo) are then put back, and the prompt's line ended.
+func answer(ctx context.Context, onTerminal bool, read func() ([]byte, error)) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	fd := int(os.Stdin.Fd())
-	state, _ := term.GetState(fd)
-	type answer struct {
+	var state *term.State
+	if onTerminal {
+		state, _ = term.GetState(fd)
+	}
+	type result struct {
 		b   []byte
 		err error
 	}
-	got := make(chan answer, 1)
+	got := make(chan result)
+	abandoned := make(chan struct{})
 	go func() {
-		b, err := readTerminal(question, echo)
-		got <- answer{b, err}
+		b, err := read()
+		select {
+		case got <- result{b, err}:
+		case <-abandoned:
+			clear(b)
+		}
 	}()
 	select {
-	case a := <-got:
-		if errors.Is(a.err, errNoTerminal) {
-			return "", &InteractiveAuthError{Endpoint: r.hop.String(), Accepted: r.accepted, Methods: r.interactive(r.wanted)}
-		}
-		if a.err != nil {
-			return "", fmt.Errorf("read answer for %s: %w", r.hop, a.err)
-		}
-		s := string(a.b)
-		clear(a.b)
-		return s, nil
-	case <-r.ctx.Done():
+	case r := <-got:
+		return r.b, r.err
+	case <-ctx.Done():
+		close(abandoned)
 		if state != nil {
 			_ = term.Restore(fd, state)
+			fmt.Fprintln(os.Stderr)
 		}
-		fmt.Fprintln(os.Stderr)
-		return "", r.ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +30,12 @@ const secondFactor = "s3cond-factor"
 // that no account's password is set. sshd names its PAM service after its program name, so it runs through
 // a symlink with that name; the service file in /etc/pam.d is removed when the test ends.
 func twoFactorSSHD(t *testing.T, f *fixture, method string) {
+	t.Helper()
+	twoFactorSSHDWith(t, f, method, secondFactor)
+}
+
+// twoFactorSSHDWith is twoFactorSSHD with answer as the second factor.
+func twoFactorSSHDWith(t *testing.T, f *fixture, method, answer string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("sshd's PAM authentication of another service needs root, to write its /etc/pam.d file")
@@ -43,7 +50,7 @@ func twoFactorSSHD(t *testing.T, f *fixture, method string) {
 	service := fmt.Sprintf("konnect-test-sshd-%d-%d", os.Getpid(), time.Now().UnixNano())
 	check := filepath.Join(f.sshd.Dir, "check-answer")
 	// pam_exec passes the answer on stdin, NUL-terminated.
-	script := "#!/bin/bash\nIFS= read -r -d '' answer\n[ \"$answer\" = '" + secondFactor + "' ]\n"
+	script := "#!/bin/bash\nIFS= read -r -d '' answer\n[ \"$answer\" = '" + answer + "' ]\n"
 	if err := os.WriteFile(check, []byte(script), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +77,12 @@ func twoFactorSSHD(t *testing.T, f *fixture, method string) {
 	f.sshd.Restart()
 }
 
-// childConfig is what the helper process connects to.
-type childConfig struct{ Destination, Key, KnownHosts string }
+// childConfig is what the helper process connects to. Verbose logs every line the dialer has, at every
+// level, on stderr.
+type childConfig struct {
+	Destination, Key, KnownHosts string
+	Verbose                      bool
+}
 
 // childResult is what the helper process reports on stdout.
 type childResult struct {
@@ -92,6 +103,9 @@ func TestInteractiveChild(t *testing.T) {
 	}
 	cfg := Config{Destination: c.Destination, IdentityFiles: []string{c.Key}, KnownHostsFile: c.KnownHosts,
 		ConfigFile: "none", AgentSocket: "none", ConnectTimeout: 5 * time.Second}
+	if c.Verbose {
+		cfg.Log = funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: maxVerbosity})
+	}
 	report := func(r childResult) {
 		b, _ := json.Marshal(r)
 		fmt.Println("RESULT " + string(b))
@@ -131,7 +145,13 @@ func TestInteractiveChild(t *testing.T) {
 // or /dev/null when tty is nil. It returns a function that waits for the child's result.
 func runChild(t *testing.T, f *fixture, tty *os.File) func() childResult {
 	t.Helper()
-	b, err := json.Marshal(childConfig{Destination: f.sshd.Addr(), Key: f.key, KnownHosts: f.knownHosts})
+	return runChildWith(t, childConfig{Destination: f.sshd.Addr(), Key: f.key, KnownHosts: f.knownHosts}, tty)
+}
+
+// runChildWith is runChild with the child's configuration.
+func runChildWith(t *testing.T, c childConfig, tty *os.File) func() childResult {
+	t.Helper()
+	b, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
 	}

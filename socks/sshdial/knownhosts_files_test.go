@@ -136,8 +136,9 @@ func TestKnownHostsFiles(t *testing.T) {
 	})
 
 	t.Run("the defaults are OpenSSH's", func(t *testing.T) {
-		// ssh takes the home directory from the password database: so does this test, through $HOME.
+		// ssh takes the home directory from the password database, whatever $HOME says: so must konnect.
 		harness.RequireSSH(t, "ssh")
+		t.Setenv("HOME", t.TempDir())
 		out, err := exec.Command("ssh", "-F", "none", "-G", "target").Output()
 		if err != nil {
 			t.Fatal(err)

@@ -223,7 +223,7 @@ func TestStartMistakesEndRun(t *testing.T) {
 	t.Run("no identity at all", func(t *testing.T) {
 		f := newFixture(t)
 		home := t.TempDir()
-		t.Setenv("HOME", home)
+		setHome(t, home)
 		t.Setenv("SSH_AUTH_SOCK", "")
 		cfg := f.config()
 		cfg.IdentityFiles, cfg.AgentSocket = nil, ""

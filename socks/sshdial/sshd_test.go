@@ -48,8 +48,14 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWithPassphrase(t, "")
+}
+
+// newFixtureWithPassphrase is newFixture with the client key encrypted with passphrase.
+func newFixtureWithPassphrase(t *testing.T, passphrase string) *fixture {
+	t.Helper()
 	dir := t.TempDir()
-	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", passphrase)
 	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	if err := os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600); err != nil {
@@ -391,7 +397,7 @@ func TestJumpChain(t *testing.T) {
 // also when the target names one.
 func TestJumpHostDefaultIdentity(t *testing.T) {
 	home := t.TempDir()
-	t.Setenv("HOME", home)
+	setHome(t, home)
 	os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
 	_, defaultPub := harness.SSHKeyPair(t, filepath.Join(home, ".ssh"), "id_ed25519", "")
 	dir := t.TempDir()
@@ -459,7 +465,7 @@ Host inner
 
 func TestAgentAuth(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("HOME", dir) // no default identity files
+	setHome(t, dir) // no default identity files
 	key, pub := harness.SSHKeyPair(t, dir, "id_agent", "agent-pass")
 	srv := harness.StartSSHD(t, pub)
 	kh := filepath.Join(dir, "known_hosts")

@@ -84,12 +84,15 @@ func NewHTTPServer(h http.Handler) *http.Server {
 // takes the place of the source's connection idle longest), until ctx ends, then shuts down within
 // ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	return serveLimited(ctx, LimitPerSource(ln, MaxConnsPerSource), h)
+}
+
+// serveLimited is Serve on a listener that limit already bounds per source; tests look into limit.
+func serveLimited(ctx context.Context, limit *SourceLimit, h http.Handler) error {
 	srv := NewHTTPServer(h)
-	limit := LimitPerSource(ln, MaxConnsPerSource)
 	srv.ConnState = limit.ConnState
-	ln = limit
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limit) }()
 	select {
 	case err := <-errc:
 		return err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,16 +35,32 @@ func getFrom(src, addr string) error {
 	return nil
 }
 
-func serveHealth(t *testing.T) (addr string, stop func()) {
+// serveHealth serves the health mux as Serve does, and returns the limit it serves through.
+func serveHealth(t *testing.T) (addr string, limit *SourceLimit, stop func()) {
 	t.Helper()
 	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
 	if err != nil {
 		t.Fatal(err)
 	}
+	limit = LimitPerSource(ln, MaxConnsPerSource)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, NewHealthMux(nil, nil, prometheus.NewRegistry())) }()
-	return ln.Addr().String(), func() { cancel(); <-done }
+	go func() { done <- serveLimited(ctx, limit, NewHealthMux(nil, nil, prometheus.NewRegistry())) }()
+	return ln.Addr().String(), limit, func() { cancel(); <-done }
+}
+
+// midRequest counts the connections from src that l holds mid-request: the server has read a byte of a
+// request on each.
+func midRequest(l *SourceLimit, src netip.Addr) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for c := range l.conns[src] {
+		if c.quietSince.Load() == 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // closedOf counts the connections of cs that the server has closed or reset: each is read until a deadline
@@ -70,7 +87,7 @@ func closedOf(cs []net.Conn) int {
 // refused. At the bound a new connection takes the place of the one quiet longest, so that the source still
 // holds at most MaxConnsPerSource.
 func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
-	addr, stop := serveHealth(t)
+	addr, _, stop := serveHealth(t)
 	defer stop()
 	var held []net.Conn
 	defer func() {
@@ -127,7 +144,7 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the header timeout")
 	}
-	addr, stop := serveHealth(t)
+	addr, limit, stop := serveHealth(t)
 	defer stop()
 
 	var held []net.Conn
@@ -164,7 +181,17 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond) // every held connection has sent a byte
+	// Every held connection is mid-request once the server has read its first byte; the header timeout
+	// counts from its accept, so this wait must end well before it.
+	loopback := netip.MustParseAddr("127.0.0.1")
+	if err := harness.Poll("every held connection mid-request", ReadHeaderTimeout/2, 5*time.Millisecond, func() error {
+		if n := midRequest(limit, loopback); n != MaxConnsPerSource {
+			return fmt.Errorf("%d of %d", n, MaxConnsPerSource)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
 		defer c.Close()
