@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -592,15 +593,50 @@ func (a *Agent) coveredLocked(st *epState) bool {
 
 // ServerStatus describes one server endpoint and the stream to it.
 type ServerStatus struct {
-	Address     string    // dial address
-	ServerName  string    // TLS name
-	ServerID    string    // empty when not connected
-	Connected   bool      //
-	Since       time.Time // when the current stream was opened
-	Connections int       // tunnelled connections open through it
-	Alias       bool      // the address leads to ServerID, which is connected through another address
-	LastError   string    // the last connect or stream error, if any
-	LastErrorAt time.Time
+	Address     string    `json:"address"`              // dial address
+	ServerName  string    `json:"serverName,omitempty"` // TLS name
+	ServerID    string    `json:"serverID,omitempty"`   // empty when not connected
+	Connected   bool      `json:"connected"`
+	Since       time.Time `json:"since,omitzero"`       // when the current stream was opened
+	Connections int       `json:"connections"`          // tunnelled connections open through it
+	Alias       bool      `json:"alias,omitempty"`      // the address leads to ServerID, connected through another address
+	LastError   string    `json:"lastError,omitempty"`  // the last connect or stream error, if any
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"` //
+	// FlowControl is the per-connection flow control the stream runs (docs/flow-control.md): flow.Version,
+	// or flow.None with a server that did not take it up (upstream's), under which one slow reader holds up
+	// the agent's other connections through that server. Empty while not connected, and on an alias.
+	FlowControl string `json:"flowControl,omitempty"`
+	// ServerWindow and ServerMaxWindow are the server's answer under flow control: the window each
+	// connection starts with for data to the server, and the largest it grows to.
+	ServerWindow    int `json:"serverWindow,omitempty"`
+	ServerMaxWindow int `json:"serverMaxWindow,omitempty"`
+}
+
+// StatusReport is the agent's answer on its status endpoint (StatusHandler).
+type StatusReport struct {
+	AgentID string `json:"agentID"`
+	// FlowControl is the version the agent offers servers, or flow.None under --flow-control=false.
+	FlowControl string         `json:"flowControl"`
+	Servers     []ServerStatus `json:"servers"`
+}
+
+// StatusHandler serves the agent's StatusReport as JSON; the command mounts it on the loopback admin port
+// (/debug/servers), as the server's own status is on its admin port.
+func (a *Agent) StatusHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fc := flow.Version
+		if a.cfg.DisableFlowControl {
+			fc = flow.None
+		}
+		rep := StatusReport{AgentID: a.cfg.AgentID, FlowControl: fc, Servers: a.Status()}
+		if rep.Servers == nil {
+			rep.Servers = []ServerStatus{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	})
 }
 
 // Status lists the known endpoints and the servers reached through them, sorted by address. Servers
@@ -621,6 +657,10 @@ func (a *Agent) Status() []ServerStatus {
 			}
 			ss := base
 			ss.ServerID, ss.Connected, ss.Since, ss.Connections = s.serverID, true, s.since, s.connCount()
+			ss.FlowControl = s.flowControl()
+			if s.flow != nil {
+				ss.ServerWindow, ss.ServerMaxWindow = s.flow.Window, s.flow.Max
+			}
 			out = append(out, ss)
 			found = true
 		}

@@ -3,8 +3,11 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,8 +305,8 @@ func TestFlowAnswerNotOffered(t *testing.T) {
 	}
 }
 
-// TestFlowServerStreamsByFlowControl: konnect_agent_server_streams counts a stream to konnect's server as
-// v1, and one to upstream's server as none; each goes when its stream does.
+// TestFlowServerStreamsByFlowControl: konnect_agent_server_streams and the agent's status count a stream to
+// konnect's server as v1, and one to upstream's server as none; each goes when its stream does.
 func TestFlowServerStreamsByFlowControl(t *testing.T) {
 	streams := func(ra *runningAgent) (v1, none float64) {
 		var m dto.Metric
@@ -328,6 +331,14 @@ func TestFlowServerStreamsByFlowControl(t *testing.T) {
 		if l := logs(); !strings.Contains(l, `"Connected to server" serverID="k1"`) || !strings.Contains(l, `flowControl="v1"`) || strings.Contains(l, notTaken) {
 			t.Errorf("the connect log does not say the stream runs flow control v1:\n%s", l)
 		}
+		rep := statusReport(t, ra)
+		if rep.FlowControl != flow.Version || len(rep.Servers) != 1 {
+			t.Fatalf("status %+v: want the agent offering %s, and one server", rep, flow.Version)
+		}
+		if s := rep.Servers[0]; !s.Connected || s.ServerID != "k1" || s.FlowControl != flow.Version ||
+			s.ServerWindow != flow.DefaultWindow || s.ServerMaxWindow != flow.DefaultMaxWindow {
+			t.Errorf("status of the server %+v: want k1 connected, flow control %s with the server's default windows", s, flow.Version)
+		}
 	})
 	t.Run("upstream", func(t *testing.T) {
 		logs := harness.CaptureKlog(t)
@@ -338,6 +349,9 @@ func TestFlowServerStreamsByFlowControl(t *testing.T) {
 		})
 		if l := logs(); !strings.Contains(l, `flowControl="none"`) || !strings.Contains(l, notTaken+` serverID="s1"`) {
 			t.Errorf("the connect log does not say the server did not take up flow control:\n%s", l)
+		}
+		if rep := statusReport(t, ra); len(rep.Servers) != 1 || rep.Servers[0].FlowControl != flow.None || rep.Servers[0].ServerWindow != 0 {
+			t.Errorf("status %+v: want one server without flow control", rep)
 		}
 		srv.stop()
 		harness.EventuallyTrue(t, 10*time.Second, "no stream once the server is gone", func() bool {
@@ -510,4 +524,16 @@ func TestFlowViolationCountedOnce(t *testing.T) {
 	if v := counterValue(ra.m.flowViolations.WithLabelValues(flowWindowExceeded)); v != 1 {
 		t.Errorf("one connection's violation was counted %v times", v)
 	}
+}
+
+// statusReport reads the agent's status as its status endpoint serves it.
+func statusReport(t *testing.T, ra *runningAgent) StatusReport {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	ra.StatusHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/servers", nil))
+	var rep StatusReport
+	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
+		t.Fatalf("status: %v: %s", err, rec.Body)
+	}
+	return rep
 }

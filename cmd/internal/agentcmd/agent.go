@@ -37,7 +37,8 @@ on SIGTERM sends DRAIN and lets open connections finish for up to --graceful-tim
 
 Health: /livez and /healthz (liveness), /readyz (server-connected and shutdown, as upstream's),
 /readyz/all-servers-connected (every server the agent knows of, with those it lacks) and /metrics on
---health-server-host:--health-server-port; pprof on the loopback admin port with --enable-profiling.`,
+--health-server-host:--health-server-port. On the loopback admin port: /debug/servers (JSON: each server,
+its stream and that stream's flow control) and, with --enable-profiling, pprof.`,
 		Example: `  konnect agent --ca-cert=ca.crt --proxy-server-host=10.0.0.1,10.0.0.2 --proxy-server-port=8132 \
     --service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token \
     --agent-identifiers=host=node1 --allow-destination=10.0.0.0/8:443,10250`,
@@ -120,6 +121,9 @@ func New(cfg *Config) (_ *Agent, err error) {
 	a.endpoints.HealthMux = health
 	admin := daemon.NewAdminMux(cfg.Profiling, cfg.ContentionProfiling)
 	a.endpoints.AdminMux = admin
+	// Each server the agent knows, with its stream's flow control: the agent's side of the server's
+	// /debug/agents.
+	admin.Handle("/debug/servers", a.agent.StatusHandler())
 	// Upstream's agent once served /metrics on the admin port, and now sends scrapers there on to the
 	// health port.
 	healthPort := a.endpoints.Health.Addr().(*net.TCPAddr).Port

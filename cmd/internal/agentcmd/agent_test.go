@@ -110,6 +110,12 @@ func TestAgentCommand(t *testing.T) {
 	if code, _ := get("http://127.0.0.1:" + admin + "/debug/pprof/"); code != 200 {
 		t.Errorf("pprof on the admin port: %d", code)
 	}
+	// The agent's status: the server it reached, and that upstream's server runs no flow control.
+	if code, body := get("http://127.0.0.1:" + admin + "/debug/servers"); code != 200 ||
+		!strings.Contains(body, `"serverID": "s1"`) || !strings.Contains(body, `"connected": true`) ||
+		!strings.Contains(body, `"flowControl": "none"`) || !strings.Contains(body, `"flowControl": "v1"`) {
+		t.Errorf("/debug/servers on the admin port: %d %s", code, body)
+	}
 	// As upstream's, the admin port sends /metrics on to the health port (get follows the redirect).
 	if code, body := get("http://127.0.0.1:" + admin + "/metrics"); code != 200 || !strings.Contains(body, "konnectivity_network_proxy_agent_open_server_connections 1") {
 		t.Errorf("/metrics on the admin port: %d %.200q", code, body)

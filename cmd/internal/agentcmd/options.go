@@ -79,7 +79,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"Empty (upstream's default) means all interfaces, so that the kubelet can probe the pod IP."
 	}
 	if f := fs.Lookup("admin-bind-address"); f != nil {
-		f.Usage = "Bind address for the admin server (pprof with --enable-profiling). It must be a loopback address unless --allow-remote-admin is set."
+		f.Usage = "Bind address for the admin server (the agent's status at /debug/servers; pprof with --enable-profiling). It must be a loopback address unless --allow-remote-admin is set."
 	}
 	if f := fs.Lookup("xfr-channel-size"); f != nil {
 		f.Usage = "Accepted for compatibility with upstream; konnect bounds each connection's queue in bytes (--connection-buffer-bytes)."
