@@ -51,6 +51,11 @@ type Config struct {
 	// ConnectTimeout bounds one connection attempt (TCP connect and SSH handshake, per hop) and how long a
 	// dial waits for the SSH connection to come back. 0 means 15s.
 	ConnectTimeout time.Duration
+	// AddressFamily is OpenSSH's AddressFamily (ssh -4, -6): "inet" or "inet6" connects to the first hop's
+	// IPv4 or IPv6 addresses only, "any" to whichever the host name resolves to. "" means the config file's
+	// AddressFamily for the destination, else "any". Later hops are reached from the hop before them, which
+	// resolves their names, as OpenSSH's ProxyJump does; a ProxyCommand makes its own connection.
+	AddressFamily string
 	// ServerAliveInterval is the keepalive period. 0 means the config file's ServerAliveInterval, else 5s;
 	// a negative value disables keepalives. As with OpenSSH, a server that sends nothing for
 	// ServerAliveCountMax intervals in a row, keepalives unanswered, is dropped: within
@@ -162,6 +167,7 @@ type plan struct {
 	globalKnown    []string   // GlobalKnownHostsFile: read only
 	acceptNew      bool
 	connectTimeout time.Duration
+	network        string // of the first hop's TCP connection: "tcp", "tcp4" (AddressFamily inet) or "tcp6"
 	aliveInterval  time.Duration
 	aliveCountMax  int
 	ciphers        []string
@@ -243,7 +249,7 @@ func init() {
 		"IdentityAgent", "ProxyJump", "ProxyCommand", "ProxyUseFdpass", "StrictHostKeyChecking", "ConnectTimeout",
 		"ServerAliveInterval", "ServerAliveCountMax", "UserKnownHostsFile", "GlobalKnownHostsFile", "HostKeyAlias",
 		"HashKnownHosts", "PreferredAuthentications", "PasswordAuthentication", "KbdInteractiveAuthentication",
-		"ChallengeResponseAuthentication", "NumberOfPasswordPrompts"} {
+		"ChallengeResponseAuthentication", "NumberOfPasswordPrompts", "AddressFamily"} {
 		configKeywords[strings.ToLower(k)] = true
 	}
 }
@@ -422,6 +428,19 @@ func localUser() string {
 	return "root"
 }
 
+// addressFamilyNetwork is the network to dial for an AddressFamily value, as OpenSSH spells them.
+func addressFamilyNetwork(family string) (string, error) {
+	switch strings.ToLower(family) {
+	case "", "any":
+		return "tcp", nil
+	case "inet":
+		return "tcp4", nil
+	case "inet6":
+		return "tcp6", nil
+	}
+	return "", fmt.Errorf("address family %q is not any, inet or inet6", family)
+}
+
 // passwdHome is the home directory in the running user's passwd entry; a variable for tests, which give it
 // a directory of their own.
 var passwdHome = func() (string, error) {
@@ -552,6 +571,13 @@ func resolve(cfg Config) (*plan, error) {
 				p.connectTimeout = time.Duration(n) * time.Second
 			}
 		}
+	}
+	family, from := cfg.AddressFamily, "AddressFamily"
+	if family == "" {
+		family, from = sc.get(target.alias, "AddressFamily"), "the SSH config file's AddressFamily for "+target.alias
+	}
+	if p.network, err = addressFamilyNetwork(family); err != nil {
+		return nil, fmt.Errorf("%s: %w", from, err)
 	}
 	if p.aliveInterval == 0 {
 		p.aliveInterval = defaultAliveInterval

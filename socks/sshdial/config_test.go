@@ -68,6 +68,12 @@ Host jumpy
   HostName 192.0.2.1
   User jumper
 
+Host v6only
+  AddressFamily inet6
+
+Host badfamily
+  AddressFamily ipv9
+
 Host *
   ServerAliveCountMax 5
 `), 0o600)
@@ -137,6 +143,23 @@ Host *
 				t.Errorf("defaults not applied: %+v", p)
 			}
 		}, ""},
+		{"address family any by default", Config{Destination: "bastion", ConfigFile: cfgFile}, func(t *testing.T, p *plan) {
+			if p.network != "tcp" {
+				t.Errorf("network %q, want tcp", p.network)
+			}
+		}, ""},
+		{"address family from the config file", Config{Destination: "v6only", ConfigFile: cfgFile}, func(t *testing.T, p *plan) {
+			if p.network != "tcp6" {
+				t.Errorf("network %q, want tcp6 (AddressFamily inet6)", p.network)
+			}
+		}, ""},
+		{"address family from the command line wins", Config{Destination: "v6only", ConfigFile: cfgFile, AddressFamily: "inet"}, func(t *testing.T, p *plan) {
+			if p.network != "tcp4" {
+				t.Errorf("network %q, want tcp4 (-4 over the file's inet6)", p.network)
+			}
+		}, ""},
+		{"address family unknown in the config file", Config{Destination: "badfamily", ConfigFile: cfgFile}, nil, `the SSH config file's AddressFamily for badfamily: address family "ipv9" is not any, inet or inet6`},
+		{"address family unknown", Config{Destination: "h", ConfigFile: "none", AddressFamily: "inet5"}, nil, `AddressFamily: address family "inet5"`},
 		{"explicit identity must exist", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{filepath.Join(dir, "absent")}}, nil, "identity file"},
 		{"explicit identity", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{key}}, func(t *testing.T, p *plan) {
 			if !reflect.DeepEqual(p.identityFiles, []string{key}) {

@@ -379,12 +379,28 @@ func (d *Dialer) startMistake(err error) error {
 	var dnsErr *net.DNSError
 	var notSSH *NotSSHError
 	var pce *ProxyCommandError
+	var fam *familyError
 	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound || errors.As(err, &notSSH) ||
-		errors.As(err, &pce) && pce.Exited {
+		errors.As(err, &pce) && pce.Exited || errors.As(err, &fam) {
 		return &StartError{Target: d.Target(), Err: err}
 	}
 	return nil
 }
+
+// familyError: the first hop has no address in the family that -4, -6 or AddressFamily allows, as
+// OpenSSH's "Address family for hostname not supported". Like a name that does not resolve, it is a start
+// mistake.
+type familyError struct {
+	network string // "tcp4" or "tcp6"
+	err     error
+}
+
+func (e *familyError) Error() string {
+	family := map[string]string{"tcp4": "IPv4", "tcp6": "IPv6"}[e.network]
+	return fmt.Sprintf("%v (%s only, as -4, -6 or AddressFamily asks)", e.err, family)
+}
+
+func (e *familyError) Unwrap() error { return e.err }
 
 // StartError is a refusal before the first connection was ever up: it suggests a mistake (a wrong host or
 // port, sshd not running) rather than a server that is briefly away. Config.RetryFirst retries it instead.
@@ -546,7 +562,11 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 			}
 		} else if i == 0 {
 			nd := net.Dialer{KeepAlive: 30 * time.Second}
-			conn, err = nd.DialContext(hctx, "tcp", hop.addr())
+			conn, err = nd.DialContext(hctx, d.plan.network, hop.addr())
+			var noAddr *net.AddrError
+			if errors.As(err, &noAddr) && d.plan.network != "tcp" {
+				err = &familyError{network: d.plan.network, err: err}
+			}
 			if err != nil && len(d.plan.hops) > 1 {
 				err = fmt.Errorf("jump host %s: %w", hop, err)
 			}

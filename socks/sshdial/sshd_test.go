@@ -150,6 +150,30 @@ func TestDialThroughSSHD(t *testing.T) {
 	}
 }
 
+// TestAddressFamily: AddressFamily (ssh -4, -6) limits the connection to the SSH server to one address
+// family, against a real sshd that listens on IPv4 loopback only.
+func TestAddressFamily(t *testing.T) {
+	f := newFixture(t)
+	be := backend(t)
+	v4 := f.config()
+	v4.AddressFamily = "inet"
+	d, done := start(t, v4)
+	waitReady(t, d, done)
+	if got := get(t, d, be, "/ip"); got != "hello from backend /ip" {
+		t.Fatalf("body = %q", got)
+	}
+	v6 := f.config()
+	v6.AddressFamily = "inet6"
+	_, done6 := start(t, v6)
+	err := waitErr(t, done6)
+	if err == nil || !strings.Contains(err.Error(), "IPv6 only, as -4, -6 or AddressFamily asks") {
+		t.Fatalf("IPv6 only, to an IPv4 address: %v; want an error that names the address family", err)
+	}
+	if n := strings.Count(f.sshd.Log(), "Accepted publickey"); n != 1 {
+		t.Fatalf("%d logins, want the IPv4 one only", n)
+	}
+}
+
 func TestDialErrorsCarryErrno(t *testing.T) {
 	f := newFixture(t)
 	d, done := start(t, f.config())

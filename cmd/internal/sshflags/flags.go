@@ -47,7 +47,7 @@ type Flags struct {
 	NoCommand   bool     // -N: konnect never runs a remote command
 	Quiet       bool     // -q: log errors only (see Quieten)
 	Compression bool     // -C: accepted and ignored, with a notice (see Notice)
-	IPv4, IPv6  bool     // -4, -6: refused, see checkHabits
+	IPv4, IPv6  bool     // -4, -6: AddressFamily inet, inet6
 	Background  bool     // -f: refused, see checkHabits
 	Options     []string // -o: refused with the flag or ssh_config keyword that does it, see checkHabits
 
@@ -76,7 +76,7 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVarP(&f.User, "ssh-user", short("l"), f.User, "User to log in as on the SSH server (like ssh -l). Default: the destination's user@, the SSH config file's User, else the local user.")
 	fs.StringSliceVarP(&f.IdentityFiles, "identity", short("i"), f.IdentityFiles, "Private key file, repeatable (like ssh -i). Tried after the keys of ssh-agent ($SSH_AUTH_SOCK). Default: the SSH config file's IdentityFile, else ~/.ssh/id_ed25519, id_ecdsa, id_rsa.")
 	fs.StringVarP(&f.Jump, "jump", short("J"), f.Jump, "Jump hosts, comma-separated [user@]host[:port] (like ssh -J); it overrides the SSH config file's ProxyJump and ProxyCommand, and \"none\" ignores both. Default: the SSH config file's ProxyJump or ProxyCommand, whichever it sets first.")
-	fs.StringVarP(&f.ConfigFile, "ssh-config", short("F"), f.ConfigFile, "SSH config file (like ssh -F); \"none\" reads none. Default: ~/.ssh/config, then /etc/ssh/ssh_config. Read: Host, HostName, User, Port, IdentityFile, CertificateFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand (run with $SHELL, tokens %h %p %r %n %%), StrictHostKeyChecking (no and off are taken as accept-new), ConnectTimeout, ServerAliveInterval, ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts, Include; Match blocks are skipped with a warning, other keywords ignored.")
+	fs.StringVarP(&f.ConfigFile, "ssh-config", short("F"), f.ConfigFile, "SSH config file (like ssh -F); \"none\" reads none. Default: ~/.ssh/config, then /etc/ssh/ssh_config. Read: Host, HostName, User, Port, IdentityFile, CertificateFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand (run with $SHELL, tokens %h %p %r %n %%), StrictHostKeyChecking (no and off are taken as accept-new), ConnectTimeout, AddressFamily, ServerAliveInterval, ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts, Include; Match blocks are skipped with a warning, other keywords ignored.")
 	fs.StringVar(&f.KnownHostsFile, "known-hosts", f.KnownHostsFile, "known_hosts file with the trusted host keys, where --accept-new records new ones (hashed entries and [host]:port are understood); it replaces the user files only, as ssh -o UserKnownHostsFile does. Default: the SSH config file's UserKnownHostsFile, else ~/.ssh/known_hosts and ~/.ssh/known_hosts2. The GlobalKnownHostsFile files (default /etc/ssh/ssh_known_hosts and ssh_known_hosts2) are read as well: a host they pin to another key is refused.")
 	fs.BoolVar(&f.AcceptNew, "accept-new", f.AcceptNew, "Trust an SSH host seen for the first time and add its key to the first user known_hosts file, as the SSH config file's StrictHostKeyChecking accept-new does for its hosts. A changed host key, in any known_hosts file, is always refused.")
 	fs.DurationVar(&f.ConnectTimeout, "connect-timeout", f.ConnectTimeout, "Limit for one SSH connection attempt, and for how long a new proxied connection waits while the SSH connection is re-established.")
@@ -91,8 +91,8 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVarP(&f.NoCommand, "no-command", short("N"), f.NoCommand, "Accepted for ssh -N habits; it changes nothing: konnect never runs a remote command, it only forwards.")
 	fs.BoolVarP(&f.Quiet, "quiet", short("q"), f.Quiet, "Log errors only, no informational lines or warnings (like ssh -q).")
 	fs.BoolVarP(&f.Compression, "compression", short("C"), f.Compression, "Accepted for ssh -C habits and ignored, with a notice: the Go SSH library konnect uses has no compression.")
-	fs.BoolVarP(&f.IPv4, "ipv4", short("4"), f.IPv4, "Not supported (ssh -4): an error. Give an IPv4 address as the destination, or as HostName in the SSH config file, instead.")
-	fs.BoolVarP(&f.IPv6, "ipv6", short("6"), f.IPv6, "Not supported (ssh -6): an error. Give an IPv6 address as the destination, or as HostName in the SSH config file, instead.")
+	fs.BoolVarP(&f.IPv4, "ipv4", short("4"), f.IPv4, "Connect to the SSH server (the first jump host, with -J) over IPv4 only (like ssh -4). Default: the SSH config file's AddressFamily, else every address the name resolves to.")
+	fs.BoolVarP(&f.IPv6, "ipv6", short("6"), f.IPv6, "Connect to the SSH server (the first jump host, with -J) over IPv6 only (like ssh -6). Default: the SSH config file's AddressFamily, else every address the name resolves to.")
 	fs.BoolVarP(&f.Background, "background", short("f"), f.Background, "Not supported (ssh -f): an error. konnect stays in the foreground; run it with & or as a systemd service.")
 	fs.StringArrayVarP(&f.Options, "ssh-option", short("o"), f.Options, "Not supported (ssh -o Key=Value): an error that names the konnect flag for Key, or says to put it in the SSH config file (~/.ssh/config, or the file of -F).")
 	for _, n := range []string{"ssh-port", "ssh-user", "identity", "jump", "ssh-config", "known-hosts", "accept-new", "connect-timeout", "server-alive-interval", "cipher", "retry-first", "allow-unprotected-key",
@@ -123,6 +123,7 @@ var sshOptionFlags = map[string]string{
 	"proxyjump":             "--jump (-J)",
 	"userknownhostsfile":    "--known-hosts",
 	"connecttimeout":        "--connect-timeout (a duration: 10s)",
+	"addressfamily":         "-4 (--ipv4) for inet, -6 (--ipv6) for inet6",
 	"serveraliveinterval":   "--server-alive-interval (a duration: 30s)",
 	"ciphers":               "--cipher",
 	"dynamicforward":        "-D",
@@ -140,12 +141,8 @@ func (f *Flags) checkHabits() error {
 	switch {
 	case f.Background:
 		return habitError("f", "background", "konnect does not go to the background: it keeps running in the foreground; start it with & (and nohup), or as a systemd service")
-	case f.IPv4 || f.IPv6:
-		short, long, family := "4", "ipv4", "IPv4"
-		if !f.IPv4 {
-			short, long, family = "6", "ipv6", "IPv6"
-		}
-		return habitError(short, long, "not supported: konnect tries every address the host name resolves to; to use %s only, give an %s address as the destination, or as HostName in the SSH config file", family, family)
+	case f.IPv4 && f.IPv6:
+		return habitError("6", "ipv6", "conflicts with -4 (--ipv4): give one of them, or neither to use every address the host name resolves to")
 	}
 	for _, o := range f.Options {
 		key, _, _ := strings.Cut(strings.TrimSpace(o), "=")
@@ -165,6 +162,17 @@ func (f *Flags) checkHabits() error {
 		}
 	}
 	return nil
+}
+
+// addressFamily is the AddressFamily that -4 or -6 asks for, or "" for the SSH config file's.
+func (f *Flags) addressFamily() string {
+	switch {
+	case f.IPv4:
+		return "inet"
+	case f.IPv6:
+		return "inet6"
+	}
+	return ""
 }
 
 // Given returns the SSH flags set on the command line, as "--name": for a command where SSH is optional,
@@ -232,6 +240,7 @@ func (f *Flags) Config(destination string) (sshdial.Config, error) {
 		KnownHostsFile:       f.KnownHostsFile,
 		AcceptNew:            f.AcceptNew,
 		ConnectTimeout:       f.ConnectTimeout,
+		AddressFamily:        f.addressFamily(),
 		ServerAliveInterval:  f.ServerAliveInterval,
 		Ciphers:              slices.Clone(f.Ciphers),
 		Connections:          f.Connections,

@@ -67,6 +67,26 @@ func TestConnectionsFlag(t *testing.T) {
 	}
 }
 
+// -4 and -6 choose the address family of the connection to the SSH server, as OpenSSH's do; without them
+// the SSH config file's AddressFamily decides.
+func TestAddressFamilyFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{{nil, ""}, {[]string{"-4"}, "inet"}, {[]string{"-6"}, "inet6"}, {[]string{"--ipv4"}, "inet"}} {
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		f := NewFlags()
+		f.AddFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := f.Config("me@host")
+		if err != nil || cfg.AddressFamily != c.want {
+			t.Errorf("%v: AddressFamily %q, %v; want %q", c.args, cfg.AddressFamily, err, c.want)
+		}
+	}
+}
+
 // ssh's own flags parse, so that an `ssh -D 1080 -N host` line can be pasted: -N and -C run (-C with a
 // notice, see Notice), the others are refused with an error that names the flag and says what to do instead.
 func TestSSHHabits(t *testing.T) {
@@ -96,8 +116,8 @@ func TestSSHHabits(t *testing.T) {
 	}{
 		{[]string{"-f"}, []string{"-f (--background)", "foreground", "&", "systemd"}},
 		{[]string{"-N", "-f"}, []string{"-f (--background)"}},
-		{[]string{"-4"}, []string{"-4 (--ipv4)", "not supported", "IPv4 address"}},
-		{[]string{"-6"}, []string{"-6 (--ipv6)", "not supported", "IPv6 address"}},
+		{[]string{"-4", "-6"}, []string{"-6 (--ipv6)", "conflicts with -4 (--ipv4)"}},
+		{[]string{"-o", "AddressFamily=inet"}, []string{`-o (--ssh-option "AddressFamily=inet")`, "-4 (--ipv4) for inet", "put AddressFamily in the SSH config file"}},
 		{[]string{"-o", "ServerAliveInterval=30"}, []string{`-o (--ssh-option "ServerAliveInterval=30"): not supported`, "--server-alive-interval", "put ServerAliveInterval in the SSH config file", "-F FILE"}},
 		{[]string{"-o", "StrictHostKeyChecking=accept-new"}, []string{"-o (--ssh-option \"", "--accept-new"}},
 		{[]string{"-o", "IdentitiesOnly yes"}, []string{"-o (--ssh-option \"", "put IdentitiesOnly in the SSH config file", "~/.ssh/config"}},
