@@ -369,6 +369,7 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 	defer func() { cc.AuthCallback = run.then(cc.AuthCallback) }()
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 		var keys []ssh.Signer
+		var keyFiles []string  // keys[i]'s file: names skips the files that gave no key
 		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
 		names, srcs := d.identityFiles(e)
 		for i, f := range names {
@@ -379,7 +380,7 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 			if s == nil {
 				continue
 			}
-			keys = append(keys, s)
+			keys, keyFiles = append(keys, s), append(keyFiles, f)
 			certs = append(certs, nil)
 			if c := d.certificate(f+"-cert.pub", false); c != nil {
 				certs[len(certs)-1] = d.certSigner(f+"-cert.pub", c, s)
@@ -405,9 +406,9 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 			}
 		}
 		for i, s := range keys {
-			offer(names[i], s)
+			offer(keyFiles[i], s)
 			if certs[i] != nil {
-				offer(names[i]+"-cert.pub", certs[i])
+				offer(keyFiles[i]+"-cert.pub", certs[i])
 			}
 		}
 		return out, nil
