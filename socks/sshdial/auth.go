@@ -3,6 +3,7 @@ package sshdial
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,9 @@ type AuthError struct {
 	Skipped []string
 	// Ignored lists default keys not offered because others may read them, with their permissions.
 	Ignored []string
+	// WrongPassphrase lists the encrypted keys not offered because their passphrase was wrong
+	// NumberOfPasswordPrompts times, as "/path/id_ed25519 (3 tries)".
+	WrongPassphrase []string
 	// Accepted lists the identities the server accepted while asking for more (a partial success, from
 	// sshd's AuthenticationMethods): the key works, and Wanted is what the server asked for next.
 	Accepted, Wanted []string
@@ -58,6 +62,8 @@ func (e *AuthError) Error() string {
 			msg += "; konnect answers only password and keyboard-interactive, unless PreferredAuthentications, " +
 				"PasswordAuthentication or KbdInteractiveAuthentication in the SSH config file exclude them"
 		}
+	case len(e.Offered) == 0 && len(e.WrongPassphrase) > 0:
+		msg += "no identity was offered: wrong passphrase for identity file " + strings.Join(e.WrongPassphrase, ", ")
 	case len(e.Offered) == 0:
 		msg += "no identity was offered"
 	default:
@@ -65,6 +71,9 @@ func (e *AuthError) Error() string {
 	}
 	// The library's own words name the methods the server allows.
 	msg += " (" + strings.TrimPrefix(e.Err.Error(), "ssh: ") + ")"
+	if len(e.WrongPassphrase) > 0 && len(e.Offered) > 0 {
+		msg += "; not offered: wrong passphrase for identity file " + strings.Join(e.WrongPassphrase, ", ")
+	}
 	if len(e.Skipped) > 0 {
 		msg += fmt.Sprintf("; encrypted keys not tried, no terminal for a passphrase: %s (load them with ssh-add)",
 			strings.Join(e.Skipped, ", "))
@@ -125,7 +134,8 @@ func checkKeyPermissions(file string, allowOpen bool) error {
 }
 
 // keyring loads identity files once and keeps the parsed signers, so that a reconnect does not ask for a
-// passphrase again. Passphrases themselves are never stored or logged.
+// passphrase again. A key whose passphrase was wrong NumberOfPasswordPrompts times is given up on for the
+// run, as OpenSSH gives up on it for the login. Passphrases themselves are never stored or logged.
 type keyring struct {
 	passphrase func(file string) ([]byte, error)
 	onTerminal bool // passphrase asks on the terminal
@@ -136,6 +146,8 @@ type keyring struct {
 	signers map[string]ssh.Signer // by file; nil value = absent or unusable default
 	skipped map[string]bool       // encrypted defaults skipped for want of a terminal
 	ignored map[string]string     // default keys open to others: file -> "FILE (permissions 0644)"
+	wrong   map[string]int        // wrong passphrases given so far, by file
+	gaveUp  map[string]string     // keys given up on: file -> "FILE (3 tries)"
 }
 
 func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool, log logr.Logger) *keyring {
@@ -144,7 +156,8 @@ func newKeyring(passphrase func(string) ([]byte, error), allowOpen bool, log log
 		passphrase = terminalPassphrase
 	}
 	return &keyring{passphrase: passphrase, onTerminal: onTerminal, allowOpen: allowOpen, log: log,
-		signers: map[string]ssh.Signer{}, skipped: map[string]bool{}, ignored: map[string]string{}}
+		signers: map[string]ssh.Signer{}, skipped: map[string]bool{}, ignored: map[string]string{},
+		wrong: map[string]int{}, gaveUp: map[string]string{}}
 }
 
 // errNoTerminal tells load that no passphrase can be asked for.
@@ -200,9 +213,11 @@ const (
 )
 
 // load returns the signer for file, or (nil, nil) for a file that src allows to be skipped. An encrypted
-// default without a terminal is recorded in skipped, an unsafe default in ignored. The end of ctx ends the
-// wait for a passphrase (see answer).
-func (k *keyring) load(ctx context.Context, file string, src keySource, pause func() (resume func())) (ssh.Signer, error) {
+// default without a terminal is recorded in skipped, an unsafe default in ignored. An encrypted key's
+// passphrase is asked for up to tries times (NumberOfPasswordPrompts) in all while it is wrong; then the key,
+// whatever src, is skipped as OpenSSH skips it, and recorded in gaveUp. The end of ctx ends the wait for a
+// passphrase (see answer).
+func (k *keyring) load(ctx context.Context, file string, src keySource, tries int, pause func() (resume func())) (ssh.Signer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if s, ok := k.signers[file]; ok {
@@ -231,23 +246,9 @@ func (k *keyring) load(ctx context.Context, file string, src keySource, pause fu
 	s, err := ssh.ParsePrivateKey(pem)
 	var missing *ssh.PassphraseMissingError
 	if errors.As(err, &missing) {
-		resume := pause()
-		pass, perr := answer(ctx, k.onTerminal, func() ([]byte, error) { return k.passphrase(file) })
-		resume()
-		if errors.Is(perr, errNoTerminal) {
-			if src != fromDefault {
-				return nil, &EncryptedKeyError{File: file}
-			}
-			k.skipped[file] = true
-			return nil, nil
-		}
-		if perr != nil {
-			return nil, fmt.Errorf("identity file %s: %w", file, perr)
-		}
-		s, err = ssh.ParsePrivateKeyWithPassphrase(pem, pass)
-		clear(pass)
-		if err != nil {
-			return nil, fmt.Errorf("identity file %s: wrong passphrase or unreadable key: %w", file, err)
+		s, err = k.decrypt(ctx, file, src, pem, tries, pause)
+		if s == nil {
+			return nil, err
 		}
 	} else if err != nil {
 		if src == fromDefault {
@@ -259,6 +260,61 @@ func (k *keyring) load(ctx context.Context, file string, src keySource, pause fu
 	}
 	k.signers[file] = s
 	return s, nil
+}
+
+// decrypt asks for file's passphrase and decrypts pem with it, asking again while the passphrase is wrong,
+// up to tries times for file in all. It returns (nil, nil) for a key to skip: an encrypted default with no
+// terminal, or a key whose passphrase was wrong tries times. k.mu is held.
+func (k *keyring) decrypt(ctx context.Context, file string, src keySource, pem []byte, tries int, pause func() (resume func())) (ssh.Signer, error) {
+	for k.wrong[file] < tries {
+		resume := pause()
+		pass, err := answer(ctx, k.onTerminal, func() ([]byte, error) { return k.passphrase(file) })
+		resume()
+		if errors.Is(err, errNoTerminal) {
+			if src != fromDefault {
+				return nil, &EncryptedKeyError{File: file}
+			}
+			k.skipped[file] = true
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("identity file %s: %w", file, err)
+		}
+		s, err := ssh.ParsePrivateKeyWithPassphrase(pem, pass)
+		clear(pass)
+		switch {
+		case err == nil:
+			return s, nil
+		case !errors.Is(err, x509.IncorrectPasswordError):
+			return nil, fmt.Errorf("identity file %s: unreadable key: %w", file, err)
+		}
+		k.wrong[file]++
+		if k.wrong[file] < tries {
+			k.log.Info("Wrong passphrase for an identity file; asking again", "file", file, "try", k.wrong[file], "tries", tries)
+		}
+	}
+	// OpenSSH's load_identity_file gives up on the key after NumberOfPasswordPrompts wrong passphrases and
+	// goes on with the next identity; so does konnect, for the rest of the run.
+	k.log.Info("Identity file not offered: wrong passphrase; skipping it, as ssh does after NumberOfPasswordPrompts tries",
+		"file", file, "tries", k.wrong[file])
+	n := fmt.Sprintf("%d tries", k.wrong[file])
+	if k.wrong[file] == 1 {
+		n = "1 try"
+	}
+	k.gaveUp[file] = fmt.Sprintf("%s (%s)", file, n)
+	k.signers[file] = nil
+	return nil, nil
+}
+
+func (k *keyring) gaveUpFiles() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for _, d := range k.gaveUp {
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (k *keyring) skippedFiles() []string {
@@ -369,17 +425,18 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 	defer func() { cc.AuthCallback = run.then(cc.AuthCallback) }()
 	files := ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 		var keys []ssh.Signer
+		var keyFiles []string  // keys[i]'s file: names skips the files that gave no key
 		var certs []ssh.Signer // after keys, each plain key's FILE-cert.pub
 		names, srcs := d.identityFiles(e)
 		for i, f := range names {
-			s, err := d.keys.load(ctx, f, srcs[i], pause)
+			s, err := d.keys.load(ctx, f, srcs[i], e.auth.passwordPrompts, pause)
 			if err != nil {
 				return nil, err
 			}
 			if s == nil {
 				continue
 			}
-			keys = append(keys, s)
+			keys, keyFiles = append(keys, s), append(keyFiles, f)
 			certs = append(certs, nil)
 			if c := d.certificate(f+"-cert.pub", false); c != nil {
 				certs[len(certs)-1] = d.certSigner(f+"-cert.pub", c, s)
@@ -405,9 +462,9 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 			}
 		}
 		for i, s := range keys {
-			offer(names[i], s)
+			offer(keyFiles[i], s)
 			if certs[i] != nil {
-				offer(names[i]+"-cert.pub", certs[i])
+				offer(keyFiles[i]+"-cert.pub", certs[i])
 			}
 		}
 		return out, nil

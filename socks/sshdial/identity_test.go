@@ -216,3 +216,27 @@ func TestAuthErrorNamesIdentities(t *testing.T) {
 		}
 	}
 }
+
+// A skipped identity file (here the absent default ~/.ssh/id_ed25519) shifts no name: the refused login
+// names the file whose key was offered.
+func TestAuthErrorNamesTheOfferedFile(t *testing.T) {
+	f := newFixture(t)
+	home := t.TempDir()
+	setHome(t, home)
+	if err := os.Mkdir(filepath.Join(home, ".ssh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ecdsa, _ := harness.SSHKeyPair(t, filepath.Join(home, ".ssh"), "id_ecdsa", "")
+	cfg := f.config()
+	cfg.IdentityFiles = nil
+	_, done := start(t, cfg)
+	err := waitErr(t, done)
+	var ae *AuthError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want AuthError", err)
+	}
+	want := ecdsa + " (ED25519 " + ssh.FingerprintSHA256(publicKeyOf(t, ecdsa)) + ")"
+	if len(ae.Offered) != 1 || ae.Offered[0] != want {
+		t.Errorf("Offered = %q, want [%q]", ae.Offered, want)
+	}
+}

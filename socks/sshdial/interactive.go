@@ -25,7 +25,7 @@ type authSettings struct {
 	preferred       []string // PreferredAuthentications, in order
 	kbdInteractive  bool     // KbdInteractiveAuthentication (ChallengeResponseAuthentication)
 	password        bool     // PasswordAuthentication
-	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method
+	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method, and of each key's passphrase
 }
 
 // opensshPreferred is OpenSSH's default PreferredAuthentications.
@@ -351,7 +351,7 @@ func answer(ctx context.Context, onTerminal bool, read func() ([]byte, error)) (
 // authError is the AuthError for a refused login.
 func (r *authRun) authError(cause error) *AuthError {
 	e := &AuthError{Endpoint: r.hop.String(), Err: cause, Offered: r.offered,
-		Skipped: r.d.keys.skippedFiles(), Ignored: r.d.keys.ignoredFiles()}
+		Skipped: r.d.keys.skippedFiles(), Ignored: r.d.keys.ignoredFiles(), WrongPassphrase: r.d.keys.gaveUpFiles()}
 	if len(r.accepted) > 0 {
 		e.Accepted, e.Wanted, e.Answered = r.accepted, r.wanted, r.asked
 	}

@@ -144,12 +144,19 @@ konnect init.`,
 	fs := cmd.Flags()
 	o.addFlags(fs, "extension API server", "apiservice")
 	fs.StringVar(&o.group, "group", o.group, "API group the extension API server serves (required)")
-	fs.StringSliceVar(&o.versions, "version", o.versions, "API version it serves (required; repeat or separate with commas for several)")
+	// An array split here, not pflag's StringSlice, which reads the value as CSV and keeps its first line
+	// only: "v1\nv2" would be taken for v1 without a word.
+	fs.StringArrayVar(&o.versions, "version", o.versions, "API version it serves (required; repeat or separate with commas for several)")
 	fs.StringVar(&o.serviceAccount, "service-account", o.serviceAccount, "ServiceAccount of the extension API server in --namespace (default: --service)")
 	return cmd
 }
 
 func (o *apiServiceOptions) validate() error {
+	var versions []string
+	for _, v := range o.versions {
+		versions = append(versions, strings.Split(v, ",")...)
+	}
+	o.versions = versions
 	errs := o.servingOptions.validate()
 	if o.group == "" {
 		errs = append(errs, fmt.Errorf("--group is required"))

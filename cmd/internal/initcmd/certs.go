@@ -37,6 +37,9 @@ func absDir(flag, dir string) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("%s must not be empty", flag)
 	}
+	if err := checkPath(flag, dir); err != nil {
+		return "", err
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return "", fmt.Errorf("%s %q: %w", flag, dir, err)

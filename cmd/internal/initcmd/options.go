@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
@@ -185,6 +186,14 @@ func (o *Options) Validate(n needs) error {
 	if o.Dir == "" {
 		errs = append(errs, errors.New("--dir must not be empty"))
 	}
+	if err := checkPath("--dir", o.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	if o.set["uds-name"] {
+		if err := checkPath("--uds-name", o.UDSName); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if n.addresses && len(o.ControlPlaneAddresses) == 0 {
 		errs = append(errs, errors.New("--control-plane-address is required: it becomes a SAN of konnectivity-server.crt"))
 	}
@@ -253,6 +262,16 @@ func (o *Options) Validate(n needs) error {
 		errs = append(errs, o.validateServerManifest())
 	}
 	return fieldFlags.Error(errors.Join(errs...))
+}
+
+// checkPath refuses a path with a control character (a line break, a tab, ...) in it. No one names a file
+// so on purpose, and konnect writes the paths it is given into files that hold one entry a line
+// (kube-apiserver.flags) and into its reports, one file a line, which a line break would split.
+func checkPath(flag, path string) error {
+	if i := strings.IndexFunc(path, unicode.IsControl); i >= 0 {
+		return fmt.Errorf("%s %q: a path must not contain a control character (%U)", flag, path, []rune(path[i:])[0])
+	}
+	return nil
 }
 
 // checkSocketDir refuses a socket directory that holds anything but the socket: the server's pod, which runs
