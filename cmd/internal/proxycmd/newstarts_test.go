@@ -1,12 +1,12 @@
 package proxycmd
 
 import (
+	"io"
 	"path/filepath"
 	"testing"
 
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
-	"go.uber.org/goleak"
 )
 
 // TestNewStartsNoGoroutine: New loads the kubeconfig's credentials, binds the listeners and, with --via,
@@ -39,20 +39,7 @@ func TestNewStartsNoGoroutine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := goleak.IgnoreCurrent()
-			p, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := goleak.Find(before); err != nil {
-				t.Errorf("New started goroutines (New binds, Run starts): %v", err)
-			}
-			if err := p.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if err := goleak.Find(before); err != nil {
-				t.Errorf("goroutines left after Close of a proxy that never ran: %v", err)
-			}
+			harness.NewStartsNothing(t, func() (io.Closer, error) { return New(cfg) })
 		})
 	}
 }

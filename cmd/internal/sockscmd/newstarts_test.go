@@ -1,11 +1,11 @@
 package sockscmd
 
 import (
+	"io"
 	"path/filepath"
 	"testing"
 
 	"github.com/konnect-dev/konnect/test/harness"
-	"go.uber.org/goleak"
 )
 
 // TestNewStartsNoGoroutine: New binds every listener and prepares the SSH dialer, but starts nothing: Run
@@ -28,18 +28,5 @@ func TestNewStartsNoGoroutine(t *testing.T) {
 	}
 	cfg.SSH.AgentSocket = "none"
 
-	before := goleak.IgnoreCurrent()
-	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := goleak.Find(before); err != nil {
-		t.Errorf("New started goroutines (New binds, Run starts): %v", err)
-	}
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := goleak.Find(before); err != nil {
-		t.Errorf("goroutines left after Close of a proxy that never ran: %v", err)
-	}
+	harness.NewStartsNothing(t, func() (io.Closer, error) { return New(cfg) })
 }
