@@ -20,14 +20,14 @@ func TestFlags(t *testing.T) {
 	if fs.ShorthandLookup("p").Name != "port" || fs.ShorthandLookup("J").Name != "jump" {
 		t.Fatal("shorthands wrong")
 	}
-	if err := fs.Parse([]string{"--ssh-port", "2222", "-J", "a,b:23", "-i", "k1", "-i", "k2", "--cipher", "aes128-gcm@openssh.com", "--accept-new"}); err != nil {
+	if err := fs.Parse([]string{"--ssh-port", "2222", "-J", "a,b:23", "-i", "k1", "-i", "keys,old/k2", "--cipher", "aes128-gcm@openssh.com", "--accept-new"}); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := f.Config("me@host")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sshdial.Config{Destination: "me@host", Port: 2222, JumpHosts: []string{"a", "b:23"}, IdentityFiles: []string{"k1", "k2"},
+	want := sshdial.Config{Destination: "me@host", Port: 2222, JumpHosts: []string{"a", "b:23"}, IdentityFiles: []string{"k1", "keys,old/k2"},
 		AcceptNew: true, ConnectTimeout: sshdial.DefaultConnectTimeout, Ciphers: []string{"aes128-gcm@openssh.com"}, Connections: 1}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("Config = %+v\nwant %+v", cfg, want)
