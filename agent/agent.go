@@ -597,11 +597,11 @@ type ServerStatus struct {
 	ServerName  string    `json:"serverName,omitempty"` // TLS name
 	ServerID    string    `json:"serverID,omitempty"`   // empty when not connected
 	Connected   bool      `json:"connected"`
-	Since       time.Time `json:"since,omitzero"`       // when the current stream was opened
-	Connections int       `json:"connections"`          // tunnelled connections open through it
-	Alias       bool      `json:"alias,omitempty"`      // the address leads to ServerID, connected through another address
-	LastError   string    `json:"lastError,omitempty"`  // the last connect or stream error, if any
-	LastErrorAt time.Time `json:"lastErrorAt,omitzero"` //
+	Since       time.Time `json:"since,omitzero"`      // when the current stream was opened
+	Connections int       `json:"connections"`         // tunnelled connections open through it
+	Alias       bool      `json:"alias,omitempty"`     // the address leads to ServerID, connected through another address
+	LastError   string    `json:"lastError,omitempty"` // the last connect or stream error, if any
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
 	// FlowControl is the per-connection flow control the stream runs (docs/flow-control.md): flow.Version,
 	// or flow.None with a server that did not take it up (upstream's), under which one slow reader holds up
 	// the agent's other connections through that server. Empty while not connected, and on an alias.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -306,37 +307,23 @@ func (k *keyring) decrypt(ctx context.Context, file string, src keySource, pem [
 	return nil, nil
 }
 
+// gaveUpFiles, skippedFiles and ignoredFiles list, sorted, the keys not offered and why, for AuthError.
 func (k *keyring) gaveUpFiles() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for _, d := range k.gaveUp {
-		out = append(out, d)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Values(k.gaveUp))
 }
 
 func (k *keyring) skippedFiles() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for f := range k.skipped {
-		out = append(out, f)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(k.skipped))
 }
 
 func (k *keyring) ignoredFiles() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
-	for _, d := range k.ignored {
-		out = append(out, d)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Values(k.ignored))
 }
 
 // describeKey is how an offered identity is named in errors: type, SHA256 fingerprint and comment, the way
