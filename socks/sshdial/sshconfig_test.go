@@ -147,3 +147,20 @@ Match all
 		}
 	}
 }
+
+// TestIncludedProxyJumpAndProxyCommand: an included file is read in line order, so of ProxyJump and
+// ProxyCommand set in it the first line read applies, as in ssh, where konnect could not tell before.
+func TestIncludedProxyJumpAndProxyCommand(t *testing.T) {
+	dir := t.TempDir()
+	inc := filepath.Join(dir, "inc.conf")
+	os.WriteFile(inc, []byte("Host tgt\n  ProxyCommand nc %h %p\n  ProxyJump jumpy\n"), 0o600)
+	cfgFile := filepath.Join(dir, "config")
+	os.WriteFile(cfgFile, []byte("Include "+inc+"\n"), 0o600)
+	p, err := resolve(Config{Destination: "tgt", ConfigFile: cfgFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.hops) != 1 || p.hops[0].proxyCommand != "nc tgt 22" {
+		t.Errorf("hops %+v, want tgt through ProxyCommand nc tgt 22", p.hops)
+	}
+}
