@@ -184,11 +184,15 @@ Include ` + filepath.Join(dir, "conf.d", "20-second.conf") + `
 	}
 }
 
-// TestMatchExecTokensAsOpenSSH: Match exec expands every token konnect documents as ssh does: each writes
-// what it ran to a file, and the two files are the same.
+// TestMatchExecTokensAsOpenSSH: Match exec runs with $SHELL -c and expands every token konnect documents
+// as ssh does: each writes what it ran to a file, and the two files are the same.
 func TestMatchExecTokensAsOpenSSH(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")
+	shellLog := filepath.Join(dir, "shell.log")
+	shell := filepath.Join(dir, "shell")
+	os.WriteFile(shell, []byte("#!/bin/sh\necho \"$1\" >> "+shellLog+"\nexec /bin/sh \"$@\"\n"), 0o700)
+	t.Setenv("SHELL", shell)
 	cfgFile := filepath.Join(dir, "config")
 	os.WriteFile(cfgFile, []byte(`Host alias
   HostName real.example
@@ -209,5 +213,8 @@ Match exec "echo %C %L %l %d %h %i %k %n %p %r %u %% > `+out+`"
 	}
 	if got, err := os.ReadFile(out); err != nil || string(got) != string(want) {
 		t.Errorf("Match exec ran %q (%v), ssh ran %q", got, err, want)
+	}
+	if b, _ := os.ReadFile(shellLog); string(b) != "-c\n-c\n" {
+		t.Errorf("$SHELL ran with %q, want -c for ssh and for konnect", b)
 	}
 }
