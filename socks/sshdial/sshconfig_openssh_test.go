@@ -78,6 +78,11 @@ Match host web.corp.example
 Match host DB.CORP.EXAMPLE
   ProxyJump gate
 `, []string{"web", "db", "other"}},
+		{"Host patterns", `Host we? !wex
+  User q
+Host *.a?c
+  Port 2202
+`, []string{"web", "we", "wex", "x.abc", "x.ac"}},
 		{"originalhost", `Host alias
   HostName real.example
 Match originalhost alias
