@@ -329,15 +329,12 @@ func (ev *evaluation) read(f *configFile, active, neverMatch bool) error {
 			}
 			active = !neverMatch && matchPatterns(name, l.hosts, false)
 		case matchLine:
-			if neverMatch {
-				active = false
-				continue
-			}
-			ok, err := ev.match(f.path, l.line, l.match)
+			// Evaluated even where it cannot apply, as OpenSSH does: its exec runs, its "final" counts.
+			ok, err := ev.match(f.path, l.line, l.match, !neverMatch)
 			if err != nil {
 				return err
 			}
-			active = ok
+			active = ok && !neverMatch
 		case includeLine:
 			for _, inc := range l.included {
 				if err := ev.read(inc, active, neverMatch || !active); err != nil {
@@ -383,8 +380,9 @@ func expandHostName(value, alias string) string {
 }
 
 // match evaluates the criteria of the Match line at file:line, all of which must hold. As in OpenSSH, an
-// exec runs only when the criteria before it hold.
-func (ev *evaluation) match(file string, line int, criteria []matchCriterion) (bool, error) {
+// exec runs only when the criteria before it hold. warn reports a criterion konnect cannot evaluate, which
+// is pointless where the block cannot apply anyway.
+func (ev *evaluation) match(file string, line int, criteria []matchCriterion, warn bool) (bool, error) {
 	t := &ev.target
 	result := true
 	for _, c := range criteria {
@@ -414,7 +412,7 @@ func (ev *evaluation) match(file string, line int, criteria []matchCriterion) (b
 				return false, fmt.Errorf("ssh config %s line %d: Match exec: %w", file, line, err)
 			}
 		default:
-			if result {
+			if result && warn {
 				ev.log.Info("Skipping a Match block of the SSH config file: konnect cannot evaluate "+c.name+", so none of its settings apply",
 					"file", file, "line", line, "host", t.originalHost)
 			}

@@ -60,6 +60,7 @@ func TestMatchAsOpenSSH(t *testing.T) {
 	write("conf.d/20-second.conf", "Match user admin\n  ProxyJump from-d20\n  Port 2420\n")
 	write("never.conf", "User never\nMatch all\n  ProxyJump never\n")
 	write("startsactive.conf", "User from-include\nMatch user from-include\n  Port 2430\n")
+	write("final.conf", "Match final\n  User never\n")
 
 	for _, tc := range []struct {
 		name   string
@@ -161,6 +162,13 @@ Host incl
   Include ` + filepath.Join(dir, "startsactive.conf") + `
 Include ` + filepath.Join(dir, "conf.d", "20-second.conf") + `
 `, []string{"incl", "admin@incx", "admin@other", "nomatch", "other"}},
+		// A Match in a file that a block which does not apply includes never applies, but is evaluated
+		// all the same: its "final" makes the second pass.
+		{"final in an Include that does not apply", `Host nomatch
+  Include ` + filepath.Join(dir, "final.conf") + `
+Match canonical
+  Port 2999
+`, []string{"other"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := write("config-"+strings.ReplaceAll(tc.name, " ", "-"), tc.config+last)
