@@ -164,3 +164,23 @@ func TestIncludedProxyJumpAndProxyCommand(t *testing.T) {
 		t.Errorf("hops %+v, want tgt through ProxyCommand nc tgt 22", p.hops)
 	}
 }
+
+// TestRelativeIncludeIsUnderSSHDir: as in OpenSSH, a relative Include path is under ~/.ssh, and ~ is the
+// passwd entry's home directory, whatever $HOME says.
+func TestRelativeIncludeIsUnderSSHDir(t *testing.T) {
+	home := t.TempDir()
+	setHome(t, home)
+	t.Setenv("HOME", t.TempDir())
+	os.MkdirAll(filepath.Join(home, ".ssh", "conf.d"), 0o700)
+	os.WriteFile(filepath.Join(home, ".ssh", "conf.d", "a.conf"), []byte("Host h\n  User from-relative\n"), 0o600)
+	os.WriteFile(filepath.Join(home, ".ssh", "b.conf"), []byte("Host h\n  Port 2345\n"), 0o600)
+	cfgFile := filepath.Join(t.TempDir(), "config")
+	os.WriteFile(cfgFile, []byte("Include conf.d/*.conf ~/.ssh/b.conf\n"), 0o600)
+	p, err := resolve(Config{Destination: "h", ConfigFile: cfgFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := p.hops[0]; h.user != "from-relative" || h.port != 2345 {
+		t.Errorf("hop %+v: the included files were not read", h)
+	}
+}
