@@ -263,6 +263,7 @@ func (t *matchTarget) host() string {
 	return t.originalHost
 }
 
+// remoteUser is what "Match user" and %r see: the user so far, else the local user, as OpenSSH's default.
 func (t *matchTarget) remoteUser() string {
 	if t.user != "" {
 		return t.user

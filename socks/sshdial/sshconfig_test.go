@@ -98,6 +98,7 @@ Match host 192.0.2.1 exec "echo %h %n %p %r > `+ran+`"
 func TestMatchBlocks(t *testing.T) {
 	dir := t.TempDir()
 	setHome(t, dir)
+	t.Setenv("SHELL", "/bin/sh") // for "kill -9 $$"
 	write := func(name, content string) string {
 		f := filepath.Join(dir, name)
 		os.WriteFile(f, []byte(content), 0o600)
