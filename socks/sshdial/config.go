@@ -1,7 +1,7 @@
 package sshdial
 
 import (
-	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/kevinburke/ssh_config"
 	"github.com/konnect-dev/konnect/pki/address"
 	"golang.org/x/crypto/ssh"
 )
@@ -142,6 +141,8 @@ type endpoint struct {
 	// hop. Only the first hop has one, as with OpenSSH (later hops go through the hop before them).
 	proxyCommand string
 	auth         authSettings // what follows a key the server accepted while asking for more
+	// config is what the SSH config files set for this hop, Match blocks evaluated for it.
+	config *hostSettings
 }
 
 func (e endpoint) addr() string { return net.JoinHostPort(e.hostName, strconv.Itoa(e.port)) }
@@ -188,58 +189,6 @@ func (p *plan) probeTimeout() time.Duration {
 	return defaultAliveInterval
 }
 
-// sshConfig is the subset of the ssh_config lookup that resolution needs; nil means no file.
-type sshConfig struct {
-	files []*ssh_config.Config
-	paths []string // the file each of files was read from
-}
-
-// first returns which of keys is set first for alias, and its value, file and line (0 inside an Include):
-// OpenSSH takes the first value it reads of each keyword, and of ProxyJump and ProxyCommand whichever
-// comes first. Both set in one included file is an error: the parser does not say which line comes first.
-func (c *sshConfig) first(alias string, keys ...string) (key, value, file string, line int, err error) {
-	for _, k := range keys {
-		readsKeyword(k)
-	}
-	if c == nil {
-		return "", "", "", 0, nil
-	}
-	for fi, f := range c.files {
-		for _, h := range f.Hosts {
-			if !h.Matches(alias) {
-				continue
-			}
-			for _, n := range h.Nodes {
-				switch t := n.(type) {
-				case *ssh_config.KV:
-					for _, k := range keys {
-						if strings.EqualFold(t.Key, k) && t.Value != "" {
-							return k, t.Value, c.paths[fi], t.Pos().Line, nil
-						}
-					}
-				case *ssh_config.Include:
-					var found []string
-					for _, k := range keys {
-						if v := t.Get(alias, k); v != "" {
-							found = append(found, k)
-							key, value = k, v
-						}
-					}
-					if len(found) > 1 {
-						return "", "", "", 0, fmt.Errorf("ssh config %s: the file included at line %d sets %s for %s; "+
-							"konnect cannot tell which comes first: keep one, or override with --jump",
-							c.paths[fi], t.Pos().Line, strings.Join(found, " and "), alias)
-					}
-					if len(found) == 1 {
-						return key, value, c.paths[fi], 0, nil
-					}
-				}
-			}
-		}
-	}
-	return "", "", "", 0, nil
-}
-
 // configKeywords are the ssh_config keywords konnect reads, besides Host, Include and Match, which shape the
 // file. Every lookup names one (readsKeyword), so that the list, which -o's errors use, cannot fall behind.
 var configKeywords = map[string]bool{}
@@ -263,90 +212,6 @@ func readsKeyword(key string) {
 	if !ReadsConfigKeyword(key) {
 		panic("sshdial: ssh_config keyword " + key + " is read but missing from configKeywords")
 	}
-}
-
-func (c *sshConfig) get(alias, key string) string {
-	readsKeyword(key)
-	if c == nil {
-		return ""
-	}
-	for _, f := range c.files {
-		if v, err := f.Get(alias, key); err == nil && v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-func (c *sshConfig) getAll(alias, key string) []string {
-	readsKeyword(key)
-	if c == nil {
-		return nil
-	}
-	var out []string
-	for _, f := range c.files {
-		if v, err := f.GetAll(alias, key); err == nil {
-			out = append(out, v...)
-		}
-	}
-	return out
-}
-
-func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
-	var paths []string
-	explicit := false
-	switch path {
-	case "none":
-		return nil, nil
-	case "":
-		if home, err := homeDir(); err == nil {
-			paths = append(paths, filepath.Join(home, ".ssh", "config"))
-		}
-		paths = append(paths, "/etc/ssh/ssh_config")
-	default:
-		paths = []string{path}
-		explicit = true
-	}
-	out := &sshConfig{}
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			if !explicit && errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			return nil, fmt.Errorf("ssh config %s: %w", p, err)
-		}
-		cfg, err := ssh_config.DecodeBytes(skipMatch(p, data, log))
-		if err != nil {
-			if !explicit && p == "/etc/ssh/ssh_config" {
-				// The system file may use directives the parser does not know; it is optional here.
-				continue
-			}
-			return nil, fmt.Errorf("ssh config %s: %w", p, err)
-		}
-		out.files = append(out.files, cfg)
-		out.paths = append(out.paths, p)
-	}
-	return out, nil
-}
-
-// skipMatch turns each Match block of an ssh_config into one that applies to no host, keeping the line
-// numbers, and says so: the parser would apply "Match host" to the alias where OpenSSH matches the HostName,
-// misread a line with several criteria, and refuse the whole file for the others (user, exec, ...). "Match
-// all" is "Host *" and stays. Settings under Match are thus never half applied, and Match exec never runs.
-func skipMatch(file string, data []byte, log logr.Logger) []byte {
-	lines := bytes.Split(data, []byte("\n"))
-	for i, line := range lines {
-		text, _, _ := strings.Cut(string(line), "#")
-		words := strings.FieldsFunc(text, func(r rune) bool { return r == ' ' || r == '\t' || r == '=' })
-		if len(words) == 0 || !strings.EqualFold(words[0], "Match") || len(words) == 2 && strings.EqualFold(words[1], "all") {
-			continue
-		}
-		log.Info("Ignoring a Match block of the SSH config file: konnect does not evaluate Match, so none of its settings apply; "+
-			"put them under a Host line", "file", file, "line", i+1, "match", strings.TrimSpace(text))
-		lines[i] = []byte("Host !*")
-	}
-	return bytes.Join(lines, []byte("\n"))
 }
 
 // ParseDestination splits "[user@]host[:port]" or "ssh://[user@]host[:port]". port is 0 when absent.
@@ -479,9 +344,15 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	if err != nil {
 		return endpoint{}, err
 	}
-	e := endpoint{alias: alias, hostName: alias}
-	if hn := sc.get(alias, "HostName"); hn != "" {
-		e.hostName = strings.NewReplacer("%%", "%", "%h", alias).Replace(hn)
+	// As in OpenSSH, -l and -p are set before the file is read, so Match user sees them first.
+	givenUser, givenPort := cmp.Or(cliUser, usr), cmp.Or(cliPort, port)
+	hc, err := sc.forHost(alias, givenUser, givenPort)
+	if err != nil {
+		return endpoint{}, err
+	}
+	e := endpoint{alias: alias, hostName: alias, config: hc}
+	if hn := hc.get("HostName"); hn != "" {
+		e.hostName = expandHostName(hn, alias)
 	}
 	// A typo in an IP address (999.1.1.1) would otherwise go to DNS on every reconnect, for ever.
 	if err := address.MistypedIP(e.hostName); err != nil {
@@ -492,8 +363,8 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 		e.user = cliUser
 	case usr != "":
 		e.user = usr
-	case sc.get(alias, "User") != "":
-		e.user = sc.get(alias, "User")
+	case hc.get("User") != "":
+		e.user = hc.get("User")
 	default:
 		e.user = localUser()
 	}
@@ -502,26 +373,26 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 		e.port = cliPort
 	case port != 0:
 		e.port = port
-	case sc.get(alias, "Port") != "":
-		if e.port, err = parsePort(sc.get(alias, "Port")); err != nil {
+	case hc.get("Port") != "":
+		if e.port, err = parsePort(hc.get("Port")); err != nil {
 			return endpoint{}, fmt.Errorf("ssh config Port for %s: %w", alias, err)
 		}
 	default:
 		e.port = 22
 	}
-	for _, id := range sc.getAll(alias, "IdentityFile") {
+	for _, id := range hc.getAll("IdentityFile") {
 		e.identity = append(e.identity, expandPath(id, e))
 	}
-	for _, c := range sc.getAll(alias, "CertificateFile") {
+	for _, c := range hc.getAll("CertificateFile") {
 		e.certificates = append(e.certificates, expandPath(c, e))
 	}
-	e.identitiesOnly = strings.EqualFold(sc.get(alias, "IdentitiesOnly"), "yes")
-	if a := sc.get(alias, "IdentityAgent"); a != "" {
+	e.identitiesOnly = strings.EqualFold(hc.get("IdentitiesOnly"), "yes")
+	if a := hc.get("IdentityAgent"); a != "" {
 		e.identityAgent = expandPath(a, e)
 	}
-	e.hostKeyAlias = sc.get(alias, "HostKeyAlias")
-	e.hashKnownHosts = strings.EqualFold(sc.get(alias, "HashKnownHosts"), "yes")
-	if e.auth, err = readAuthSettings(sc, alias); err != nil {
+	e.hostKeyAlias = hc.get("HostKeyAlias")
+	e.hashKnownHosts = strings.EqualFold(hc.get("HashKnownHosts"), "yes")
+	if e.auth, err = readAuthSettings(hc, alias); err != nil {
 		return endpoint{}, err
 	}
 	return e, nil
@@ -566,7 +437,7 @@ func resolve(cfg Config) (*plan, error) {
 	}
 	if p.connectTimeout <= 0 {
 		p.connectTimeout = DefaultConnectTimeout
-		if v := sc.get(target.alias, "ConnectTimeout"); v != "" {
+		if v := target.config.get("ConnectTimeout"); v != "" {
 			if n, err := strconv.Atoi(v); err == nil && n > 0 {
 				p.connectTimeout = time.Duration(n) * time.Second
 			}
@@ -574,14 +445,14 @@ func resolve(cfg Config) (*plan, error) {
 	}
 	family, from := cfg.AddressFamily, "AddressFamily"
 	if family == "" {
-		family, from = sc.get(target.alias, "AddressFamily"), "the SSH config file's AddressFamily for "+target.alias
+		family, from = target.config.get("AddressFamily"), "the SSH config file's AddressFamily for "+target.alias
 	}
 	if p.network, err = addressFamilyNetwork(family); err != nil {
 		return nil, fmt.Errorf("%s: %w", from, err)
 	}
 	if p.aliveInterval == 0 {
 		p.aliveInterval = defaultAliveInterval
-		if v := sc.get(target.alias, "ServerAliveInterval"); v != "" {
+		if v := target.config.get("ServerAliveInterval"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
 				return nil, fmt.Errorf("ssh config ServerAliveInterval for %s: %q is not a number of seconds", target.alias, v)
@@ -594,7 +465,7 @@ func resolve(cfg Config) (*plan, error) {
 	}
 	if p.aliveCountMax <= 0 {
 		p.aliveCountMax = defaultAliveCountMax
-		if v := sc.get(target.alias, "ServerAliveCountMax"); v != "" {
+		if v := target.config.get("ServerAliveCountMax"); v != "" {
 			if n, err := strconv.Atoi(v); err == nil && n > 0 {
 				p.aliveCountMax = n
 			}
@@ -605,7 +476,7 @@ func resolve(cfg Config) (*plan, error) {
 	// in the file, whichever of the two comes first applies.
 	jumps := cfg.JumpHosts
 	if len(jumps) == 0 {
-		route, err := proxyRoute(sc, &target, cfg.Log)
+		route, err := proxyRoute(&target, cfg.Log)
 		if err != nil {
 			return nil, err
 		}
@@ -623,7 +494,7 @@ func resolve(cfg Config) (*plan, error) {
 		}
 		// The first jump host is reached as ssh reaches it: through its own ProxyCommand when it has one.
 		if i == 0 {
-			if _, err := proxyRoute(sc, &e, cfg.Log); err != nil {
+			if _, err := proxyRoute(&e, cfg.Log); err != nil {
 				return nil, fmt.Errorf("jump host: %w", err)
 			}
 		}
@@ -631,7 +502,7 @@ func resolve(cfg Config) (*plan, error) {
 	}
 	p.hops = append(p.hops, target)
 	for i := range p.hops {
-		if err := strictHostKeyChecking(sc, &p.hops[i], cfg.AcceptNew, cfg.Log); err != nil {
+		if err := strictHostKeyChecking(&p.hops[i], cfg.AcceptNew, cfg.Log); err != nil {
 			return nil, err
 		}
 	}
@@ -660,14 +531,14 @@ func resolve(cfg Config) (*plan, error) {
 		}
 	}
 
-	userKnown := sc.get(target.alias, "UserKnownHostsFile")
+	userKnown := target.config.get("UserKnownHostsFile")
 	if cfg.KnownHostsFile != "" {
 		userKnown = cfg.KnownHostsFile
 	}
 	if p.knownHosts, err = knownHostsFiles(userKnown, defaultUserKnownHosts, target); err != nil {
 		return nil, err
 	}
-	if p.globalKnown, err = knownHostsFiles(sc.get(target.alias, "GlobalKnownHostsFile"), defaultGlobalKnownHosts, target); err != nil {
+	if p.globalKnown, err = knownHostsFiles(target.config.get("GlobalKnownHostsFile"), defaultGlobalKnownHosts, target); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -749,10 +620,10 @@ func SplitJump(s string) []string {
 // with its tokens expanded), whichever the file sets first for e. "none" for either means a direct
 // connection. A jump host's own ProxyJump is not followed: the caller passes on its list only for the
 // destination.
-func proxyRoute(sc *sshConfig, e *endpoint, log logr.Logger) (jumps []string, err error) {
-	key, value, file, line, err := sc.first(e.alias, "ProxyJump", "ProxyCommand")
-	if err != nil || value == "" || value == "none" {
-		return nil, err
+func proxyRoute(e *endpoint, log logr.Logger) (jumps []string, err error) {
+	key, value, file, line := e.config.first("ProxyJump", "ProxyCommand")
+	if value == "" || value == "none" {
+		return nil, nil
 	}
 	if key == "ProxyJump" {
 		return SplitJump(value), nil
@@ -760,7 +631,7 @@ func proxyRoute(sc *sshConfig, e *endpoint, log logr.Logger) (jumps []string, er
 	if e.proxyCommand, err = expandProxyCommand(value, *e); err != nil {
 		return nil, fmt.Errorf("ssh config %s: %w", file, err)
 	}
-	if v := sc.get(e.alias, "ProxyUseFdpass"); strings.EqualFold(v, "yes") {
+	if v := e.config.get("ProxyUseFdpass"); strings.EqualFold(v, "yes") {
 		log.Info("Ignoring ProxyUseFdpass of the SSH config file: konnect talks through the command's stdin and stdout",
 			"host", e.alias, "file", file)
 	}
@@ -772,8 +643,8 @@ func proxyRoute(sc *sshConfig, e *endpoint, log logr.Logger) (jumps []string, er
 // to a host whose key changed: yes and ask (the default) refuse an unknown host, accept-new records it, and no
 // or off, which in OpenSSH also let a changed key through, are taken as accept-new, with a warning. The
 // --accept-new flag (cliAcceptNew) accepts new hosts whatever the file says.
-func strictHostKeyChecking(sc *sshConfig, e *endpoint, cliAcceptNew bool, log logr.Logger) error {
-	_, v, file, line, _ := sc.first(e.alias, "StrictHostKeyChecking")
+func strictHostKeyChecking(e *endpoint, cliAcceptNew bool, log logr.Logger) error {
+	_, v, file, line := e.config.first("StrictHostKeyChecking")
 	switch strings.ToLower(v) {
 	case "", "yes", "ask":
 		e.acceptNew = false

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -193,52 +192,6 @@ Host *
 func TestNewRefusesTooManyConnections(t *testing.T) {
 	if _, err := New(Config{Destination: "host", ConfigFile: "none", Connections: MaxConnections + 1}); err == nil {
 		t.Error("New accepted more than MaxConnections")
-	}
-}
-
-// Match blocks are not evaluated: each is named with its file and line in a warning, and none of its
-// settings apply (the parser would apply some to the wrong hosts and refuse the file for others); Match
-// exec never runs; "Match all" applies, as "Host *".
-func TestMatchBlocksAreSkippedWithAWarning(t *testing.T) {
-	dir := t.TempDir()
-	setHome(t, dir)
-	marker := filepath.Join(dir, "exec-ran")
-	cfgFile := filepath.Join(dir, "config")
-	os.WriteFile(cfgFile, []byte(`Host tgt
-  HostName 192.0.2.1
-Match host 192.0.2.1
-  User matched
-Match host tgt user root # two criteria
-  ProxyJump jumpy
-Match exec "touch `+marker+`"
-  Port 2200
-Match all
-  ServerAliveCountMax 9
-`), 0o600)
-	var logged []string
-	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
-	p, err := resolve(Config{Destination: "tgt", ConfigFile: cfgFile, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tg := p.hops[len(p.hops)-1]; len(p.hops) != 1 || tg.user != localUser() || tg.port != 22 || tg.hostName != "192.0.2.1" {
-		t.Errorf("hops %+v: a Match block's settings applied", p.hops)
-	}
-	if p.aliveCountMax != 9 {
-		t.Errorf("ServerAliveCountMax %d: Match all did not apply", p.aliveCountMax)
-	}
-	if _, err := os.Stat(marker); err == nil {
-		t.Error("Match exec ran")
-	}
-	for _, line := range []string{`"line"=3`, `"line"=5`, `"line"=7`} {
-		if !slices.ContainsFunc(logged, func(l string) bool {
-			return strings.Contains(l, "Match") && strings.Contains(l, cfgFile) && strings.Contains(l, line)
-		}) {
-			t.Errorf("no warning names %s %s; logged:\n%s", cfgFile, line, strings.Join(logged, "\n"))
-		}
-	}
-	if len(logged) != 3 {
-		t.Errorf("%d lines logged, want one per Match block but Match all:\n%s", len(logged), strings.Join(logged, "\n"))
 	}
 }
 

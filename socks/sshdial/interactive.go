@@ -33,13 +33,13 @@ var opensshPreferred = []string{"gssapi-with-mic", "hostbased", "publickey", "ke
 
 // readAuthSettings reads hop alias's authentication settings from the config file, with OpenSSH's
 // defaults.
-func readAuthSettings(sc *sshConfig, alias string) (authSettings, error) {
+func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 	s := authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 3}
-	if v := sc.get(alias, "PreferredAuthentications"); v != "" {
+	if v := hc.get("PreferredAuthentications"); v != "" {
 		s.preferred = strings.Split(v, ",")
 	}
 	yesNo := func(key string, dst *bool) error {
-		switch v := sc.get(alias, key); strings.ToLower(v) {
+		switch v := hc.get(key); strings.ToLower(v) {
 		case "":
 		case "yes":
 			*dst = true
@@ -58,7 +58,7 @@ func readAuthSettings(sc *sshConfig, alias string) (authSettings, error) {
 	if err := yesNo("PasswordAuthentication", &s.password); err != nil {
 		return s, err
 	}
-	if v := sc.get(alias, "NumberOfPasswordPrompts"); v != "" {
+	if v := hc.get("NumberOfPasswordPrompts"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
 			return s, fmt.Errorf("ssh config NumberOfPasswordPrompts for %s: %q is not a positive number", alias, v)

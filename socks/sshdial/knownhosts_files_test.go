@@ -137,17 +137,10 @@ func TestKnownHostsFiles(t *testing.T) {
 
 	t.Run("the defaults are OpenSSH's", func(t *testing.T) {
 		// ssh takes the home directory from the password database, whatever $HOME says: so must konnect.
-		harness.RequireSSH(t, "ssh")
 		t.Setenv("HOME", t.TempDir())
-		out, err := exec.Command("ssh", "-F", "none", "-G", "target").Output()
-		if err != nil {
-			t.Fatal(err)
-		}
 		want := map[string]string{}
-		for _, line := range strings.Split(string(out), "\n") {
-			if k, v, ok := strings.Cut(line, " "); ok && strings.HasSuffix(k, "knownhostsfile") {
-				want[k] = v
-			}
+		for k, v := range opensshResolves(t, "none", "target") {
+			want[k] = strings.Join(v, " ")
 		}
 		p, err := resolve(Config{Destination: "target", ConfigFile: "none"})
 		if err != nil {

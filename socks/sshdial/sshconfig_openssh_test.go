@@ -1,0 +1,233 @@
+//go:build integration
+
+package sshdial
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/konnect-dev/konnect/test/harness"
+)
+
+// opensshResolves is what OpenSSH's client resolves for dest from configFile alone ("none" for none), as
+// ssh -G prints it: each keyword, in lower case, with its values in order.
+func opensshResolves(t *testing.T, configFile, dest string) map[string][]string {
+	t.Helper()
+	harness.RequireSSH(t, "ssh")
+	out, err := exec.Command("ssh", "-F", configFile, "-G", dest).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("ssh -G -F %s %s: %v: %s", configFile, dest, err, stderr)
+	}
+	got := map[string][]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			got[k] = append(got[k], v)
+		}
+	}
+	return got
+}
+
+// TestMatchAsOpenSSH: for config files with Match blocks, konnect resolves the HostName, User, Port,
+// IdentityFile and ProxyJump that ssh -G resolves: Match host after HostName (%h expanded), originalhost,
+// user from the destination or from the file, localuser, negation, several criteria on a line, exec with
+// tokens, canonical and final, and Match inside an Include.
+func TestMatchAsOpenSSH(t *testing.T) {
+	dir := t.TempDir()
+	setHome(t, dir)
+	write := func(name, content string) string {
+		f := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	me := localUser()
+	// Each config ends with an IdentityFile for every host, so that ssh -G lists no default key files.
+	last := "Host *\n  IdentityFile " + filepath.Join(dir, "last") + "\n"
+	write("conf.d/10-first.conf", "Match originalhost inc*\n  IdentityFile /k/d10\nHost incl\n  Port 2410\n")
+	write("conf.d/20-second.conf", "Match user admin\n  ProxyJump from-d20\n  Port 2420\n")
+	write("never.conf", "User never\nMatch all\n  ProxyJump never\n")
+	write("startsactive.conf", "User from-include\nMatch user from-include\n  Port 2430\n")
+	write("final.conf", "Match final\n  User never\n")
+
+	for _, tc := range []struct {
+		name   string
+		config string
+		dests  []string
+	}{
+		{"host after HostName", `Host web db
+  HostName %h.corp.example
+Match host *.corp.example
+  User corp
+Match host web
+  IdentityFile /k/never-alias
+Match host web.corp.example
+  Port 2201
+  IdentityFile /k/web
+Match host DB.CORP.EXAMPLE
+  ProxyJump gate
+`, []string{"web", "db", "other"}},
+		{"Host patterns", `Host we? !wex
+  User q
+Host *.a?c
+  Port 2202
+`, []string{"web", "we", "wex", "x.abc", "x.ac"}},
+		{"originalhost", `Host alias
+  HostName real.example
+Match originalhost alias
+  User orig
+Match originalhost real.example
+  Port 9
+Match originalhost ALIAS,x
+  ProxyJump p1
+`, []string{"alias", "real.example"}},
+		{"user from the destination or the file", `Host box
+  User cfguser
+Match user admin
+  Port 2022
+  IdentityFile /k/admin
+Match user cfguser
+  ProxyJump jumpcfg
+Match user ` + me + `
+  Port 2023
+`, []string{"box", "admin@box", "other", "admin@other"}},
+		{"localuser", `Match localuser ` + me + `
+  User l1
+Match localuser nobody-else,x*
+  Port 3
+Match localuser !` + me + `,*
+  ProxyJump never
+`, []string{"h"}},
+		{"negation", `Match !host *.internal
+  ProxyJump gate
+Match host *.corp,!bad.corp
+  User corp
+Match !user root,admin !originalhost x*
+  Port 1022
+`, []string{"a.internal", "a.corp", "bad.corp", "admin@a.corp", "xy"}},
+		{"several criteria on one line", `Host *.corp
+  HostName %h.example
+Match host *.corp.example user admin
+  Port 2200
+Match originalhost a* !localuser nosuch host *.example
+  ProxyJump j1
+Match originalhost a* localuser nosuch
+  User never
+`, []string{"a.corp", "admin@a.corp", "b.corp"}},
+		{"exec with tokens", `Host alias
+  HostName real.example
+  User u1
+Match exec "test %h = real.example -a %n = alias -a %r = u1 -a %p = 22 -a %u = ` + me + `"
+  Port 2244
+Match exec "test %n = nope"
+  ProxyJump never
+Match !exec false
+  IdentityFile /k/notfalse
+Match exec "exit 3"
+  User never
+`, []string{"alias", "other"}},
+		{"final", `Host alias
+  HostName real.example
+Host real.example
+  User viafinal
+Match final host real.example
+  Port 2233
+Match canonical
+  IdentityFile /k/canonical
+Match !final
+  ProxyJump notfinal
+`, []string{"alias", "other"}},
+		{"canonical without final", `Match canonical
+  User canon
+Match !canonical
+  Port 2200
+`, []string{"h"}},
+		{"Include with Match inside", `Host inc*
+  Include ` + filepath.Join(dir, "conf.d", "*.conf") + `
+Host nomatch
+  Include ` + filepath.Join(dir, "never.conf") + `
+Host incl
+  Include ` + filepath.Join(dir, "startsactive.conf") + `
+Include ` + filepath.Join(dir, "conf.d", "20-second.conf") + `
+`, []string{"incl", "admin@incx", "admin@other", "nomatch", "other"}},
+		// A Match in a file that a block which does not apply includes never applies, but is evaluated
+		// all the same: its "final" makes the second pass.
+		{"final in an Include that does not apply", `Host nomatch
+  Include ` + filepath.Join(dir, "final.conf") + `
+Match canonical
+  Port 2999
+`, []string{"other"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := write("config-"+strings.ReplaceAll(tc.name, " ", "-"), tc.config+last)
+			for _, dest := range tc.dests {
+				want := opensshResolves(t, f, dest)
+				p, err := resolve(Config{Destination: dest, ConfigFile: f})
+				if err != nil {
+					t.Fatalf("%s: %v", dest, err)
+				}
+				tg := p.hops[len(p.hops)-1]
+				_, jump, _, _ := tg.config.first("ProxyJump")
+				got := map[string][]string{
+					"hostname": {tg.hostName}, "user": {tg.user}, "port": {strconv.Itoa(tg.port)},
+					"identityfile": tg.identity, "proxyjump": nil,
+				}
+				if jump != "" {
+					got["proxyjump"] = []string{jump}
+				}
+				for _, k := range []string{"hostname", "user", "port", "identityfile", "proxyjump"} {
+					if !slices.Equal(got[k], want[k]) {
+						t.Errorf("%s: %s %q, ssh -G says %q", dest, k, got[k], want[k])
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestMatchExecTokensAsOpenSSH: Match exec runs with $SHELL -c and expands every token konnect documents
+// as ssh does: each writes what it ran to a file, and the two files are the same.
+func TestMatchExecTokensAsOpenSSH(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	shellLog := filepath.Join(dir, "shell.log")
+	shell := filepath.Join(dir, "shell")
+	os.WriteFile(shell, []byte("#!/bin/sh\necho \"$1\" >> "+shellLog+"\nexec /bin/sh \"$@\"\n"), 0o700)
+	t.Setenv("SHELL", shell)
+	cfgFile := filepath.Join(dir, "config")
+	os.WriteFile(cfgFile, []byte(`Host alias
+  HostName real.example
+  HostKeyAlias keyalias
+  User u1
+  Port 2222
+Match exec "echo %C %L %l %d %h %i %k %n %p %r %u %% > `+out+`"
+  User matched
+`), 0o600)
+	opensshResolves(t, cfgFile, "alias")
+	want, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(out)
+	if _, err := resolve(Config{Destination: "alias", ConfigFile: cfgFile}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(out); err != nil || string(got) != string(want) {
+		t.Errorf("Match exec ran %q (%v), ssh ran %q", got, err, want)
+	}
+	if b, _ := os.ReadFile(shellLog); string(b) != "-c\n-c\n" {
+		t.Errorf("$SHELL ran with %q, want -c for ssh and for konnect", b)
+	}
+}
