@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/go-logr/logr"
 	"github.com/kevinburke/ssh_config"
@@ -63,13 +65,15 @@ type matchCriterion struct {
 
 // readConfigFile reads one ssh_config file and, recursively, the files its Include lines name. system says
 // it is /etc/ssh/ssh_config or one of its includes (relative Include paths are then under /etc/ssh);
-// depth counts the Includes that led here.
-func readConfigFile(path string, system bool, depth int) (*configFile, error) {
+// depth counts the Includes that led here. checkOwner refuses a file that another user could have written,
+// as OpenSSH does for ~/.ssh/config and every included file: their ProxyCommand and Match exec lines run
+// as the user.
+func readConfigFile(path string, system, checkOwner bool, depth int) (*configFile, error) {
 	// OpenSSH's READCONF_MAX_DEPTH: a loop of Includes ends here.
 	if depth > 16 {
 		return nil, fmt.Errorf("ssh config %s: too many nested Include levels", path)
 	}
-	data, err := os.ReadFile(path)
+	data, err := readConfigBytes(path, checkOwner)
 	if err != nil {
 		return nil, fmt.Errorf("ssh config %s: %w", path, err)
 	}
@@ -106,7 +110,7 @@ func readConfigFile(path string, system bool, depth int) (*configFile, error) {
 					return nil, fmt.Errorf("ssh config %s line %d: %w", path, i+1, err)
 				}
 				for _, p := range inc {
-					cf, err := readConfigFile(p, system, depth+1)
+					cf, err := readConfigFile(p, system, true, depth+1)
 					if err != nil {
 						return nil, err
 					}
@@ -132,6 +136,87 @@ func readConfigFile(path string, system bool, depth int) (*configFile, error) {
 	f.lines = append(f.lines, settings...)
 	slices.SortStableFunc(f.lines, func(a, b configLine) int { return a.line - b.line })
 	return f, nil
+}
+
+// readConfigBytes reads a config file, checking the file it opened when checkOwner is set (OpenSSH's "Bad
+// owner or permissions").
+func readConfigBytes(path string, checkOwner bool) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if checkOwner {
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if err := othersCannotWrite(fi, path); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(f)
+}
+
+// othersCannotWrite refuses a file that a user other than the running one or root may have written: owned
+// by another user, writable by others, or writable by a group with another member. A group-writable file
+// passes when its group is the owner's own (no other member, as a user's private group), which Debian's
+// and Ubuntu's ssh accept too: with their default umask 002, ~/.ssh/config is often mode 0664.
+func othersCannotWrite(fi os.FileInfo, path string) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	mode := fi.Mode().Perm()
+	switch {
+	case st.Uid != 0 && int(st.Uid) != os.Getuid():
+		return fmt.Errorf("bad owner: owned by uid %d, not by you or root, and its commands would run as you", st.Uid)
+	case mode&0o002 != 0, mode&0o020 != 0 && !privateGroup(st.Gid, st.Uid):
+		return fmt.Errorf("bad permissions %04o: writable by others than you, whose commands would run as you (chmod go-w %s)", mode, path)
+	}
+	return nil
+}
+
+// privateGroup says whether group gid has owner as its only member: the only user whose primary group it is,
+// and no other listed member. Read from /etc/passwd and /etc/group; a group found in neither is not.
+func privateGroup(gid, owner uint32) bool {
+	members := 0
+	passwd, _ := os.ReadFile("/etc/passwd")
+	ownerName := ""
+	for _, line := range strings.Split(string(passwd), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 4 {
+			continue
+		}
+		uid, err1 := strconv.ParseUint(f[2], 10, 32)
+		g, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if uint32(uid) == owner && ownerName == "" {
+			ownerName = f[0]
+		}
+		if uint32(g) == gid {
+			if uint32(uid) != owner {
+				return false
+			}
+			members++
+		}
+	}
+	group, _ := os.ReadFile("/etc/group")
+	for _, line := range strings.Split(string(group), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 4 || f[2] != strconv.FormatUint(uint64(gid), 10) || f[3] == "" {
+			continue
+		}
+		for _, m := range strings.Split(f[3], ",") {
+			if m != ownerName {
+				return false
+			}
+			members++
+		}
+	}
+	return members > 0
 }
 
 // includePaths are the files an Include pattern names, as OpenSSH finds them: a relative path is under
@@ -605,7 +690,8 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 		if _, err := os.Stat(s.path); !s.explicit && errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		f, err := readConfigFile(s.path, s.system, 0)
+		// As OpenSSH: ~/.ssh/config is checked, a file named by -F and the system file are not.
+		f, err := readConfigFile(s.path, s.system, !s.explicit && !s.system, 0)
 		if err != nil {
 			if s.system {
 				// The system file may use directives the parser does not know; it is optional here.

@@ -231,3 +231,99 @@ Match exec "echo %C %L %l %d %h %i %k %n %p %r %u %% > `+out+`"
 		t.Errorf("$SHELL ran with %q, want -c for ssh and for konnect", b)
 	}
 }
+
+// TestConfigOwnerAsOpenSSH: ~/.ssh/config and every included file, whose ProxyCommand and Match exec lines
+// run as the user, are refused when another user could have written them, naming the file, where ssh stops
+// with "Bad owner or permissions": another user owns it, others may write it, or a group with another
+// member may. A group of the owner alone may write it (Debian's ssh agrees: its users' umask is 002). A
+// file named by -F is read whatever its mode, as by ssh.
+func TestConfigOwnerAsOpenSSH(t *testing.T) {
+	harness.RequireSSH(t, "ssh")
+	if os.Getuid() != 0 {
+		t.Skip("gives files to other users and groups: needs root, as in CI")
+	}
+	// nogroup is nobody's primary group, so it has a member other than root.
+	const shared = 65534
+	if privateGroup(shared, 0) {
+		t.Fatalf("group %d has root alone as its member here", shared)
+	}
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode, uid, gid int) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(f, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return f
+	}
+	inc := func(name string, mode os.FileMode, uid, gid int) (config, included string) {
+		included = write(name+".conf", "Host h\n  User from"+name+"\n", mode, uid, gid)
+		return write("config-"+name, "Include "+included+"\nHost *\n  IdentityFile /k/last\n", 0o600, 0, 0), included
+	}
+	for _, tc := range []struct {
+		name     string
+		mode     os.FileMode
+		uid, gid int
+		refused  bool
+	}{
+		{"mode 0644", 0o644, 0, 0, false},
+		{"writable by the owner's own group", 0o664, 0, 0, false},
+		{"writable by a group with another member", 0o620, 0, shared, true},
+		{"writable by others", 0o602, 0, 0, true},
+		{"owned by another user", 0o644, shared, 0, true},
+	} {
+		t.Run("included file "+tc.name, func(t *testing.T) {
+			config, included := inc(strings.ReplaceAll(tc.name, " ", "-"), tc.mode, tc.uid, tc.gid)
+			out, sshErr := exec.Command("ssh", "-F", config, "-G", "h").CombinedOutput()
+			if sshRefused := sshErr != nil && strings.Contains(string(out), "Bad owner or permissions"); sshRefused != tc.refused {
+				t.Fatalf("ssh -G: %v: %s, want refused %v", sshErr, out, tc.refused)
+			}
+			_, err := resolve(Config{Destination: "h", ConfigFile: config})
+			if !tc.refused && err != nil {
+				t.Fatalf("konnect: %v, want it read", err)
+			}
+			if tc.refused && (err == nil || !strings.Contains(err.Error(), included)) {
+				t.Fatalf("konnect: %v, want a refusal naming %s", err, included)
+			}
+		})
+	}
+
+	t.Run("-F file everyone may write", func(t *testing.T) {
+		config := write("open-F", "Host h\n  User fromF\n", 0o666, shared, shared)
+		if out, err := exec.Command("ssh", "-F", config, "-G", "h").CombinedOutput(); err != nil {
+			t.Fatalf("ssh -G: %v: %s", err, out)
+		}
+		if _, err := resolve(Config{Destination: "h", ConfigFile: config}); err != nil {
+			t.Fatalf("konnect: %v, want it read, as ssh reads it", err)
+		}
+	})
+
+	t.Run("~/.ssh/config", func(t *testing.T) {
+		home := t.TempDir()
+		setHome(t, home)
+		f := filepath.Join(home, ".ssh", "config")
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("Host h\n  ProxyCommand nc %h %p\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := resolve(Config{Destination: "h"}); err != nil {
+			t.Fatalf("mode 0600: %v", err)
+		}
+		if err := os.Chown(f, 0, shared); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, 0o660); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := resolve(Config{Destination: "h"}); err == nil || !strings.Contains(err.Error(), f) || !strings.Contains(err.Error(), "chmod go-w") {
+			t.Fatalf("mode 0660, group %d: %v, want a refusal naming %s and the fix", shared, err, f)
+		}
+	})
+}
