@@ -25,7 +25,7 @@ type authSettings struct {
 	preferred       []string // PreferredAuthentications, in order
 	kbdInteractive  bool     // KbdInteractiveAuthentication (ChallengeResponseAuthentication)
 	password        bool     // PasswordAuthentication
-	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method, and of each key's passphrase
+	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method, and of each key's passphrase; 0 asks nothing
 }
 
 // opensshPreferred is OpenSSH's default PreferredAuthentications.
@@ -60,8 +60,8 @@ func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 	}
 	if v := hc.get("NumberOfPasswordPrompts"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return s, fmt.Errorf("ssh config NumberOfPasswordPrompts for %s: %q is not a positive number", alias, v)
+		if err != nil || n < 0 {
+			return s, fmt.Errorf("ssh config NumberOfPasswordPrompts for %s: %q is not a number of 0 or more", alias, v)
 		}
 		s.passwordPrompts = n
 	}
@@ -71,6 +71,9 @@ func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 // enabled reports whether the config file lets konnect answer method (a person answers: password or
 // keyboard-interactive).
 func (s authSettings) enabled(method string) bool {
+	if s.passwordPrompts == 0 { // as ssh: NumberOfPasswordPrompts 0 asks nothing
+		return false
+	}
 	switch method {
 	case "password":
 		return s.password

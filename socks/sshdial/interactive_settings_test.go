@@ -33,7 +33,9 @@ func TestAuthSettings(t *testing.T) {
 		{"old name", "Host *\n  ChallengeResponseAuthentication no\n  PasswordAuthentication no\n",
 			authSettings{preferred: opensshPreferred, passwordPrompts: 3}, ""},
 		{"not yes or no", "Host *\n  PasswordAuthentication maybe\n", authSettings{}, "PasswordAuthentication for bastion"},
-		{"no prompts", "Host *\n  NumberOfPasswordPrompts 0\n", authSettings{}, "NumberOfPasswordPrompts for bastion"},
+		{"no prompts", "Host *\n  NumberOfPasswordPrompts 0\n",
+			authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 0}, ""},
+		{"negative prompts", "Host *\n  NumberOfPasswordPrompts -1\n", authSettings{}, "NumberOfPasswordPrompts for bastion"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := read(t, tc.conf)

@@ -4,6 +4,7 @@ package sshdial
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,6 +119,34 @@ func TestWrongPassphrase(t *testing.T) {
 		}
 		if n := p.count(f.key); n != 1 {
 			t.Errorf("passphrase asked %d times, want 1", n)
+		}
+	})
+
+	// As ssh, NumberOfPasswordPrompts 0 asks for no passphrase: the key, although -i names it, is not
+	// offered, and the next identity is.
+	t.Run("NumberOfPasswordPrompts 0", func(t *testing.T) {
+		f := newFixtureWithPassphrase(t, right)
+		cfg := f.config()
+		plain, plainPub := harness.SSHKeyPair(t, t.TempDir(), "id_plain", "")
+		ak, err := os.OpenFile(filepath.Join(f.sshd.Dir, "authorized_keys"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(ak, plainPub)
+		ak.Close()
+		cfg.IdentityFiles = append(cfg.IdentityFiles, plain)
+		cfg.ConfigFile = filepath.Join(t.TempDir(), "config")
+		if err := os.WriteFile(cfg.ConfigFile, []byte("Host *\n  NumberOfPasswordPrompts 0\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := &passphrases{answers: []string{right}}
+		d, done, logs := run(t, cfg, p)
+		waitReady(t, d, done)
+		if n := p.count(f.key); n != 0 {
+			t.Errorf("passphrase asked %d times, want none", n)
+		}
+		if !logged(logs, "NumberOfPasswordPrompts 0 asks for no passphrase", f.key) {
+			t.Errorf("no log line says the key %s is not offered:\n%s", f.key, logs)
 		}
 	})
 
