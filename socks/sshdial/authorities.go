@@ -145,7 +145,8 @@ func matchHashed(pattern, host string) bool {
 	return hmac.Equal(mac.Sum(nil), want)
 }
 
-// matchWildcard matches s against a pattern in which * is any run of characters and ? any one character.
+// matchWildcard matches s against a pattern in which * is any run of characters and ? exactly one, as in
+// OpenSSH's known_hosts and ssh_config patterns.
 func matchWildcard(pattern, s string) bool {
 	for pattern != "" {
 		switch pattern[0] {

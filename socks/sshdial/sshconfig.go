@@ -590,7 +590,7 @@ func matchPatterns(s string, patterns []string, fold bool) bool {
 		if fold {
 			p = strings.ToLower(p)
 		}
-		if globMatch(p, s) {
+		if matchWildcard(p, s) {
 			if negated {
 				return false
 			}
@@ -598,31 +598,6 @@ func matchPatterns(s string, patterns []string, fold bool) bool {
 		}
 	}
 	return found
-}
-
-// globMatch matches s against an ssh_config pattern: "*" is any run of characters, "?" exactly one.
-func globMatch(pattern, s string) bool {
-	for pattern != "" {
-		switch pattern[0] {
-		case '*':
-			for i := len(s); i >= 0; i-- {
-				if globMatch(pattern[1:], s[i:]) {
-					return true
-				}
-			}
-			return false
-		case '?':
-			if s == "" {
-				return false
-			}
-		default:
-			if s == "" || s[0] != pattern[0] {
-				return false
-			}
-		}
-		pattern, s = pattern[1:], s[1:]
-	}
-	return s == ""
 }
 
 // first returns which of keys applies first, and its value, file and line: OpenSSH takes the first value it
