@@ -61,7 +61,7 @@ func (e *AuthError) Error() string {
 			msg += "; it refused the answers to " + strings.Join(e.Answered, ", ")
 		} else {
 			msg += "; konnect answers only password and keyboard-interactive, unless PreferredAuthentications, " +
-				"PasswordAuthentication, KbdInteractiveAuthentication or NumberOfPasswordPrompts 0 in the SSH config file exclude them"
+				"PasswordAuthentication, KbdInteractiveAuthentication, BatchMode yes or NumberOfPasswordPrompts 0 in the SSH config file exclude them"
 		}
 	case len(e.Offered) == 0 && len(e.WrongPassphrase) > 0:
 		msg += "no identity was offered: wrong passphrase for identity file " + strings.Join(e.WrongPassphrase, ", ")
@@ -76,7 +76,7 @@ func (e *AuthError) Error() string {
 		msg += "; not offered: wrong passphrase for identity file " + strings.Join(e.WrongPassphrase, ", ")
 	}
 	if len(e.Skipped) > 0 {
-		msg += fmt.Sprintf("; encrypted keys not tried, no passphrase could be asked for (no terminal, or NumberOfPasswordPrompts 0): %s (load them with ssh-add)",
+		msg += fmt.Sprintf("; encrypted keys not tried, no passphrase could be asked for (no terminal, or BatchMode yes or NumberOfPasswordPrompts 0): %s (load them with ssh-add)",
 			strings.Join(e.Skipped, ", "))
 	}
 	if len(e.Ignored) > 0 {
@@ -268,9 +268,9 @@ func (k *keyring) load(ctx context.Context, file string, src keySource, tries in
 // terminal, or a key whose passphrase was wrong tries times. k.mu is held.
 func (k *keyring) decrypt(ctx context.Context, file string, src keySource, pem []byte, tries int, pause func() (resume func())) (ssh.Signer, error) {
 	if tries == 0 {
-		// NumberOfPasswordPrompts 0: ssh asks for no passphrase and goes on without the key, whatever
-		// named it.
-		k.log.Info("Identity file not offered: it is encrypted, and NumberOfPasswordPrompts 0 asks for no passphrase; load it with ssh-add",
+		// NumberOfPasswordPrompts 0 or BatchMode yes: ssh asks for no passphrase and goes on without the
+		// key, whatever named it.
+		k.log.Info("Identity file not offered: it is encrypted, and the SSH config file allows no prompt (BatchMode yes or NumberOfPasswordPrompts 0); load it with ssh-add",
 			"file", file)
 		k.skipped[file] = true
 		k.signers[file] = nil

@@ -198,7 +198,7 @@ func init() {
 		"IdentityAgent", "ProxyJump", "ProxyCommand", "ProxyUseFdpass", "StrictHostKeyChecking", "ConnectTimeout",
 		"ServerAliveInterval", "ServerAliveCountMax", "UserKnownHostsFile", "GlobalKnownHostsFile", "HostKeyAlias",
 		"HashKnownHosts", "PreferredAuthentications", "PasswordAuthentication", "KbdInteractiveAuthentication",
-		"ChallengeResponseAuthentication", "NumberOfPasswordPrompts", "AddressFamily"} {
+		"ChallengeResponseAuthentication", "NumberOfPasswordPrompts", "BatchMode", "AddressFamily"} {
 		configKeywords[strings.ToLower(k)] = true
 	}
 }

@@ -25,7 +25,7 @@ type authSettings struct {
 	preferred       []string // PreferredAuthentications, in order
 	kbdInteractive  bool     // KbdInteractiveAuthentication (ChallengeResponseAuthentication)
 	password        bool     // PasswordAuthentication
-	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method, and of each key's passphrase; 0 asks nothing
+	passwordPrompts int      // NumberOfPasswordPrompts: tries of each method, and of each key's passphrase; 0 (or BatchMode yes) asks nothing
 }
 
 // opensshPreferred is OpenSSH's default PreferredAuthentications.
@@ -65,13 +65,22 @@ func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 		}
 		s.passwordPrompts = n
 	}
+	// BatchMode yes is ssh's setting for scripts: no prompt of any kind. konnect asks no host key question
+	// either way, so what is left of it is what NumberOfPasswordPrompts 0 does.
+	var batch bool
+	if err := yesNo("BatchMode", &batch); err != nil {
+		return s, err
+	}
+	if batch {
+		s.passwordPrompts = 0
+	}
 	return s, nil
 }
 
 // enabled reports whether the config file lets konnect answer method (a person answers: password or
 // keyboard-interactive).
 func (s authSettings) enabled(method string) bool {
-	if s.passwordPrompts == 0 { // as ssh: NumberOfPasswordPrompts 0 asks nothing
+	if s.passwordPrompts == 0 { // as ssh: NumberOfPasswordPrompts 0 and BatchMode yes ask nothing
 		return false
 	}
 	switch method {

@@ -35,6 +35,9 @@ func TestAuthSettings(t *testing.T) {
 		{"not yes or no", "Host *\n  PasswordAuthentication maybe\n", authSettings{}, "PasswordAuthentication for bastion"},
 		{"no prompts", "Host *\n  NumberOfPasswordPrompts 0\n",
 			authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 0}, ""},
+		{"BatchMode", "Host *\n  BatchMode yes\n  NumberOfPasswordPrompts 2\n",
+			authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 0}, ""},
+		{"BatchMode not yes or no", "Host *\n  BatchMode sometimes\n", authSettings{}, "BatchMode for bastion"},
 		{"negative prompts", "Host *\n  NumberOfPasswordPrompts -1\n", authSettings{}, "NumberOfPasswordPrompts for bastion"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -362,16 +362,18 @@ func TestSecondFactorRefused(t *testing.T) {
 			t.Errorf("asked %d times, want 1", len(asked))
 		}
 	})
-	t.Run("NumberOfPasswordPrompts 0", func(t *testing.T) {
-		asked, err := run(t, "NumberOfPasswordPrompts 0\n")
-		if len(asked) != 0 {
-			t.Errorf("asked %q although NumberOfPasswordPrompts is 0", asked)
-		}
-		var ae *AuthError
-		if !errors.As(err, &ae) || !strings.Contains(err.Error(), "accepted the key "+f.key) || !strings.Contains(err.Error(), "NumberOfPasswordPrompts 0") {
-			t.Errorf("err = %v, want an AuthError naming the accepted key and the setting", err)
-		}
-	})
+	for _, setting := range []string{"NumberOfPasswordPrompts 0", "BatchMode yes"} {
+		t.Run(setting, func(t *testing.T) {
+			asked, err := run(t, setting+"\n")
+			if len(asked) != 0 {
+				t.Errorf("asked %q although %s", asked, setting)
+			}
+			var ae *AuthError
+			if !errors.As(err, &ae) || !strings.Contains(err.Error(), "accepted the key "+f.key) || !strings.Contains(err.Error(), setting) {
+				t.Errorf("err = %v, want an AuthError naming the accepted key and %s", err, setting)
+			}
+		})
+	}
 	t.Run("PasswordAuthentication no", func(t *testing.T) {
 		asked, err := run(t, "PasswordAuthentication no\n")
 		if len(asked) != 0 {
