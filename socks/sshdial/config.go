@@ -485,22 +485,19 @@ func resolve(cfg Config) (*plan, error) {
 	if len(jumps) == 1 && jumps[0] == "none" {
 		jumps = nil
 	}
-	for i, j := range jumps {
+	for _, j := range jumps {
 		// Jump hosts take their user and port from their own spec and config entry, not from -l and -p,
-		// as with OpenSSH. Their own ProxyJump is not followed.
+		// as with OpenSSH.
 		e, err := resolveEndpoint(j, "", 0, sc)
 		if err != nil {
 			return nil, fmt.Errorf("jump host: %w", err)
 		}
-		// The first jump host is reached as ssh reaches it: through its own ProxyCommand when it has one.
-		if i == 0 {
-			if _, err := proxyRoute(&e, cfg.Log); err != nil {
-				return nil, fmt.Errorf("jump host: %w", err)
-			}
-		}
 		p.hops = append(p.hops, e)
 	}
 	p.hops = append(p.hops, target)
+	if p.hops, err = reachFirstHop(p.hops, sc, cfg.Log); err != nil {
+		return nil, err
+	}
 	for i := range p.hops {
 		if err := strictHostKeyChecking(&p.hops[i], cfg.AcceptNew, cfg.Log); err != nil {
 			return nil, err
@@ -616,10 +613,70 @@ func SplitJump(s string) []string {
 	return out
 }
 
+// maxHops bounds a route of jump hosts, each reached through the next one's ProxyJump.
+const maxHops = 16
+
+// reachFirstHop completes a route (jump hosts, then the destination) as ssh -J completes it: ssh reaches the
+// first jump host with "ssh -W", which reads that host's own config entry, so the first hop is reached
+// through its own ProxyCommand, or through its own ProxyJump, whose first host is reached the same way in
+// turn. The hops after the first are reached through the hop before them, whatever their entries say. A
+// host that comes back in the route is a loop, which ssh stops at too ("jumphost loop").
+func reachFirstHop(route []endpoint, sc *sshConfig, log logr.Logger) ([]endpoint, error) {
+	for {
+		if err := checkLoop(route); err != nil {
+			return nil, err
+		}
+		if len(route) < 2 {
+			return route, nil
+		}
+		first := &route[0]
+		jumps, err := proxyRoute(first, log)
+		if err != nil {
+			return nil, fmt.Errorf("jump host: %w", err)
+		}
+		if len(jumps) == 0 {
+			return route, nil
+		}
+		var before []endpoint
+		for _, j := range jumps {
+			e, err := resolveEndpoint(j, "", 0, sc)
+			if err != nil {
+				return nil, fmt.Errorf("jump host %s's ProxyJump: %w", first.alias, err)
+			}
+			before = append(before, e)
+		}
+		route = append(before, route...)
+		if len(route) > maxHops {
+			return nil, fmt.Errorf("jump hosts: more than %d hops (%s)", maxHops-1, routeString(route))
+		}
+	}
+}
+
+// checkLoop refuses a route that reaches one server (user, host and port) twice.
+func checkLoop(route []endpoint) error {
+	seen := map[string]bool{}
+	for _, h := range route {
+		if seen[h.String()] {
+			return fmt.Errorf("jump host loop via %s: the route %s reaches it twice, and ssh stops there too; "+
+				"keep %s out of the Host or Match blocks whose ProxyJump names it", h, routeString(route), h.alias)
+		}
+		seen[h.String()] = true
+	}
+	return nil
+}
+
+// routeString is a route as the log and errors show it: each hop's alias, in order.
+func routeString(route []endpoint) string {
+	names := make([]string, len(route))
+	for i, h := range route {
+		names[i] = h.alias
+	}
+	return strings.Join(names, " -> ")
+}
+
 // proxyRoute reads how e is reached from the config file: the ProxyJump list, or a ProxyCommand (set on e
 // with its tokens expanded), whichever the file sets first for e. "none" for either means a direct
-// connection. A jump host's own ProxyJump is not followed: the caller passes on its list only for the
-// destination.
+// connection.
 func proxyRoute(e *endpoint, log logr.Logger) (jumps []string, err error) {
 	key, value, file, line := e.config.first("ProxyJump", "ProxyCommand")
 	if value == "" || value == "none" {

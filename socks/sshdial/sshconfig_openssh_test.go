@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/test/harness"
 )
 
@@ -174,11 +175,15 @@ Match canonical
 			f := write("config-"+strings.ReplaceAll(tc.name, " ", "-"), tc.config+last)
 			for _, dest := range tc.dests {
 				want := opensshResolves(t, f, dest)
-				p, err := resolve(Config{Destination: dest, ConfigFile: f})
+				// The destination's own entry, as ssh -G prints it; ssh -G does not read the jump hosts'.
+				sc, err := loadSSHConfig(f, logr.Discard())
+				if err != nil {
+					t.Fatal(err)
+				}
+				tg, err := resolveEndpoint(dest, "", 0, sc)
 				if err != nil {
 					t.Fatalf("%s: %v", dest, err)
 				}
-				tg := p.hops[len(p.hops)-1]
 				_, jump, _, _ := tg.config.first("ProxyJump")
 				got := map[string][]string{
 					"hostname": {tg.hostName}, "user": {tg.user}, "port": {strconv.Itoa(tg.port)},
@@ -326,4 +331,35 @@ func TestConfigOwnerAsOpenSSH(t *testing.T) {
 			t.Fatalf("mode 0660, group %d: %v, want a refusal naming %s and the fix", shared, err, f)
 		}
 	})
+}
+
+// TestJumpHostLoop: a route that reaches a server twice is refused naming it, before any connection: a
+// jump host whose own ProxyJump names itself (ssh -G stops at it with "jumphost loop"), the common
+// "Host * / ProxyJump gate" that gate matches too (with which ssh's connection to any host fails the same
+// way, one ssh further in), and a cycle of two jump hosts, with which ssh would start ssh after ssh.
+func TestJumpHostLoop(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	everyHost := write("every-host", "Host *\n  ProxyJump gate\n")
+	harness.RequireSSH(t, "ssh")
+	if out, err := exec.Command("ssh", "-F", everyHost, "-G", "gate").CombinedOutput(); err == nil || !strings.Contains(string(out), "jumphost loop via gate") {
+		t.Fatalf("ssh -G gate: %v: %s, want a jumphost loop", err, out)
+	}
+	cycle := write("cycle", "Host target\n  ProxyJump a\nHost a\n  ProxyJump b\nHost b\n  ProxyJump a\n")
+	for _, tc := range []struct{ config, dest, loop string }{
+		{everyHost, "gate", "gate -> gate"},
+		{everyHost, "x.corp", "gate -> gate -> x.corp"},
+		{cycle, "target", "a -> b -> a -> target"},
+	} {
+		_, err := resolve(Config{Destination: tc.dest, ConfigFile: tc.config})
+		if err == nil || !strings.Contains(err.Error(), "jump host loop via") || !strings.Contains(err.Error(), tc.loop) {
+			t.Errorf("%s: %v, want a jump host loop through %s", tc.dest, err, tc.loop)
+		}
+	}
 }

@@ -770,3 +770,66 @@ func TestHostCertificates(t *testing.T) {
 		})
 	}
 }
+
+// TestJumpHostsOwnProxyJump: as with ssh -J, the first jump host is reached through its own ProxyJump, and
+// the first host of that one through its own in turn; a later jump host's ProxyJump is not followed, since
+// the hop before it reaches it. Three real sshd: outer forwards to inner, inner to the target.
+func TestJumpHostsOwnProxyJump(t *testing.T) {
+	dir := t.TempDir()
+	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
+	outer, inner, target := harness.StartSSHD(t, pub), harness.StartSSHD(t, pub), harness.StartSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(kh, []byte(outer.KnownHostsLine()+"\n"+inner.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sshConfig := filepath.Join(dir, "config")
+	if err := os.WriteFile(sshConfig, []byte(fmt.Sprintf(`Host outer
+  HostName 127.0.0.1
+  Port %d
+Host inner
+  HostName 127.0.0.1
+  Port %d
+  ProxyJump outer
+Host target
+  HostName 127.0.0.1
+  Port %d
+  ProxyJump inner
+Host *
+  IdentityFile %s
+`, outer.Port, inner.Port, target.Port, key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	be := backend(t)
+	_, bePort, _ := net.SplitHostPort(be)
+	forwarded := func(srv *harness.SSHD, port int) bool {
+		return strings.Contains(srv.Log(), fmt.Sprintf("target 127.0.0.1 port %d", port))
+	}
+
+	d, done := start(t, Config{Destination: "target", ConfigFile: sshConfig, KnownHostsFile: kh, AgentSocket: "none", ConnectTimeout: 5 * time.Second})
+	if got := routeString(d.plan.hops); got != "outer -> inner -> target" {
+		t.Fatalf("route %s, want outer -> inner -> target", got)
+	}
+	waitReady(t, d, done)
+	if got := get(t, d, be, "/chain"); got != "hello from backend /chain" {
+		t.Fatalf("body = %q", got)
+	}
+	if !forwarded(outer, inner.Port) || !forwarded(inner, target.Port) || !strings.Contains(target.Log(), "target 127.0.0.1 port "+bePort) {
+		t.Errorf("not outer -> inner -> target -> backend; logs:\nouter:\n%s\ninner:\n%s", outer.Log(), inner.Log())
+	}
+
+	// -J names the route: its first host's own ProxyJump is followed, the second's is not.
+	p, err := resolve(Config{Destination: "target", JumpHosts: []string{"inner"}, ConfigFile: sshConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := routeString(p.hops); got != "outer -> inner -> target" {
+		t.Errorf("-J inner: route %s, want outer -> inner -> target", got)
+	}
+	p, err = resolve(Config{Destination: "target", JumpHosts: []string{fmt.Sprintf("127.0.0.1:%d", outer.Port), "inner"}, ConfigFile: sshConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := routeString(p.hops); got != "127.0.0.1 -> inner -> target" {
+		t.Errorf("-J outer-address,inner: route %s, want inner reached through the hop before it", got)
+	}
+}
