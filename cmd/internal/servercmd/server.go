@@ -146,6 +146,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g := daemon.Group{StopTimeout: s.cfg.Tunnel.GracefulTimeout + daemon.ShutdownGrace}
 	s.endpoints.AddTo(&g)
 	g.Add("", s.tunnel.Run)
+	g.Add("", daemon.ServerGC.Run)
 	return g.Run(ctx)
 }
 
