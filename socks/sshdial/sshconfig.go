@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/kevinburke/ssh_config"
@@ -123,7 +124,7 @@ func readConfigFile(path string, system, checkOwner bool, depth int) (*configFil
 	}
 	cfg, err := ssh_config.DecodeBytes(bytes.Join(raw, []byte("\n")))
 	if err != nil {
-		return nil, fmt.Errorf("ssh config %s: %w", path, err)
+		return nil, &unparsedError{fmt.Errorf("ssh config %s: %w", path, err)}
 	}
 	var settings []configLine
 	for _, h := range cfg.Hosts {
@@ -137,6 +138,11 @@ func readConfigFile(path string, system, checkOwner bool, depth int) (*configFil
 	slices.SortStableFunc(f.lines, func(a, b configLine) int { return a.line - b.line })
 	return f, nil
 }
+
+// unparsedError is a config file the ssh_config parser refused.
+type unparsedError struct{ error }
+
+func (e *unparsedError) Unwrap() error { return e.error }
 
 // readConfigBytes reads a config file, checking the file it opened when checkOwner is set (OpenSSH's "Bad
 // owner or permissions").
@@ -160,8 +166,8 @@ func readConfigBytes(path string, checkOwner bool) ([]byte, error) {
 
 // othersCannotWrite refuses a file that a user other than the running one or root may have written: owned
 // by another user, writable by others, or writable by a group with another member. A group-writable file
-// passes when its group is the owner's own (no other member, as a user's private group), which Debian's
-// and Ubuntu's ssh accept too: with their default umask 002, ~/.ssh/config is often mode 0664.
+// passes when its group is the running user's own (no other member, as a user's private group), which
+// Debian's and Ubuntu's ssh accept too: with their default umask 002, ~/.ssh/config is often mode 0664.
 func othersCannotWrite(fi os.FileInfo, path string) error {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
@@ -171,14 +177,15 @@ func othersCannotWrite(fi os.FileInfo, path string) error {
 	switch {
 	case st.Uid != 0 && int(st.Uid) != os.Getuid():
 		return fmt.Errorf("bad owner: owned by uid %d, not by you or root, and its commands would run as you", st.Uid)
-	case mode&0o002 != 0, mode&0o020 != 0 && !privateGroup(st.Gid, st.Uid):
+	case mode&0o002 != 0, mode&0o020 != 0 && !privateGroup(st.Gid, uint32(os.Getuid())):
 		return fmt.Errorf("bad permissions %04o: writable by others than you, whose commands would run as you (chmod go-w %s)", mode, path)
 	}
 	return nil
 }
 
-// privateGroup says whether group gid has owner as its only member: the only user whose primary group it is,
-// and no other listed member. Read from /etc/passwd and /etc/group; a group found in neither is not.
+// privateGroup says whether group gid has owner (the running user, as in Debian's ssh) as its only member:
+// the only user whose primary group it is, and no other listed member. Read from /etc/passwd and
+// /etc/group, not through NSS: a group found in neither is not private.
 func privateGroup(gid, owner uint32) bool {
 	members := 0
 	passwd, _ := os.ReadFile("/etc/passwd")
@@ -542,13 +549,15 @@ func (ev *evaluation) exec(command string) (bool, error) {
 	var stderr bytes.Buffer
 	c := exec.Command(shell, "-c", cmd)
 	c.Stderr = &stderr
+	// As ssh, wait for the shell alone: a child it leaves in the background keeps the stderr pipe open.
+	c.WaitDelay = time.Second
 	err = c.Run()
 	if s := strings.TrimSpace(stderr.String()); s != "" {
 		ev.log.Info("Match exec wrote to stderr", "command", cmd, "stderr", s)
 	}
 	var exit *exec.ExitError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, exec.ErrWaitDelay):
 		return true, nil
 	case errors.As(err, &exit) && exit.Exited():
 		return false, nil
@@ -641,6 +650,9 @@ func (h *hostSettings) getAll(key string) []string {
 	return out
 }
 
+// systemConfigFile is OpenSSH's system-wide client config; a variable for tests.
+var systemConfigFile = "/etc/ssh/ssh_config"
+
 // loadSSHConfig reads the config file path (ssh -F): "" means ~/.ssh/config, then /etc/ssh/ssh_config, each
 // skipped when absent; "none" means none.
 func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
@@ -656,7 +668,7 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 		if home, err := homeDir(); err == nil {
 			sources = append(sources, source{path: filepath.Join(home, ".ssh", "config")})
 		}
-		sources = append(sources, source{path: "/etc/ssh/ssh_config", system: true})
+		sources = append(sources, source{path: systemConfigFile, system: true})
 	default:
 		sources = []source{{path: path, explicit: true}}
 	}
@@ -668,8 +680,12 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 		// As OpenSSH: ~/.ssh/config is checked, a file named by -F and the system file are not.
 		f, err := readConfigFile(s.path, s.system, !s.explicit && !s.system, 0)
 		if err != nil {
-			if s.system {
-				// The system file may use directives the parser does not know; it is optional here.
+			// The system file may use directives the parser does not know; it is optional here, and said
+			// so. Any other fault in it (an unknown Match criterion, an included file others may write)
+			// stops the start, as it stops ssh.
+			var unparsed *unparsedError
+			if s.system && errors.As(err, &unparsed) {
+				log.Info("Skipping the system SSH config file: konnect cannot parse it", "file", s.path, "err", err.Error())
 				continue
 			}
 			return nil, err

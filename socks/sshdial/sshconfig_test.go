@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 )
@@ -183,5 +184,53 @@ func TestRelativeIncludeIsUnderSSHDir(t *testing.T) {
 	}
 	if h := p.hops[0]; h.user != "from-relative" || h.port != 2345 {
 		t.Errorf("hop %+v: the included files were not read", h)
+	}
+}
+
+// TestSystemConfigFaultsStopTheStart: a fault in /etc/ssh/ssh_config other than one the parser cannot read
+// (an unknown Match criterion, an included file others may write) stops the start naming the file, as it
+// stops ssh, instead of dropping the whole file without a word.
+func TestSystemConfigFaultsStopTheStart(t *testing.T) {
+	setHome(t, t.TempDir()) // no ~/.ssh/config
+	dir := t.TempDir()
+	prev := systemConfigFile
+	t.Cleanup(func() { systemConfigFile = prev })
+	systemConfigFile = filepath.Join(dir, "ssh_config")
+	if err := os.WriteFile(systemConfigFile, []byte("Match nosuchcriterion x\n  User u\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resolve(Config{Destination: "h"}); err == nil || !strings.Contains(err.Error(), systemConfigFile+" line 1") {
+		t.Fatalf("err = %v, want one naming %s line 1", err, systemConfigFile)
+	}
+	if err := os.WriteFile(systemConfigFile, []byte("Host h\n  User fromsystem\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := resolve(Config{Destination: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.hops[0].user != "fromsystem" {
+		t.Errorf("user %q, want the system file's", p.hops[0].user)
+	}
+}
+
+// TestMatchExecWaitsForTheShellAlone: a Match exec command that leaves a child in the background holding
+// stderr does not hold the start while that child runs; ssh waits for the shell alone too.
+func TestMatchExecWaitsForTheShellAlone(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "config")
+	if err := os.WriteFile(cfgFile, []byte("Match exec \"sleep 8 & true\"\n  User fromexec\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SHELL", "/bin/sh")
+	start := time.Now()
+	p, err := resolve(Config{Destination: "h", ConfigFile: cfgFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("resolve took %s: it waited for the background child", took)
+	}
+	if p.hops[0].user != "fromexec" {
+		t.Errorf("user %q, want the Match exec block's", p.hops[0].user)
 	}
 }
