@@ -269,11 +269,13 @@ func (k *keyring) load(ctx context.Context, file string, src keySource, tries in
 func (k *keyring) decrypt(ctx context.Context, file string, src keySource, pem []byte, tries int, pause func() (resume func())) (ssh.Signer, error) {
 	if tries == 0 {
 		// NumberOfPasswordPrompts 0 or BatchMode yes: ssh asks for no passphrase and goes on without the
-		// key, whatever named it.
-		k.log.Info("Identity file not offered: it is encrypted, and the SSH config file allows no prompt (BatchMode yes or NumberOfPasswordPrompts 0); load it with ssh-add",
-			"file", file)
+		// key, whatever named it. Only for this hop: another hop's settings may allow the prompt, so the
+		// key is not given up on.
+		if !k.skipped[file] {
+			k.log.Info("Identity file not offered: it is encrypted, and the SSH config file allows no prompt (BatchMode yes or NumberOfPasswordPrompts 0); load it with ssh-add",
+				"file", file)
+		}
 		k.skipped[file] = true
-		k.signers[file] = nil
 		return nil, nil
 	}
 	for k.wrong[file] < tries {

@@ -39,14 +39,15 @@ func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 		s.preferred = strings.Split(v, ",")
 	}
 	yesNo := func(key string, dst *bool) error {
-		switch v := hc.get(key); strings.ToLower(v) {
+		_, v, file, line := hc.first(key)
+		switch strings.ToLower(v) {
 		case "":
 		case "yes":
 			*dst = true
 		case "no":
 			*dst = false
 		default:
-			return fmt.Errorf("ssh config %s for %s: %q is neither yes nor no", key, alias, v)
+			return fmt.Errorf("ssh config %s line %d: %s for %s: %q is neither yes nor no", file, line, key, alias, v)
 		}
 		return nil
 	}
@@ -58,10 +59,10 @@ func readAuthSettings(hc *hostSettings, alias string) (authSettings, error) {
 	if err := yesNo("PasswordAuthentication", &s.password); err != nil {
 		return s, err
 	}
-	if v := hc.get("NumberOfPasswordPrompts"); v != "" {
+	if _, v, file, line := hc.first("NumberOfPasswordPrompts"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return s, fmt.Errorf("ssh config NumberOfPasswordPrompts for %s: %q is not a number of 0 or more", alias, v)
+			return s, fmt.Errorf("ssh config %s line %d: NumberOfPasswordPrompts for %s: %q is not a number of 0 or more", file, line, alias, v)
 		}
 		s.passwordPrompts = n
 	}

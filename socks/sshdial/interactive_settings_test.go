@@ -32,13 +32,13 @@ func TestAuthSettings(t *testing.T) {
 			authSettings{preferred: []string{"publickey", "password"}, password: true, passwordPrompts: 1}, ""},
 		{"old name", "Host *\n  ChallengeResponseAuthentication no\n  PasswordAuthentication no\n",
 			authSettings{preferred: opensshPreferred, passwordPrompts: 3}, ""},
-		{"not yes or no", "Host *\n  PasswordAuthentication maybe\n", authSettings{}, "PasswordAuthentication for bastion"},
+		{"not yes or no", "Host *\n  PasswordAuthentication maybe\n", authSettings{}, "config line 2: PasswordAuthentication for bastion"},
 		{"no prompts", "Host *\n  NumberOfPasswordPrompts 0\n",
 			authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 0}, ""},
 		{"BatchMode", "Host *\n  BatchMode yes\n  NumberOfPasswordPrompts 2\n",
 			authSettings{preferred: opensshPreferred, kbdInteractive: true, password: true, passwordPrompts: 0}, ""},
-		{"BatchMode not yes or no", "Host *\n  BatchMode sometimes\n", authSettings{}, "BatchMode for bastion"},
-		{"negative prompts", "Host *\n  NumberOfPasswordPrompts -1\n", authSettings{}, "NumberOfPasswordPrompts for bastion"},
+		{"BatchMode not yes or no", "Host *\n  BatchMode sometimes\n", authSettings{}, "config line 2: BatchMode for bastion"},
+		{"negative prompts", "Host *\n  NumberOfPasswordPrompts -1\n", authSettings{}, "config line 2: NumberOfPasswordPrompts for bastion"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := read(t, tc.conf)

@@ -3,6 +3,7 @@
 package sshdial
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/test/harness"
 )
 
@@ -214,4 +216,21 @@ func TestWrongPassphrase(t *testing.T) {
 			t.Errorf("passphrase asked %d times after a reconnection, want still 3", n)
 		}
 	})
+}
+
+// TestNoPromptsIsPerHop: a hop whose settings allow no prompt (BatchMode yes, NumberOfPasswordPrompts 0)
+// leaves an encrypted key out for itself only; a later hop that allows prompts still asks for it, as ssh,
+// one process per hop, asks.
+func TestNoPromptsIsPerHop(t *testing.T) {
+	const right = "right-passphrase"
+	key, _ := harness.SSHKeyPair(t, t.TempDir(), "id_enc", right)
+	asked := 0
+	k := newKeyring(func(string) ([]byte, error) { asked++; return []byte(right), nil }, false, logr.Discard())
+	noPause := func() func() { return func() {} }
+	if s, err := k.load(context.Background(), key, fromFlag, 0, noPause); s != nil || err != nil || asked != 0 {
+		t.Fatalf("no prompts allowed: signer %v, err %v, asked %d times; want the key left out, unasked", s, err, asked)
+	}
+	if s, err := k.load(context.Background(), key, fromFlag, 3, noPause); s == nil || err != nil || asked != 1 {
+		t.Fatalf("prompts allowed: signer %v, err %v, asked %d times; want the key, asked once", s, err, asked)
+	}
 }
