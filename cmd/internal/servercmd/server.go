@@ -144,9 +144,10 @@ func (s *Server) Close() error { return s.bound.Close() }
 // answer, so that probes see /readyz fail during it.
 func (s *Server) Run(ctx context.Context) error {
 	g := daemon.Group{StopTimeout: s.cfg.Tunnel.GracefulTimeout + daemon.ShutdownGrace}
+	// Added first, it stops last: the collector stays paced while the tunnel drains.
+	g.Add("", daemon.ServerGC.Run)
 	s.endpoints.AddTo(&g)
 	g.Add("", s.tunnel.Run)
-	g.Add("", daemon.ServerGC.Run)
 	return g.Run(ctx)
 }
 
