@@ -44,16 +44,7 @@ func opensshResolves(t *testing.T, configFile, dest string) map[string][]string 
 func TestMatchAsOpenSSH(t *testing.T) {
 	dir := t.TempDir()
 	setHome(t, dir)
-	write := func(name, content string) string {
-		f := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	write := func(name, content string) string { return writeConfig(t, dir, name, content) }
 	me := localUser()
 	// Each config ends with an IdentityFile for every host, so that ssh -G lists no default key files.
 	last := "Host *\n  IdentityFile " + filepath.Join(dir, "last") + "\n"
@@ -339,13 +330,7 @@ func TestConfigOwnerAsOpenSSH(t *testing.T) {
 // way, one ssh further in), and a cycle of two jump hosts, with which ssh would start ssh after ssh.
 func TestJumpHostLoop(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, content string) string {
-		f := filepath.Join(dir, name)
-		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	write := func(name, content string) string { return writeConfig(t, dir, name, content) }
 	everyHost := write("every-host", "Host *\n  ProxyJump gate\n")
 	harness.RequireSSH(t, "ssh")
 	if out, err := exec.Command("ssh", "-F", everyHost, "-G", "gate").CombinedOutput(); err == nil || !strings.Contains(string(out), "jumphost loop via gate") {

@@ -11,6 +11,20 @@ import (
 	"github.com/go-logr/logr/funcr"
 )
 
+// writeConfig writes an SSH config file of the user's (mode 0600) at dir/name, making its directory, and
+// returns its path.
+func writeConfig(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	f := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // TestParseMatch: a Match line's criteria are read as OpenSSH reads them, quotes and "!" included, and a line
 // OpenSSH refuses is refused.
 func TestParseMatch(t *testing.T) {
@@ -100,11 +114,7 @@ func TestMatchBlocks(t *testing.T) {
 	dir := t.TempDir()
 	setHome(t, dir)
 	t.Setenv("SHELL", "/bin/sh") // for "kill -9 $$"
-	write := func(name, content string) string {
-		f := filepath.Join(dir, name)
-		os.WriteFile(f, []byte(content), 0o600)
-		return f
-	}
+	write := func(name, content string) string { return writeConfig(t, dir, name, content) }
 	inc := write("inc.conf", "Port 2300\nMatch user root,matched\n  IdentityFile /k/included\n")
 	cfgFile := write("config", `Host tgt
   HostName 192.0.2.1
