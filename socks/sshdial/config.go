@@ -354,6 +354,8 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	if hn := hc.get("HostName"); hn != "" {
 		e.hostName = expandHostName(hn, alias)
 	}
+	// As ssh, which dials, expands %h and looks up known_hosts with the host name lowercased.
+	e.hostName = lowerHostName(e.hostName)
 	// A typo in an IP address (999.1.1.1) would otherwise go to DNS on every reconnect, for ever.
 	if err := address.MistypedIP(e.hostName); err != nil {
 		return endpoint{}, fmt.Errorf("host %w", err)

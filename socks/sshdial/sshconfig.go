@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -386,8 +387,9 @@ type evaluation struct {
 
 // forHost reads the config files for alias, as given with user and port (from -l, -p or the destination;
 // "" and 0 if not given). OpenSSH reads the files a second time, with "final" and "canonical" true and Host
-// lines matching the HostName, when any "final" criterion was read (konnect never canonicalizes host
-// names, as OpenSSH with its default CanonicalizeHostname no); settings already read keep winning.
+// lines matching the HostName in lower case, when any "final" criterion was read (konnect never
+// canonicalizes host names, as OpenSSH with its default CanonicalizeHostname no); settings already read
+// keep winning.
 func (c *sshConfig) forHost(alias, user string, port int) (*hostSettings, error) {
 	if c == nil {
 		return &hostSettings{}, nil
@@ -399,7 +401,10 @@ func (c *sshConfig) forHost(alias, user string, port int) (*hostSettings, error)
 		}
 	}
 	if ev.wantFinal {
+		// As ssh: the final pass sees the host name read so far, lowercased unless it is an address, as
+		// its Host lines, "Match host" and Match exec's %h, %k and %C do.
 		ev.target.final = true
+		ev.target.hostName = lowerHostName(ev.target.host())
 		for _, f := range c.files {
 			if err := ev.read(f, true, false); err != nil {
 				return nil, err
@@ -465,6 +470,15 @@ func (ev *evaluation) set(s setting) {
 			t.hostKeyAlias = s.value
 		}
 	}
+}
+
+// lowerHostName is host lowercased, as ssh takes the host name it connects to after reading its config
+// files; an address (FE80::A) it leaves as it is.
+func lowerHostName(host string) string {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return host
+	}
+	return strings.ToLower(host)
 }
 
 // expandHostName expands the tokens of a HostName value for a host given as alias, as OpenSSH does.

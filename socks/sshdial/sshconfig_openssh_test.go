@@ -154,6 +154,30 @@ Host incl
   Include ` + filepath.Join(dir, "startsactive.conf") + `
 Include ` + filepath.Join(dir, "conf.d", "20-second.conf") + `
 `, []string{"incl", "admin@incx", "admin@other", "nomatch", "other"}},
+		// ssh matches Host lines against the host as typed in the first pass, and against the HostName,
+		// lowercased unless it is an address, in the final pass; Match host and originalhost ignore case.
+		{"mixed case without final", `Host myhost
+  User lower
+Host MyHost
+  Port 2201
+Match host myhost
+  IdentityFile /k/matchhost
+Match originalhost MYHOST
+  ProxyJump orig
+`, []string{"MyHost", "myhost", "MYHOST"}},
+		{"mixed case in the final pass", `Host Alias
+  HostName Real.Example
+Host real.example myhost
+  User lowfinal
+Host Real.Example MyHost
+  Port 2202
+Host FE80::A
+  User upper6
+Match final host real.example,myhost
+  IdentityFile /k/final
+Match final exec "test %h = real.example -o %h = myhost -o %h = FE80::A"
+  ProxyJump exec-lower
+`, []string{"Alias", "MyHost", "myhost", "Real.Example", "FE80::A"}},
 		// A Match in a file that a block which does not apply includes never applies, but is evaluated
 		// all the same: its "final" makes the second pass.
 		{"final in an Include that does not apply", `Host nomatch
