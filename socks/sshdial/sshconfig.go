@@ -30,6 +30,9 @@ import (
 type sshConfig struct {
 	files []*configFile
 	log   logr.Logger // where a Match block konnect cannot evaluate is reported
+	// warned holds the "file:line" of the Match blocks reported: once each, though every hop and the final
+	// pass read them again.
+	warned map[string]bool
 }
 
 // configFile is one ssh_config file: the lines that matter, in order, the files each Include names read.
@@ -383,6 +386,7 @@ type evaluation struct {
 	applied   []setting
 	wantFinal bool // a "final" criterion was read: OpenSSH then reads the files once more
 	log       logr.Logger
+	warned    map[string]bool // sshConfig.warned
 }
 
 // forHost reads the config files for alias, as given with user and port (from -l, -p or the destination;
@@ -394,7 +398,10 @@ func (c *sshConfig) forHost(alias, user string, port int) (*hostSettings, error)
 	if c == nil {
 		return &hostSettings{}, nil
 	}
-	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, log: c.log}
+	if c.warned == nil {
+		c.warned = map[string]bool{}
+	}
+	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, log: c.log, warned: c.warned}
 	for _, f := range c.files {
 		if err := ev.read(f, true, false); err != nil {
 			return nil, err
@@ -519,7 +526,8 @@ func (ev *evaluation) match(file string, line int, criteria []matchCriterion, wa
 				return false, fmt.Errorf("ssh config %s line %d: Match exec: %w", file, line, err)
 			}
 		default:
-			if result && warn {
+			if where := file + ":" + strconv.Itoa(line); result && warn && !ev.warned[where] {
+				ev.warned[where] = true
 				ev.log.Info("Skipping a Match block of the SSH config file: konnect cannot evaluate "+c.name+", so none of its settings apply",
 					"file", file, "line", line, "host", t.originalHost)
 			}

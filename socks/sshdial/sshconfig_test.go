@@ -160,6 +160,32 @@ Match all
 	}
 }
 
+// TestUnevaluatedMatchWarnedOnce: the warning for a Match block konnect cannot evaluate is logged once per
+// file and line, though the block is read for every hop and again in the final pass.
+func TestUnevaluatedMatchWarnedOnce(t *testing.T) {
+	cfgFile := writeConfig(t, t.TempDir(), "config", `Host tgt
+  ProxyJump gate
+Match localnetwork 10.0.0.0/8
+  Port 2300
+Match final
+  User u
+Match tagged x
+  Port 2400
+`)
+	var logged []string
+	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
+	p, err := resolve(Config{Destination: "tgt", ConfigFile: cfgFile, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.hops) != 2 {
+		t.Fatalf("hops %+v, want gate and tgt", p.hops)
+	}
+	if len(logged) != 2 || !strings.Contains(logged[0], `"line"=3`) || !strings.Contains(logged[1], `"line"=7`) {
+		t.Errorf("want one warning for line 3 and one for line 7; logged:\n%s", strings.Join(logged, "\n"))
+	}
+}
+
 // TestIncludedProxyJumpAndProxyCommand: an included file is read in line order, so of ProxyJump and
 // ProxyCommand set in it the first line read applies, as in ssh, where konnect could not tell before.
 func TestIncludedProxyJumpAndProxyCommand(t *testing.T) {
