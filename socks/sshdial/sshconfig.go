@@ -273,30 +273,42 @@ func configKeyword(line string) (keyword, rest string) {
 	return keyword, rest
 }
 
-// configWords splits the rest of a Host, Match or Include line into words as OpenSSH does: separated by
-// spaces, a quoted word ("..." or '...') keeping its spaces, up to a word that starts with "#".
+// configWords splits the rest of a Host, Match or Include line into words as OpenSSH's argv_split does:
+// separated by spaces and tabs, up to a word that starts with "#"; a quoted part ("..." or '...') anywhere
+// in a word keeps its spaces and loses its quotes, and a backslash escapes a backslash, a quote, or outside
+// quotes a space. Trailing white space is not part of the line, as for ssh.
 func configWords(rest string) ([]string, error) {
+	rest = strings.TrimRight(rest, " \t\r\n\f")
 	var words []string
-	for rest != "" {
-		var w string
-		if q := rest[0]; q == '"' || q == '\'' {
-			end := strings.IndexByte(rest[1:], q)
-			if end < 0 {
-				return nil, errors.New("unterminated quote")
-			}
-			w, rest = rest[1:end+1], rest[end+2:]
-		} else {
-			if rest[0] == '#' {
-				break
-			}
-			end := strings.IndexAny(rest, " \t\r")
-			if end < 0 {
-				end = len(rest)
-			}
-			w, rest = rest[:end], rest[end:]
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == ' ' || rest[i] == '\t' {
+			continue
 		}
-		words = append(words, w)
-		rest = strings.TrimLeft(rest, " \t\r")
+		if rest[i] == '#' {
+			break
+		}
+		var w strings.Builder
+		var quote byte
+	word:
+		for ; i < len(rest); i++ {
+			switch c := rest[i]; {
+			case c == '\\' && i+1 < len(rest) && (strings.IndexByte(`\'"`, rest[i+1]) >= 0 || quote == 0 && rest[i+1] == ' '):
+				i++
+				w.WriteByte(rest[i])
+			case quote == 0 && (c == ' ' || c == '\t'):
+				break word
+			case quote == 0 && (c == '"' || c == '\''):
+				quote = c
+			case quote != 0 && c == quote:
+				quote = 0
+			default:
+				w.WriteByte(c)
+			}
+		}
+		if quote != 0 {
+			return nil, errors.New("unterminated quote")
+		}
+		words = append(words, w.String())
 	}
 	return words, nil
 }

@@ -75,7 +75,9 @@ Match host DB.CORP.EXAMPLE
   User q
 Host *.a?c
   Port 2202
-`, []string{"web", "we", "wex", "x.abc", "x.ac"}},
+Host x"y"z 'q'r"s"t
+  IdentityFile /k/quoted
+`, []string{"web", "we", "wex", "x.abc", "x.ac", "xyz", "qrst"}},
 		{"originalhost", `Host alias
   HostName real.example
 Match originalhost alias
@@ -298,8 +300,12 @@ func TestConfigOwnerAsOpenSSH(t *testing.T) {
 		{"owned by another user", 0o644, shared, 0, true},
 	} {
 		t.Run("included file "+tc.name, func(t *testing.T) {
-			config, included := inc(strings.ReplaceAll(tc.name, " ", "-"), tc.mode, tc.uid, tc.gid)
+			// A quote in the name would make the Include line one that ssh refuses ("invalid quotes").
+			config, included := inc(strings.NewReplacer(" ", "-", "'", "").Replace(tc.name), tc.mode, tc.uid, tc.gid)
 			out, sshErr := exec.Command("ssh", "-F", config, "-G", "h").CombinedOutput()
+			if !tc.refused && sshErr != nil {
+				t.Fatalf("ssh -G: %v: %s, want it read", sshErr, out)
+			}
 			if sshRefused := sshErr != nil && strings.Contains(string(out), "Bad owner or permissions"); sshRefused != tc.refused {
 				t.Fatalf("ssh -G: %v: %s, want refused %v", sshErr, out, tc.refused)
 			}
