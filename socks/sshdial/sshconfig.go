@@ -2,6 +2,7 @@ package sshdial
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
@@ -29,7 +30,8 @@ import (
 // sshConfig is the SSH config files as read, in order; nil means no file.
 type sshConfig struct {
 	files []*configFile
-	log   logr.Logger // where a Match block konnect cannot evaluate is reported
+	log   logr.Logger     // where a Match block konnect cannot evaluate is reported
+	ctx   context.Context // stops Match exec commands; nil for none
 	// warned holds the "file:line" of the Match blocks reported: once each, though every hop and the final
 	// pass read them again.
 	warned map[string]bool
@@ -397,6 +399,7 @@ type evaluation struct {
 	target    matchTarget
 	applied   []setting
 	wantFinal bool // a "final" criterion was read: OpenSSH then reads the files once more
+	ctx       context.Context
 	log       logr.Logger
 	warned    map[string]bool // sshConfig.warned
 }
@@ -413,7 +416,11 @@ func (c *sshConfig) forHost(alias, user string, port int) (*hostSettings, error)
 	if c.warned == nil {
 		c.warned = map[string]bool{}
 	}
-	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, log: c.log, warned: c.warned}
+	ctx := c.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, ctx: ctx, log: c.log, warned: c.warned}
 	for _, f := range c.files {
 		if err := ev.read(f, true, false); err != nil {
 			return nil, err
@@ -581,11 +588,16 @@ func (ev *evaluation) exec(command string) (bool, error) {
 		shell = "/bin/sh"
 	}
 	var stderr bytes.Buffer
-	c := exec.Command(shell, "-c", cmd)
+	c := exec.CommandContext(ev.ctx, shell, "-c", cmd)
 	c.Stderr = &stderr
+	// When ctx ends, the shell and what it started are killed.
+	c.Cancel = func() error { return killTree(c.Process.Pid) }
 	// As ssh, wait for the shell alone: a child it leaves in the background keeps the stderr pipe open.
 	c.WaitDelay = time.Second
 	err = c.Run()
+	if ctxErr := ev.ctx.Err(); ctxErr != nil {
+		return false, fmt.Errorf("%q: %w", cmd, ctxErr)
+	}
 	if s := strings.TrimSpace(stderr.String()); s != "" {
 		ev.log.Info("Match exec wrote to stderr", "command", cmd, "stderr", s)
 	}
