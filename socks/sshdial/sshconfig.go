@@ -476,8 +476,12 @@ func (ev *evaluation) read(f *configFile, active, neverMatch bool) error {
 
 // set applies a setting, and records what later Match lines look at.
 func (ev *evaluation) set(s setting) {
-	ev.applied = append(ev.applied, s)
 	t := &ev.target
+	// ssh takes the host name before the final pass: a HostName read in it is ignored.
+	if t.final && strings.EqualFold(s.key, "hostname") {
+		return
+	}
+	ev.applied = append(ev.applied, s)
 	switch strings.ToLower(s.key) {
 	case "hostname":
 		if t.hostName == "" {

@@ -143,6 +143,12 @@ Match canonical
 Match !final
   ProxyJump notfinal
 `, []string{"alias", "other"}},
+		// ssh takes the host name before the final pass: a HostName read in it changes nothing.
+		{"HostName in the final pass", `Match final
+  HostName other.example
+Host other.example
+  User viaother
+`, []string{"h", "other.example"}},
 		{"canonical without final", `Match canonical
   User canon
 Match !canonical
