@@ -2,6 +2,7 @@ package sshdial
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -354,6 +355,8 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	if hn := hc.get("HostName"); hn != "" {
 		e.hostName = expandHostName(hn, alias)
 	}
+	// As ssh, which dials, expands %h and looks up known_hosts with the host name lowercased.
+	e.hostName = lowerHostName(e.hostName)
 	// A typo in an IP address (999.1.1.1) would otherwise go to DNS on every reconnect, for ever.
 	if err := address.MistypedIP(e.hostName); err != nil {
 		return endpoint{}, fmt.Errorf("host %w", err)
@@ -400,10 +403,16 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 
 // resolve turns a Config into a plan: it reads the SSH config file and checks every setting, without touching
 // the network.
-func resolve(cfg Config) (*plan, error) {
+func resolve(cfg Config) (*plan, error) { return resolveContext(context.Background(), cfg) }
+
+// resolveContext is resolve, its Match exec commands stopped when ctx ends.
+func resolveContext(ctx context.Context, cfg Config) (*plan, error) {
 	sc, err := loadSSHConfig(cfg.ConfigFile, cfg.Log)
 	if err != nil {
 		return nil, err
+	}
+	if sc != nil {
+		sc.ctx = ctx
 	}
 	target, err := resolveEndpoint(cfg.Destination, cfg.User, cfg.Port, sc)
 	if err != nil {

@@ -133,8 +133,12 @@ func (a *activity) since(t time.Time) bool { return a.last.Load() > t.UnixNano()
 
 // New checks cfg, reads the SSH config file and prepares authentication. It does not connect; Run does. It
 // fails when there is no identity at all to authenticate with, which no connection attempt could fix.
-func New(cfg Config) (*Dialer, error) {
-	p, err := resolve(cfg)
+func New(cfg Config) (*Dialer, error) { return NewContext(context.Background(), cfg) }
+
+// NewContext is New, stopping when ctx ends: the config file's Match exec commands, which run while it is
+// read, are killed, and NewContext returns ctx's error.
+func NewContext(ctx context.Context, cfg Config) (*Dialer, error) {
+	p, err := resolveContext(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -2,11 +2,13 @@ package sshdial
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,7 +30,11 @@ import (
 // sshConfig is the SSH config files as read, in order; nil means no file.
 type sshConfig struct {
 	files []*configFile
-	log   logr.Logger // where a Match block konnect cannot evaluate is reported
+	log   logr.Logger     // where a Match block konnect cannot evaluate is reported
+	ctx   context.Context // stops Match exec commands; nil for none
+	// warned holds the "file:line" of the Match blocks reported: once each, though every hop and the final
+	// pass read them again.
+	warned map[string]bool
 }
 
 // configFile is one ssh_config file: the lines that matter, in order, the files each Include names read.
@@ -269,30 +275,42 @@ func configKeyword(line string) (keyword, rest string) {
 	return keyword, rest
 }
 
-// configWords splits the rest of a Host, Match or Include line into words as OpenSSH does: separated by
-// spaces, a quoted word ("..." or '...') keeping its spaces, up to a word that starts with "#".
+// configWords splits the rest of a Host, Match or Include line into words as OpenSSH's argv_split does:
+// separated by spaces and tabs, up to a word that starts with "#"; a quoted part ("..." or '...') anywhere
+// in a word keeps its spaces and loses its quotes, and a backslash escapes a backslash, a quote, or outside
+// quotes a space. Trailing white space is not part of the line, as for ssh.
 func configWords(rest string) ([]string, error) {
+	rest = strings.TrimRight(rest, " \t\r\n\f")
 	var words []string
-	for rest != "" {
-		var w string
-		if q := rest[0]; q == '"' || q == '\'' {
-			end := strings.IndexByte(rest[1:], q)
-			if end < 0 {
-				return nil, errors.New("unterminated quote")
-			}
-			w, rest = rest[1:end+1], rest[end+2:]
-		} else {
-			if rest[0] == '#' {
-				break
-			}
-			end := strings.IndexAny(rest, " \t\r")
-			if end < 0 {
-				end = len(rest)
-			}
-			w, rest = rest[:end], rest[end:]
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == ' ' || rest[i] == '\t' {
+			continue
 		}
-		words = append(words, w)
-		rest = strings.TrimLeft(rest, " \t\r")
+		if rest[i] == '#' {
+			break
+		}
+		var w strings.Builder
+		var quote byte
+	word:
+		for ; i < len(rest); i++ {
+			switch c := rest[i]; {
+			case c == '\\' && i+1 < len(rest) && (strings.IndexByte(`\'"`, rest[i+1]) >= 0 || quote == 0 && rest[i+1] == ' '):
+				i++
+				w.WriteByte(rest[i])
+			case quote == 0 && (c == ' ' || c == '\t'):
+				break word
+			case quote == 0 && (c == '"' || c == '\''):
+				quote = c
+			case quote != 0 && c == quote:
+				quote = 0
+			default:
+				w.WriteByte(c)
+			}
+		}
+		if quote != 0 {
+			return nil, errors.New("unterminated quote")
+		}
+		words = append(words, w.String())
 	}
 	return words, nil
 }
@@ -381,25 +399,38 @@ type evaluation struct {
 	target    matchTarget
 	applied   []setting
 	wantFinal bool // a "final" criterion was read: OpenSSH then reads the files once more
+	ctx       context.Context
 	log       logr.Logger
+	warned    map[string]bool // sshConfig.warned
 }
 
 // forHost reads the config files for alias, as given with user and port (from -l, -p or the destination;
 // "" and 0 if not given). OpenSSH reads the files a second time, with "final" and "canonical" true and Host
-// lines matching the HostName, when any "final" criterion was read (konnect never canonicalizes host
-// names, as OpenSSH with its default CanonicalizeHostname no); settings already read keep winning.
+// lines matching the HostName in lower case, when any "final" criterion was read (konnect never
+// canonicalizes host names, as OpenSSH with its default CanonicalizeHostname no); settings already read
+// keep winning.
 func (c *sshConfig) forHost(alias, user string, port int) (*hostSettings, error) {
 	if c == nil {
 		return &hostSettings{}, nil
 	}
-	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, log: c.log}
+	if c.warned == nil {
+		c.warned = map[string]bool{}
+	}
+	ctx := c.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ev := &evaluation{target: matchTarget{originalHost: alias, user: user, port: port}, ctx: ctx, log: c.log, warned: c.warned}
 	for _, f := range c.files {
 		if err := ev.read(f, true, false); err != nil {
 			return nil, err
 		}
 	}
 	if ev.wantFinal {
+		// As ssh: the final pass sees the host name read so far, lowercased unless it is an address, as
+		// its Host lines, "Match host" and Match exec's %h, %k and %C do.
 		ev.target.final = true
+		ev.target.hostName = lowerHostName(ev.target.host())
 		for _, f := range c.files {
 			if err := ev.read(f, true, false); err != nil {
 				return nil, err
@@ -445,8 +476,12 @@ func (ev *evaluation) read(f *configFile, active, neverMatch bool) error {
 
 // set applies a setting, and records what later Match lines look at.
 func (ev *evaluation) set(s setting) {
-	ev.applied = append(ev.applied, s)
 	t := &ev.target
+	// ssh takes the host name before the final pass: a HostName read in it is ignored.
+	if t.final && strings.EqualFold(s.key, "hostname") {
+		return
+	}
+	ev.applied = append(ev.applied, s)
 	switch strings.ToLower(s.key) {
 	case "hostname":
 		if t.hostName == "" {
@@ -465,6 +500,15 @@ func (ev *evaluation) set(s setting) {
 			t.hostKeyAlias = s.value
 		}
 	}
+}
+
+// lowerHostName is host lowercased, as ssh takes the host name it connects to after reading its config
+// files; an address (FE80::A) it leaves as it is.
+func lowerHostName(host string) string {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return host
+	}
+	return strings.ToLower(host)
 }
 
 // expandHostName expands the tokens of a HostName value for a host given as alias, as OpenSSH does.
@@ -505,7 +549,8 @@ func (ev *evaluation) match(file string, line int, criteria []matchCriterion, wa
 				return false, fmt.Errorf("ssh config %s line %d: Match exec: %w", file, line, err)
 			}
 		default:
-			if result && warn {
+			if where := file + ":" + strconv.Itoa(line); result && warn && !ev.warned[where] {
+				ev.warned[where] = true
 				ev.log.Info("Skipping a Match block of the SSH config file: konnect cannot evaluate "+c.name+", so none of its settings apply",
 					"file", file, "line", line, "host", t.originalHost)
 			}
@@ -547,11 +592,16 @@ func (ev *evaluation) exec(command string) (bool, error) {
 		shell = "/bin/sh"
 	}
 	var stderr bytes.Buffer
-	c := exec.Command(shell, "-c", cmd)
+	c := exec.CommandContext(ev.ctx, shell, "-c", cmd)
 	c.Stderr = &stderr
+	// When ctx ends, the shell and what it started are killed.
+	c.Cancel = func() error { return killTree(c.Process.Pid) }
 	// As ssh, wait for the shell alone: a child it leaves in the background keeps the stderr pipe open.
 	c.WaitDelay = time.Second
 	err = c.Run()
+	if ctxErr := ev.ctx.Err(); ctxErr != nil {
+		return false, fmt.Errorf("%q: %w", cmd, ctxErr)
+	}
 	if s := strings.TrimSpace(stderr.String()); s != "" {
 		ev.log.Info("Match exec wrote to stderr", "command", cmd, "stderr", s)
 	}

@@ -75,7 +75,9 @@ Match host DB.CORP.EXAMPLE
   User q
 Host *.a?c
   Port 2202
-`, []string{"web", "we", "wex", "x.abc", "x.ac"}},
+Host x"y"z 'q'r"s"t
+  IdentityFile /k/quoted
+`, []string{"web", "we", "wex", "x.abc", "x.ac", "xyz", "qrst"}},
 		{"originalhost", `Host alias
   HostName real.example
 Match originalhost alias
@@ -141,6 +143,12 @@ Match canonical
 Match !final
   ProxyJump notfinal
 `, []string{"alias", "other"}},
+		// ssh takes the host name before the final pass: a HostName read in it changes nothing.
+		{"HostName in the final pass", `Match final
+  HostName other.example
+Host other.example
+  User viaother
+`, []string{"h", "other.example"}},
 		{"canonical without final", `Match canonical
   User canon
 Match !canonical
@@ -154,6 +162,30 @@ Host incl
   Include ` + filepath.Join(dir, "startsactive.conf") + `
 Include ` + filepath.Join(dir, "conf.d", "20-second.conf") + `
 `, []string{"incl", "admin@incx", "admin@other", "nomatch", "other"}},
+		// ssh matches Host lines against the host as typed in the first pass, and against the HostName,
+		// lowercased unless it is an address, in the final pass; Match host and originalhost ignore case.
+		{"mixed case without final", `Host myhost
+  User lower
+Host MyHost
+  Port 2201
+Match host myhost
+  IdentityFile /k/matchhost
+Match originalhost MYHOST
+  ProxyJump orig
+`, []string{"MyHost", "myhost", "MYHOST"}},
+		{"mixed case in the final pass", `Host Alias
+  HostName Real.Example
+Host real.example myhost
+  User lowfinal
+Host Real.Example MyHost
+  Port 2202
+Host FE80::A
+  User upper6
+Match final host real.example,myhost
+  IdentityFile /k/final
+Match final exec "test %h = real.example -o %h = myhost -o %h = FE80::A"
+  ProxyJump exec-lower
+`, []string{"Alias", "MyHost", "myhost", "Real.Example", "FE80::A"}},
 		// A Match in a file that a block which does not apply includes never applies, but is evaluated
 		// all the same: its "final" makes the second pass.
 		{"final in an Include that does not apply", `Host nomatch
@@ -274,8 +306,12 @@ func TestConfigOwnerAsOpenSSH(t *testing.T) {
 		{"owned by another user", 0o644, shared, 0, true},
 	} {
 		t.Run("included file "+tc.name, func(t *testing.T) {
-			config, included := inc(strings.ReplaceAll(tc.name, " ", "-"), tc.mode, tc.uid, tc.gid)
+			// A quote in the name would make the Include line one that ssh refuses ("invalid quotes").
+			config, included := inc(strings.NewReplacer(" ", "-", "'", "").Replace(tc.name), tc.mode, tc.uid, tc.gid)
 			out, sshErr := exec.Command("ssh", "-F", config, "-G", "h").CombinedOutput()
+			if !tc.refused && sshErr != nil {
+				t.Fatalf("ssh -G: %v: %s, want it read", sshErr, out)
+			}
 			if sshRefused := sshErr != nil && strings.Contains(string(out), "Bad owner or permissions"); sshRefused != tc.refused {
 				t.Fatalf("ssh -G: %v: %s, want refused %v", sshErr, out, tc.refused)
 			}

@@ -1,10 +1,14 @@
 package sshdial
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -160,6 +164,32 @@ Match all
 	}
 }
 
+// TestUnevaluatedMatchWarnedOnce: the warning for a Match block konnect cannot evaluate is logged once per
+// file and line, though the block is read for every hop and again in the final pass.
+func TestUnevaluatedMatchWarnedOnce(t *testing.T) {
+	cfgFile := writeConfig(t, t.TempDir(), "config", `Host tgt
+  ProxyJump gate
+Match localnetwork 10.0.0.0/8
+  Port 2300
+Match final
+  User u
+Match tagged x
+  Port 2400
+`)
+	var logged []string
+	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
+	p, err := resolve(Config{Destination: "tgt", ConfigFile: cfgFile, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.hops) != 2 {
+		t.Fatalf("hops %+v, want gate and tgt", p.hops)
+	}
+	if len(logged) != 2 || !strings.Contains(logged[0], `"line"=3`) || !strings.Contains(logged[1], `"line"=7`) {
+		t.Errorf("want one warning for line 3 and one for line 7; logged:\n%s", strings.Join(logged, "\n"))
+	}
+}
+
 // TestIncludedProxyJumpAndProxyCommand: an included file is read in line order, so of ProxyJump and
 // ProxyCommand set in it the first line read applies, as in ssh, where konnect could not tell before.
 func TestIncludedProxyJumpAndProxyCommand(t *testing.T) {
@@ -243,4 +273,57 @@ func TestMatchExecWaitsForTheShellAlone(t *testing.T) {
 	if p.hops[0].user != "fromexec" {
 		t.Errorf("user %q, want the Match exec block's", p.hops[0].user)
 	}
+}
+
+// TestMatchExecStopsWithTheContext: a Match exec command that hangs holds NewContext only until its context
+// ends: then the shell and what it started are killed, and NewContext returns the context's error.
+func TestMatchExecStopsWithTheContext(t *testing.T) {
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	cfgFile := writeConfig(t, dir, "config", "Match exec \"sleep 60 & echo $$ $! > "+pids+"; wait\"\n  User fromexec\n")
+	t.Setenv("SHELL", "/bin/sh")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // once the command runs
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(pids); strings.HasSuffix(string(b), "\n") {
+				cancel()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	_, err := NewContext(ctx, Config{Destination: "h", ConfigFile: cfgFile})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want the context's", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("NewContext took %s after its context ended", took)
+	}
+	b, _ := os.ReadFile(pids)
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		t.Fatalf("the command wrote %q, want its shell's pid and sleep's", b)
+	}
+	for _, f := range fields {
+		pid, _ := strconv.Atoi(f)
+		deadline := time.Now().Add(3 * time.Second)
+		for running(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if running(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("process %d of the Match exec command still runs", pid)
+		}
+	}
+}
+
+// running says whether process pid runs: it exists and is no zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, after, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(after, "Z")
 }

@@ -61,7 +61,7 @@ var names = flagerr.Names{
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
-	return daemon.RunCommand(ctx, out, o.Config, New)
+	return daemon.RunCommand(ctx, out, o.Config, func(_ context.Context, cfg *Config) (*Agent, error) { return New(cfg) })
 }
 
 // Agent is a `konnect agent` ready to run: the tunnel agent, its bound health and admin endpoints and, with

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +42,7 @@ func TestRunCommandReportsStartupOnce(t *testing.T) {
 	var out bytes.Buffer
 	d := &fakeDaemon{}
 	err := RunCommand(context.Background(), &out, func() (int, error) { return 1, nil },
-		func(int) (*fakeDaemon, error) { return d, nil })
+		func(context.Context, int) (*fakeDaemon, error) { return d, nil })
 	klog.Flush()
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +68,7 @@ func TestRunCommandReportsStartupOnce(t *testing.T) {
 	logs.Reset()
 	boom := errors.New("boom")
 	err = RunCommand(context.Background(), &out, func() (int, error) { return 1, nil },
-		func(int) (*fakeDaemon, error) { return nil, boom })
+		func(context.Context, int) (*fakeDaemon, error) { return nil, boom })
 	klog.Flush()
 	if !errors.Is(err, boom) || out.Len() > 0 || strings.Contains(logs.String(), "Serving") {
 		t.Errorf("New failed: err %v, output %q, logs %q", err, out.String(), logs.String())
@@ -111,7 +113,7 @@ func TestRunCommandServingOnceReady(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() {
 			errc <- RunCommand(context.Background(), io.Discard, func() (int, error) { return 1, nil },
-				func(int) (*readyDaemon, error) { return d, nil })
+				func(context.Context, int) (*readyDaemon, error) { return d, nil })
 		}()
 		return errc
 	}
@@ -152,5 +154,26 @@ func TestRunCommandServingOnceReady(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), `"Serving"`); n != 1 {
 		t.Fatalf("Serving logged %d times:\n%s", n, logs.String())
+	}
+}
+
+// TestRunCommandNewStopsOnSIGTERM: newDaemon is given a context that SIGTERM ends, so that a start that
+// waits (konnect socks's Match exec commands) stops with the signal rather than holding the process.
+func TestRunCommandNewStopsOnSIGTERM(t *testing.T) {
+	errStopped := errors.New("stopped")
+	err := RunCommand(context.Background(), io.Discard, func() (int, error) { return 1, nil },
+		func(ctx context.Context, _ int) (*fakeDaemon, error) {
+			if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, errStopped
+			case <-time.After(5 * time.Second):
+				return nil, errors.New("the context did not end on SIGTERM")
+			}
+		})
+	if !errors.Is(err, errStopped) {
+		t.Fatalf("err = %v, want newDaemon's context ended", err)
 	}
 }

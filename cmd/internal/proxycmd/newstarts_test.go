@@ -39,7 +39,7 @@ func TestNewStartsNoGoroutine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			harness.NewStartsNothing(t, func() (io.Closer, error) { return New(cfg) })
+			harness.NewStartsNothing(t, func() (io.Closer, error) { return New(t.Context(), cfg) })
 		})
 	}
 }

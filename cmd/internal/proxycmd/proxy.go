@@ -126,15 +126,16 @@ type Proxy struct {
 const probeTimeout = 5 * time.Second
 
 // New prepares the SSH dialer and the proxy and binds the listeners, so that a bad kubeconfig or an address
-// in use fails the start. Nothing stays bound when New fails.
-func New(cfg *Config) (_ *Proxy, err error) {
+// in use fails the start. Nothing stays bound when New fails. With --via, the SSH config file's Match exec
+// commands, which run here, are stopped when ctx ends.
+func New(ctx context.Context, cfg *Config) (_ *Proxy, err error) {
 	p := &Proxy{cfg: cfg}
 	defer p.bound.CloseIfFailed(&err)
 	pc := cfg.Proxy
 	if cfg.SSH != nil {
 		ssh := *cfg.SSH
 		ssh.Log = klog.NewKlogr()
-		if p.dialer, err = sshdial.New(ssh); err != nil {
+		if p.dialer, err = sshdial.NewContext(ctx, ssh); err != nil {
 			return nil, fmt.Errorf("--via: %w", err)
 		}
 		pc.Dial = p.dialer.DialContext

@@ -72,7 +72,7 @@ Endpoints: health port /livez and /healthz (liveness) /readyz /metrics; admin po
 }
 
 func run(ctx context.Context, o *Options, out io.Writer) error {
-	return daemon.RunCommand(ctx, out, o.Config, New)
+	return daemon.RunCommand(ctx, out, o.Config, func(_ context.Context, cfg *Config) (*Server, error) { return New(cfg) })
 }
 
 // Server is a `konnect server` ready to run: the tunnel server and its endpoints, all bound.

@@ -28,5 +28,5 @@ func TestNewStartsNoGoroutine(t *testing.T) {
 	}
 	cfg.SSH.AgentSocket = "none"
 
-	harness.NewStartsNothing(t, func() (io.Closer, error) { return New(cfg) })
+	harness.NewStartsNothing(t, func() (io.Closer, error) { return New(t.Context(), cfg) })
 }

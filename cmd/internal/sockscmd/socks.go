@@ -185,11 +185,12 @@ type Proxy struct {
 }
 
 // New prepares the SSH dialer and binds every listener, so that a bad address or a port in use fails here.
-// Nothing stays bound when New fails.
-func New(cfg *Config) (_ *Proxy, err error) {
+// Nothing stays bound when New fails. The SSH config file's Match exec commands, which run here, are
+// stopped when ctx ends.
+func New(ctx context.Context, cfg *Config) (_ *Proxy, err error) {
 	ssh := cfg.SSH
 	ssh.Log = klog.NewKlogr()
-	d, err := sshdial.New(ssh)
+	d, err := sshdial.NewContext(ctx, ssh)
 	if err != nil {
 		return nil, err
 	}

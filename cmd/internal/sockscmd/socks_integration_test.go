@@ -53,7 +53,7 @@ func startEnv(t *testing.T, mutate func(o *Options)) *env {
 		t.Fatal(err)
 	}
 	cfg.SSH.AgentSocket = "none"
-	p, err := New(cfg)
+	p, err := New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestSocksUnknownHostKeyStopsRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.SSH.AgentSocket = "none"
-	p, err := New(cfg)
+	p, err := New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
