@@ -13,10 +13,12 @@ import (
 // A connection starts with DefaultWindow. Its window doubles, up to DefaultMaxWindow, when its consumer takes
 // a whole window within growEvery, or (on a long path, where a window takes longer than that to come
 // round) when the consumer has drained nearly everything while the sender is nearly out of credit: then
-// the window, not the consumer, is what holds the connection back. It halves again, down to where it started
-// and at most every shrinkEvery, while the consumer leaves more than half of it waiting. A slow reader
-// therefore costs the other side about the window it started with, and the connections of one stream hold
-// together no more than their starting windows plus a Budget.
+// the window, not the consumer, is what holds the connection back. It halves again, at most every
+// shrinkEvery, while the consumer leaves more than half of it waiting, down to a quarter of where it started
+// (but not below MinWindow): a reader that takes 64 KB/s needs a few KiB in flight, not the 64 KiB a
+// connection is given before anything is known of its reader. A slow reader therefore costs the other side
+// about a quarter of the window it started with, and the connections of one stream hold together no more
+// than their starting windows plus a Budget.
 const (
 	DefaultWindow    = 64 << 10
 	DefaultMaxWindow = 4 << 20
@@ -26,10 +28,12 @@ const (
 	MaxWindow = 64 << 20
 )
 
-// The periods of a window's growth and shrinking: see above.
+// The periods of a window's growth and shrinking: see above. A window halves only while more than half of
+// it waits, and doubles again within growEvery of its consumer taking it whole, so shrinking four times a
+// second costs a fast reader nothing.
 const (
 	growEvery   = 50 * time.Millisecond
-	shrinkEvery = time.Second
+	shrinkEvery = 250 * time.Millisecond
 )
 
 var (
@@ -114,6 +118,10 @@ func (b *Budget) Left() int {
 	return int(b.left)
 }
 
+// least is the smallest the window shrinks to: a quarter of where it started, but not below MinWindow, or
+// where it started if that was smaller.
+func (w *Window) least() int64 { return max(w.initial/4, min(w.initial, MinWindow)) }
+
 // Release gives what the connection holds of its budget back: the connection is over. It is idempotent,
 // and a Consume after it (a writer that was still writing when the connection ended) grants nothing and
 // takes no budget, which no later Release would give back.
@@ -169,8 +177,8 @@ func (w *Window) Consume(n int) int {
 		if w.budget == nil || int64(w.budget.Left()) >= grown-w.size {
 			w.size, w.resized, w.period, w.turnover = grown, t, t, 0
 		}
-	case buffered > w.size/2 && w.size > w.initial && t.Sub(w.resized) >= shrinkEvery:
-		w.size, w.resized = max(w.size/2, w.initial), t
+	case buffered > w.size/2 && w.size > w.least() && t.Sub(w.resized) >= shrinkEvery:
+		w.size, w.resized = max(w.size/2, w.least()), t
 	}
 	grant := w.consumed + w.size - w.granted
 	if grant < w.size/4 {

@@ -105,8 +105,8 @@ func TestWindowGrowsWithTurnover(t *testing.T) {
 }
 
 // TestWindowShrinksForSlowConsumers: a window that grew while its consumer kept up halves, at most every
-// shrinkEvery and down to where it started, while the consumer leaves more than half of it waiting; grants
-// stop until the connection is within the smaller window.
+// shrinkEvery and down to a quarter of where it started, while the consumer leaves more than half of it
+// waiting; grants stop until the connection is within the smaller window.
 func TestWindowShrinksForSlowConsumers(t *testing.T) {
 	clock := &fakeClock{time.Unix(1000, 0)}
 	w := NewWindow(64<<10, 1<<20, nil)
@@ -124,17 +124,56 @@ func TestWindowShrinksForSlowConsumers(t *testing.T) {
 			t.Fatalf("granted %d bytes while the reader leaves most of the window waiting", g)
 		}
 	}
+	if w.size != 16<<10 {
+		t.Fatalf("the window of a slow reader is %d, want a quarter of the 64 KiB it started with", w.size)
+	}
 	// The next grant comes once the consumer is a quarter within the smaller window, and brings the
 	// connection back to exactly that window.
-	for outstanding(w) > 48<<10 {
+	for outstanding(w) > 12<<10 {
 		clock.t = clock.t.Add(growEvery) // a new turnover period each time: no growth for taking 1 KiB
-		if g := w.Consume(1 << 10); g != 0 && outstanding(w) != 64<<10 {
-			t.Fatalf("a grant of %d leaves %d outstanding, want the window back at 64 KiB", g, outstanding(w))
+		if g := w.Consume(1 << 10); g != 0 && outstanding(w) != 16<<10 {
+			t.Fatalf("a grant of %d leaves %d outstanding, want the window back at 16 KiB", g, outstanding(w))
 		} else if g != 0 {
 			return
 		}
 	}
 	t.Fatalf("no grant with %d bytes outstanding", outstanding(w))
+}
+
+// TestWindowShrinksBelowItsStartAndGrowsBack: a connection whose reader is slow from the start holds a
+// quarter of its first window after a few shrinkEvery (not below MinWindow), and a reader that speeds up
+// gets its window back, doubling each time it takes a whole one within growEvery.
+func TestWindowShrinksBelowItsStartAndGrowsBack(t *testing.T) {
+	for _, tc := range []struct {
+		initial, least int64
+	}{{64 << 10, 16 << 10}, {256 << 10, 64 << 10}, {32 << 10, MinWindow}, {8 << 10, 8 << 10}} {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		w := NewWindow(int(tc.initial), 4<<20, nil)
+		w.now = clock.now
+		// The reader takes 1 KiB every 100 ms and leaves the rest waiting; grants top the sender up. In 40 s
+		// it has taken even the largest first window.
+		for range 400 {
+			_ = w.Receive(int(w.granted - w.received))
+			clock.t = clock.t.Add(100 * time.Millisecond)
+			w.Consume(1 << 10)
+		}
+		if w.size != tc.least {
+			t.Errorf("starting at %d: a slow reader's window is %d, want %d", tc.initial, w.size, tc.least)
+		}
+		if s := int64(outstanding(w)); s > tc.least {
+			t.Errorf("starting at %d: a slow reader holds %d outstanding, want at most %d", tc.initial, s, tc.least)
+		}
+		// Now it takes whatever arrives at once.
+		for range 20 {
+			clock.t = clock.t.Add(growEvery)
+			credit := w.granted - w.received
+			_ = w.Receive(int(credit))
+			w.Consume(int(w.received - w.consumed))
+		}
+		if w.size < tc.initial {
+			t.Errorf("starting at %d: a fast reader's window is back at only %d", tc.initial, w.size)
+		}
+	}
 }
 
 func TestCredit(t *testing.T) {
