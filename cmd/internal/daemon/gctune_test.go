@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
@@ -9,21 +10,27 @@ import (
 )
 
 func TestGCPacerPercent(t *testing.T) {
-	p := GCPacer{Percent: 25, Floor: 8 << 20, MaxPercent: 400}
+	p := GCPacer{Percent: 25, Busy: 50 * time.Millisecond, Floor: 4 << 20, MaxPercent: 1000}
 	for _, tc := range []struct {
 		live uint64
+		rate float64 // bytes allocated a second
 		want int
 	}{
-		{0, 400},        // nothing live yet
-		{1 << 10, 400},  // the floor would ask for far more
-		{2 << 20, 400},  // 8 MiB of headroom on 2 MiB
-		{4 << 20, 200},  // the floor: a bulk transfer's few MiB are collected every 8 MiB, not every 1
-		{16 << 20, 50},  // the floor still
-		{32 << 20, 25},  // from here on, a quarter of what is live
-		{400 << 20, 25}, // many tunnels: 100 MiB of headroom, not 400
+		{0, 200e6, 100},         // nothing collected yet: Go's default
+		{1 << 10, 0, 1000},      // the floor would ask for far more
+		{2 << 20, 0, 200},       // 4 MiB of headroom on 2 MiB
+		{8 << 20, 0, 50},        // the floor: idle or slow tunnels allocate little
+		{16 << 20, 0, 25},       // from here on, a quarter of what is live
+		{400 << 20, 0, 25},      // many tunnels: 100 MiB of headroom, not 400
+		{4 << 20, 200e6, 238},   // a bulk transfer: 10 MB, what it allocates in 50 ms
+		{16 << 20, 200e6, 59},   // the same beside many tunnels
+		{1 << 20, 400e6, 1000},  // capped
+		{400 << 20, 200e6, 25},  // a quarter of the live heap is more than 50 ms of allocation
+		{8 << 20, 16 << 20, 50}, // 16 MiB a second (slow readers): the floor
+		{8 << 20, 1 << 30, 639}, // 1 GiB a second: 51 MiB
 	} {
-		if got := p.percentFor(tc.live); got != tc.want {
-			t.Errorf("live %d: percent %d, want %d", tc.live, got, tc.want)
+		if got := p.percentFor(tc.live, tc.rate); got != tc.want {
+			t.Errorf("live %d, allocating %.0f bytes/s: percent %d, want %d", tc.live, tc.rate, got, tc.want)
 		}
 	}
 }
@@ -63,6 +70,7 @@ func TestGCPacerRun(t *testing.T) {
 	}
 
 	t.Run("sets the percent", func(t *testing.T) {
+		runtime.GC() // the live heap is what the last collection found: none yet would read as empty
 		run(t, func() bool { return gogc() == 37 })
 		if got := gogc(); got != 37 {
 			t.Fatalf("percent %d, want 37", got)
