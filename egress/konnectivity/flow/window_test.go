@@ -155,7 +155,7 @@ func TestWindowShrinksBelowItsStartAndGrowsBack(t *testing.T) {
 		for range 400 {
 			_ = w.Receive(int(w.granted - w.received))
 			clock.t = clock.t.Add(100 * time.Millisecond)
-			w.Consume(1 << 10)
+			w.Consume(int(min(1<<10, w.received-w.consumed)))
 		}
 		if w.size != tc.least {
 			t.Errorf("starting at %d: a slow reader's window is %d, want %d", tc.initial, w.size, tc.least)
@@ -173,6 +173,52 @@ func TestWindowShrinksBelowItsStartAndGrowsBack(t *testing.T) {
 		if w.size < tc.initial {
 			t.Errorf("starting at %d: a fast reader's window is back at only %d", tc.initial, w.size)
 		}
+	}
+}
+
+// TestWindowShrinkPace: above where it started a window halves at most once a second (a reader on a long
+// path sees its window halve and grow by turns); below, four times a second. Growing back to where it
+// started takes nothing from the budget, however little the other connections left.
+func TestWindowShrinkPace(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	lag := func(w *Window, after time.Duration, want int64) {
+		t.Helper()
+		clock.t = clock.t.Add(after)
+		w.Consume(256)
+		if w.size != want {
+			t.Fatalf("%s later: window %d, want %d", after, w.size, want)
+		}
+	}
+	w := NewWindow(64<<10, 1<<20, nil)
+	w.now = clock.now
+	for w.size < 256<<10 { // grown by a fast consumer
+		clock.t = clock.t.Add(growEvery)
+		_ = w.Receive(int(w.granted - w.received))
+		w.Consume(int(w.received - w.consumed))
+	}
+	_ = w.Receive(int(w.granted - w.received))   // a full window arrives, and the reader lags
+	lag(w, shrinkEvery, 128<<10)                 // a second after it last grew
+	lag(w, shrinkBelowEvery, 128<<10)            // above its start: not yet
+	lag(w, shrinkEvery-shrinkBelowEvery, 64<<10) // a second after that
+	lag(w, shrinkBelowEvery/2, 64<<10)           // at its start: not before shrinkBelowEvery
+	lag(w, shrinkBelowEvery/2, 32<<10)
+	lag(w, shrinkBelowEvery, 16<<10)
+	lag(w, shrinkBelowEvery, 16<<10) // its least
+
+	// With the budget spent by other connections, a window that shrank below its start still gets back
+	// there once its reader catches up.
+	w = NewWindow(64<<10, 1<<20, NewBudget(0))
+	w.now = clock.now
+	_ = w.Receive(64 << 10)
+	lag(w, 0, 32<<10)
+	lag(w, shrinkBelowEvery, 16<<10)
+	for range 10 {
+		clock.t = clock.t.Add(growEvery)
+		w.Consume(int(w.received - w.consumed))
+		_ = w.Receive(int(w.granted - w.received))
+	}
+	if w.size != 64<<10 {
+		t.Fatalf("with no budget left, a reader that caught up has a window of %d, want the 64 KiB it started with", w.size)
 	}
 }
 
