@@ -33,16 +33,19 @@ type GCPacer struct {
 	Percent    int           // headroom as a percent of the live heap
 	Busy       time.Duration // headroom: what is allocated in this long, at the last reading's rate
 	Floor      uint64        // least headroom, in bytes
-	MaxPercent int           // the highest percent set, for a nearly empty heap
+	MaxPercent int           // the highest percent set
 	Every      time.Duration // how often the live heap and the allocation rate are read
 }
 
-// ServerGC paces the tunnel server. Measured side by side with Go's default (make bench,
-// docs/performance.md): a fifth to a third less server memory with 1,000 tunnels open, less beside many
-// slow readers, bulk transfers as fast. The agent keeps Go's default: its pool keeps read buffers live,
-// so during a bulk transfer a quarter of its live heap is little headroom, and the same pacer there cost
+// ServerGC paces the tunnel server. Measured side by side with Go's default and with the pacer before it
+// (make bench, docs/performance.md): a fifth to a third less server memory with 1,000 tunnels open, less
+// beside slow readers, bulk transfers as fast. The agent keeps Go's default: its pool keeps read buffers
+// live, so during a bulk transfer a quarter of its live heap is little headroom, and a pacer there cost
 // bulk throughput in the same benchmark.
 var ServerGC = GCPacer{Percent: 25, Busy: 50 * time.Millisecond, Floor: 4 << 20, MaxPercent: 1000, Every: 500 * time.Millisecond}
+
+// runtimeHeapMinimum is the Go runtime's least heap goal at a percent of 100; it scales with the percent.
+const runtimeHeapMinimum = 4 << 20
 
 // Run adjusts the collector's percent until ctx ends. GOGC in the environment is the user's choice and
 // wins: Run then only waits.
@@ -51,9 +54,10 @@ func (p GCPacer) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}}
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"},
+		{Name: "/gc/scan/globals:bytes"}, {Name: "/gc/heap/allocs:bytes"}}
 	metrics.Read(sample)
-	lastAllocs, lastRead := sample[1].Value.Uint64(), time.Now()
+	lastAllocs, lastRead := sample[3].Value.Uint64(), time.Now()
 	last := -1
 	t := time.NewTicker(p.Every)
 	defer t.Stop()
@@ -64,24 +68,28 @@ func (p GCPacer) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		metrics.Read(sample)
-		now, allocs := time.Now(), sample[1].Value.Uint64()
+		now, allocs := time.Now(), sample[3].Value.Uint64()
 		rate := float64(allocs-lastAllocs) / now.Sub(lastRead).Seconds()
 		lastAllocs, lastRead = allocs, now
-		if pct := p.percentFor(sample[0].Value.Uint64(), rate); pct != last {
+		roots := sample[1].Value.Uint64() + sample[2].Value.Uint64()
+		if pct := p.percentFor(sample[0].Value.Uint64(), roots, rate); pct != last {
 			debug.SetGCPercent(pct)
 			last = pct
 		}
 	}
 }
 
-// percentFor is the percent that gives a live heap of live bytes, allocating rate bytes a second, the
-// pacer's headroom.
-func (p GCPacer) percentFor(live uint64, rate float64) int {
+// percentFor is the percent that gives a live heap of live bytes, whose goroutine stacks and globals hold
+// roots bytes, allocating rate bytes a second, the pacer's headroom. The runtime lets garbage pile up to the
+// percent of live and roots together, and to no less than runtimeHeapMinimum scaled by the percent in all:
+// both are allowed for, so that the heap's goal comes out at live plus the headroom.
+func (p GCPacer) percentFor(live, roots uint64, rate float64) int {
 	if live == 0 {
-		// Nothing collected yet. Go's default, not MaxPercent: the runtime's least heap goal scales with the
-		// percent, and a high one would put off the first collection for tens of MiB.
+		// Nothing collected yet: Go's default. A high percent would put off the first collection for tens of
+		// MiB, through the least heap goal.
 		return 100
 	}
-	busy := uint64(max(rate, 0) * p.Busy.Seconds())
-	return int(min(max(uint64(p.Percent), p.Floor*100/live, busy*100/live), uint64(p.MaxPercent)))
+	headroom := max(live*uint64(p.Percent)/100, p.Floor, uint64(max(rate, 0)*p.Busy.Seconds()))
+	pct := min(headroom*100/(live+roots), (live+headroom)*100/runtimeHeapMinimum, uint64(p.MaxPercent))
+	return int(max(pct, 1))
 }
