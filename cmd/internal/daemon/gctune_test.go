@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
@@ -9,21 +10,30 @@ import (
 )
 
 func TestGCPacerPercent(t *testing.T) {
-	p := GCPacer{Percent: 25, Floor: 8 << 20, MaxPercent: 400}
+	p := GCPacer{Percent: 25, Busy: 50 * time.Millisecond, Floor: 4 << 20, MaxPercent: 1000}
 	for _, tc := range []struct {
-		live uint64
-		want int
+		live, roots uint64
+		rate        float64 // bytes allocated a second
+		want        int
 	}{
-		{0, 400},        // nothing live yet
-		{1 << 10, 400},  // the floor would ask for far more
-		{2 << 20, 400},  // 8 MiB of headroom on 2 MiB
-		{4 << 20, 200},  // the floor: a bulk transfer's few MiB are collected every 8 MiB, not every 1
-		{16 << 20, 50},  // the floor still
-		{32 << 20, 25},  // from here on, a quarter of what is live
-		{400 << 20, 25}, // many tunnels: 100 MiB of headroom, not 400
+		{0, 0, 200e6, 100},          // nothing collected yet: Go's default
+		{1 << 10, 0, 0, 100},        // the runtime's least goal, 4 MiB at 100, is the floor already
+		{2 << 20, 0, 0, 150},        // 4 MiB of headroom on 2 MiB: a goal of 6 MiB, the least goal's 150%
+		{8 << 20, 0, 0, 50},         // the floor: idle or slow tunnels allocate little
+		{16 << 20, 0, 0, 25},        // from here on, a quarter of what is live
+		{400 << 20, 0, 0, 25},       // many tunnels: 100 MiB of headroom, not 400
+		{16 << 20, 16 << 20, 0, 12}, // stacks as large as the heap: the percent applies to both
+		{4 << 20, 0, 200e6, 238},    // a bulk transfer: 10 MB, what it allocates in 50 ms
+		{16 << 20, 0, 200e6, 59},    // the same beside many tunnels
+		{1 << 20, 0, 400e6, 501},    // 20 MB on 1 MiB: the least goal is what binds
+		{1 << 20, 0, 4e9, 1000},     // capped
+		{400 << 20, 0, 200e6, 25},   // a quarter of the live heap is more than 50 ms of allocation
+		{8 << 20, 0, 16 << 20, 50},  // 16 MiB a second (slow readers): the floor
+		{8 << 20, 0, 1 << 30, 639},  // 1 GiB a second: 51 MiB
+		{1 << 30, 1 << 40, 0, 1},    // never 0, which would collect without end
 	} {
-		if got := p.percentFor(tc.live); got != tc.want {
-			t.Errorf("live %d: percent %d, want %d", tc.live, got, tc.want)
+		if got := p.percentFor(tc.live, tc.roots, tc.rate); got != tc.want {
+			t.Errorf("live %d, roots %d, allocating %.0f bytes/s: percent %d, want %d", tc.live, tc.roots, tc.rate, got, tc.want)
 		}
 	}
 }
@@ -40,8 +50,8 @@ func gogc() uint64 {
 func TestGCPacerRun(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	t.Cleanup(func() { debug.SetGCPercent(prev) })
-	// A floor of one byte leaves the percent at Percent, whatever this test process holds.
-	p := GCPacer{Percent: 37, Floor: 1, MaxPercent: 400, Every: 10 * time.Millisecond}
+	// A floor of a TiB asks for more than MaxPercent, whatever this test process holds: the percent is 37.
+	p := GCPacer{Percent: 25, Floor: 1 << 40, MaxPercent: 37, Every: 10 * time.Millisecond}
 	run := func(t *testing.T, wait func() bool) {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -63,6 +73,7 @@ func TestGCPacerRun(t *testing.T) {
 	}
 
 	t.Run("sets the percent", func(t *testing.T) {
+		runtime.GC() // the live heap is what the last collection found: none yet would read as empty
 		run(t, func() bool { return gogc() == 37 })
 		if got := gogc(); got != 37 {
 			t.Fatalf("percent %d, want 37", got)

@@ -13,10 +13,12 @@ import (
 // A connection starts with DefaultWindow. Its window doubles, up to DefaultMaxWindow, when its consumer takes
 // a whole window within growEvery, or (on a long path, where a window takes longer than that to come
 // round) when the consumer has drained nearly everything while the sender is nearly out of credit: then
-// the window, not the consumer, is what holds the connection back. It halves again, down to where it started
-// and at most every shrinkEvery, while the consumer leaves more than half of it waiting. A slow reader
-// therefore costs the other side about the window it started with, and the connections of one stream hold
-// together no more than their starting windows plus a Budget.
+// the window, not the consumer, is what holds the connection back. It halves again, at most every
+// shrinkEvery (shrinkBelowEvery below where it started), while the consumer leaves more than half of it
+// waiting, down to a quarter of where it started (but not below MinWindow): a reader that takes 64 KB/s needs a few KiB in flight, not the 64 KiB a
+// connection is given before anything is known of its reader. A slow reader therefore costs the other side
+// about a quarter of the window it started with, and the connections of one stream hold together no more
+// than their starting windows plus a Budget.
 const (
 	DefaultWindow    = 64 << 10
 	DefaultMaxWindow = 4 << 20
@@ -26,10 +28,14 @@ const (
 	MaxWindow = 64 << 20
 )
 
-// The periods of a window's growth and shrinking: see above.
+// The periods of a window's growth and shrinking: see above. Above where it started, a window halves at most
+// once a second, so that a reader held back by a long path rather than by its own pace (whose window halves
+// and grows again by turns) is not held back every few round trips. Below, where only readers that lag
+// are, it halves four times a second, so that one reaches its least within a second.
 const (
-	growEvery   = 50 * time.Millisecond
-	shrinkEvery = time.Second
+	growEvery        = 50 * time.Millisecond
+	shrinkEvery      = time.Second
+	shrinkBelowEvery = 250 * time.Millisecond
 )
 
 var (
@@ -114,6 +120,18 @@ func (b *Budget) Left() int {
 	return int(b.left)
 }
 
+// shrinkPeriod is how soon after its last resize the window may halve.
+func (w *Window) shrinkPeriod() time.Duration {
+	if w.size > w.initial {
+		return shrinkEvery
+	}
+	return shrinkBelowEvery
+}
+
+// least is the smallest the window shrinks to: a quarter of where it started, but not below MinWindow, or
+// where it started if that was smaller.
+func (w *Window) least() int64 { return max(w.initial/4, min(w.initial, MinWindow)) }
+
 // Release gives what the connection holds of its budget back: the connection is over. It is idempotent,
 // and a Consume after it (a writer that was still writing when the connection ended) grants nothing and
 // takes no budget, which no later Release would give back.
@@ -140,7 +158,7 @@ func (w *Window) Receive(n int) error {
 // what is owed is too small to be worth a message (a quarter of the window), or while the connection has
 // more outstanding than its window (it shrank) or than its budget allows. Up to the window it started with,
 // a connection needs no budget: a sender with no credit left is always owed a grant once what it sent has
-// been consumed down to three quarters of that window. After Release it returns 0.
+// been consumed down to three quarters of its window. After Release it returns 0.
 func (w *Window) Consume(n int) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -165,12 +183,14 @@ func (w *Window) Consume(n int) int {
 		// A whole window was consumed within growEvery, or the consumer has taken nearly everything while
 		// the sender is nearly out of credit (on a long path, where a window takes longer than growEvery to
 		// come round): either way the window, not the consumer, holds the connection back.
+		// Only growth beyond the first window is paid from the budget: a window that shrank below it gets
+		// back there whatever the other connections hold.
 		grown := min(2*w.size, w.max)
-		if w.budget == nil || int64(w.budget.Left()) >= grown-w.size {
+		if extra := max(grown, w.initial) - max(w.size, w.initial); w.budget == nil || extra <= 0 || int64(w.budget.Left()) >= extra {
 			w.size, w.resized, w.period, w.turnover = grown, t, t, 0
 		}
-	case buffered > w.size/2 && w.size > w.initial && t.Sub(w.resized) >= shrinkEvery:
-		w.size, w.resized = max(w.size/2, w.initial), t
+	case buffered > w.size/2 && w.size > w.least() && t.Sub(w.resized) >= w.shrinkPeriod():
+		w.size, w.resized = max(w.size/2, w.least()), t
 	}
 	grant := w.consumed + w.size - w.granted
 	if grant < w.size/4 {

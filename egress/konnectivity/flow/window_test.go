@@ -105,8 +105,8 @@ func TestWindowGrowsWithTurnover(t *testing.T) {
 }
 
 // TestWindowShrinksForSlowConsumers: a window that grew while its consumer kept up halves, at most every
-// shrinkEvery and down to where it started, while the consumer leaves more than half of it waiting; grants
-// stop until the connection is within the smaller window.
+// shrinkEvery and down to a quarter of where it started, while the consumer leaves more than half of it
+// waiting; grants stop until the connection is within the smaller window.
 func TestWindowShrinksForSlowConsumers(t *testing.T) {
 	clock := &fakeClock{time.Unix(1000, 0)}
 	w := NewWindow(64<<10, 1<<20, nil)
@@ -124,17 +124,102 @@ func TestWindowShrinksForSlowConsumers(t *testing.T) {
 			t.Fatalf("granted %d bytes while the reader leaves most of the window waiting", g)
 		}
 	}
+	if w.size != 16<<10 {
+		t.Fatalf("the window of a slow reader is %d, want a quarter of the 64 KiB it started with", w.size)
+	}
 	// The next grant comes once the consumer is a quarter within the smaller window, and brings the
 	// connection back to exactly that window.
-	for outstanding(w) > 48<<10 {
+	for outstanding(w) > 12<<10 {
 		clock.t = clock.t.Add(growEvery) // a new turnover period each time: no growth for taking 1 KiB
-		if g := w.Consume(1 << 10); g != 0 && outstanding(w) != 64<<10 {
-			t.Fatalf("a grant of %d leaves %d outstanding, want the window back at 64 KiB", g, outstanding(w))
+		if g := w.Consume(1 << 10); g != 0 && outstanding(w) != 16<<10 {
+			t.Fatalf("a grant of %d leaves %d outstanding, want the window back at 16 KiB", g, outstanding(w))
 		} else if g != 0 {
 			return
 		}
 	}
 	t.Fatalf("no grant with %d bytes outstanding", outstanding(w))
+}
+
+// TestWindowShrinksBelowItsStartAndGrowsBack: a connection whose reader is slow from the start holds a
+// quarter of its first window after a few shrinkEvery (not below MinWindow), and a reader that speeds up
+// gets its window back, doubling each time it takes a whole one within growEvery.
+func TestWindowShrinksBelowItsStartAndGrowsBack(t *testing.T) {
+	for _, tc := range []struct {
+		initial, least int64
+	}{{64 << 10, 16 << 10}, {256 << 10, 64 << 10}, {32 << 10, MinWindow}, {8 << 10, 8 << 10}} {
+		clock := &fakeClock{time.Unix(1000, 0)}
+		w := NewWindow(int(tc.initial), 4<<20, nil)
+		w.now = clock.now
+		// The reader takes 1 KiB every 100 ms and leaves the rest waiting; grants top the sender up. In 40 s
+		// it has taken even the largest first window.
+		for range 400 {
+			_ = w.Receive(int(w.granted - w.received))
+			clock.t = clock.t.Add(100 * time.Millisecond)
+			w.Consume(int(min(1<<10, w.received-w.consumed)))
+		}
+		if w.size != tc.least {
+			t.Errorf("starting at %d: a slow reader's window is %d, want %d", tc.initial, w.size, tc.least)
+		}
+		if s := int64(outstanding(w)); s > tc.least {
+			t.Errorf("starting at %d: a slow reader holds %d outstanding, want at most %d", tc.initial, s, tc.least)
+		}
+		// Now it takes whatever arrives at once.
+		for range 20 {
+			clock.t = clock.t.Add(growEvery)
+			credit := w.granted - w.received
+			_ = w.Receive(int(credit))
+			w.Consume(int(w.received - w.consumed))
+		}
+		if w.size < tc.initial {
+			t.Errorf("starting at %d: a fast reader's window is back at only %d", tc.initial, w.size)
+		}
+	}
+}
+
+// TestWindowShrinkPace: above where it started a window halves at most once a second (a reader on a long
+// path sees its window halve and grow by turns); below, four times a second. Growing back to where it
+// started takes nothing from the budget, however little the other connections left.
+func TestWindowShrinkPace(t *testing.T) {
+	clock := &fakeClock{time.Unix(1000, 0)}
+	lag := func(w *Window, after time.Duration, want int64) {
+		t.Helper()
+		clock.t = clock.t.Add(after)
+		w.Consume(256)
+		if w.size != want {
+			t.Fatalf("%s later: window %d, want %d", after, w.size, want)
+		}
+	}
+	w := NewWindow(64<<10, 1<<20, nil)
+	w.now = clock.now
+	for w.size < 256<<10 { // grown by a fast consumer
+		clock.t = clock.t.Add(growEvery)
+		_ = w.Receive(int(w.granted - w.received))
+		w.Consume(int(w.received - w.consumed))
+	}
+	_ = w.Receive(int(w.granted - w.received))   // a full window arrives, and the reader lags
+	lag(w, shrinkEvery, 128<<10)                 // a second after it last grew
+	lag(w, shrinkBelowEvery, 128<<10)            // above its start: not yet
+	lag(w, shrinkEvery-shrinkBelowEvery, 64<<10) // a second after that
+	lag(w, shrinkBelowEvery/2, 64<<10)           // at its start: not before shrinkBelowEvery
+	lag(w, shrinkBelowEvery/2, 32<<10)
+	lag(w, shrinkBelowEvery, 16<<10)
+	lag(w, shrinkBelowEvery, 16<<10) // its least
+
+	// With the budget spent by other connections, a window that shrank below its start still gets back
+	// there once its reader catches up.
+	w = NewWindow(64<<10, 1<<20, NewBudget(0))
+	w.now = clock.now
+	_ = w.Receive(64 << 10)
+	lag(w, 0, 32<<10)
+	lag(w, shrinkBelowEvery, 16<<10)
+	for range 10 {
+		clock.t = clock.t.Add(growEvery)
+		w.Consume(int(w.received - w.consumed))
+		_ = w.Receive(int(w.granted - w.received))
+	}
+	if w.size != 64<<10 {
+		t.Fatalf("with no budget left, a reader that caught up has a window of %d, want the 64 KiB it started with", w.size)
+	}
 }
 
 func TestCredit(t *testing.T) {
