@@ -39,11 +39,11 @@ const readyPoll = 50 * time.Millisecond
 
 // RunCommand is every daemon command's run, the contract in four steps: config validates the flags
 // (Options.Config), newDaemon binds every listener (New), given the context that SIGINT and SIGTERM end, so
-// that a start that waits (konnect socks's Match exec commands) stops with them; the daemon's Startup is reported (Line on out, KV
-// in one klog line, "Serving", held back until Startup.Ready says so), and the daemon runs until ctx ends or
-// SIGINT/SIGTERM arrives. Once it has run a while, the memory only its start-up needed is given back
-// (pageout.go). Signals are caught from the start: one that arrives while New binds ends Run at once, which
-// releases what New bound (a socket file, say).
+// that a start that waits (konnect socks's Match exec commands) stops with them; the daemon's Startup is
+// reported (Line on out, KV in one klog line, "Serving", held back until Startup.Ready says so), and the
+// daemon runs until ctx ends or SIGINT/SIGTERM arrives. Once it has run a while, the memory only its
+// start-up needed is given back (pageout.go). Signals are caught from the start: one that arrives while New
+// binds ends Run at once, which releases what New bound (a socket file, say).
 func RunCommand[C any, D Daemon](ctx context.Context, out io.Writer, config func() (C, error),
 	newDaemon func(context.Context, C) (D, error)) error {
 	ctx, cancel := SignalContext(ctx)

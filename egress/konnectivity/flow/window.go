@@ -15,10 +15,10 @@ import (
 // round) when the consumer has drained nearly everything while the sender is nearly out of credit: then
 // the window, not the consumer, is what holds the connection back. It halves again, at most every
 // shrinkEvery (shrinkBelowEvery below where it started), while the consumer leaves more than half of it
-// waiting, down to a quarter of where it started (but not below MinWindow): a reader that takes 64 KB/s needs a few KiB in flight, not the 64 KiB a
-// connection is given before anything is known of its reader. A slow reader therefore costs the other side
-// about a quarter of the window it started with, and the connections of one stream hold together no more
-// than their starting windows plus a Budget.
+// waiting, down to a quarter of where it started (but not below MinWindow): a reader that takes 64 KB/s
+// needs a few KiB in flight, not the 64 KiB a connection is given before anything is known of its reader.
+// A slow reader therefore costs the other side about a quarter of the window it started with, and the
+// connections of one stream hold together no more than their starting windows plus a Budget.
 const (
 	DefaultWindow    = 64 << 10
 	DefaultMaxWindow = 4 << 20
