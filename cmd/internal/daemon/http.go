@@ -80,9 +80,10 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// Serve serves h on ln, at most MaxConnsPerSource connections from one source at once (past it, a new one
-// takes the place of the source's connection idle longest), until ctx ends, then shuts down within
-// ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for.
+// Serve serves h on ln, at most MaxConnsPerSource connections from one source at once (past it, a new
+// one takes the place of the source's oldest connection with no request being served), until ctx ends,
+// then shuts down within ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx
+// asked for.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return serveLimited(ctx, LimitPerSource(ln, MaxConnsPerSource), h)
 }
