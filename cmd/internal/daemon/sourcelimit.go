@@ -35,8 +35,9 @@ type SourceLimit struct {
 	sources source.Counter // the bound
 	start   time.Time      // origin of sourceConn.waitingSince
 
-	mu    sync.Mutex
-	conns map[netip.Addr]map[*sourceConn]struct{} // what an eviction chooses from
+	mu      sync.Mutex
+	conns   map[netip.Addr]map[*sourceConn]struct{} // what an eviction chooses from
+	stopped bool                                    // closeWaiting was called
 }
 
 // LimitPerSource returns ln with at most n connections open from one source address at once (see
@@ -68,6 +69,11 @@ func (l *SourceLimit) Accept() (net.Conn, error) {
 		sc := &sourceConn{Conn: c, l: l, src: src}
 		sc.waitingSince.Store(l.now())
 		l.mu.Lock()
+		if l.stopped {
+			l.mu.Unlock()
+			sc.Close()
+			continue
+		}
 		set := l.conns[src]
 		if set == nil {
 			set = map[*sourceConn]struct{}{}
@@ -76,6 +82,27 @@ func (l *SourceLimit) Accept() (net.Conn, error) {
 		set[sc] = struct{}{}
 		l.mu.Unlock()
 		return sc, nil
+	}
+}
+
+// closeWaiting closes every connection that has no request being served, and from then on each new one as
+// it is accepted. http.Server's Shutdown closes idle connections at once but waits for one that has not sent
+// a complete request yet until it is 5 s old, so a connection opened just before a stop (a probe's, a
+// scraper's, one trickling its headers) held a daemon's exit for up to ShutdownGrace.
+func (l *SourceLimit) closeWaiting() {
+	l.mu.Lock()
+	l.stopped = true
+	var waiting []*sourceConn
+	for _, set := range l.conns {
+		for c := range set {
+			if c.waitingSince.Load() != 0 {
+				waiting = append(waiting, c)
+			}
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range waiting {
+		c.Close()
 	}
 }
 

@@ -341,3 +341,110 @@ func TestServeEvictsHeaderTricklersAtTheBound(t *testing.T) {
 		}
 	}
 }
+
+// TestServeStopsWithoutWaitingForRequests: a stop does not wait for connections that have not delivered a
+// complete request (one that sent nothing yet, one trickling its headers, one idle between requests): Serve
+// returns at once, where http.Server's Shutdown alone waited for the first two until they were 5 s old (up
+// to ShutdownGrace). A request being served is still waited for and answered.
+func TestServeStopsWithoutWaitingForRequests(t *testing.T) {
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	limit := LimitPerSource(ln, MaxConnsPerSource)
+	release, started := make(chan struct{}), make(chan struct{})
+	mux := NewHealthMux(nil, nil, prometheus.NewRegistry())
+	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serveLimited(ctx, limit, mux) }()
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dial := func(request string) net.Conn {
+		t.Helper()
+		c, err := harness.DialFrom("127.0.0.1", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	dial("")                          // sends nothing
+	dial("GET /livez HTTP/1.1\r\nHo") // headers not complete
+	idle := dial("GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(idle)
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if res, err := http.ReadResponse(br, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		res.Body.Close()
+	}
+	loopback := netip.MustParseAddr("127.0.0.1")
+	if err := harness.Poll("the connections accepted", 5*time.Second, 5*time.Millisecond, func() error {
+		if n := held(limit, loopback); n != 3 {
+			return fmt.Errorf("%d of 3", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(ReadHeaderTimeout):
+		t.Fatalf("Serve did not return within %v of its stop", ReadHeaderTimeout)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Serve returned %v after its stop, waiting for connections without a request being served", took)
+	}
+
+	// A request being served at the stop is waited for.
+	ln, err = Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = ln.Addr().String()
+	limit = LimitPerSource(ln, MaxConnsPerSource)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- serveLimited(ctx, limit, mux) }()
+	busy := dial("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	cancel()
+	select {
+	case <-done:
+		t.Fatal("Serve returned while a request was being served")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	_ = busy.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatalf("the request being served at the stop: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("the request being served at the stop: %s", res.Status)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
