@@ -80,8 +80,9 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// Serve serves h on ln, at most MaxConnsPerSource connections from one source at once (past it, a new one
-// takes the place of the source's connection idle longest), until ctx ends, then shuts down within
+// Serve serves h on ln, at most MaxConnsPerSource connections from one source at once (past it, a new
+// one takes the place of the source's oldest connection with no request being served), until ctx ends.
+// Then it closes the connections with no request being served, waits for the requests being served within
 // ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return serveLimited(ctx, LimitPerSource(ln, MaxConnsPerSource), h)
@@ -100,6 +101,7 @@ func serveLimited(ctx context.Context, limit *SourceLimit, h http.Handler) error
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownGrace)
 	defer cancel()
+	limit.closeWaiting() // Shutdown waits only for requests being served
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}

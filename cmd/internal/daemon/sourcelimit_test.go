@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,14 +50,14 @@ func serveHealth(t *testing.T) (addr string, limit *SourceLimit, stop func()) {
 	return ln.Addr().String(), limit, func() { cancel(); <-done }
 }
 
-// midRequest counts the connections from src that l holds mid-request: the server has read a byte of a
-// request on each.
-func midRequest(l *SourceLimit, src netip.Addr) int {
+// serving counts the connections from src that l holds with a request being served: the server has read
+// its headers and not finished its response.
+func serving(l *SourceLimit, src netip.Addr) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for c := range l.conns[src] {
-		if c.quietSince.Load() == 0 {
+		if c.waitingSince.Load() == 0 {
 			n++
 		}
 	}
@@ -84,7 +85,7 @@ func closedOf(cs []net.Conn) int {
 // TestServeEvictsQuietConnectionsAtTheBound: kubelet's probe shares its source (loopback, or the node's
 // address) with every other process there, so a process that holds the source's share of connections
 // without using them (a scraper that leaks keep-alive connections, a script) must not get the probe
-// refused. At the bound a new connection takes the place of the one quiet longest, so that the source still
+// refused. At the bound a new connection takes the place of the one idle longest, so that the source still
 // holds at most MaxConnsPerSource.
 func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
 	addr, _, stop := serveHealth(t)
@@ -137,85 +138,313 @@ func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
 }
 
 // TestServeLimitsConnectionsPerSource: a health, metrics or admin endpoint takes at most MaxConnsPerSource
-// connections from one source address at once (each also bounded in time by the timeouts); while all of them
-// are mid-request (here each trickles its headers a byte at a time), a new one is reset, while other sources
-// are served, and the source is served again once the header timeout closes them.
+// connections from one source address at once. While every one of them has a request being served (here a
+// handler that waits), none is evicted: a new one is reset as it is accepted, while other sources are
+// served, and the source is served again once the requests are done.
 func TestServeLimitsConnectionsPerSource(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for the header timeout")
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
 	}
-	addr, limit, stop := serveHealth(t)
-	defer stop()
-
-	var held []net.Conn
-	trickle := make(chan struct{})
-	var wg sync.WaitGroup
+	addr := ln.Addr().String()
+	limit := LimitPerSource(ln, MaxConnsPerSource)
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(MaxConnsPerSource)
+	mux := NewHealthMux(nil, nil, prometheus.NewRegistry())
+	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
+		started.Done()
+		<-release
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveLimited(ctx, limit, mux) }()
+	released := false
 	defer func() {
-		close(trickle)
-		for _, c := range held {
+		if !released {
+			close(release)
+		}
+		cancel()
+		<-done
+	}()
+
+	var busy []net.Conn
+	defer func() {
+		for _, c := range busy {
 			c.Close()
 		}
-		wg.Wait()
 	}()
-	const request = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
 	for range MaxConnsPerSource {
 		c, err := harness.DialFrom("127.0.0.1", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		held = append(held, c)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for i := 0; i < len(request)-1; i++ { // never the last byte
-				if _, err := io.WriteString(c, request[i:i+1]); err != nil {
-					return
-				}
-				select {
-				case <-trickle:
-					return
-				case <-tick.C:
-				}
-			}
-		}()
+		busy = append(busy, c)
+		if _, err := io.WriteString(c, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// Every held connection is mid-request once the server has read its first byte; the header timeout
-	// counts from its accept, so this wait must end well before it.
+	waited := make(chan struct{})
+	go func() { started.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(ReadTimeout / 2):
+		t.Fatalf("the requests did not all reach their handler")
+	}
 	loopback := netip.MustParseAddr("127.0.0.1")
-	if err := harness.Poll("every held connection mid-request", ReadHeaderTimeout/2, 5*time.Millisecond, func() error {
-		if n := midRequest(limit, loopback); n != MaxConnsPerSource {
-			return fmt.Errorf("%d of %d", n, MaxConnsPerSource)
+	if n := serving(limit, loopback); n != MaxConnsPerSource {
+		t.Fatalf("%d of %d connections in their handler are counted as being served", n, MaxConnsPerSource)
+	}
+
+	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
+		defer c.Close()
+		if !reset(c) {
+			t.Fatalf("connection %d from one source was kept while the others were being served", MaxConnsPerSource+1)
+		}
+	}
+	if err := getFrom("127.0.0.1", addr); err == nil {
+		t.Fatal("/livez was served past the bound while every connection of the source was being served")
+	}
+	if n := closedOf(busy); n != 0 {
+		t.Fatalf("%d connections within the bound, being served, were closed", n)
+	}
+	if err := getFrom("127.0.0.2", addr); err != nil {
+		t.Fatalf("another source is not served: %v", err)
+	}
+
+	close(release)
+	released = true
+	for i, c := range busy {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("the response on busy connection %d: %v", i, err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("the response on busy connection %d: %s", i, res.Status)
+		}
+	}
+	// Done, they are idle keep-alive connections: a new one takes the place of one.
+	if err := getFrom("127.0.0.1", addr); err != nil {
+		t.Fatalf("the source is not served once its requests are done: %v", err)
+	}
+}
+
+// held counts the connections from src that l holds open.
+func held(l *SourceLimit, src netip.Addr) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns[src])
+}
+
+// trickle writes request to c a byte every interval, never the last byte, until stop closes or a write fails.
+func trickle(c net.Conn, request string, interval time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := 0; i < len(request)-1; i++ {
+		if _, err := io.WriteString(c, request[i:i+1]); err != nil {
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// TestServeEvictsHeaderTricklersAtTheBound: a local process that holds its source's share of connections,
+// each trickling its request headers a byte at a time (well within the header timeout), must not get
+// kubelet's probe, which shares the source, reset. At the bound a new connection takes the place of the
+// source's connection that has been waiting longest for a complete request, so the probe is answered at
+// once, not after the header timeout, and the source still holds at most MaxConnsPerSource.
+func TestServeEvictsHeaderTricklersAtTheBound(t *testing.T) {
+	addr, limit, stop := serveHealth(t)
+	defer stop()
+
+	var tricklers []net.Conn
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		for _, c := range tricklers {
+			c.Close()
+		}
+		wg.Wait()
+	}()
+	loopback := netip.MustParseAddr("127.0.0.1")
+	// holds waits until the source holds n connections.
+	holds := func(n int) {
+		t.Helper()
+		if err := harness.Poll(fmt.Sprintf("the source holding %d connections", n), 5*time.Second, 5*time.Millisecond, func() error {
+			if got := held(limit, loopback); got != n {
+				return fmt.Errorf("it holds %d", got)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// fill opens n tricklers, each sending a byte of its request every 100 ms, and waits until the source
+	// holds its share.
+	fill := func(n int) {
+		t.Helper()
+		for range n {
+			c, err := harness.DialFrom("127.0.0.1", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tricklers = append(tricklers, c)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				trickle(c, "GET /livez HTTP/1.1\r\nHost: x\r\nUser-Agent: trickler\r\n\r\n", 100*time.Millisecond, done)
+			}()
+		}
+		holds(MaxConnsPerSource)
+	}
+	start := time.Now()
+	fill(MaxConnsPerSource)
+	time.Sleep(300 * time.Millisecond) // a few header bytes on each
+
+	probeStart := time.Now()
+	if err := getFrom("127.0.0.1", addr); err != nil {
+		t.Fatalf("/livez from a source whose connections all trickle their headers: %v", err)
+	}
+	if took := time.Since(probeStart); took > 2*time.Second {
+		t.Fatalf("/livez took %v past the tricklers, want it at once", took)
+	}
+	probes := 1
+	if path, err := exec.LookPath("curl"); err != nil {
+		t.Log("curl is not installed; probed with net/http only")
+	} else {
+		holds(MaxConnsPerSource - 1) // the probe's connection is gone: one more trickler takes its place
+		fill(1)
+		out, err := exec.Command(path, "-sS", "--max-time", "2", "-o", "/dev/null", "-w", "%{http_code}",
+			"http://"+addr+"/livez").CombinedOutput()
+		if err != nil || string(out) != "200" {
+			t.Fatalf("curl /livez from a source whose connections all trickle their headers: %v, %q", err, out)
+		}
+		probes++
+	}
+	if since := time.Since(start); since > ReadHeaderTimeout*4/5 {
+		t.Fatalf("the test took %v, too close to the header timeout (%v) to show eviction", since, ReadHeaderTimeout)
+	}
+	// Each probe took the place of the oldest trickler; the others still trickle.
+	if n := closedOf(tricklers); n != probes {
+		t.Fatalf("%d of the %d tricklers were closed, want %d (one for each probe)", n, len(tricklers), probes)
+	}
+	for i, c := range tricklers[:probes] {
+		if !reset(c) {
+			t.Errorf("trickler %d, among the oldest, was kept", i)
+		}
+	}
+}
+
+// TestServeStopsWithoutWaitingForRequests: a stop does not wait for connections that have not delivered a
+// complete request (one that sent nothing yet, one trickling its headers, one idle between requests): Serve
+// returns at once, where http.Server's Shutdown alone waited for the first two until they were 5 s old (up
+// to ShutdownGrace). A request being served is still waited for and answered.
+func TestServeStopsWithoutWaitingForRequests(t *testing.T) {
+	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	limit := LimitPerSource(ln, MaxConnsPerSource)
+	release, started := make(chan struct{}), make(chan struct{})
+	mux := NewHealthMux(nil, nil, prometheus.NewRegistry())
+	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serveLimited(ctx, limit, mux) }()
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dial := func(request string) net.Conn {
+		t.Helper()
+		c, err := harness.DialFrom("127.0.0.1", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	dial("")                          // sends nothing
+	dial("GET /livez HTTP/1.1\r\nHo") // headers not complete
+	idle := dial("GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(idle)
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if res, err := http.ReadResponse(br, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		res.Body.Close()
+	}
+	loopback := netip.MustParseAddr("127.0.0.1")
+	if err := harness.Poll("the connections accepted", 5*time.Second, 5*time.Millisecond, func() error {
+		if n := held(limit, loopback); n != 3 {
+			return fmt.Errorf("%d of 3", n)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
+
 	start := time.Now()
-	if c, err := harness.DialFrom("127.0.0.1", addr); err == nil {
-		defer c.Close()
-		if !reset(c) {
-			t.Fatalf("connection %d from one source was kept while the others were mid-request", MaxConnsPerSource+1)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
 		}
+	case <-time.After(ReadHeaderTimeout):
+		t.Fatalf("Serve did not return within %v of its stop", ReadHeaderTimeout)
 	}
-	if err := getFrom("127.0.0.1", addr); err == nil {
-		t.Fatal("/livez was served past the bound while every connection of the source was mid-request")
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Serve returned %v after its stop, waiting for connections without a request being served", took)
 	}
-	if n := closedOf(held); n != 0 {
-		t.Fatalf("%d connections within the bound, mid-request, were closed", n)
+
+	// A request being served at the stop is waited for.
+	ln, err = Listen("tcp", "127.0.0.1:0", false, "--health-port")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := getFrom("127.0.0.2", addr); err != nil {
-		t.Fatalf("another source is not served: %v", err)
+	addr = ln.Addr().String()
+	limit = LimitPerSource(ln, MaxConnsPerSource)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- serveLimited(ctx, limit, mux) }()
+	busy := dial("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	cancel()
+	select {
+	case <-done:
+		t.Fatal("Serve returned while a request was being served")
+	case <-time.After(300 * time.Millisecond):
 	}
-	deadline := time.Now().Add(ReadHeaderTimeout + 5*time.Second)
-	for err := getFrom("127.0.0.1", addr); err != nil; err = getFrom("127.0.0.1", addr) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the source is not served again after the header timeout: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	close(release)
+	_ = busy.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatalf("the request being served at the stop: %v", err)
 	}
-	if waited := time.Since(start); waited < ReadHeaderTimeout/2 {
-		t.Fatalf("the source was served again after %v, before the header timeout (%v) freed a connection", waited, ReadHeaderTimeout)
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("the request being served at the stop: %s", res.Status)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
