@@ -42,9 +42,8 @@ var _ encoding.CodecV2 = Codec{}
 func (Codec) Name() string { return "proto" }
 
 func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
-	p, ok := v.(*client.Packet)
-	if ok && c.ZeroCopySend && p.Type == client.PacketType_DATA {
-		if d := p.GetData(); d != nil && len(d.Data) >= zeroCopyMin && len(p.ProtoReflect().GetUnknown()) == 0 {
+	if p, ok := v.(*client.Packet); ok && c.ZeroCopySend {
+		if d, ok := zeroCopyData(p); ok {
 			return mem.BufferSlice{mem.SliceBuffer(dataHeader(d)), mem.SliceBuffer(d.Data)}, nil
 		}
 	}
@@ -97,6 +96,19 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	defer buf.Free()
 	// proto.Unmarshal copies bytes fields, so the buffer can go back to the pool.
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// zeroCopyData returns p's DATA if dataHeader and the payload encode p exactly: a payload of zeroCopyMin
+// or more, and no unknown fields, which dataHeader would leave out.
+func zeroCopyData(p *client.Packet) (*client.Data, bool) {
+	if p == nil || p.Type != client.PacketType_DATA {
+		return nil, false
+	}
+	d := p.GetData()
+	if d == nil || len(d.Data) < zeroCopyMin || len(p.ProtoReflect().GetUnknown()) != 0 || len(d.ProtoReflect().GetUnknown()) != 0 {
+		return nil, false
+	}
+	return d, true
 }
 
 // dataHeader encodes a DATA Packet up to, and without, its payload bytes (fields in proto's order).

@@ -5,12 +5,19 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
 func dataPacket(id int64, b []byte) *client.Packet {
 	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: b}}}
+}
+
+// unknownInData gives p's DATA a field that client.Data does not know (99, varint 1).
+func unknownInData(p *client.Packet) *client.Packet {
+	p.GetData().ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
+	return p
 }
 
 // TestCodecWireIdentical: with every fast path on or off, the codec encodes as proto does and decodes
@@ -22,6 +29,7 @@ func TestCodecWireIdentical(t *testing.T) {
 		dataPacket(0, big),
 		{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: 9, Error: "boom", Data: big}}},
 		dataPacket(42, []byte("small")),
+		unknownInData(dataPacket(5, big)),
 		{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{DialRequest: &client.DialRequest{Protocol: "tcp", Address: "10.0.0.1:443", Random: 7}}},
 		{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{CloseResponse: &client.CloseResponse{ConnectID: 3}}},
 	}
