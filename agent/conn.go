@@ -10,6 +10,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
+	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
@@ -23,23 +24,17 @@ const writeBatch = 256 << 10
 
 // Read buffers grow with the traffic: a connection starts with 4 KiB (idle and interactive connections, the
 // common case, hold no more), moves up a tier each time a read fills its buffer, and back down once reads
-// are small again. The tiers are sized so that a DATA message (payload plus a few bytes of protobuf) stays
-// just within a size class of gRPC's buffer pool (32 KiB, 1 MiB), which zeroes whole classes: a 64 KiB
-// message would cost the server a 1 MiB clear.
+// are small again. Read buffers come from wire.Pool, whose power-of-two size classes the tiers fit. A read
+// of wire.ZeroCopyMin bytes or more is sent in the buffer it was read into, which goes to gRPC and back to
+// wire.Pool once written, and the next read takes a fresh one; a smaller read is copied into its message and
+// its buffer is read into again. The tiers above 4 KiB still stay dataOverhead short of a size class, although
+// the payload no longer shares a buffer with its protobuf framing: the server (konnect's or upstream's)
+// receives each message into a buffer of gRPC's default pool, whose classes (32 KiB, 1 MiB, the largest) it
+// clears whole, so a whole DATA message, payload plus a few bytes of protobuf, must fit one.
 const (
-	midReadBuffer = 32<<10 - 128
+	midReadBuffer = 32<<10 - dataOverhead
 	dataOverhead  = 128 // protobuf framing of a DATA packet, with room to spare
 )
-
-var readPools sync.Map // size → *sync.Pool
-
-func readPool(size int) *sync.Pool {
-	if p, ok := readPools.Load(size); ok {
-		return p.(*sync.Pool)
-	}
-	p, _ := readPools.LoadOrStore(size, &sync.Pool{New: func() any { b := make([]byte, size); return &b }})
-	return p.(*sync.Pool)
-}
 
 // readTiers are the buffer sizes a connection moves through, up to max.
 func readTiers(max int) []int {
@@ -86,6 +81,7 @@ type conn struct {
 	finished bool
 	pkt      client.Packet
 	data     client.Data
+	owned    wire.OwnedData
 	once     sync.Once
 }
 
@@ -220,12 +216,19 @@ func (c *conn) readLoop() {
 	defer c.s.wg.Done()
 	tiers := c.s.a.tiers
 	tier := 0
-	pool := readPool(tiers[0])
-	bp := pool.Get().(*[]byte)
-	defer func() { pool.Put(bp) }()
+	// bp is the buffer the next read goes into; nil at the start, after a read went out in its buffer, and
+	// after a change of tier. A buffer is taken once a read can start: a connection waiting for credit after
+	// sending its last read holds none.
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			wire.Pool.Put(bp)
+		}
+	}()
 	first := true
 	for {
-		buf := *bp
+		size := tiers[tier]
+		limit := size
 		if c.credit != nil {
 			// Read no more than the server has room for: what waits stays in the backend's socket, where
 			// TCP holds its sender back, and costs this agent nothing.
@@ -237,8 +240,18 @@ func (c *conn) readLoop() {
 				c.finish("")
 				return
 			}
-			buf = buf[:min(len(buf), k)]
+			limit = min(size, k)
 		}
+		// The buffer fits what may be read: a read that goes out in its buffer holds that buffer until gRPC
+		// has written it, so a read that credit cut short must not hold a whole tier's.
+		if bp != nil && cap(*bp) < limit {
+			wire.Pool.Put(bp)
+			bp = nil
+		}
+		if bp == nil {
+			bp = wire.Pool.Get(limit)
+		}
+		buf := (*bp)[:limit]
 		n, err := c.nc.Read(buf)
 		if c.credit != nil {
 			c.credit.Use(n)
@@ -249,20 +262,30 @@ func (c *conn) readLoop() {
 				first = false
 				c.holdFirstData()
 			}
-			if !c.sendData(buf[:n]) {
+			var sent bool
+			if n >= wire.ZeroCopyMin {
+				*bp = buf[:n]
+				sent = c.sendOwned(bp)
+				bp = nil // given away, even if the send failed: never touched again
+			} else {
+				sent = c.sendData(buf[:n])
+			}
+			if !sent {
 				return
 			}
 			next := tier
 			switch {
-			case n == len(*bp) && tier < len(tiers)-1:
+			case n == size && tier < len(tiers)-1:
 				next++
 			case tier > 0 && n < tiers[tier-1]/2:
 				next--
 			}
 			if next != tier {
-				pool.Put(bp)
-				tier, pool = next, readPool(tiers[next])
-				bp = pool.Get().(*[]byte)
+				if bp != nil {
+					wire.Pool.Put(bp)
+					bp = nil
+				}
+				tier = next
 			}
 		}
 		if err != nil {
@@ -292,6 +315,7 @@ func (c *conn) holdFirstData() {
 	}
 }
 
+// sendData sends b as DATA, copied into its message: the caller keeps b.
 func (c *conn) sendData(b []byte) bool {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -306,6 +330,29 @@ func (c *conn) sendData(b []byte) bool {
 		return false
 	}
 	c.s.a.m.bytesToServer.Add(float64(len(b)))
+	return true
+}
+
+// sendOwned sends *bp, a buffer from wire.Pool, as DATA without copying it: the buffer is given away, and
+// the caller must not touch it again, whatever the outcome. gRPC returns it to wire.Pool once it is written.
+func (c *conn) sendOwned(bp *[]byte) bool {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.finished {
+		wire.Pool.Put(bp) // not handed over yet: still the caller's
+		return false
+	}
+	n := len(*bp)
+	// The packet is reused: SendMsg has marshalled it by the time it returns.
+	c.data.Data = *bp
+	c.owned = wire.OwnedData{Packet: &c.pkt, Buf: bp}
+	err := c.s.sendOwned(&c.owned)
+	c.data.Data = nil
+	c.owned = wire.OwnedData{}
+	if err != nil {
+		return false
+	}
+	c.s.a.m.bytesToServer.Add(float64(n))
 	return true
 }
 

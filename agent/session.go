@@ -106,6 +106,8 @@ func (a *Agent) dialServer(ctx context.Context, ep endpoint) (*session, error) {
 		grpc.WithWriteBufferSize(transportBuffer),
 		grpc.WithReadBufferSize(transportBuffer),
 		grpc.WithMaxHeaderListSize(konnectivity.MaxHeaderList),
+		// ZeroCopySend stays off: a connection reuses the buffer of a small read for its next one. A read
+		// large enough to skip the copy goes out in its own buffer, given away as a wire.OwnedData (conn.go).
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(a.cfg.MaxRecvMessage), grpc.ForceCodecV2(wire.Codec{})),
 		experimental.WithBufferPool(wire.Pool),
 		grpc.WithUserAgent("konnect-agent"),
@@ -175,18 +177,25 @@ func (s *session) flowControl() string {
 	return flow.None
 }
 
-func (s *session) send(pkt *client.Packet) error {
+func (s *session) send(pkt *client.Packet) error { return s.sendMsg(pkt, pkt.Type) }
+
+// sendOwned sends a DATA packet together with its payload's buffer, which it gives away: the caller must not
+// touch d.Buf again, whatever the outcome (wire.OwnedData).
+func (s *session) sendOwned(d *wire.OwnedData) error { return s.sendMsg(d, client.PacketType_DATA) }
+
+// sendMsg sends m, a *client.Packet of type t or a *wire.OwnedData, which the codec encodes as one.
+func (s *session) sendMsg(m any, t client.PacketType) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	if s.dead.Load() {
 		return errSessionClosed
 	}
-	if err := s.stream.Send(pkt); err != nil {
-		s.a.m.sendError(err, pkt.Type)
-		s.fail(fmt.Errorf("send %s: %w", pkt.Type, err))
+	if err := s.stream.SendMsg(m); err != nil {
+		s.a.m.sendError(err, t)
+		s.fail(fmt.Errorf("send %s: %w", t, err))
 		return err
 	}
-	s.a.m.packetSent(pkt.Type)
+	s.a.m.packetSent(t)
 	return nil
 }
 

@@ -14,16 +14,18 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
-// zeroCopyMin is the payload size from which DATA packets skip a copy. Below it the copy is cheaper than
+// ZeroCopyMin is the payload size from which DATA packets skip a copy. Below it the copy is cheaper than
 // the extra buffer bookkeeping.
-const zeroCopyMin = 16 << 10
+const ZeroCopyMin = 16 << 10
 
 // Codec is gRPC's protobuf encoding with buffers from Pool, which are not zeroed: gRPC's default pool clears
 // every buffer it hands out and rounds a 64 KiB DATA message up to its 1 MiB size class, and profiling the
 // agent's bulk path showed a quarter of its CPU time in that memclr. Every byte of a buffer taken from Pool
-// is overwritten (by the marshaller, or by the copy that materializes a message), so nothing stale leaks.
+// is written before it is sent (by the marshaller, by the copy that materializes a message, or by the read
+// that filled an OwnedData payload), so nothing stale leaks.
 //
-// Two DATA fast paths can be turned on. Any message they do not recognise byte for byte goes through proto.
+// Two DATA fast paths can be turned on, and a third is taken whenever the message is an *OwnedData. Any
+// message they do not recognise byte for byte goes through proto.
 type Codec struct {
 	// AliasReceived: Unmarshal lets a DATA payload alias gRPC's receive buffer instead of copying it out.
 	// The buffer is kept (one reference is never released), so gRPC does not recycle it while the packet
@@ -32,8 +34,21 @@ type Codec struct {
 	// ZeroCopySend: Marshal hands a DATA payload to gRPC as it is, behind a few header bytes, instead of
 	// copying it into a message buffer. That is only safe when nobody writes into a payload after sending
 	// it, which holds for the server (its payloads were received from a peer, or copied out of a CONNECT
-	// client's read), but not for a sender that reuses its read buffer (the agent).
+	// client's read). A sender that reuses its read buffers (the agent) leaves it off, and gives away the
+	// buffers it does not reuse with OwnedData instead.
 	ZeroCopySend bool
+}
+
+// OwnedData is a DATA packet sent together with the buffer that holds its payload, which the sender gives
+// away: it passes an *OwnedData to the stream's SendMsg and never touches Buf again, whether SendMsg
+// succeeds or not. Marshal hands Buf to gRPC behind a few header bytes, and gRPC returns it to Pool once the
+// bytes are written; when the payload is below ZeroCopyMin, or the packet is not one the fast path encodes
+// (unknown fields), Marshal copies the packet as proto would and returns Buf to Pool itself. If SendMsg
+// fails before marshalling, Buf is left to the garbage collector. The bytes on the wire are those of
+// proto.Marshal(Packet) either way.
+type OwnedData struct {
+	Packet *client.Packet // a DATA packet whose payload, Data.Data, is exactly *Buf
+	Buf    *[]byte        // from Pool
 }
 
 var _ encoding.CodecV2 = Codec{}
@@ -42,14 +57,28 @@ var _ encoding.CodecV2 = Codec{}
 func (Codec) Name() string { return "proto" }
 
 func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
-	p, ok := v.(*client.Packet)
-	if ok && c.ZeroCopySend && p.Type == client.PacketType_DATA {
-		if d := p.GetData(); d != nil && len(d.Data) >= zeroCopyMin && len(p.ProtoReflect().GetUnknown()) == 0 {
+	var m proto.Message
+	switch v := v.(type) {
+	case *OwnedData:
+		if d, ok := zeroCopyData(v.Packet); ok && v.Buf != nil && len(*v.Buf) == len(d.Data) && &(*v.Buf)[0] == &d.Data[0] {
+			return mem.BufferSlice{mem.SliceBuffer(dataHeader(d)), mem.NewBuffer(v.Buf, Pool)}, nil
+		}
+		if v.Buf != nil {
+			// The copy below is done with Buf by the time Marshal returns, and nobody else holds it.
+			defer Pool.Put(v.Buf)
+		}
+		if v.Packet == nil {
+			return nil, fmt.Errorf("konnectivity codec: OwnedData without a packet")
+		}
+		m = v.Packet
+	case *client.Packet:
+		if d, ok := zeroCopyData(v); ok && c.ZeroCopySend {
 			return mem.BufferSlice{mem.SliceBuffer(dataHeader(d)), mem.SliceBuffer(d.Data)}, nil
 		}
-	}
-	m, ok := v.(proto.Message)
-	if !ok {
+		m = v
+	case proto.Message:
+		m = v
+	default:
 		return nil, fmt.Errorf("konnectivity codec: cannot marshal %T", v)
 	}
 	size := proto.Size(m)
@@ -73,7 +102,7 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	p, ok := v.(*client.Packet)
-	if ok && c.AliasReceived && data.Len() >= zeroCopyMin {
+	if ok && c.AliasReceived && data.Len() >= ZeroCopyMin {
 		var b []byte
 		if len(data) == 1 {
 			data[0].Ref() // never released: the payload below aliases this buffer
@@ -97,6 +126,19 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	defer buf.Free()
 	// proto.Unmarshal copies bytes fields, so the buffer can go back to the pool.
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// zeroCopyData returns p's DATA if dataHeader and the payload encode p exactly: a payload of ZeroCopyMin
+// or more, and no unknown fields, which dataHeader would leave out.
+func zeroCopyData(p *client.Packet) (*client.Data, bool) {
+	if p == nil || p.Type != client.PacketType_DATA {
+		return nil, false
+	}
+	d := p.GetData()
+	if d == nil || len(d.Data) < ZeroCopyMin || len(p.ProtoReflect().GetUnknown()) != 0 || len(d.ProtoReflect().GetUnknown()) != 0 {
+		return nil, false
+	}
+	return d, true
 }
 
 // dataHeader encodes a DATA Packet up to, and without, its payload bytes (fields in proto's order).
