@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 	authv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -204,6 +205,9 @@ func (s *Server) newAgentServer() error {
 		// Every DATA payload sent to an agent is its own: received from a frontend, or copied out of a CONNECT
 		// read (connect.go).
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
+		// The transport's frame and write buffers come from the codec's pool, which does not clear them:
+		// every frame is read in full, and only what was written is flushed.
+		experimental.BufferPool(wire.Pool),
 	)
 	agent.RegisterAgentServiceServer(s.agentGRPC, s.ps)
 	return nil
@@ -272,6 +276,7 @@ func (s *Server) newFrontendGRPC() error {
 		grpc.MaxHeaderListSize(konnectivity.MaxHeaderList),
 		grpc.ChainStreamInterceptor(s.frontendInterceptor, s.dials.interceptor),
 		grpc.ForceServerCodecV2(wire.Codec{AliasReceived: true, ZeroCopySend: true}),
+		experimental.BufferPool(wire.Pool),
 	)
 	client.RegisterProxyServiceServer(s.frontendGRPC, s.ps)
 	return nil

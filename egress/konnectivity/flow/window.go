@@ -51,6 +51,7 @@ type Window struct {
 	mu       sync.Mutex
 	size     int64 // the window now: the most that may be granted and not yet consumed
 	initial  int64
+	least    int64 // the smallest it shrinks to: a quarter of initial, but not below MinWindow, nor above initial
 	max      int64
 	budget   *Budget // shared with the other connections of the stream; nil: none
 	charged  int64   // what this connection holds of budget: its commitment beyond initial
@@ -65,11 +66,11 @@ type Window struct {
 }
 
 // NewWindow returns the receiving side of a connection whose sender starts with initial bytes of credit; the
-// window grows up to max, as far as budget allows (nil: no bound beyond max).
-func NewWindow(initial, max int, budget *Budget) *Window {
-
-	return &Window{size: int64(initial), initial: int64(initial), max: int64(max), budget: budget,
-		granted: int64(initial), now: time.Now}
+// window grows up to largest, as far as budget allows (nil: no bound beyond largest).
+func NewWindow(initial, largest int, budget *Budget) *Window {
+	start := int64(initial)
+	return &Window{size: start, initial: start, least: max(start/4, min(start, MinWindow)), max: int64(largest),
+		budget: budget, granted: start, now: time.Now}
 }
 
 // Budget bounds what the connections of one stream may cost together beyond the windows they started with.
@@ -128,10 +129,6 @@ func (w *Window) shrinkPeriod() time.Duration {
 	return shrinkBelowEvery
 }
 
-// least is the smallest the window shrinks to: a quarter of where it started, but not below MinWindow, or
-// where it started if that was smaller.
-func (w *Window) least() int64 { return max(w.initial/4, min(w.initial, MinWindow)) }
-
 // Release gives what the connection holds of its budget back: the connection is over. It is idempotent,
 // and a Consume after it (a writer that was still writing when the connection ended) grants nothing and
 // takes no budget, which no later Release would give back.
@@ -186,11 +183,11 @@ func (w *Window) Consume(n int) int {
 		// Only growth beyond the first window is paid from the budget: a window that shrank below it gets
 		// back there whatever the other connections hold.
 		grown := min(2*w.size, w.max)
-		if extra := max(grown, w.initial) - max(w.size, w.initial); w.budget == nil || extra <= 0 || int64(w.budget.Left()) >= extra {
+		if extra := max(grown, w.initial) - max(w.size, w.initial); w.budget == nil || int64(w.budget.Left()) >= extra {
 			w.size, w.resized, w.period, w.turnover = grown, t, t, 0
 		}
-	case buffered > w.size/2 && w.size > w.least() && t.Sub(w.resized) >= w.shrinkPeriod():
-		w.size, w.resized = max(w.size/2, w.least()), t
+	case buffered > w.size/2 && w.size > w.least && t.Sub(w.resized) >= w.shrinkPeriod():
+		w.size, w.resized = max(w.size/2, w.least), t
 	}
 	grant := w.consumed + w.size - w.granted
 	if grant < w.size/4 {
