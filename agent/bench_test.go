@@ -54,56 +54,26 @@ func startUpstreamAgent(tb testing.TB, pki *testPKI, addr string) {
 // closes the connection. (A client that stops reading mid-stream and closes would meet konnectivity-client's
 // 10 s read timeout: its receive loop blocks on the abandoned connection.)
 func sourceServer(tb testing.TB, size int) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
 	buf := make([]byte, 256<<10)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	return harness.Serve(tb, func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			return
+		}
+		for left := size; left > 0; left -= len(buf) {
+			if _, err := c.Write(buf[:min(left, len(buf))]); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-					return
-				}
-				for left := size; left > 0; left -= len(buf) {
-					if _, err := c.Write(buf[:min(left, len(buf))]); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	return ln.Addr().String()
+	}).Addr
 }
 
 // sinkAckServer reads `size` bytes from each connection, then answers one byte.
 func sinkAckServer(tb testing.TB, size int64) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := io.CopyN(io.Discard, c, size); err == nil {
-					c.Write([]byte{1})
-				}
-			}()
+	return harness.Serve(tb, func(c net.Conn) {
+		if _, err := io.CopyN(io.Discard, c, size); err == nil {
+			c.Write([]byte{1})
 		}
-	}()
-	return ln.Addr().String()
+	}).Addr
 }
 
 // BenchmarkTunnelBulk measures bulk throughput through the whole tunnel: konnectivity-client over the

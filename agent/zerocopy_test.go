@@ -43,43 +43,28 @@ func patternByte(k, i int) byte {
 // (connection number, 8 bytes). Writes come in sizes from a few bytes to 256 KiB, so that the agent's reads
 // take both the copy path and the zero-copy path.
 func patternServer(tb testing.TB, size int) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	return harness.Serve(tb, func(c net.Conn) {
+		var hdr [8]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		k := int(binary.BigEndian.Uint64(hdr[:]))
+		rng := rand.New(rand.NewPCG(uint64(k), 1))
+		buf := make([]byte, 256<<10)
+		for off := 0; off < size; {
+			n := min(size-off, 1+rng.IntN(len(buf)))
+			if rng.IntN(4) == 0 {
+				n = min(n, 1+rng.IntN(8<<10))
+			}
+			for j := range n {
+				buf[j] = patternByte(k, off+j)
+			}
+			if _, err := c.Write(buf[:n]); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				var hdr [8]byte
-				if _, err := io.ReadFull(c, hdr[:]); err != nil {
-					return
-				}
-				k := int(binary.BigEndian.Uint64(hdr[:]))
-				rng := rand.New(rand.NewPCG(uint64(k), 1))
-				buf := make([]byte, 256<<10)
-				for off := 0; off < size; {
-					n := min(size-off, 1+rng.IntN(len(buf)))
-					if rng.IntN(4) == 0 {
-						n = min(n, 1+rng.IntN(8<<10))
-					}
-					for j := range n {
-						buf[j] = patternByte(k, off+j)
-					}
-					if _, err := c.Write(buf[:n]); err != nil {
-						return
-					}
-					off += n
-				}
-			}()
+			off += n
 		}
-	}()
-	return ln.Addr().String()
+	}).Addr
 }
 
 // TestZeroCopyBuffersNotReusedEarly downloads through a konnect server and agent on many connections at

@@ -256,27 +256,12 @@ func startHTTPBackend(t testing.TB) string {
 // anything (as an SSH, SMTP or MySQL server greets), and are then closed.
 func startServerFirstBackend(t *testing.T, n int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	body := make([]byte, n)
 	fill(body, 0)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				_, _ = c.Write(body)
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return harness.Serve(t, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		_, _ = c.Write(body)
+	}).Addr
 }
 
 // readAllWithin reads c to its end, and closes c once d has passed (konnectivity-client's connections have

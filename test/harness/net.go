@@ -117,20 +117,31 @@ func FullBacklogListener(t testing.TB) string {
 	return addr
 }
 
-// Echo is a loopback backend that echoes every byte back on each connection.
-type Echo struct {
+// Server is a loopback TCP server for tests.
+type Server struct {
 	Addr     string
 	Accepted atomic.Int64 // connections accepted so far
 }
 
-// StartEcho runs an Echo until the test ends; then it closes the listener and every open connection.
+// Echo is a Server that echoes every byte back on each connection.
+type Echo = Server
+
+// StartEcho runs an Echo until the test ends (see Serve).
 func StartEcho(t testing.TB) *Echo {
+	t.Helper()
+	return Serve(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// Serve runs a Server on 127.0.0.1 that serves each connection with handle, on a goroutine of its own, and
+// closes the connection when handle returns. When the test ends it closes the listener and every open
+// connection, and waits for the handlers.
+func Serve(t testing.TB, handle func(net.Conn)) *Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Echo{Addr: ln.Addr().String()}
+	s := &Server{Addr: ln.Addr().String()}
 	// The accept loop counts in wg too, so that no Add of a connection's goroutine races the cleanup's Wait;
 	// closed keeps a connection accepted as the test ends from outliving the cleanup.
 	var wg sync.WaitGroup
@@ -145,7 +156,7 @@ func StartEcho(t testing.TB) *Echo {
 			if err != nil {
 				return
 			}
-			e.Accepted.Add(1)
+			s.Accepted.Add(1)
 			mu.Lock()
 			if closed {
 				mu.Unlock()
@@ -157,7 +168,7 @@ func StartEcho(t testing.TB) *Echo {
 			mu.Unlock()
 			go func() {
 				defer wg.Done()
-				_, _ = io.Copy(c, c)
+				handle(c)
 				c.Close()
 				mu.Lock()
 				delete(conns, c)
@@ -175,7 +186,7 @@ func StartEcho(t testing.TB) *Echo {
 		mu.Unlock()
 		wg.Wait()
 	})
-	return e
+	return s
 }
 
 // DialFrom opens a TCP connection to addr from the loopback address src: all of 127.0.0.0/8 is local, so a

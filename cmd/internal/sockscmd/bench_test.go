@@ -176,56 +176,26 @@ func startOpenSSH(b *testing.B, srv *harness.SSHD, key, kh, cipher string) (stri
 
 // bulkBackend sends as many bytes as the client asks for (an 8-byte decimal count, then EOF) and closes.
 func bulkBackend(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
 	chunk := make([]byte, 1<<20)
-	go func() {
-		for {
-			c, err := ln.Accept()
+	return harness.Serve(b, func(c net.Conn) {
+		var hdr [12]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		n, _ := strconv.Atoi(string(hdr[:]))
+		for n > 0 {
+			w, err := c.Write(chunk[:min(n, len(chunk))])
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				var hdr [12]byte
-				if _, err := io.ReadFull(c, hdr[:]); err != nil {
-					return
-				}
-				n, _ := strconv.Atoi(string(hdr[:]))
-				for n > 0 {
-					w, err := c.Write(chunk[:min(n, len(chunk))])
-					if err != nil {
-						return
-					}
-					n -= w
-				}
-			}()
+			n -= w
 		}
-	}()
-	return ln.Addr().String()
+	}).Addr
 }
 
 // smallBackend writes one byte and closes.
 func smallBackend(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte{1})
-			c.Close()
-		}
-	}()
-	return ln.Addr().String()
+	return harness.Serve(b, func(c net.Conn) { c.Write([]byte{1}) }).Addr
 }
 
 // download fetches n bytes from the bulk backend through the SOCKS5 proxy and returns MB/s.
