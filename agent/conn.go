@@ -28,9 +28,9 @@ const writeBatch = 256 << 10
 // of wire.ZeroCopyMin bytes or more is sent in the buffer it was read into, which goes to gRPC and back to
 // wire.Pool once written, and the next read takes a fresh one; a smaller read is copied into its message and
 // its buffer is read into again. The tiers above 4 KiB still stay dataOverhead short of a size class, although
-// the payload no longer shares a buffer with its protobuf framing: the server (konnect's or upstream's)
-// receives each message into a buffer of gRPC's default pool, whose classes (32 KiB, 1 MiB, the largest) it
-// clears whole, so a whole DATA message, payload plus a few bytes of protobuf, must fit one.
+// the payload no longer shares a buffer with its protobuf framing: upstream's server receives each message
+// into a buffer of gRPC's default pool, whose classes (32 KiB, 1 MiB, the largest) it clears whole, so a
+// whole DATA message, payload plus a few bytes of protobuf, must fit one.
 const (
 	midReadBuffer = 32<<10 - dataOverhead
 	dataOverhead  = 128 // protobuf framing of a DATA packet, with room to spare
