@@ -262,15 +262,12 @@ func (c *conn) readLoop() {
 				first = false
 				c.holdFirstData()
 			}
-			var sent bool
+			var owned *[]byte
 			if n >= wire.ZeroCopyMin {
 				*bp = buf[:n]
-				sent = c.sendOwned(bp)
-				bp = nil // given away, even if the send failed: never touched again
-			} else {
-				sent = c.sendData(buf[:n])
+				owned, bp = bp, nil // given away, even if the send fails: never touched again
 			}
-			if !sent {
+			if !c.sendData(buf[:n], owned) {
 				return
 			}
 			next := tier
@@ -315,44 +312,36 @@ func (c *conn) holdFirstData() {
 	}
 }
 
-// sendData sends b as DATA, copied into its message: the caller keeps b.
-func (c *conn) sendData(b []byte) bool {
+// sendData sends b as DATA. With bp nil, b is copied into the message and stays the caller's. Otherwise b
+// is *bp, a buffer from wire.Pool, sent without a copy: the buffer is given away, and the caller must not
+// touch it again, whatever the outcome. gRPC returns it to wire.Pool once it is written. Both kinds share
+// this one path so that the finished check, which orders DATA before CLOSE_RSP, and the metric cannot drift
+// apart.
+func (c *conn) sendData(b []byte, bp *[]byte) bool {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	if c.finished {
+		if bp != nil {
+			wire.Pool.Put(bp) // not handed over yet: still ours to return
+		}
 		return false
 	}
-	// The packet is reused: Send has marshalled it by the time it returns.
+	// The packet is reused: SendMsg has marshalled it by the time it returns. The metric below reads only
+	// len(b), a local copy, not the buffer, which may be gRPC's by then.
 	c.data.Data = b
-	err := c.s.send(&c.pkt)
+	var err error
+	if bp == nil {
+		err = c.s.send(&c.pkt)
+	} else {
+		c.owned = wire.OwnedData{Packet: &c.pkt, Buf: bp}
+		err = c.s.sendOwned(&c.owned)
+		c.owned = wire.OwnedData{}
+	}
 	c.data.Data = nil
 	if err != nil {
 		return false
 	}
 	c.s.a.m.bytesToServer.Add(float64(len(b)))
-	return true
-}
-
-// sendOwned sends *bp, a buffer from wire.Pool, as DATA without copying it: the buffer is given away, and
-// the caller must not touch it again, whatever the outcome. gRPC returns it to wire.Pool once it is written.
-func (c *conn) sendOwned(bp *[]byte) bool {
-	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
-	if c.finished {
-		wire.Pool.Put(bp) // not handed over yet: still the caller's
-		return false
-	}
-	n := len(*bp)
-	// The packet is reused: SendMsg has marshalled it by the time it returns.
-	c.data.Data = *bp
-	c.owned = wire.OwnedData{Packet: &c.pkt, Buf: bp}
-	err := c.s.sendOwned(&c.owned)
-	c.data.Data = nil
-	c.owned = wire.OwnedData{}
-	if err != nil {
-		return false
-	}
-	c.s.a.m.bytesToServer.Add(float64(n))
 	return true
 }
 

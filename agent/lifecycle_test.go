@@ -18,7 +18,7 @@ import (
 )
 
 // echoOnce checks that a fresh tunnel through srv reaches echo.
-func echoOnce(t testing.TB, srv *upstreamServer, echo *harness.Echo) error {
+func echoOnce(t testing.TB, srv *upstreamServer, echo *harness.Server) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -755,7 +755,7 @@ func TestHealthEndpointsOverHTTP(t *testing.T) {
 
 // tunnelledEcho is the set-up of the drain tests: an echo backend, an agent with graceful timeout d on a
 // server, and one connection through both to the backend.
-func tunnelledEcho(t *testing.T, d time.Duration) (*upstreamServer, *runningAgent, *harness.Echo, net.Conn) {
+func tunnelledEcho(t *testing.T, d time.Duration) (*upstreamServer, *runningAgent, *harness.Server, net.Conn) {
 	t.Helper()
 	echo := harness.StartEcho(t)
 	_, srv, ra := agentOnServer(t, func(c *Config) { c.GracefulTimeout = d })

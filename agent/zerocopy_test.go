@@ -8,6 +8,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,14 +26,61 @@ const poison = 0xEE
 
 // poisonPool overwrites each buffer put back into it, so that whoever still reads a buffer after giving it
 // back reads poison, or whatever the buffer's next owner wrote.
-type poisonPool struct{ mem.BufferPool }
+//
+// It also counts the buffers that a connection's read loop took and gRPC put back, and their bytes: those
+// went out without a copy, as wire.OwnedData that the codec handed to gRPC whole. A read that was copied
+// instead is put back by the agent (or, had the codec copied an owned buffer, by the codec), so the count
+// tells that the zero-copy path ran, at no cost to the agent itself.
+type poisonPool struct {
+	mem.BufferPool
+	mu            sync.Mutex
+	read          map[*[]byte]bool // taken by a read loop and not yet put back
+	zeroCopy      int              // of those, put back by gRPC
+	zeroCopyBytes int
+}
 
-func (p poisonPool) Put(bp *[]byte) {
+// readLoop is the function whose Gets poisonPool tracks.
+var readLoop = runtime.FuncForPC(reflect.ValueOf((*conn).readLoop).Pointer()).Name()
+
+func newPoisonPool(p mem.BufferPool) *poisonPool {
+	return &poisonPool{BufferPool: p, read: map[*[]byte]bool{}}
+}
+
+func (p *poisonPool) Get(n int) *[]byte {
+	bp := p.BufferPool.Get(n)
+	if callerName() == readLoop {
+		p.mu.Lock()
+		p.read[bp] = true
+		p.mu.Unlock()
+	}
+	return bp
+}
+
+func (p *poisonPool) Put(bp *[]byte) {
+	caller := callerName()
+	p.mu.Lock()
+	if p.read[bp] {
+		delete(p.read, bp)
+		if strings.HasPrefix(caller, "google.golang.org/grpc/") {
+			p.zeroCopy++
+			p.zeroCopyBytes += len(*bp)
+		}
+	}
+	p.mu.Unlock()
 	b := (*bp)[:cap(*bp)]
 	for i := range b {
 		b[i] = poison
 	}
 	p.BufferPool.Put(bp)
+}
+
+// callerName is the function that called the pool.
+func callerName() string {
+	pc, _, _, ok := runtime.Caller(2)
+	if !ok {
+		return ""
+	}
+	return runtime.FuncForPC(pc).Name()
 }
 
 // patternByte is byte i of connection k's download. It is never the poison, and differs from every other
@@ -70,14 +121,16 @@ func patternServer(tb testing.TB, size int) string {
 // TestZeroCopyBuffersNotReusedEarly downloads through a konnect server and agent on many connections at
 // once, with every buffer of wire.Pool poisoned as it is put back. The agent sends large reads in the
 // buffer it read them into and gRPC puts that buffer back once written: a buffer put back (and reused)
-// before gRPC wrote it would show at a client as poison or as another connection's bytes.
+// before gRPC wrote it would show at a client as poison or as another connection's bytes. The test also
+// checks that most of the download did go out that way: otherwise the poison would prove nothing.
 func TestZeroCopyBuffersNotReusedEarly(t *testing.T) {
 	const (
 		conns = 24
 		size  = 6 << 20
 	)
 	orig := wire.Pool
-	wire.Pool = poisonPool{orig}
+	pool := newPoisonPool(orig)
+	wire.Pool = pool
 	t.Cleanup(func() { wire.Pool = orig }) // runs last, once server and agent are stopped
 
 	pki := newTestPKI(t)
@@ -126,5 +179,14 @@ func TestZeroCopyBuffersNotReusedEarly(t *testing.T) {
 	}
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+
+	pool.mu.Lock()
+	reads, sent := pool.zeroCopy, pool.zeroCopyBytes
+	pool.mu.Unlock()
+	t.Logf("%d reads (%d bytes of %d) sent without a copy", reads, sent, conns*size)
+	// Nearly all reads are large: the source writes small pieces only now and then.
+	if sent < conns*size/2 {
+		t.Fatalf("only %d of %d bytes went out in the buffer they were read into: the zero-copy path did not run", sent, conns*size)
 	}
 }

@@ -123,11 +123,8 @@ type Server struct {
 	Accepted atomic.Int64 // connections accepted so far
 }
 
-// Echo is a Server that echoes every byte back on each connection.
-type Echo = Server
-
-// StartEcho runs an Echo until the test ends (see Serve).
-func StartEcho(t testing.TB) *Echo {
+// StartEcho runs a Server that echoes every byte back on each connection, until the test ends (see Serve).
+func StartEcho(t testing.TB) *Server {
 	t.Helper()
 	return Serve(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
