@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -446,5 +448,93 @@ func TestServeStopsWithoutWaitingForRequests(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// scrapeRejections reads, from the /metrics that addr serves, RejectedConnsMetric{port,reason}; -1 when the
+// series is missing.
+func scrapeRejections(t *testing.T, addr, port, reason string) float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	res, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	series := fmt.Sprintf(`%s{port=%q,reason=%q} `, RejectedConnsMetric, port, reason)
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s%s: %v", series, v, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// TestServeEndpointsCountRejections: the connections the per-source bound cuts on a daemon's health or
+// admin port (Endpoints, as every daemon serves them) are counted on the daemon's /metrics, by port and
+// reason, each series there from 0 so that a rate can be taken before the first one.
+func TestServeEndpointsCountRejections(t *testing.T) {
+	var e Endpoints
+	var err error
+	if e.Health, err = Listen("tcp", "127.0.0.1:0", false, "--health-port"); err != nil {
+		t.Fatal(err)
+	}
+	if e.Admin, err = Listen("tcp", "127.0.0.1:0", false, "--admin-port"); err != nil {
+		e.Health.Close()
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := e.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	e.HealthMux, e.AdminMux = NewHealthMux(nil, nil, reg), NewAdminMux(false, false)
+	health, admin := e.Health.Addr().String(), e.Admin.Addr().String()
+	var g Group
+	e.AddTo(&g)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	for _, port := range []string{"health", "admin"} {
+		for _, reason := range []string{"evicted", "refused"} {
+			if v := scrapeRejections(t, health, port, reason); v != 0 {
+				t.Errorf("%s{port=%q,reason=%q} = %v before any connection was cut, want 0", RejectedConnsMetric, port, reason, v)
+			}
+		}
+	}
+	// The admin port's share from one source, silent connections; one more takes the place of one.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range MaxConnsPerSource + 1 {
+		c, err := harness.DialFrom("127.0.0.1", admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// Scraped on the health port, whose bound is its own.
+	if err := harness.Poll("the eviction on the admin port counted", 4*time.Second, 10*time.Millisecond, func() error {
+		if v := scrapeRejections(t, health, "admin", "evicted"); v != 1 {
+			return fmt.Errorf("admin evicted = %v", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range [][2]string{{"admin", "refused"}, {"health", "evicted"}, {"health", "refused"}} {
+		if v := scrapeRejections(t, health, s[0], s[1]); v != 0 {
+			t.Errorf("%s{port=%q,reason=%q} = %v, want 0", RejectedConnsMetric, s[0], s[1], v)
+		}
 	}
 }
