@@ -86,6 +86,9 @@ func New(cfg *Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	reg := daemon.NewRegistry()
+	if err := a.endpoints.RegisterMetrics(reg); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	ac := cfg.Agent
 	ac.Registerer = reg
 	if l := cfg.Leases; l != nil {

@@ -83,7 +83,8 @@ func NewHTTPServer(h http.Handler) *http.Server {
 // Serve serves h on ln, at most MaxConnsPerSource connections from one source at once (past it, a new
 // one takes the place of the source's oldest connection with no request being served), until ctx ends.
 // Then it closes the connections with no request being served, waits for the requests being served within
-// ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for.
+// ShutdownGrace and closes what is left. It returns nil after a shutdown that ctx asked for. It counts
+// nothing: Endpoints serves a daemon's ports the same way and counts what the bound cuts (RegisterMetrics).
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return serveLimited(ctx, LimitPerSource(ln, MaxConnsPerSource), h)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/source"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 )
 
@@ -35,6 +36,11 @@ type SourceLimit struct {
 	sources source.Counter // the bound
 	start   time.Time      // origin of sourceConn.waitingSince
 
+	// Evicted and Refused, when set before the first Accept, count the connections closed to make room for
+	// a new one from their source and the new ones reset because every connection of their source was
+	// being served. Without them the only trace is a line at klog V(2).
+	Evicted, Refused prometheus.Counter
+
 	mu      sync.Mutex
 	conns   map[netip.Addr]map[*sourceConn]struct{} // what an eviction chooses from
 	stopped bool                                    // closeWaiting was called
@@ -58,10 +64,12 @@ func (l *SourceLimit) Accept() (net.Conn, error) {
 			if victim := l.oldestWaiting(src); victim != nil {
 				klog.V(2).InfoS("Closed a connection with no request being served for a new one from its source at its bound",
 					"addr", l.Addr(), "remote", victim.RemoteAddr(), "max", l.sources.Max)
+				inc(l.Evicted)
 				victim.Close() // releases its count: Accept is the only taker
 			}
 			if !l.sources.Take(src) {
 				klog.V(2).InfoS("Refused a connection: too many from its source, all being served", "addr", l.Addr(), "remote", c.RemoteAddr(), "max", l.sources.Max)
+				inc(l.Refused)
 				source.Refuse(c)
 				continue
 			}
@@ -82,6 +90,13 @@ func (l *SourceLimit) Accept() (net.Conn, error) {
 		set[sc] = struct{}{}
 		l.mu.Unlock()
 		return sc, nil
+	}
+}
+
+// inc adds one to c, if set.
+func inc(c prometheus.Counter) {
+	if c != nil {
+		c.Inc()
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,18 +38,106 @@ func getFrom(src, addr string) error {
 	return nil
 }
 
-// serveHealth serves the health mux as Serve does, and returns the limit it serves through.
-func serveHealth(t *testing.T) (addr string, limit *SourceLimit, stop func()) {
+// healthServer is the health mux served as Endpoints serves it, with what tests look into.
+type healthServer struct {
+	addr  string
+	limit *SourceLimit
+	reads *readCounter // below the limit
+	reg   *prometheus.Registry
+	stop  func()
+}
+
+// serveHealth serves the health mux as Endpoints does, counting what the limit cuts on its registry.
+func serveHealth(t *testing.T) *healthServer {
 	t.Helper()
 	ln, err := Listen("tcp", "127.0.0.1:0", false, "--health-port")
 	if err != nil {
 		t.Fatal(err)
 	}
-	limit = LimitPerSource(ln, MaxConnsPerSource)
+	s := &healthServer{addr: ln.Addr().String(), reads: &readCounter{Listener: ln, read: map[string]*atomic.Int64{}},
+		reg: prometheus.NewRegistry()}
+	rejected := newRejectedConns()
+	s.reg.MustRegister(rejected)
+	s.limit = countRejections(LimitPerSource(s.reads, MaxConnsPerSource), rejected, "health")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveLimited(ctx, limit, NewHealthMux(nil, nil, prometheus.NewRegistry())) }()
-	return ln.Addr().String(), limit, func() { cancel(); <-done }
+	go func() { done <- serveLimited(ctx, s.limit, NewHealthMux(nil, nil, s.reg)) }()
+	s.stop = func() { cancel(); <-done }
+	return s
+}
+
+// rejected is the count of connections cut for reason on the port ("evicted" or "refused"), from reg.
+func rejected(t *testing.T, reg prometheus.Gatherer, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != RejectedConnsMetric {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// wantRejected fails t unless reg counts evicted and refused connections.
+func wantRejected(t *testing.T, reg prometheus.Gatherer, evicted, refused float64) {
+	t.Helper()
+	if got := rejected(t, reg, "evicted"); got != evicted {
+		t.Errorf("%s{reason=\"evicted\"} = %v, want %v", RejectedConnsMetric, got, evicted)
+	}
+	if got := rejected(t, reg, "refused"); got != refused {
+		t.Errorf("%s{reason=\"refused\"} = %v, want %v", RejectedConnsMetric, got, refused)
+	}
+}
+
+// readCounter is a listener whose connections count the bytes the server has read from them, by the
+// client's address.
+type readCounter struct {
+	net.Listener
+	mu   sync.Mutex
+	read map[string]*atomic.Int64
+}
+
+func (l *readCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	n := &atomic.Int64{}
+	l.mu.Lock()
+	l.read[c.RemoteAddr().String()] = n
+	l.mu.Unlock()
+	return &countedConn{Conn: c, n: n}, nil
+}
+
+// readFrom is how many bytes the server has read from the client connection c.
+func (l *readCounter) readFrom(c net.Conn) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := l.read[c.LocalAddr().String()]; n != nil {
+		return n.Load()
+	}
+	return 0
+}
+
+type countedConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // serving counts the connections from src that l holds with a request being served: the server has read
@@ -88,8 +178,9 @@ func closedOf(cs []net.Conn) int {
 // refused. At the bound a new connection takes the place of the one idle longest, so that the source still
 // holds at most MaxConnsPerSource.
 func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
-	addr, _, stop := serveHealth(t)
-	defer stop()
+	s := serveHealth(t)
+	defer s.stop()
+	addr := s.addr
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {
@@ -135,6 +226,8 @@ func TestServeEvictsQuietConnectionsAtTheBound(t *testing.T) {
 	if n := closedOf(held); n != silent+1 {
 		t.Fatalf("%d of the %d connections held were closed, want %d", n, len(held), silent+1)
 	}
+	// Each closed one counted as it was closed, none as refused.
+	wantRejected(t, s.reg, silent+1, 0)
 }
 
 // TestServeLimitsConnectionsPerSource: a health, metrics or admin endpoint takes at most MaxConnsPerSource
@@ -147,11 +240,14 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	limit := LimitPerSource(ln, MaxConnsPerSource)
+	reg := prometheus.NewRegistry()
+	counts := newRejectedConns()
+	reg.MustRegister(counts)
+	limit := countRejections(LimitPerSource(ln, MaxConnsPerSource), counts, "health")
 	release := make(chan struct{})
 	var started sync.WaitGroup
 	started.Add(MaxConnsPerSource)
-	mux := NewHealthMux(nil, nil, prometheus.NewRegistry())
+	mux := NewHealthMux(nil, nil, reg)
 	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
 		started.Done()
 		<-release
@@ -211,6 +307,8 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 	if err := getFrom("127.0.0.2", addr); err != nil {
 		t.Fatalf("another source is not served: %v", err)
 	}
+	// The connection and the /livez past the bound, each reset as it was accepted; nothing evicted.
+	wantRejected(t, reg, 0, 2)
 
 	close(release)
 	released = true
@@ -229,6 +327,7 @@ func TestServeLimitsConnectionsPerSource(t *testing.T) {
 	if err := getFrom("127.0.0.1", addr); err != nil {
 		t.Fatalf("the source is not served once its requests are done: %v", err)
 	}
+	wantRejected(t, reg, 1, 2)
 }
 
 // held counts the connections from src that l holds open.
@@ -260,8 +359,9 @@ func trickle(c net.Conn, request string, interval time.Duration, stop <-chan str
 // source's connection that has been waiting longest for a complete request, so the probe is answered at
 // once, not after the header timeout, and the source still holds at most MaxConnsPerSource.
 func TestServeEvictsHeaderTricklersAtTheBound(t *testing.T) {
-	addr, limit, stop := serveHealth(t)
-	defer stop()
+	s := serveHealth(t)
+	defer s.stop()
+	addr, limit := s.addr, s.limit
 
 	var tricklers []net.Conn
 	done := make(chan struct{})
@@ -306,7 +406,19 @@ func TestServeEvictsHeaderTricklersAtTheBound(t *testing.T) {
 	}
 	start := time.Now()
 	fill(MaxConnsPerSource)
-	time.Sleep(300 * time.Millisecond) // a few header bytes on each
+	// Each is in the middle of its headers: the server has read a few bytes of each, and none of them is
+	// complete (a byte every 100 ms).
+	const started = 3
+	if err := harness.Poll(fmt.Sprintf("the server reading %d bytes of each trickler's headers", started), 3*time.Second, 5*time.Millisecond, func() error {
+		for i, c := range tricklers {
+			if n := s.reads.readFrom(c); n < started {
+				return fmt.Errorf("%d bytes read from trickler %d", n, i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	probeStart := time.Now()
 	if err := getFrom("127.0.0.1", addr); err != nil {
@@ -340,6 +452,7 @@ func TestServeEvictsHeaderTricklersAtTheBound(t *testing.T) {
 			t.Errorf("trickler %d, among the oldest, was kept", i)
 		}
 	}
+	wantRejected(t, s.reg, float64(probes), 0)
 }
 
 // TestServeStopsWithoutWaitingForRequests: a stop does not wait for connections that have not delivered a
@@ -446,5 +559,93 @@ func TestServeStopsWithoutWaitingForRequests(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// scrapeRejections reads, from the /metrics that addr serves, RejectedConnsMetric{port,reason}; -1 when the
+// series is missing.
+func scrapeRejections(t *testing.T, addr, port, reason string) float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	res, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	series := fmt.Sprintf(`%s{port=%q,reason=%q} `, RejectedConnsMetric, port, reason)
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s%s: %v", series, v, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// TestServeEndpointsCountRejections: the connections the per-source bound cuts on a daemon's health or
+// admin port (Endpoints, as every daemon serves them) are counted on the daemon's /metrics, by port and
+// reason, each series there from 0 so that a rate can be taken before the first one.
+func TestServeEndpointsCountRejections(t *testing.T) {
+	var e Endpoints
+	var err error
+	if e.Health, err = Listen("tcp", "127.0.0.1:0", false, "--health-port"); err != nil {
+		t.Fatal(err)
+	}
+	if e.Admin, err = Listen("tcp", "127.0.0.1:0", false, "--admin-port"); err != nil {
+		e.Health.Close()
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := e.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	e.HealthMux, e.AdminMux = NewHealthMux(nil, nil, reg), NewAdminMux(false, false)
+	health, admin := e.Health.Addr().String(), e.Admin.Addr().String()
+	var g Group
+	e.AddTo(&g)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	for _, port := range []string{"health", "admin"} {
+		for _, reason := range []string{"evicted", "refused"} {
+			if v := scrapeRejections(t, health, port, reason); v != 0 {
+				t.Errorf("%s{port=%q,reason=%q} = %v before any connection was cut, want 0", RejectedConnsMetric, port, reason, v)
+			}
+		}
+	}
+	// The admin port's share from one source, silent connections; one more takes the place of one.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range MaxConnsPerSource + 1 {
+		c, err := harness.DialFrom("127.0.0.1", admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// Scraped on the health port, whose bound is its own.
+	if err := harness.Poll("the eviction on the admin port counted", 4*time.Second, 10*time.Millisecond, func() error {
+		if v := scrapeRejections(t, health, "admin", "evicted"); v != 1 {
+			return fmt.Errorf("admin evicted = %v", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range [][2]string{{"admin", "refused"}, {"health", "evicted"}, {"health", "refused"}} {
+		if v := scrapeRejections(t, health, s[0], s[1]); v != 0 {
+			t.Errorf("%s{port=%q,reason=%q} = %v, want 0", RejectedConnsMetric, s[0], s[1], v)
+		}
 	}
 }

@@ -156,6 +156,9 @@ func New(ctx context.Context, cfg *Config) (_ *Proxy, err error) {
 		return nil, err
 	}
 	if reg != nil {
+		if err := p.endpoints.RegisterMetrics(reg); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 		p.endpoints.HealthMux = daemon.NewHealthMux(nil, names.Checks(p.readyChecks()), reg)
 	}
 	return p, nil

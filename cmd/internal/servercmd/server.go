@@ -94,6 +94,9 @@ func New(cfg *Config) (_ *Server, err error) {
 		return nil, err
 	}
 	reg := daemon.NewRegistry()
+	if err := s.endpoints.RegisterMetrics(reg); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	tc := cfg.Tunnel
 	tc.Registerer = reg
 	if s.tunnel, err = tunnel.New(&tc); err != nil {

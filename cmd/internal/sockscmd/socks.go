@@ -210,7 +210,11 @@ func New(ctx context.Context, cfg *Config) (_ *Proxy, err error) {
 		if p.endpoints.Health, err = p.bound.Listen("tcp", cfg.HealthAddr, cfg.AllowRemote, "--health-listen"); err != nil {
 			return nil, err
 		}
-		p.endpoints.HealthMux = daemon.NewHealthMux(nil, sshflags.Names.Checks(p.ReadyChecks()), p.metrics())
+		reg := p.metrics()
+		if err := p.endpoints.RegisterMetrics(reg); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		p.endpoints.HealthMux = daemon.NewHealthMux(nil, sshflags.Names.Checks(p.ReadyChecks()), reg)
 	}
 	return p, nil
 }
