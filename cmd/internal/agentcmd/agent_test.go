@@ -101,6 +101,7 @@ func TestAgentCommand(t *testing.T) {
 		{"/metrics", `konnect_certificate_expiry_seconds{file="` + certFile + `",name="agent-client"}`},
 		{"/metrics", `konnect_certificate_reload_pending{file="` + caFile + `",name="agent-ca"} 0`},
 		{"/metrics", `konnect_certificate_reload_pending{file="` + certFile + `",name="agent-client"} 0`},
+		{"/metrics", `konnect_endpoint_connections_rejected_total{port="health",reason="refused"} 0`},
 	} {
 		code, body := get(base + tc.path)
 		if code != 200 || !strings.Contains(body, tc.want) {

@@ -136,7 +136,7 @@ func TestServerAndDoctor(t *testing.T) {
 		t.Errorf("/readyz?exclude: %d %s", code, body)
 	}
 	_, metrics := get(t, health+"/metrics")
-	for _, want := range []string{"konnectivity_network_proxy_server_", `konnect_certificate_expiry_seconds{file="` + sc, "konnect_tunnel_server_frontend_queued_bytes"} {
+	for _, want := range []string{"konnectivity_network_proxy_server_", `konnect_certificate_expiry_seconds{file="` + sc, "konnect_tunnel_server_frontend_queued_bytes", `konnect_endpoint_connections_rejected_total{port="health",reason="evicted"} 0`, `konnect_endpoint_connections_rejected_total{port="admin",reason="refused"} 0`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
