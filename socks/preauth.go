@@ -11,24 +11,44 @@ import (
 // DefaultMaxUnauthenticatedPerSource is Server.MaxUnauthenticatedPerSource's default.
 const DefaultMaxUnauthenticatedPerSource = 64
 
-// preAuth bounds, per source address, the connections that have not authenticated yet. A server that takes
-// credentials listens beyond loopback; without this bound one peer that never authenticates could hold
-// every one of MaxConns for a handshake timeout at a time, and again, and keep its users out. A few sources
-// together still could, so a source whose connections keep running out their handshake time is kept out
-// for a while (penalties).
+// MinMaxConnsWithCredentials is the smallest MaxConns a Server with Credentials serves with: below it,
+// unauthenticatedBounds would leave a source no connection at all.
+const MinMaxConnsWithCredentials = 4
+
+// unauthenticatedBounds is the one rule for how many of maxConns connections may be unauthenticated at
+// once: half of them in all, so that however many sources take part, the other half is left to clients
+// that authenticated (OpenSSH bounds its unauthenticated connections in all the same way, MaxStartups); and
+// from one source at most perSource and at most half of that half, so that one source alone cannot fill
+// it and keep every other source's handshakes out.
+func unauthenticatedBounds(maxConns, perSource int) (total, perSrc int) {
+	total = maxConns / 2
+	return total, min(perSource, total/2)
+}
+
+// preAuth bounds the connections that have not authenticated yet, in all and per source address
+// (unauthenticatedBounds). A server that takes credentials listens beyond loopback; without these bounds
+// peers that never authenticate could hold every one of MaxConns for a handshake timeout at a time, and
+// again, and keep its users out. Sources together still could fill their half again and again, so a source
+// whose connections keep running out their handshake time is kept out for a while (penalties).
 type preAuth struct {
 	sources   source.Counter
 	penalties source.Penalties
+	maxTotal  int
+
+	mu    sync.Mutex
+	total int
 }
 
-// newPreAuth bounds each source at max unauthenticated connections. The penalties scale with the handshake
-// timeout as OpenSSH's do with its LoginGraceTime (grace-exceeded 10 s, min 15 s, max 600 s at 10 s): one
-// connection that lapses costs its source nothing, two in a row keep it out for a few seconds, and a source
-// that lets its whole share lapse is kept out for 60 handshake timeouts.
-func newPreAuth(max int, handshake time.Duration) *preAuth {
+// newPreAuth bounds the unauthenticated connections at maxTotal in all and perSource from each source. The
+// penalties scale with the handshake timeout as OpenSSH's do with its LoginGraceTime (grace-exceeded 10 s,
+// min 15 s, max 600 s at 10 s): one connection that lapses costs its source nothing, two in a row keep it
+// out for a few seconds, and a source that lets its whole share lapse is kept out for 60 handshake
+// timeouts.
+func newPreAuth(maxTotal, perSource int, handshake time.Duration) *preAuth {
 	return &preAuth{
-		sources:   source.Counter{Max: max},
+		sources:   source.Counter{Max: perSource},
 		penalties: source.Penalties{Per: handshake, Threshold: handshake * 3 / 2, Max: 60 * handshake},
+		maxTotal:  maxTotal,
 	}
 }
 
@@ -37,12 +57,13 @@ type why string
 
 const (
 	atBound   why = "too many unauthenticated connections from its source"
+	full      why = "too many unauthenticated connections"
 	penalized why = "its source's connections kept running out their handshake time"
 )
 
-// admit counts c against its source, or reports why its source is refused. The connection counts until its
-// handshake is over or it closes; one that closes unauthenticated past its handshake deadline penalizes its
-// source.
+// admit counts c in all and against its source, or reports why it is refused. The connection counts until
+// its handshake is over or it closes; one that closes unauthenticated past its handshake deadline penalizes
+// its source.
 func (p *preAuth) admit(c net.Conn) (net.Conn, why) {
 	src := source.Of(c.RemoteAddr())
 	if p.penalties.Refused(src, time.Now()) {
@@ -51,8 +72,21 @@ func (p *preAuth) admit(c net.Conn) (net.Conn, why) {
 	if !p.sources.Take(src) {
 		return c, atBound
 	}
+	p.mu.Lock()
+	if p.total >= p.maxTotal {
+		p.mu.Unlock()
+		p.sources.Release(src)
+		return c, full
+	}
+	p.total++
+	p.mu.Unlock()
 	pc := &preAuthConn{Conn: c}
-	pc.release = func() { p.sources.Release(src) }
+	pc.release = func() {
+		p.mu.Lock()
+		p.total--
+		p.mu.Unlock()
+		p.sources.Release(src)
+	}
 	pc.lapsed = func() { p.penalties.Add(src, time.Now()) }
 	return pc, ""
 }
@@ -105,7 +139,7 @@ func (c *preAuthConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// refuseSource drops a connection whose source preAuth refused, with a reset.
+// refuseSource drops a connection preAuth refused, with a reset.
 func (s *Server) refuseSource(c net.Conn, reason why) {
 	s.Log.V(1).Info("Proxy connection refused: "+string(reason), "remote", c.RemoteAddr())
 	source.Refuse(c)

@@ -1,7 +1,10 @@
 package socks
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,5 +141,126 @@ func TestLapsedHandshakesKeepSourceOut(t *testing.T) {
 	})
 	if kept := time.Since(refusedAt); kept < handshake {
 		t.Fatalf("the source was served again %v after its penalty began, want about %v", kept, 5*handshake/2)
+	}
+}
+
+// openFrom opens n connections from src to addr that send nothing; connections the server resets before
+// the dial returns are left out. They are closed when the test ends.
+func openFrom(t *testing.T, src, addr string, n int) []net.Conn {
+	t.Helper()
+	var conns []net.Conn
+	for range n {
+		if c, err := harness.DialFrom(src, addr); err == nil {
+			conns = append(conns, c)
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	return conns
+}
+
+// stillOpen counts the connections of conns that the server neither closed nor reset within 300 ms.
+func stillOpen(conns []net.Conn) int {
+	open := make(chan bool, len(conns))
+	for _, c := range conns {
+		go func() { open <- !closedAtOnce(c) }()
+	}
+	n := 0
+	for range conns {
+		if <-open {
+			n++
+		}
+	}
+	return n
+}
+
+// TestUnauthenticatedSourceLeavesRoomWithFewMaxConns: one source may hold at most a quarter of MaxConns
+// unauthenticated, however small MaxConns is next to MaxUnauthenticatedPerSource (64 by default), so that
+// an address without the password that opens MaxConns connections and stays silent cannot keep a client
+// that authenticates out.
+func TestUnauthenticatedSourceLeavesRoomWithFewMaxConns(t *testing.T) {
+	for _, maxConns := range []int{MinMaxConnsWithCredentials, 8, 64} {
+		t.Run(fmt.Sprint(maxConns), func(t *testing.T) {
+			up := sink(t)
+			s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: maxConns}
+			addr := serve(t, s, Auto)
+			idle := openFrom(t, "127.0.0.1", addr, maxConns)
+			// The server accepts in order, so it has seen every idle connection before this client's.
+			d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+				&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}})
+			c, err := d.Dial("tcp", up.Addr().String())
+			if err != nil {
+				t.Fatalf("%d unauthenticated connections from one source kept a client that authenticates out: %v", maxConns, err)
+			}
+			c.Close()
+			if n := stillOpen(idle); n != maxConns/4 {
+				t.Fatalf("%d of %d unauthenticated connections from one source kept, want a quarter of MaxConns, %d",
+					n, maxConns, maxConns/4)
+			}
+		})
+	}
+}
+
+// TestUnauthenticatedInAllLeaveHalf: however many sources take part, at most half of MaxConns may be
+// unauthenticated at once; more are reset at once, so that the other half is left to clients that
+// authenticate. Connections that authenticated do not count.
+func TestUnauthenticatedInAllLeaveHalf(t *testing.T) {
+	up := sink(t)
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8, MaxUnauthenticatedPerSource: 2}
+	addr := serve(t, s, Auto)
+	auth := &proxy.Auth{User: "alice", Password: "pw"}
+	d, _ := proxy.SOCKS5("tcp", addr, auth, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}})
+	// Two tunnels authenticated before the others came.
+	for range 2 {
+		c, err := d.Dial("tcp", up.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	// Three sources, each within its bound of two, try six unauthenticated connections.
+	var idle []net.Conn
+	for _, src := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
+		idle = append(idle, openFrom(t, src, addr, 2)...)
+	}
+	if n := stillOpen(idle); n != 4 {
+		t.Fatalf("%d unauthenticated connections from three sources kept, want half of MaxConns, 4", n)
+	}
+	if n := s.ActiveConns(); n != 6 {
+		t.Fatalf("%d connections served, want the 2 tunnels and 4 unauthenticated", n)
+	}
+	// A slot of the unauthenticated half frees: a client authenticates in it, and then does not count, so
+	// another source may take that slot unauthenticated, and no more.
+	idle[0].Close()
+	var tunnel net.Conn
+	harness.EventuallyTrue(t, 5*time.Second, "a client authenticates", func() bool {
+		var err error
+		tunnel, err = d.Dial("tcp", up.Addr().String())
+		return err == nil
+	})
+	defer tunnel.Close()
+	if n := stillOpen(openFrom(t, "127.0.0.4", addr, 2)); n != 1 {
+		t.Fatalf("%d of 2 more unauthenticated connections kept beside 3 and an authenticated one, want 1", n)
+	}
+}
+
+// TestServeRefusesTooFewMaxConnsWithCredentials: below MinMaxConnsWithCredentials, half of MaxConns leaves
+// a source no unauthenticated connection, and all of it would leave none to clients that authenticate, so
+// Serve fails rather than serve without the bound.
+func TestServeRefusesTooFewMaxConnsWithCredentials(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: MinMaxConnsWithCredentials - 1}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(context.Background(), ln, Auto) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "MaxConns 3") {
+			t.Fatalf("Serve = %v, want an error naming MaxConns", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve served with MaxConns 3 and credentials")
 	}
 }

@@ -12,7 +12,9 @@
 // socks/internal/localproxy), and the client is told so. Failed requests are logged at the default level,
 // rate-limited.
 // Hostile clients are bounded: handshake deadlines, header size limits and a connection cap with a clear
-// refusal.
+// refusal. With credentials, clients that have not authenticated yet may hold at most half of the cap, and
+// one source address at most a quarter (64 at most); more are reset, and a source whose handshakes keep
+// lapsing is reset for a while (preauth.go).
 package socks
 
 import (
@@ -75,7 +77,8 @@ type Server struct {
 	// Credentials, when set, are required from every client.
 	Credentials *Credentials
 	// MaxConns caps concurrent client connections; more are refused (SOCKS5 reply 0x01, HTTP 503). 0 means
-	// DefaultMaxConns.
+	// DefaultMaxConns. With Credentials, at most half of them may be unauthenticated (unauthenticatedBounds)
+	// and it must be at least MinMaxConnsWithCredentials, or Serve fails.
 	MaxConns int
 	// HandshakeTimeout bounds reading a SOCKS5 handshake or an HTTP request head. 0 means
 	// DefaultHandshakeTimeout.
@@ -89,8 +92,10 @@ type Server struct {
 	// the user sees which program answered. "" means "proxy".
 	Name string
 	// MaxUnauthenticatedPerSource bounds, with Credentials, the connections from one source address that
-	// have not authenticated yet; more are reset. 0 means DefaultMaxUnauthenticatedPerSource. A source whose
-	// connections keep running out HandshakeTimeout unauthenticated is then reset for a while (newPreAuth).
+	// have not authenticated yet, and a quarter of MaxConns does too; more are reset, as are connections
+	// past half of MaxConns unauthenticated in all (unauthenticatedBounds). 0 means
+	// DefaultMaxUnauthenticatedPerSource. A source whose connections keep running out HandshakeTimeout
+	// unauthenticated is then reset for a while (newPreAuth).
 	MaxUnauthenticatedPerSource int
 	// Log receives the server's log lines: refused connections, failed handshakes and dials. The zero Logger
 	// discards them; a command passes klog's (klog.NewKlogr()).
@@ -99,6 +104,7 @@ type Server struct {
 	initOnce  sync.Once
 	limit     *localproxy.ConnLimit
 	preAuth   *preAuth      // with Credentials
+	initErr   error         // fields Serve cannot serve with
 	refusing  chan struct{} // bounds goroutines spent on refusals
 	transport *http.Transport
 	failures  localproxy.FailureLog
@@ -124,7 +130,12 @@ func (s *Server) init() {
 			if m <= 0 {
 				m = DefaultMaxUnauthenticatedPerSource
 			}
-			s.preAuth = newPreAuth(m, s.handshakeTimeout())
+			if n < MinMaxConnsWithCredentials {
+				s.initErr = fmt.Errorf("MaxConns %d is below %d: too few to keep clients without the password from holding every connection",
+					n, MinMaxConnsWithCredentials)
+			}
+			total, perSource := unauthenticatedBounds(n, m)
+			s.preAuth = newPreAuth(total, perSource, s.handshakeTimeout())
 		}
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
@@ -170,9 +181,14 @@ func (s *Server) dial(ctx context.Context, network, addr string) (net.Conn, erro
 }
 
 // Serve accepts connections on ln until ctx ends, then closes ln and every connection it accepted and
-// returns nil once they are all done. Any other accept error is returned the same way.
+// returns nil once they are all done. Any other accept error is returned the same way. Fields it cannot
+// serve with (see MaxConns) close ln and return an error at once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) error {
 	s.init()
+	if s.initErr != nil {
+		ln.Close()
+		return s.initErr
+	}
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex

@@ -64,7 +64,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "Allow listening on non-loopback addresses. Proxies then require --proxy-user and --proxy-password-file.")
 	fs.StringVar(&o.ProxyUser, "proxy-user", o.ProxyUser, "Username that SOCKS5 (RFC 1929) and HTTP (Proxy-Authorization: Basic) clients must present.")
 	fs.StringVar(&o.ProxyPasswordFile, "proxy-password-file", o.ProxyPasswordFile, "File holding the password for --proxy-user (first line).")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Maximum concurrent proxy client connections; more are refused (SOCKS5 general failure, HTTP 503).")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Maximum concurrent proxy client connections; more are refused (SOCKS5 general failure, HTTP 503). With --proxy-user, at most half of them may be still unauthenticated, and a quarter (64 at most) from one address; more are reset, so that clients without the password cannot hold them all. It must then be at least 4.")
 	o.SSH.AddFlags(fs)
 	o.SSH.AddConnectionsFlag(fs)
 }
@@ -142,6 +142,10 @@ func (o *Options) Config() (*Config, error) {
 			return nil, err
 		}
 		cfg.Credentials = &socks.Credentials{User: o.ProxyUser, Password: pw}
+		if o.MaxConnections < socks.MinMaxConnsWithCredentials {
+			return nil, fmt.Errorf("--max-connections: must be at least %d with --proxy-user, got %d: at most half may be unauthenticated, a quarter from one address",
+				socks.MinMaxConnsWithCredentials, o.MaxConnections)
+		}
 	case remote:
 		return nil, errors.New("--allow-remote: a proxy listening beyond loopback requires --proxy-user and --proxy-password-file")
 	}

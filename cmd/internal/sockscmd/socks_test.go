@@ -138,6 +138,17 @@ func TestOptionsConfig(t *testing.T) {
 		{"bad port", func(o *Options) { o.DynamicForward = "127.0.0.1:http" }, "h", "-D: port", nil},
 		{"port out of range", func(o *Options) { o.DynamicForward = "70000" }, "h", "-D: port", nil},
 		{"bad max-connections", func(o *Options) { o.MaxConnections = 0 }, "h", "--max-connections", nil},
+		{"max-connections too few with credentials", func(o *Options) {
+			o.ProxyUser = "u"
+			o.ProxyPasswordFile = pwFile
+			o.MaxConnections = 3
+		}, "h", "--max-connections: must be at least 4 with --proxy-user", nil},
+		{"max-connections few with credentials", func(o *Options) {
+			o.ProxyUser = "u"
+			o.ProxyPasswordFile = pwFile
+			o.MaxConnections = 4
+		}, "h", "", nil},
+		{"max-connections one without credentials", func(o *Options) { o.MaxConnections = 1 }, "h", "", nil},
 		{"bad ssh port", func(o *Options) { o.SSH.Port = 70000 }, "h", "--ssh-port", nil},
 		{"bad cipher", func(o *Options) { o.SSH.Ciphers = []string{"rot13"} }, "h", "--cipher", nil},
 		{"bad jump", func(o *Options) { o.SSH.Jump = "a,-oProxyCommand=x" }, "h", "--jump", nil},
