@@ -24,16 +24,34 @@ import (
 
 // env is a running konnect socks against a real sshd.
 type env struct {
-	sshd  *harness.SSHD
-	proxy *Proxy
-	stop  func()
+	sshd       *harness.SSHD
+	proxy      *Proxy
+	key        string // the client's identity file
+	knownHosts string // trusts sshd
+	stop       func()
 }
 
-func startEnv(t *testing.T, mutate func(o *Options)) *env {
+// startEnv runs konnect socks against a fresh sshd; sshdConfig lines are added to sshd's config before
+// konnect connects.
+func startEnv(t *testing.T, mutate func(o *Options), sshdConfig ...string) *env {
 	t.Helper()
 	dir := t.TempDir()
 	key, pub := harness.SSHKeyPair(t, dir, "id_client", "")
 	srv := harness.StartSSHD(t, pub)
+	if len(sshdConfig) > 0 {
+		f, err := os.OpenFile(filepath.Join(srv.Dir, "sshd_config"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = fmt.Fprintln(f, strings.Join(sshdConfig, "\n"))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Restart()
+	}
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(srv.KnownHostsLine()+"\n"), 0o600)
 
@@ -60,7 +78,7 @@ func startEnv(t *testing.T, mutate func(o *Options)) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
-	e := &env{sshd: srv, proxy: p}
+	e := &env{sshd: srv, proxy: p, key: key, knownHosts: kh}
 	e.stop = func() {
 		cancel()
 		select {
