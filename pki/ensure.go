@@ -43,7 +43,9 @@ type Result struct {
 	// Reason says why a certificate was created or renewed.
 	Reason string `json:"reason,omitempty"`
 	// Forced marks a file rewritten only because Config.Force was set.
-	Forced   bool      `json:"forced,omitempty"`
+	Forced bool `json:"forced,omitempty"`
+	// Backup is where the content a forced rewrite replaced was kept (Backup), or empty.
+	Backup   string    `json:"backup,omitempty"`
 	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 

@@ -46,7 +46,8 @@ func ValidateAPIServerURL(s string) error {
 // EnsureKubeconfig writes DIR/konnectivity-server.conf: the cluster CA, the embedded
 // konnectivity-server-client certificate and key, and apiserverURL. The embedded certificates always
 // follow the files in DIR/pki (so a renewed client certificate reaches the kubeconfig); a different
-// server URL in an existing file is an error unless cfg.Force.
+// server URL in an existing file, or one that is no kubeconfig, is an error unless cfg.Force, which keeps a
+// backup of it beside it (Backup, mode 0600).
 func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 	cfg = cfg.withDefaults()
 	path := cfg.KubeconfigPath()
@@ -104,6 +105,15 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 		return res, nil
 	}
 	RemoveStaleTemps(path)
+	if res.Forced {
+		// Another server URL, or content that is no kubeconfig, was put there by hand: kept as a replaced
+		// manifest is, closed because it may hold the client key.
+		backup, err := Backup(path, "", old, KeyMode, cfg.now())
+		if err != nil {
+			return res, fmt.Errorf("pki: %w", err)
+		}
+		res.Backup = backup
+	}
 	if res.Action != Kept {
 		// The kubeconfig carries a private key.
 		if _, err := WriteFile(path, data, KeyMode, 0o755); err != nil {

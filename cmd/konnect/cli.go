@@ -13,8 +13,9 @@ import (
 )
 
 // suggestSubcommands makes a mistyped subcommand of a command group ("konnect certs renw") an error that
-// names the nearest subcommands. cobra does that only for the root command: a group's own Args (NoArgs)
-// would answer with a bare "unknown command".
+// names the nearest subcommands and lists them all. cobra does that only for the root command: a group's own
+// Args (NoArgs) would answer with a bare "unknown command". So too when the subcommand's flags follow it
+// ("konnect init phase bogus --dir X"): the group has none of them, and cobra would blame the flag.
 func suggestSubcommands(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		suggestSubcommands(sub)
@@ -26,6 +27,15 @@ func suggestSubcommands(c *cobra.Command) {
 		// cobra answers a group that cannot run with its help before it checks the arguments.
 		c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	}
+	// pflag has set aside the arguments before the flag it refused. Subcommands inherit this function: theirs
+	// are their own errors.
+	group := c
+	c.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		if a := cmd.Flags().Args(); cmd == group && len(a) > 0 {
+			return unknownSubcommand(cmd, a[0])
+		}
+		return err
+	})
 	args := c.Args
 	c.Args = func(cmd *cobra.Command, a []string) error {
 		if len(a) > 0 {
@@ -46,7 +56,13 @@ func unknownSubcommand(cmd *cobra.Command, name string) error {
 	if s := cmd.SuggestionsFor(name); len(s) > 0 {
 		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
 	}
-	return fmt.Errorf("%s\n\nRun '%s --help' for its commands", msg, cmd.CommandPath())
+	msg += "\n\nAvailable commands:"
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			msg += fmt.Sprintf("\n  %-*s %s", sub.NamePadding(), sub.Name(), sub.Short)
+		}
+	}
+	return fmt.Errorf("%s\n\nRun '%s --help' for more", msg, cmd.CommandPath())
 }
 
 // flagValues are the shell completions of flags that take one of a few values, by flag name: every command

@@ -73,6 +73,37 @@ func TestMistypedSubcommandIsSuggested(t *testing.T) {
 	}
 }
 
+// An unknown subcommand of a group is reported as such, with the group's subcommands, also when the flags of
+// those follow it, which the group itself does not have: "unknown flag" would send the user after the flag.
+func TestUnknownSubcommandBeforeItsFlags(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"init", "phase", "bogus"}, []string{`unknown command "bogus" for "konnect init phase"`, "\n  certs ", "\n  kubeconfig ", "\n  egress ", "\n  kubeadm ", "\n  flags ", "\n  manifests "}},
+		{[]string{"init", "phase", "bogus", "--dir", dir}, []string{`unknown command "bogus" for "konnect init phase"`, "\n  certs ", "\n  manifests "}},
+		{[]string{"init", "phase", "bogus", "--dir", dir, "--control-plane-address", "198.18.0.1"}, []string{`unknown command "bogus" for "konnect init phase"`}},
+		{[]string{"certs", "bogus", "--dir", dir}, []string{`unknown command "bogus" for "konnect certs"`, "\n  renew "}},
+	} {
+		_, _, err := konnect(t, tc.args...)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("konnect %s: %v, want %q in it", strings.Join(tc.args, " "), err, w)
+			}
+		}
+	}
+	// A flag of no subcommand is still the flag's error, and a subcommand's own flag errors are its own.
+	for _, args := range [][]string{{"init", "phase", "--bogus"}, {"init", "phase", "egress", "--bogus"}, {"init", "phase", "certs", "ca", "--bogus"}} {
+		if _, _, err := konnect(t, args...); err == nil || !strings.Contains(err.Error(), "unknown flag: --bogus") {
+			t.Errorf("konnect %s: %v", strings.Join(args, " "), err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("wrote into %s: %v", dir, entries)
+	}
+}
+
 func TestRenewWithoutNameListsTheNames(t *testing.T) {
 	_, _, err := konnect(t, "certs", "renew", "--dir", t.TempDir())
 	if err == nil {

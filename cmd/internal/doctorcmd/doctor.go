@@ -257,8 +257,8 @@ admin port.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			addr := args[0]
-			if _, _, err := net.SplitHostPort(addr); err != nil {
-				return fmt.Errorf("ADDRESS %q must be host:port: %w", addr, err)
+			if err := checkDialAddress(addr); err != nil {
+				return err
 			}
 			if f.UDSName == "" {
 				return fmt.Errorf("--uds-name must not be empty: it is the server's frontend socket")
@@ -311,6 +311,22 @@ admin port.`,
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "Dial timeout (kube-apiserver uses 30s) and request timeout.")
 	fl.StringVar(&request, "request", "", "Send one HTTP/1.1 request through the tunnel, e.g. 'GET /', and print the status line.")
 	return cmd
+}
+
+// checkDialAddress refuses, before anything is sent, an ADDRESS that no agent could dial: the agent would
+// answer with a failure of its own that says nothing of the address.
+func checkDialAddress(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("ADDRESS %q must be host:port: %w", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("ADDRESS %q must be host:port: the host is empty", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("ADDRESS %q: port %q is not a number from 1 to 65535", addr, port)
+	}
+	return nil
 }
 
 func parseRequest(s string) (method, path string, err error) {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,6 +37,48 @@ func TestDoctorRefusesTimeouts(t *testing.T) {
 		if _, err := runCmd(t, context.Background(), args...); err == nil || !strings.Contains(err.Error(), "--timeout must be positive") {
 			t.Errorf("doctor %v: %v", args, err)
 		}
+	}
+}
+
+// TestDoctorDialRefusesAddresses: an ADDRESS no agent could dial is refused before anything is sent, naming
+// the argument; the agent would answer with a failure that says nothing of the address. The socket exists
+// and accepts, so that an address that got through would be sent.
+func TestDoctorDialRefusesAddresses(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	for _, tc := range []struct{ addr, want string }{
+		{"127.0.0.1:99999", `ADDRESS "127.0.0.1:99999": port "99999" is not a number from 1 to 65535`},
+		{"127.0.0.1:0", `port "0"`},
+		{"127.0.0.1:-1", `port "-1"`},
+		{"127.0.0.1:https", `port "https"`},
+		{"[::1]:65536", `port "65536"`},
+		{":443", `ADDRESS ":443" must be host:port: the host is empty`},
+		{"127.0.0.1", `ADDRESS "127.0.0.1" must be host:port`},
+	} {
+		out, err := runCmd(t, context.Background(), "dial", tc.addr, "--uds-name", sock, "--timeout", "2s")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("doctor dial %s: %v, want %q\n%s", tc.addr, err, tc.want, out)
+		}
+	}
+	select {
+	case <-accepted:
+		t.Error("a refused address was sent to the server")
+	default:
 	}
 }
 

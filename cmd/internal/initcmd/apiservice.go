@@ -41,7 +41,7 @@ func (o *servingOptions) addFlags(fs *pflag.FlagSet, what, outSuffix string) {
 	fs.StringVar(&o.namespace, "namespace", o.namespace, "namespace of that Service (required)")
 	fs.StringVar(&o.out, "out", o.out, "output directory (default ./SERVICE-"+outSuffix+")")
 	fs.StringVar(&o.keyAlgorithm, "key-algorithm", o.keyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
-	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA")
+	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA (at least "+minValidity.String()+")")
 	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate")
 	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks, and replace files in --out that konnect did not write (a backup is kept beside each)")
 	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "print what would be written, and write nothing")
@@ -62,7 +62,7 @@ func (o *servingOptions) validate() []error {
 	if _, err := pki.ParseKeyAlgorithm(o.keyAlgorithm); err != nil {
 		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
 	}
-	if err := validities(o.caValidity, o.certValidity); err != nil {
+	if err := validities(o.caValidity, o.certValidity, 0); err != nil {
 		errs = append(errs, err)
 	}
 	return errs

@@ -170,7 +170,7 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 			if err != nil {
 				return err
 			}
-			if err := validities(caValidity, certValidity); err != nil {
+			if err := validities(caValidity, certValidity, minValidity); err != nil {
 				return err
 			}
 			if !dryRun {
@@ -236,8 +236,8 @@ caBundles of the manifests DIR/kustomization.yaml lists are updated to match:
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", dir, "konnect directory (certificates in DIR/pki)")
-	cmd.Flags().DurationVar(&caValidity, "ca-validity-period", caValidity, "lifetime of a renewed CA certificate")
-	cmd.Flags().DurationVar(&certValidity, "cert-validity-period", certValidity, "lifetime of renewed leaf certificates")
+	cmd.Flags().DurationVar(&caValidity, "ca-validity-period", caValidity, "lifetime of a renewed CA certificate (at least "+minValidity.String()+")")
+	cmd.Flags().DurationVar(&certValidity, "cert-validity-period", certValidity, "lifetime of renewed leaf certificates (at least "+minValidity.String()+")")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", dryRun, "print what would be renewed, and write nothing")
 	return cmd
 }
@@ -401,12 +401,25 @@ func renewalSteps(name string, present func(name string) bool) []string {
 	return steps
 }
 
-func validities(ca, cert time.Duration) error {
-	if ca <= 0 {
-		return fmt.Errorf("--ca-validity-period %s: must be positive", ca)
+// minValidity is the shortest --ca-validity-period and --cert-validity-period accepted. Every later run
+// checks the certificates and refuses an expired one, and a new one is backdated by 5 minutes for clock
+// skew: a lifetime of minutes (1ns gave notAfter = now) makes certificates that the next run, or the next
+// restart of what reads them, finds expired.
+const minValidity = time.Hour
+
+// validities checks the lifetimes of new certificates. minCert is the shortest leaf lifetime accepted:
+// minValidity, except for the serving certificate of certs apiservice and certs webhook, which may be issued
+// to expire at once (--cert-validity-period 1s) to see how kube-apiserver and konnect doctor take an expired
+// one; the next run there refuses it until --force renews it.
+func validities(ca, cert, minCert time.Duration) error {
+	if ca < minValidity {
+		return fmt.Errorf("--ca-validity-period %s: must be at least %s", ca, minValidity)
 	}
 	if cert <= 0 {
 		return fmt.Errorf("--cert-validity-period %s: must be positive", cert)
+	}
+	if cert < minCert {
+		return fmt.Errorf("--cert-validity-period %s: must be at least %s", cert, minCert)
 	}
 	if cert > ca {
 		return fmt.Errorf("--cert-validity-period %s: exceeds --ca-validity-period %s", cert, ca)

@@ -1,7 +1,9 @@
 package initcmd
 
 import (
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/konnect-dev/konnect/pki"
@@ -53,4 +55,31 @@ func TestRenewalSteps(t *testing.T) {
 			t.Errorf("%s: steps %q for feeds %+v", s.Name, got, s.Feeds)
 		}
 	}
+}
+
+// A lifetime of less than minValidity makes certificates that the next run finds expired (1ns gave
+// notAfter = now): init and certs renew refuse it, naming the flag, and write nothing.
+func TestValidityMinimum(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{initArgs(dir, "--cert-validity-period", "1ns"), "--cert-validity-period 1ns: must be at least 1h0m0s"},
+		{initArgs(dir, "--cert-validity-period", "59m"), "--cert-validity-period 59m0s: must be at least 1h0m0s"},
+		{initArgs(dir, "--ca-validity-period", "10m", "--cert-validity-period", "1m"), "--ca-validity-period 10m0s: must be at least 1h0m0s"},
+		{[]string{"init", "phase", "certs", "--dir", dir, "--control-plane-address", "198.18.0.1", "--cert-validity-period", "1s"}, "--cert-validity-period 1s: must be at least"},
+		{[]string{"certs", "renew", "all", "--dir", dir, "--cert-validity-period", "1ns"}, "--cert-validity-period 1ns: must be at least"},
+		{[]string{"certs", "renew", "all", "--dir", dir, "--ca-validity-period", "1ns"}, "--ca-validity-period 1ns: must be at least"},
+	} {
+		out, err := run(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("konnect %s: %v, want %q\n%s", strings.Join(tc.args, " "), err, tc.want, out)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("refused runs wrote into %s: %v", dir, entries)
+	}
+	// An hour is enough.
+	mustRun(t, initArgs(dir, "--ca-validity-period", "1h", "--cert-validity-period", "1h")...)
 }

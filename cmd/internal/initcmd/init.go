@@ -261,6 +261,9 @@ func (r *runner) add(res pki.Result) {
 	if res.Forced {
 		note += " with " + fieldFlags["Force"]
 	}
+	if res.Backup != "" {
+		note += ", backup " + res.Backup
+	}
 	if res.External {
 		note = strings.TrimPrefix(note+"; external CA", "; ")
 	}

@@ -104,8 +104,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Dir, "dir", o.Dir, "directory to write into: DIR/pki, DIR/"+pki.KubeconfigFile+", DIR/"+EgressConfigFile+", DIR/"+FlagsFile+", DIR/"+ManifestsSubdir+", DIR/"+manifests.AgentBundleDir)
 	fs.StringArrayVar(&o.ControlPlaneAddresses, "control-plane-address", o.ControlPlaneAddresses, "IP address or DNS name under which agents reach this control plane (repeatable); SAN of konnectivity-server.crt")
 	fs.StringVar(&o.KeyAlgorithm, "key-algorithm", o.KeyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
-	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates")
-	fs.DurationVar(&o.CertValidity, "cert-validity-period", o.CertValidity, "lifetime of new leaf certificates")
+	fs.DurationVar(&o.CAValidity, "ca-validity-period", o.CAValidity, "lifetime of new CA certificates (at least "+minValidity.String()+")")
+	fs.DurationVar(&o.CertValidity, "cert-validity-period", o.CertValidity, "lifetime of new leaf certificates (at least "+minValidity.String()+")")
 	fs.StringVar(&o.APIServerURL, "apiserver-url", o.APIServerURL, "https URL of kube-apiserver, written into "+pki.KubeconfigFile)
 	fs.Var(modeValue{&o.Mode}, "mode", "protocol between kube-apiserver and the Konnectivity server: grpc or http-connect")
 	fs.Var(transportValue{&o.Transport}, "transport", "transport between kube-apiserver and the Konnectivity server: uds or tcp (tcp needs --mode http-connect)")
@@ -208,7 +208,7 @@ func (o *Options) Validate(n needs) error {
 	if _, err := pki.ParseKeyAlgorithm(o.KeyAlgorithm); err != nil {
 		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
 	}
-	if err := validities(o.CAValidity, o.CertValidity); err != nil {
+	if err := validities(o.CAValidity, o.CertValidity, minValidity); err != nil {
 		errs = append(errs, err)
 	}
 	if n.apiserverURL && o.APIServerURL == "" {

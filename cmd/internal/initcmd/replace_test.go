@@ -185,3 +185,47 @@ func TestCertsWebhookRefusesForeignSecret(t *testing.T) {
 		t.Fatalf("the copy did not follow the manifest:\n%s", data)
 	}
 }
+
+// --force rewrites a konnectivity-server.conf that points at another server, or that is no kubeconfig, and
+// keeps what it replaced beside it, closed (it may hold the client key), as it does for a foreign manifest.
+func TestInitForceKeepsKubeconfigBackup(t *testing.T) {
+	for name, edit := range map[string]func([]byte) []byte{
+		"server": func(b []byte) []byte {
+			return bytes.Replace(b, []byte("https://198.18.0.1:6443"), []byte("https://kube.example.com:6443"), 1)
+		},
+		"garbage": func([]byte) []byte { return []byte("not a kubeconfig: [\n") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			mustRun(t, initArgs(dir)...)
+			conf := filepath.Join(dir, "konnectivity-server.conf")
+			data, err := os.ReadFile(conf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			edited := edit(data)
+			if err := os.WriteFile(conf, edited, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out := mustRun(t, initArgs(dir, "--force")...)
+			if got, _ := os.ReadFile(conf); !bytes.Equal(got, data) {
+				t.Fatalf("%s not rewritten:\n%s", conf, got)
+			}
+			found := backups(t, conf)
+			if len(found) != 1 || !strings.Contains(out, "rewritten with --force, backup "+found[0]) {
+				t.Fatalf("backups %v; output:\n%s", found, out)
+			}
+			if got, _ := os.ReadFile(found[0]); !bytes.Equal(got, edited) {
+				t.Fatalf("backup %s holds %q", found[0], got)
+			}
+			if st, _ := os.Stat(found[0]); st.Mode().Perm() != 0o600 {
+				t.Fatalf("backup mode %04o, want 0600", st.Mode().Perm())
+			}
+			// A run over konnect's own conf keeps no backup.
+			mustRun(t, initArgs(dir, "--force")...)
+			if b := backups(t, conf); len(b) != 1 {
+				t.Fatalf("backups after a run over konnect's own conf: %v", b)
+			}
+		})
+	}
+}

@@ -29,13 +29,16 @@ type SetProxyOptions struct {
 	Kubeconfig string
 	Context    string
 	ProxyURL   string
+	// Remove removes the proxy-url instead of setting one: an empty ProxyURL is refused, so that an unset
+	// shell variable never drops the proxy.
+	Remove bool
 }
 
 // checkProxyURL accepts what client-go accepts in a cluster's proxy-url: http, https and socks5. An empty
-// URL removes the setting.
+// URL is refused: --remove removes the setting.
 func checkProxyURL(s string) error {
 	if s == "" {
-		return nil
+		return errors.New("--proxy-url: empty; to remove the cluster's proxy-url, pass --remove instead")
 	}
 	u, err := url.Parse(s)
 	if err != nil {
@@ -93,17 +96,22 @@ func (o *SetProxyOptions) kubeconfigPath() (string, error) {
 	return filepath.Join(home, ".kube", "config"), nil
 }
 
-// Run sets (or clears) proxy-url on the cluster of the context, after saving a backup of the file next to it
-// (pki.Backup: .NAME.konnect-backup-TIME, never replacing an earlier run's). Only that line of the file
-// changes. It holds kubectl's lock on the file from reading it to writing it, waiting for kubectl or another
-// run to finish (said on errOut), and writes nothing where another user could redirect it. It reports what
-// it did to out.
+// Run sets (or with Remove, clears) proxy-url on the cluster of the context, after saving a backup of the
+// file next to it (pki.Backup: .NAME.konnect-backup-TIME, never replacing an earlier run's). Only that line
+// of the file changes. It holds kubectl's lock on the file from reading it to writing it, waiting for
+// kubectl or another run to finish (said on errOut), and writes nothing where another user could redirect
+// it. It reports what it did to out.
 func (o *SetProxyOptions) Run(out, errOut io.Writer) error {
 	if o.Context == "" {
 		return errors.New("--context: required")
 	}
-	if err := checkProxyURL(o.ProxyURL); err != nil {
-		return err
+	switch {
+	case o.Remove && o.ProxyURL != "":
+		return errors.New("--remove and --proxy-url: give one of them, not both")
+	case !o.Remove:
+		if err := checkProxyURL(o.ProxyURL); err != nil {
+			return err
+		}
 	}
 	path, err := o.kubeconfigPath()
 	if err != nil {
@@ -150,6 +158,10 @@ func (o *SetProxyOptions) Run(out, errOut io.Writer) error {
 	if !ok {
 		return fmt.Errorf("--context: context %q refers to cluster %q, which is not in %s", o.Context, kctx.Cluster, path)
 	}
+	if cluster.ProxyURL == "" && o.Remove {
+		fmt.Fprintf(out, "cluster %q (context %q) has no proxy-url; %s unchanged\n", kctx.Cluster, o.Context, path)
+		return nil
+	}
 	if cluster.ProxyURL == o.ProxyURL {
 		fmt.Fprintf(out, "cluster %q (context %q) already has proxy-url %q; %s unchanged\n", kctx.Cluster, o.Context, redactedURL(o.ProxyURL), path)
 		return nil
@@ -183,21 +195,26 @@ func NewKubeconfigCommand() *cobra.Command {
 	}
 	o := &SetProxyOptions{}
 	set := &cobra.Command{
-		Use:   "set-proxy --context NAME --proxy-url URL",
-		Short: "Set proxy-url on the cluster of a kubeconfig context (keeps a backup)",
+		Use:   "set-proxy --context NAME (--proxy-url URL | --remove)",
+		Short: "Set or remove proxy-url on the cluster of a kubeconfig context (keeps a backup)",
 		Long: `set-proxy sets proxy-url on the cluster entry that the context uses, so that kubectl and every
 client-go program reach that API server through the proxy, e.g. konnect socks. client-go accepts http,
-https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). An empty --proxy-url
-removes the setting. Only that line of the file changes: its order and comments stay. The previous file is
+https and socks5 URLs (not socks5h: with socks5 the proxy already resolves names). --remove, instead of
+--proxy-url, removes the setting; an empty --proxy-url is refused, so that an unset shell variable never
+drops the proxy. Only that line of the file changes: its order and comments stay. The previous file is
 kept beside it as .NAME.konnect-backup-TIME (UTC), and no run replaces an earlier run's backup.
 While it reads and writes the file it holds PATH.lock, the lock kubectl takes, so that it never loses a
 change that kubectl config or another run makes at the same time; it waits for another holder. A symlink
 is written through only when no other user could change it or what it leads to.`,
-		Example: `  konnect kubeconfig set-proxy --context prod --proxy-url socks5://127.0.0.1:1080`,
-		Args:    cobra.NoArgs,
+		Example: `  konnect kubeconfig set-proxy --context prod --proxy-url socks5://127.0.0.1:1080
+  konnect kubeconfig set-proxy --context prod --remove`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("proxy-url") {
-				return errors.New("--proxy-url: required (an empty value removes the setting)")
+			switch changed := cmd.Flags().Changed("proxy-url"); {
+			case changed && o.Remove:
+				return errors.New("--remove and --proxy-url: give one of them, not both")
+			case !changed && !o.Remove:
+				return errors.New("--proxy-url: required (or --remove, to remove the setting)")
 			}
 			return o.Run(cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -205,6 +222,7 @@ is written through only when no other user could change it or what it leads to.`
 	set.Flags().StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file to edit. Default: the first file in $KUBECONFIG, else ~/.kube/config.")
 	set.Flags().StringVar(&o.Context, "context", o.Context, "Context whose cluster gets the proxy-url.")
 	set.Flags().StringVar(&o.ProxyURL, "proxy-url", o.ProxyURL, "Proxy URL: socks5://host:port, http://host:port or https://host:port.")
+	set.Flags().BoolVar(&o.Remove, "remove", o.Remove, "Remove the cluster's proxy-url instead of setting one.")
 	cmd.AddCommand(set)
 	return cmd
 }

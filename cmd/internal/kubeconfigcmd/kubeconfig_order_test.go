@@ -54,7 +54,11 @@ func TestKubeconfigSetProxyKeepsTheFile(t *testing.T) {
 	}
 	set := func(url string) {
 		t.Helper()
-		if out, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", url); err != nil {
+		how := []string{"--proxy-url", url}
+		if url == "" {
+			how = []string{"--remove"}
+		}
+		if out, err := setProxy(t, append([]string{"--kubeconfig", kc, "--context", "prod-admin"}, how...)...); err != nil {
 			t.Fatalf("%v\n%s", err, out)
 		}
 	}

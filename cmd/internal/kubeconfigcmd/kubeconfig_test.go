@@ -76,13 +76,27 @@ func TestKubeconfigSetProxy(t *testing.T) {
 	if st, _ := os.Stat(kc); st.Mode().Perm() != 0o600 {
 		t.Fatalf("mode = %v, want 0600 kept", st.Mode().Perm())
 	}
-	// Clearing it again.
-	if _, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", ""); err != nil {
-		t.Fatal(err)
+	// An empty --proxy-url, as an unset shell variable gives, is refused and keeps the proxy.
+	set, _ := os.ReadFile(kc)
+	if _, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--proxy-url", ""); err == nil ||
+		!strings.Contains(err.Error(), "--proxy-url: empty") || !strings.Contains(err.Error(), "--remove") {
+		t.Fatalf("empty --proxy-url: %v", err)
+	}
+	if b, _ := os.ReadFile(kc); !bytes.Equal(b, set) || len(backups(t, kc)) != 1 {
+		t.Fatalf("empty --proxy-url changed the file or kept a backup:\n%s", b)
+	}
+	// --remove clears it.
+	out, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--remove")
+	if err != nil || !strings.Contains(out, `removed proxy-url from cluster "prod"`) {
+		t.Fatalf("--remove: %v\n%s", err, out)
 	}
 	cfg, _ = clientcmd.LoadFromFile(kc)
 	if cfg.Clusters["prod"].ProxyURL != "" {
 		t.Fatalf("proxy-url not cleared")
+	}
+	before := backups(t, kc)
+	if out, err := setProxy(t, "--kubeconfig", kc, "--context", "prod-admin", "--remove"); err != nil || !strings.Contains(out, "has no proxy-url") || len(backups(t, kc)) != len(before) {
+		t.Fatalf("--remove again: %v\n%s", err, out)
 	}
 }
 
@@ -160,7 +174,10 @@ func TestKubeconfigSetProxyErrors(t *testing.T) {
 		{"query", []string{"--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080?a=b"}, []string{"--proxy-url", "query"}},
 		{"missing context", []string{"--context", "nope", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context", `"nope"`, "prod-admin, staging"}},
 		{"no context flag", []string{"--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--context"}},
-		{"no proxy-url flag", []string{"--context", "prod-admin"}, []string{"--proxy-url"}},
+		{"no proxy-url flag", []string{"--context", "prod-admin"}, []string{"--proxy-url", "--remove"}},
+		{"empty proxy-url", []string{"--context", "prod-admin", "--proxy-url", ""}, []string{"--proxy-url: empty", "--remove"}},
+		{"remove and proxy-url", []string{"--context", "prod-admin", "--remove", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--remove and --proxy-url"}},
+		{"remove and empty proxy-url", []string{"--context", "prod-admin", "--remove", "--proxy-url", ""}, []string{"--remove and --proxy-url"}},
 		{"missing file", []string{"--kubeconfig", filepath.Join(dir, "absent"), "--context", "prod-admin", "--proxy-url", "socks5://127.0.0.1:1080"}, []string{"--kubeconfig"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
