@@ -396,7 +396,9 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	if a := hc.get("IdentityAgent"); a != "" {
 		e.identityAgent = expandPath(a, e)
 	}
-	e.hostKeyAlias = hc.get("HostKeyAlias")
+	// Lowercased, as ssh lowercases it after reading its config files: it looks up and records "myalias"
+	// for HostKeyAlias MyAlias, which a hashed known_hosts name shows.
+	e.hostKeyAlias = strings.ToLower(hc.get("HostKeyAlias"))
 	e.hashKnownHosts = strings.EqualFold(hc.get("HashKnownHosts"), "yes")
 	if e.auth, err = readAuthSettings(hc, alias); err != nil {
 		return endpoint{}, err
