@@ -45,3 +45,28 @@ func TestMatchNames(t *testing.T) {
 		}
 	}
 }
+
+// The copy of a known_hosts file that knownhosts reads has its host names in lower case, as OpenSSH matches
+// them, and nothing else changed: not a hashed name's base64, a marker, a key or a comment.
+func TestLowerHostPatterns(t *testing.T) {
+	for _, c := range []struct {
+		line, want string
+		upper      bool
+	}{
+		{"MyHost,[Web.Example]:2222 ssh-ed25519 AAAAC3Nz KeyComment", "myhost,[web.example]:2222 ssh-ed25519 AAAAC3Nz KeyComment", true},
+		{"  @cert-authority *.Corp.Example ssh-ed25519 AAAAC3Nz", "  @cert-authority *.corp.example ssh-ed25519 AAAAC3Nz", true},
+		{"@revoked !Bad,* ssh-ed25519 AAAAC3Nz", "@revoked !bad,* ssh-ed25519 AAAAC3Nz", true},
+		{"|1|AbC=|DeF= ssh-ed25519 AAAAC3Nz", "|1|AbC=|DeF= ssh-ed25519 AAAAC3Nz", false},
+		{"host ssh-ed25519 AAAAC3Nz Comment", "host ssh-ed25519 AAAAC3Nz Comment", false},
+		{"# A Comment", "# A Comment", false},
+	} {
+		if got := hasUpperHostPattern([]byte(c.line)); got != c.upper {
+			t.Errorf("hasUpperHostPattern(%q) = %v", c.line, got)
+		}
+		b := []byte(c.line)
+		lowerHostPatterns(b)
+		if string(b) != c.want {
+			t.Errorf("lowerHostPatterns(%q) = %q, want %q", c.line, b, c.want)
+		}
+	}
+}

@@ -141,7 +141,10 @@ type endpoint struct {
 	// proxyCommand is the ssh_config ProxyCommand, tokens expanded, whose stdio is the transport to this
 	// hop. Only the first hop has one, as with OpenSSH (later hops go through the hop before them).
 	proxyCommand string
-	auth         authSettings // what follows a key the server accepted while asking for more
+	// proxyUseFdpass (ssh_config ProxyUseFdpass yes) takes the connection from proxyCommand as a socket it
+	// passes back over its stdout, rather than through its stdin and stdout.
+	proxyUseFdpass bool
+	auth           authSettings // what follows a key the server accepted while asking for more
 	// config is what the SSH config files set for this hop, Match blocks evaluated for it.
 	config *hostSettings
 }
@@ -393,7 +396,9 @@ func resolveEndpoint(dest string, cliUser string, cliPort int, sc *sshConfig) (e
 	if a := hc.get("IdentityAgent"); a != "" {
 		e.identityAgent = expandPath(a, e)
 	}
-	e.hostKeyAlias = hc.get("HostKeyAlias")
+	// Lowercased, as ssh lowercases it after reading its config files: it looks up and records "myalias"
+	// for HostKeyAlias MyAlias, which a hashed known_hosts name shows.
+	e.hostKeyAlias = strings.ToLower(hc.get("HostKeyAlias"))
 	e.hashKnownHosts = strings.EqualFold(hc.get("HashKnownHosts"), "yes")
 	if e.auth, err = readAuthSettings(hc, alias); err != nil {
 		return endpoint{}, err
@@ -697,12 +702,24 @@ func proxyRoute(e *endpoint, log logr.Logger) (jumps []string, err error) {
 	if e.proxyCommand, err = expandProxyCommand(value, *e); err != nil {
 		return nil, fmt.Errorf("ssh config %s: %w", file, err)
 	}
-	if v := e.config.get("ProxyUseFdpass"); strings.EqualFold(v, "yes") {
-		log.Info("Ignoring ProxyUseFdpass of the SSH config file: konnect talks through the command's stdin and stdout",
-			"host", e.alias, "file", file)
+	if e.proxyUseFdpass, err = proxyUseFdpass(e); err != nil {
+		return nil, err
 	}
-	log.V(1).Info("Reaching the SSH server through ProxyCommand", "host", e.alias, "command", e.proxyCommand, "file", file, "line", line)
+	log.V(1).Info("Reaching the SSH server through ProxyCommand", "host", e.alias, "command", e.proxyCommand,
+		"proxyUseFdpass", e.proxyUseFdpass, "file", file, "line", line)
 	return nil, nil
+}
+
+// proxyUseFdpass reads e's ProxyUseFdpass as OpenSSH reads a flag: yes or true, no or false, in any case.
+func proxyUseFdpass(e *endpoint) (bool, error) {
+	_, v, file, line := e.config.first("ProxyUseFdpass")
+	switch strings.ToLower(v) {
+	case "yes", "true":
+		return true, nil
+	case "", "no", "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("ssh config %s line %d: ProxyUseFdpass %q for %s is not yes or no", file, line, v, e.alias)
 }
 
 // strictHostKeyChecking applies e's ssh_config StrictHostKeyChecking. konnect never asks and never connects

@@ -3,7 +3,7 @@
 // known_hosts, unknown hosts are refused unless the user accepts new ones, and a changed key is always refused.
 //
 // It authenticates with ssh-agent and identity files, reads ~/.ssh/config (Host, HostName, User, Port,
-// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand, StrictHostKeyChecking,
+// IdentityFile, IdentitiesOnly, IdentityAgent, ProxyJump, ProxyCommand, ProxyUseFdpass, StrictHostKeyChecking,
 // ServerAliveInterval, ServerAliveCountMax, UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias,
 // HashKnownHosts), sends keepalives, and reconnects when
 // the connection drops: in the background with backoff, and at once when a dial needs the connection. Dials
@@ -559,7 +559,12 @@ func (d *Dialer) connect(ctx context.Context) (*session, error) {
 		var conn net.Conn
 		var err error
 		var pc *commandConn
-		if i == 0 && hop.proxyCommand != "" {
+		if i == 0 && hop.proxyCommand != "" && hop.proxyUseFdpass {
+			conn, err = fdpassConnect(hctx, hop.proxyCommand, hop, d.log)
+			if err != nil && len(d.plan.hops) > 1 {
+				err = fmt.Errorf("jump host %s: %w", hop, err)
+			}
+		} else if i == 0 && hop.proxyCommand != "" {
 			pc, err = startProxyCommand(hop.proxyCommand, hop, d.log, &d.procs)
 			if pc != nil {
 				conn = pc

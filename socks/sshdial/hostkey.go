@@ -122,9 +122,10 @@ func (k *knownHosts) load() (*hostDB, error) {
 			return nil, fmt.Errorf("known_hosts %s: %w", f, err)
 		}
 		path := f
-		if _, err := knownhosts.New(f); err != nil {
-			// knownhosts refuses the whole file for one line it cannot parse (a key type it does not know,
-			// such as XMSS); OpenSSH skips such a line, and so does this.
+		// knownhosts refuses the whole file for one line it cannot parse (a key type it does not know, such as
+		// XMSS); OpenSSH skips such a line, and so does this. knownhosts also matches host names case by case,
+		// where OpenSSH matches them in lower case (match_hostname): "MyHost" names myhost.
+		if _, err := knownhosts.New(f); err != nil || hasUpperHostPattern(data) {
 			if path, err = k.parsableCopy(f, data); err != nil {
 				return nil, fmt.Errorf("known_hosts %s: %w", f, err)
 			}
@@ -143,7 +144,7 @@ func (k *knownHosts) load() (*hostDB, error) {
 }
 
 // parsableCopy writes a temporary copy of file with every line that does not parse blanked, so that line
-// numbers still hold, and returns its name.
+// numbers still hold, and its host names in lower case, and returns its name.
 func (k *knownHosts) parsableCopy(file string, data []byte) (string, error) {
 	lines := bytes.Split(data, []byte("\n"))
 	for i, line := range lines {
@@ -153,7 +154,9 @@ func (k *knownHosts) parsableCopy(file string, data []byte) (string, error) {
 		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err != nil {
 			k.log.V(1).Info("Skipping a known_hosts line that cannot be parsed", "file", file, "line", i+1, "err", err)
 			lines[i] = nil
+			continue
 		}
+		lowerHostPatterns(line)
 	}
 	f, err := os.CreateTemp("", "konnect-known_hosts-")
 	if err != nil {
@@ -168,6 +171,49 @@ func (k *knownHosts) parsableCopy(file string, data []byte) (string, error) {
 		return "", err
 	}
 	return f.Name(), nil
+}
+
+// hostPatterns is the field of a known_hosts line that lists its host patterns, after any marker
+// (@cert-authority, @revoked); nil for a blank or comment line.
+func hostPatterns(line []byte) []byte {
+	fields := bytes.Fields(line)
+	if len(fields) == 0 || fields[0][0] == '#' {
+		return nil
+	}
+	if fields[0][0] == '@' {
+		if len(fields) < 2 {
+			return nil
+		}
+		return fields[1]
+	}
+	return fields[0]
+}
+
+// hasUpperHostPattern reports whether a known_hosts file names a host with an upper-case letter, outside the
+// hashed names, whose base64 is not a name.
+func hasUpperHostPattern(data []byte) bool {
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		for p := range bytes.SplitSeq(hostPatterns(line), []byte(",")) {
+			if !bytes.Contains(p, []byte("|")) && bytes.ContainsFunc(p, func(r rune) bool { return 'A' <= r && r <= 'Z' }) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lowerHostPatterns lowercases, in place, the host patterns of a known_hosts line other than hashed names.
+func lowerHostPatterns(line []byte) {
+	for p := range bytes.SplitSeq(hostPatterns(line), []byte(",")) {
+		if bytes.Contains(p, []byte("|")) {
+			continue
+		}
+		for i, c := range p {
+			if 'A' <= c && c <= 'Z' {
+				p[i] = c + ('a' - 'A')
+			}
+		}
+	}
 }
 
 // recorded returns the host keys the file records for addr, without the CA lines that knownhosts lists

@@ -1,7 +1,6 @@
 package sshdial
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"net"
@@ -65,9 +64,7 @@ type commandConn struct {
 	stdout  *os.File // our end: the command's stdout
 	done    chan struct{}
 	waitErr error // set before done closes
-
-	tailMu sync.Mutex
-	tail   []string // last lines of stderr
+	tail    stderrTail
 
 	closeOnce sync.Once
 }
@@ -117,18 +114,7 @@ func startProxyCommand(command string, hop endpoint, log logr.Logger, procs *syn
 	go func() {
 		defer close(stderrDone)
 		defer errR.Close()
-		sc := bufio.NewScanner(errR)
-		sc.Buffer(make([]byte, 4096), 64<<10)
-		for sc.Scan() {
-			line := sc.Text()
-			log.Info("ProxyCommand stderr", "target", hop.String(), "line", line)
-			c.tailMu.Lock()
-			c.tail = append(c.tail, line)
-			if len(c.tail) > stderrTailLines {
-				c.tail = c.tail[1:]
-			}
-			c.tailMu.Unlock()
-		}
+		c.tail.follow(errR, log, hop.String())
 	}()
 	go func() {
 		defer procs.Done()
@@ -185,9 +171,7 @@ func (c *commandConn) failure(endpoint string, err error) error {
 		pe.Status = c.waitErr
 	case <-time.After(500 * time.Millisecond):
 	}
-	c.tailMu.Lock()
-	pe.Stderr = append([]string(nil), c.tail...)
-	c.tailMu.Unlock()
+	pe.Stderr = c.tail.lines()
 	return pe
 }
 

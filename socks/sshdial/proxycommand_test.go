@@ -24,9 +24,15 @@ import (
 // its ProxyCommand reaches the real sshd.
 func (f *fixture) viaCommand(t *testing.T, command string) Config {
 	t.Helper()
+	return f.viaCommandWith(t, command, "")
+}
+
+// viaCommandWith is viaCommand with more lines (each ending with a newline) in the entry.
+func (f *fixture) viaCommandWith(t *testing.T, command, more string) Config {
+	t.Helper()
 	dead := harness.ClosedAddr(t)
 	host, port, _ := net.SplitHostPort(dead)
-	cfgFile := writeSSHConfig(t, fmt.Sprintf("Host pc\n  HostName %s\n  Port %s\n  User %s\n  ProxyCommand %s\n", host, port, localUser(), command))
+	cfgFile := writeSSHConfig(t, fmt.Sprintf("Host pc\n  HostName %s\n  Port %s\n  User %s\n  ProxyCommand %s\n%s", host, port, localUser(), command, more))
 	// Host keys are checked under HostName:Port, as OpenSSH checks them behind a ProxyCommand.
 	if err := os.WriteFile(f.knownHosts, []byte(fmt.Sprintf("[%s]:%s %s\n", host, port, f.sshd.HostKeyLine)), 0o600); err != nil {
 		t.Fatal(err)

@@ -384,3 +384,59 @@ func TestJumpHostLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyUseFdpassAsOpenSSH: konnect reads ProxyUseFdpass as ssh -G does: yes or true in any case, the
+// first value for the host, from Host and Match blocks; and both refuse a value that is not a flag.
+func TestProxyUseFdpassAsOpenSSH(t *testing.T) {
+	dir := t.TempDir()
+	setHome(t, dir)
+	f := writeConfig(t, dir, "config", `Host true
+  ProxyUseFdpass true
+Host upper first
+  ProxyUseFdpass YES
+Host first
+  ProxyUseFdpass no
+Host false
+  ProxyUseFdpass false
+Match originalhost matched
+  ProxyUseFdpass yes
+Host *
+  ProxyCommand nc %h %p
+  IdentityFile `+filepath.Join(dir, "last")+`
+`)
+	sc, err := loadSSHConfig(f, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dest := range []string{"true", "upper", "first", "false", "matched", "unset"} {
+		want := opensshResolves(t, f, dest)["proxyusefdpass"]
+		tg, err := resolveEndpoint(dest, "", 0, sc)
+		if err != nil {
+			t.Fatalf("%s: %v", dest, err)
+		}
+		on, err := proxyUseFdpass(&tg)
+		if err != nil {
+			t.Fatalf("%s: %v", dest, err)
+		}
+		got := map[bool]string{true: "yes", false: "no"}[on]
+		if len(want) != 1 || got != want[0] {
+			t.Errorf("%s: ProxyUseFdpass %s, ssh -G says %q", dest, got, want)
+		}
+		// And the dialer takes it, for the hop the ProxyCommand reaches.
+		p, err := resolve(Config{Destination: dest, ConfigFile: f})
+		if err != nil {
+			t.Fatalf("%s: %v", dest, err)
+		}
+		if h := p.hops[0]; h.proxyCommand == "" || h.proxyUseFdpass != on {
+			t.Errorf("%s: the hop has ProxyCommand %q, proxyUseFdpass %v; want nc's, %v", dest, h.proxyCommand, h.proxyUseFdpass, on)
+		}
+	}
+
+	bad := writeConfig(t, dir, "bad", "Host *\n  ProxyCommand nc %h %p\n  ProxyUseFdpass maybe\n")
+	if out, err := exec.Command("ssh", "-F", bad, "-G", "h").CombinedOutput(); err == nil {
+		t.Fatalf("ssh -G took ProxyUseFdpass maybe: %s", out)
+	}
+	if _, err := resolve(Config{Destination: "h", ConfigFile: bad}); err == nil || !strings.Contains(err.Error(), `ProxyUseFdpass "maybe"`) {
+		t.Errorf("resolve = %v, want an error naming ProxyUseFdpass \"maybe\"", err)
+	}
+}
