@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/pki/address"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -164,7 +164,7 @@ func (o *Options) addAgentAuthFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks the options and names the flag in every error. It reads no file beyond checking that the
-// files named exist.
+// files named exist and are regular files.
 func (o *Options) Validate() error {
 	for _, check := range []func() error{
 		o.checkFiles, o.checkListeners, o.checkAgentAuth, o.checkTunnel, o.checkKubernetes, o.checkLimits,
@@ -176,7 +176,8 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// checkFiles: every file flag names a file that exists.
+// checkFiles: every file flag names a regular file of at most smallfile.MaxSize, as the server reads it: a
+// FIFO or a device there would block or fill memory at the read.
 func (o *Options) checkFiles() error {
 	u := o.Upstream
 	for _, f := range []struct{ flag, path string }{
@@ -187,7 +188,7 @@ func (o *Options) checkFiles() error {
 		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f.path); err != nil {
+		if err := smallfile.Check(f.path); err != nil {
 			return fmt.Errorf("%s: %w", f.flag, err)
 		}
 	}
