@@ -15,6 +15,7 @@ import (
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/pki/smallfile"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -211,6 +212,10 @@ func (o *Options) checkListeners() error {
 		return fmt.Errorf("--mode must be grpc or http-connect, not %q", u.Mode)
 	}
 	if u.UdsName != "" {
+		// kube-apiserver dials the socket by the absolute path of its egress selector configuration.
+		if err := uds.CheckPath(u.UdsName); err != nil {
+			return fmt.Errorf("--uds-name: %w", err)
+		}
 		if u.ServerPort != 0 {
 			return fmt.Errorf("--server-port must be 0 with --uds-name, not %d", u.ServerPort)
 		}

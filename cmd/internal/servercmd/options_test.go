@@ -92,6 +92,8 @@ func TestValidate(t *testing.T) {
 		{"missing cluster key", func(o *Options) { o.Upstream.ClusterKey = "" }, "--cluster-cert and --cluster-key"},
 		{"no cluster cert", func(o *Options) { o.Upstream.ClusterCert, o.Upstream.ClusterKey = "", "" }, "--cluster-cert and --cluster-key are required"},
 		{"cluster cert absent", func(o *Options) { o.Upstream.ClusterCert = filepath.Join(dir, "nope") }, "--cluster-cert"},
+		{"relative socket", func(o *Options) { o.Upstream.UdsName = "s.sock" }, `--uds-name: unix socket path "s.sock" must be absolute`},
+		{"socket path too long", func(o *Options) { o.Upstream.UdsName = "/" + strings.Repeat("s", 107) }, "--uds-name: unix socket path"},
 		{"uds with server port", func(o *Options) { o.Upstream.ServerPort = 8090 }, "--server-port must be 0"},
 		{"tcp without certs", func(o *Options) { o.Upstream.UdsName = ""; o.Upstream.ServerPort = 8090 }, "--server-ca-cert"},
 		{"agent port reserved", func(o *Options) { o.Upstream.AgentPort = 80 }, "--agent-port"},

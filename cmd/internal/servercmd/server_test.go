@@ -237,6 +237,8 @@ func TestServerFlagErrors(t *testing.T) {
 	if err := os.Chmod(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	// Where a relative --uds-name would be bound.
+	t.Chdir(dir)
 	fifo := filepath.Join(dir, "fifo.key") // its open blocks until a writer comes, unless made not to
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -256,6 +258,8 @@ func TestServerFlagErrors(t *testing.T) {
 		{"shared socket directory", []string{"--uds-name=" + filepath.Join(shared, "s.sock")}, "--allow-shared-uds-dir"},
 		{"unknown flag", []string{"--no-such-flag"}, "unknown flag"},
 		{"cluster key a fifo", []string{"--cluster-key=" + fifo}, "--cluster-key: " + fifo + ": not a regular file (a fifo)"},
+		// kube-apiserver's egress selector configuration takes only an absolute path, as konnect init does.
+		{"relative socket", []string{"--uds-name=s.sock"}, `--uds-name: unix socket path "s.sock" must be absolute`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := NewServerCommand()
