@@ -13,6 +13,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/konnect-dev/konnect/pki/uds"
@@ -194,6 +195,22 @@ func (o *Options) checkFiles() error {
 		}
 	}
 	return nil
+}
+
+// warnOpenKeys logs, as konnect init says, a key file that others than its owner may read. A warning, not a
+// refusal: the server must start from the files it is given, and a key mounted from a Secret volume has
+// the volume's mode (0644 unless defaultMode says otherwise), which is not the server's to choose.
+func (o *Options) warnOpenKeys() {
+	for _, f := range []struct{ flag, path string }{
+		{"--cluster-key", o.Upstream.ClusterKey}, {"--server-key", o.Upstream.ServerKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if note := pki.OpenKeyNote(f.path); note != "" {
+			klog.Warningf("%s: %s", f.flag, note)
+		}
+	}
 }
 
 // checkListeners: certificates in pairs, the mode, the frontend (socket or mTLS TCP), the ports and pprof.
@@ -433,12 +450,13 @@ type Config struct {
 }
 
 // Config validates the options and builds the Config; each error names the flag to fix. It reads the files
-// named and builds (without contacting) the Kubernetes client that token authentication or the lease
+// named, warns of a key that others may read, and builds (without contacting) the Kubernetes client that token authentication or the lease
 // controller needs, and binds, starts and dials nothing.
 func (o *Options) Config() (*Config, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.warnOpenKeys()
 	u := o.Upstream
 	strategies, err := proxystrategies.ParseProxyStrategies(u.ProxyStrategies)
 	if err != nil {
