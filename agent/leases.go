@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	coordinationv1lister "k8s.io/client-go/listers/coordination/v1"
@@ -35,7 +36,10 @@ func NewLeaseCounter(kubeconfig, namespace, selector, contentType string) (*Leas
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+		// client-go reads it whole and would block on a FIFO: refused first, as every file the agent reads.
+		if err = smallfile.Check(kubeconfig); err == nil {
+			cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+		}
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}

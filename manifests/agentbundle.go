@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -65,7 +66,7 @@ func PrepareAgentBundle(dir, legacy string, files []File, dryRun bool) ([]File, 
 // earlier, into this run's files.
 func keepUserKustomization(earlier string, files []File) ([]File, error) {
 	path := filepath.Join(earlier, "kustomization.yaml")
-	existing, err := os.ReadFile(path)
+	existing, err := smallfile.Read(path)
 	if os.IsNotExist(err) {
 		return files, nil
 	}
@@ -117,7 +118,7 @@ func moveLegacyAgentBundle(dir, legacy string, dryRun bool) (string, []BundleCha
 // so each object the earlier files held and this run's do not (also one that moved namespace) is named with
 // the command that deletes it.
 func tidyBundle(earlier, dir string, files []File, dryRun bool) ([]BundleChange, error) {
-	data, err := os.ReadFile(filepath.Join(earlier, "kustomization.yaml"))
+	data, err := smallfile.Read(filepath.Join(earlier, "kustomization.yaml"))
 	if err != nil {
 		return nil, nil
 	}
@@ -183,7 +184,7 @@ func deleteCommand(obj metav1.PartialObjectMetadata) string {
 
 // ObjectsIn reads the kind and metadata of every object in a YAML file of one or more documents.
 func ObjectsIn(path string) ([]metav1.PartialObjectMetadata, error) {
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	yaml "go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -22,7 +23,7 @@ import (
 func FilesDigest(files []string) (string, error) {
 	h := sha256.New()
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := smallfile.Read(f)
 		if err != nil && !os.IsNotExist(err) {
 			return "", err
 		}

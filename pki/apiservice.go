@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"crypto/x509"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -157,7 +157,7 @@ func readServingBundle(dir string, phase RotationPhase) (ServingBundle, error) {
 	var cas [][]byte
 	var b ServingBundle
 	for _, s := range specs {
-		data, err := os.ReadFile(s.CertFile(dir))
+		data, err := smallfile.Read(s.CertFile(dir))
 		if err != nil {
 			return ServingBundle{}, fmt.Errorf("pki: %w", err)
 		}
@@ -166,7 +166,7 @@ func readServingBundle(dir string, phase RotationPhase) (ServingBundle, error) {
 			continue
 		}
 		b.Cert = data
-		if b.Key, err = os.ReadFile(s.KeyFile(dir)); err != nil {
+		if b.Key, err = smallfile.Read(s.KeyFile(dir)); err != nil {
 			return ServingBundle{}, fmt.Errorf("pki: %w", err)
 		}
 	}

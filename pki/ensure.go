@@ -299,7 +299,7 @@ func (e *engine) planCA(s *Spec) {
 		}
 		a.key = key
 		e.authorities[s.Name] = a
-		r.Reason = openKeyNote(keyFile)
+		r.Reason = OpenKeyNote(keyFile)
 	}
 }
 
@@ -313,9 +313,10 @@ func checkSigningCA(certFile string, cert *x509.Certificate) error {
 	return nil
 }
 
-// openKeyNote says so when a kept key can be read by others than its owner: konnect writes keys 0600, and
-// changes no existing file to fix another's, but the user should know.
-func openKeyNote(keyFile string) string {
+// OpenKeyNote says so when a kept key can be read by others than its owner: konnect writes keys 0600, and
+// changes no existing file to fix another's, but the user should know. It returns "" for a key that only
+// its owner can read, or that cannot be stat'ed. konnect server logs it for its keys at start.
+func OpenKeyNote(keyFile string) string {
 	if fi, err := os.Stat(keyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		return fmt.Sprintf("WARNING: the key is mode %04o, readable by others: chmod 600 %s", fi.Mode().Perm(), keyFile)
 	}
@@ -407,7 +408,7 @@ func (e *engine) planLeaf(s *Spec) {
 	if len(problems) == 0 {
 		r.Action = Kept
 		r.NotAfter = cert.NotAfter
-		r.Reason = openKeyNote(keyFile)
+		r.Reason = OpenKeyNote(keyFile)
 		return
 	}
 	detail := strings.Join(problems, "; ")

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // Expiration describes one certificate on disk. It carries no key material.
@@ -89,7 +91,7 @@ func CheckExpiration(cfg Config) ([]Expiration, error) {
 // returns nil when there is no such file.
 func kubeconfigExpiration(cfg Config, specs []*Spec, now time.Time) (*Expiration, error) {
 	path := cfg.KubeconfigPath()
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}

@@ -10,8 +10,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
+
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // KeyAlgorithm names the type and size of a private key, as given to --key-algorithm.
@@ -179,7 +180,7 @@ func ReadCertificate(path string) (*x509.Certificate, error) {
 }
 
 func readCert(path string) (*x509.Certificate, []byte, error) {
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read certificate %s: %w", path, err)
 	}
@@ -191,7 +192,7 @@ func readCert(path string) (*x509.Certificate, []byte, error) {
 }
 
 func readKey(path string) (crypto.Signer, []byte, error) {
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read key %s: %w", path, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/field"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -74,7 +75,7 @@ func EnsureKubeconfig(cfg Config, apiserverURL string) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("pki: kubeconfig %s: %w", path, err)
 	}
-	old, err := os.ReadFile(path)
+	old, err := smallfile.Read(path)
 	switch {
 	case os.IsNotExist(err):
 		res.Action = Created

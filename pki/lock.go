@@ -13,6 +13,7 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -214,7 +215,7 @@ func checkLockFile(fd int, path string) error {
 
 // lockHolder is the pid the holder of the lock at path wrote into it, or "".
 func lockHolder(path string) string {
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return ""
 	}

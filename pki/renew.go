@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/field"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // All is the name that renews every leaf.
@@ -306,7 +307,7 @@ func (r *renewal) kubeconfigDryRun() []Result {
 
 // refreshKubeconfig rewrites an existing kubeconfig's embedded certificates, keeping its server URL.
 func refreshKubeconfig(cfg Config) (Result, bool, error) {
-	data, err := os.ReadFile(cfg.KubeconfigPath())
+	data, err := smallfile.Read(cfg.KubeconfigPath())
 	if os.IsNotExist(err) {
 		return Result{}, false, nil
 	}

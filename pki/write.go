@@ -14,6 +14,7 @@ import (
 
 	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // File modes of what this package writes.
@@ -59,7 +60,7 @@ func WriteFile(path string, data []byte, perm, dirPerm fs.FileMode) (changed boo
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
 	path = target
-	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+	if old, err := smallfile.Read(path); err == nil && bytes.Equal(old, data) {
 		if st, err := os.Stat(path); err == nil && st.Mode().Perm() == perm {
 			return false, nil
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // DefaultAPIServerManifest is where kubeadm writes the kube-apiserver static pod.
@@ -118,7 +119,7 @@ func editManifestFile(path, backupDir string, now func() time.Time, edit func([]
 		return PatchResult{}, fmt.Errorf("kube-apiserver manifest %s: %w", path, err)
 	}
 	path = resolved
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return PatchResult{}, fmt.Errorf("kube-apiserver manifest: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/konnect-dev/konnect/egress/konnectivity"
 	"github.com/konnect-dev/konnect/pki/field"
+	"github.com/konnect-dev/konnect/pki/uds"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/apis/apiserver/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -78,10 +79,6 @@ const (
 	// DefaultFrontendPort is the TCP port of the Konnectivity server's kube-apiserver-facing frontend with
 	// --transport tcp; it is upstream proxy-server's --server-port default.
 	DefaultFrontendPort = konnectivity.FrontendPort
-
-	// maxUDSName is the longest path a unix socket can have on Linux: sun_path is 108 bytes including the
-	// terminating NUL. A longer path fails only when kube-apiserver dials, so it is refused here.
-	maxUDSName = 107
 )
 
 // SelectorConfig says how kube-apiserver reaches the Konnectivity server. The zero Mode and Transport mean
@@ -131,12 +128,8 @@ func (c SelectorConfig) Validate() error {
 	}
 	switch c.Transport {
 	case TransportUDS:
-		if !filepath.IsAbs(c.UDSName) {
-			return fmt.Errorf("egress selector: unix socket path %q must be absolute", c.UDSName)
-		}
-		if len(c.UDSName) > maxUDSName {
-			return fmt.Errorf("egress selector: unix socket path %q is %d bytes long, more than the %d a unix socket allows",
-				c.UDSName, len(c.UDSName), maxUDSName)
+		if err := uds.CheckPath(c.UDSName); err != nil {
+			return fmt.Errorf("egress selector: %w", err)
 		}
 		if c.URL != "" || c.CABundle != "" || c.ClientCert != "" || c.ClientKey != "" || c.TLSServerName != "" {
 			return field.Errorf("egress selector: a URL and TLS files apply only to {Transport} %s", TransportTCP)

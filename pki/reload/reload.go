@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"k8s.io/klog/v2"
 )
 
@@ -104,7 +105,7 @@ func (f *Files[T]) load() (T, []stamp, error) {
 	}
 	data := make([][]byte, len(f.paths))
 	for i, p := range f.paths {
-		b, err := os.ReadFile(p)
+		b, err := smallfile.Read(p)
 		if err != nil {
 			return zero, nil, &LoadError{What: f.what, Err: err}
 		}

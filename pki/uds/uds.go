@@ -60,6 +60,21 @@ type Options struct {
 // maxPath is the longest socket path the kernel takes (sun_path, less its terminating NUL).
 var maxPath = len(syscall.RawSockaddrUnix{}.Path) - 1
 
+// CheckPath refuses a socket path that kube-apiserver cannot dial, which its egress selector configuration
+// refuses too: a relative path (resolved against the working directory of whoever binds or dials it, which
+// kube-apiserver and the server do not share) or one longer than a socket's path may be. konnect init
+// checks the path it writes there, and konnect server the one it binds, with this one rule. The error
+// names the path, not a flag.
+func CheckPath(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("unix socket path %q must be absolute", path)
+	}
+	if len(path) > maxPath {
+		return fmt.Errorf("unix socket path %q is %d bytes long, more than the %d a unix socket allows", path, len(path), maxPath)
+	}
+	return nil
+}
+
 // Listen binds path by the package's policy. Directories it created are removed again when it fails.
 func Listen(path string, o Options) (_ *net.UnixListener, err error) {
 	if len(path) > maxPath {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/term"
@@ -240,7 +241,7 @@ func (k *keyring) load(ctx context.Context, file string, src keySource, tries in
 		}
 		return nil, err
 	}
-	pem, err := os.ReadFile(file)
+	pem, err := smallfile.Read(file)
 	if err != nil {
 		return nil, fmt.Errorf("identity file: %w", err)
 	}
@@ -373,13 +374,13 @@ func (d *Dialer) agentSocketPath(e endpoint) string {
 func publicKeys(files []string) map[string]bool {
 	out := map[string]bool{}
 	for _, f := range files {
-		if b, err := os.ReadFile(f + ".pub"); err == nil {
+		if b, err := smallfile.Read(f + ".pub"); err == nil {
 			if k, _, _, _, err := ssh.ParseAuthorizedKey(b); err == nil {
 				out[string(k.Marshal())] = true
 				continue
 			}
 		}
-		b, err := os.ReadFile(f)
+		b, err := smallfile.Read(f)
 		if err != nil {
 			continue
 		}
@@ -515,7 +516,7 @@ func (d *Dialer) authMethods(ctx context.Context, cc *ssh.ClientConfig, e endpoi
 // certificate reads a user certificate, or returns nil when there is none to use: absent (a CertificateFile,
 // named explicitly, is worth a line then), unreadable or no certificate, which OpenSSH skips as well.
 func (d *Dialer) certificate(file string, named bool) *ssh.Certificate {
-	b, err := os.ReadFile(file)
+	b, err := smallfile.Read(file)
 	if errors.Is(err, os.ErrNotExist) && !named {
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/pki/address"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -584,7 +585,7 @@ func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, err
 		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
 			return nil, fmt.Errorf("known_hosts %s is not a file", f)
 		} else if err == nil {
-			if _, err := os.ReadFile(f); err != nil {
+			if _, err := smallfile.Read(f); err != nil {
 				return nil, fmt.Errorf("known_hosts: %w", err)
 			}
 		}
@@ -605,7 +606,7 @@ func checkIdentityFile(f string, allowOpen bool) error {
 	if err := checkKeyPermissions(f, allowOpen); err != nil {
 		return err
 	}
-	data, err := os.ReadFile(f)
+	data, err := smallfile.Read(f)
 	if err != nil {
 		return fmt.Errorf("identity file: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
@@ -114,7 +115,7 @@ func (k *knownHosts) load() (*hostDB, error) {
 	db := &hostDB{authorities: newAuthorities(), shown: map[string]string{}}
 	var paths []string
 	for _, f := range slices.Concat(k.files, k.global) {
-		data, err := os.ReadFile(f)
+		data, err := smallfile.Read(f)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/kevinburke/ssh_config"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // The SSH config files are read as OpenSSH reads them: top to bottom, Include files where their line is,
@@ -153,21 +153,16 @@ func (e *unparsedError) Unwrap() error { return e.error }
 // readConfigBytes reads a config file, checking the file it opened when checkOwner is set (OpenSSH's "Bad
 // owner or permissions").
 func readConfigBytes(path string, checkOwner bool) ([]byte, error) {
-	f, err := os.Open(path)
+	data, fi, err := smallfile.ReadInfo(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	if checkOwner {
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, err
-		}
 		if err := othersCannotWrite(fi, path); err != nil {
 			return nil, err
 		}
 	}
-	return io.ReadAll(f)
+	return data, nil
 }
 
 // othersCannotWrite refuses a file that a user other than the running one or root may have written: owned

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/pki/address"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
@@ -116,7 +116,7 @@ func (o *Options) Validate() error {
 		if path == "" {
 			return
 		}
-		if _, err := os.Stat(path); err != nil {
+		if err := smallfile.Check(path); err != nil {
 			wrap(flag, err)
 		}
 	}

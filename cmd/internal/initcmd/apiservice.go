@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -194,7 +194,7 @@ func (o *apiServiceOptions) run(cmd *cobra.Command) error {
 	for _, name := range manifests.APIServiceFiles {
 		// Copied there by an older konnect, whose certs webhook took any name but two: replacing it would
 		// drop the webhook from the directory, and the next rotate-ca would miss its caBundle.
-		if old, err := os.ReadFile(filepath.Join(out, name)); err == nil && isWebhookCopy(old) {
+		if old, err := smallfile.Read(filepath.Join(out, name)); err == nil && isWebhookCopy(old) {
 			return fmt.Errorf("%s: certs webhook copied a webhook manifest there, and certs apiservice writes its own %s: rename that manifest, run certs webhook with it again, then remove %s",
 				filepath.Join(out, name), name, filepath.Join(out, name))
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/cobra"
 )
 
@@ -307,7 +308,7 @@ func refreshServerPod(d string, res []pki.Result) (line string, found serverPod,
 		}
 		return fail(err)
 	}
-	data, err := os.ReadFile(resolved)
+	data, err := smallfile.Read(resolved)
 	if os.IsNotExist(err) {
 		return "", podUnknown, nil
 	}

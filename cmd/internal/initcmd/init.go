@@ -31,6 +31,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
 )
@@ -363,7 +364,7 @@ func (r *runner) flags([]string) error {
 		return err
 	}
 	if r.o.DryRun {
-		data, err := os.ReadFile(path)
+		data, err := smallfile.Read(path)
 		if err != nil {
 			return fmt.Errorf("--apiserver-manifest: %w", err)
 		}
@@ -426,7 +427,7 @@ func (r *runner) keepUnannotated(patch kubeapiserver.ManifestPatch, path string)
 	if !r.egressKept {
 		return
 	}
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return
 	}
@@ -473,7 +474,7 @@ func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 // replace is write, where also (nil for none) recognises more contents that data may replace without loss
 // than writtenByKonnect does: an earlier copy of the manifest that data copies, say.
 func (r *runner) replace(path string, data []byte, mode os.FileMode, also func(old []byte) bool) error {
-	old, err := os.ReadFile(path)
+	old, err := smallfile.Read(path)
 	existed := err == nil
 	foreign := existed && !bytes.Equal(old, data) && !writtenByKonnect(path, old, data) && (also == nil || !also(old))
 	if foreign && !r.o.Force {

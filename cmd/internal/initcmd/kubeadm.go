@@ -18,6 +18,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // DefaultKubeadmKubeconfig is kubeadm's admin kubeconfig on a control-plane node.
@@ -40,7 +41,7 @@ func (r *runner) kubeadm([]string) error {
 		return err
 	}
 	path := r.o.APIServerManifest
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return fmt.Errorf("--apiserver-manifest: %w", err)
 	}
@@ -104,6 +105,10 @@ func flagNames(flags []kubeapiserver.Flag) []string {
 var newKubeadmClient = kubeadmClient
 
 func kubeadmClient(kubeconfig string) (kubernetes.Interface, error) {
+	// client-go reads it whole and would block on a FIFO: refused first.
+	if err := smallfile.Check(kubeconfig); err != nil {
+		return nil, fmt.Errorf("--kubeadm-kubeconfig: %w", err)
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeadm-kubeconfig %s: %w", kubeconfig, err)
@@ -211,7 +216,7 @@ kube-apiserver Ready again before the next.`,
 				say(verb, kubeadmConfigMapName, "konnect's extraArgs and extraVolumes taken out of the ClusterConfiguration")
 			}
 			if dryRun {
-				data, err := os.ReadFile(manifest)
+				data, err := smallfile.Read(manifest)
 				if err != nil {
 					return fmt.Errorf("--apiserver-manifest: %w", err)
 				}
@@ -264,7 +269,7 @@ kube-apiserver Ready again before the next.`,
 // notKonnects says why the static pod manifest at path is not one konnect init wrote (every object it writes
 // carries manifests.ManagedByLabel), or "" when it is: reset removes only what konnect added.
 func notKonnects(path string) string {
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil || !manifests.ManagedByKonnect(data, path) {
 		return "not written by konnect: it lacks the " + manifests.ManagedByLabel + "=" + manifests.ManagedBy + " label"
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // defaultImage is the image `make image` builds from the same commit as this binary: the manifests then run
@@ -32,7 +33,7 @@ func (r *runner) manifests([]string) error {
 	}
 	// Agents check the server's certificate against the CA that signed it, which need not be the CA that
 	// kube-controller-manager publishes in kube-root-ca.crt.
-	caPEM, err := os.ReadFile(o.pkiPath(pki.CA, false))
+	caPEM, err := smallfile.Read(o.pkiPath(pki.CA, false))
 	if err != nil && !(o.DryRun && os.IsNotExist(err)) {
 		return err
 	}
@@ -123,11 +124,11 @@ func (o *Options) pkiPath(name string, key bool) string {
 
 // readPair reads a certificate and its key; missing says whether either file does not exist.
 func readPair(certFile, keyFile string) (cert, key []byte, missing bool, err error) {
-	cert, err = os.ReadFile(certFile)
+	cert, err = smallfile.Read(certFile)
 	if err != nil {
 		return nil, nil, os.IsNotExist(err), err
 	}
-	key, err = os.ReadFile(keyFile)
+	key, err = smallfile.Read(keyFile)
 	if err != nil {
 		return nil, nil, os.IsNotExist(err), err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/spf13/pflag"
 )
@@ -252,7 +253,7 @@ func (o *Options) Validate(n needs) error {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest %s: refusing to patch it: %w", o.APIServerManifest, err))
 		}
 		// Decoded here, before anything is written, so that a manifest that is not a Pod leaves no PKI behind.
-		if data, err := os.ReadFile(o.APIServerManifest); err != nil {
+		if data, err := smallfile.Read(o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
 		} else if _, err := kubeapiserver.DecodePod(data, o.APIServerManifest); err != nil {
 			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))

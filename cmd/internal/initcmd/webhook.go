@@ -12,6 +12,7 @@ import (
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/pki"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
@@ -63,7 +64,7 @@ func runWebhook(w, stderr io.Writer, o *servingOptions, manifestFiles []string) 
 	var names []string
 	matches := 0
 	for _, f := range manifestFiles {
-		data, err := os.ReadFile(f)
+		data, err := smallfile.Read(f)
 		if err != nil {
 			return fmt.Errorf("manifest: %w", err)
 		}
@@ -258,7 +259,7 @@ func runRotateCA(w io.Writer, dir string, step int, dryRun bool) error {
 // certificate, NAME.NS.svc.
 func servingRef(dir string) (manifests.ServiceRef, error) {
 	path := filepath.Join(dir, pki.PKISubdir, "tls.crt")
-	data, err := os.ReadFile(path)
+	data, err := smallfile.Read(path)
 	if err != nil {
 		return manifests.ServiceRef{}, fmt.Errorf("--out %s: not a directory written by konnect certs apiservice or konnect certs webhook: %w", dir, err)
 	}
@@ -281,7 +282,7 @@ func servingRef(dir string) (manifests.ServiceRef, error) {
 // kustomization.yaml of someone else's.
 func servingKustomization(out string, files []manifests.File) (manifests.File, error) {
 	path := filepath.Join(out, "kustomization.yaml")
-	existing, err := os.ReadFile(path)
+	existing, err := smallfile.Read(path)
 	if err != nil && !os.IsNotExist(err) {
 		return manifests.File{}, fmt.Errorf("--out: %w", err)
 	}
@@ -301,7 +302,7 @@ func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.
 		return err
 	}
 	kpath := filepath.Join(dir, "kustomization.yaml")
-	kdata, err := os.ReadFile(kpath)
+	kdata, err := smallfile.Read(kpath)
 	if err != nil {
 		return fmt.Errorf("--out %s: %w", dir, err)
 	}
@@ -320,7 +321,7 @@ func rewriteServing(r *runner, dir string, ref manifests.ServiceRef, bundle pki.
 			return fmt.Errorf("%s: resource %q is not a file of %s", kpath, base, dir)
 		}
 		p := filepath.Join(dir, base)
-		data, err := os.ReadFile(p)
+		data, err := smallfile.Read(p)
 		if err != nil {
 			return fmt.Errorf("%s lists %s: %w", kpath, base, err)
 		}

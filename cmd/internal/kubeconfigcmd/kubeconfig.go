@@ -18,6 +18,7 @@ import (
 
 	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -137,7 +138,7 @@ func (o *SetProxyOptions) Run(out, errOut io.Writer) error {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
 	defer release()
-	orig, err := os.ReadFile(file)
+	orig, err := smallfile.Read(file)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,10 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/konnectivity/flow"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/pki"
 	"github.com/konnect-dev/konnect/pki/address"
+	"github.com/konnect-dev/konnect/pki/smallfile"
+	"github.com/konnect-dev/konnect/pki/uds"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -164,7 +166,7 @@ func (o *Options) addAgentAuthFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks the options and names the flag in every error. It reads no file beyond checking that the
-// files named exist.
+// files named exist and are regular files.
 func (o *Options) Validate() error {
 	for _, check := range []func() error{
 		o.checkFiles, o.checkListeners, o.checkAgentAuth, o.checkTunnel, o.checkKubernetes, o.checkLimits,
@@ -176,7 +178,8 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// checkFiles: every file flag names a file that exists.
+// checkFiles: every file flag names a regular file of at most smallfile.MaxSize, as the server reads it: a
+// FIFO or a device there would block or fill memory at the read.
 func (o *Options) checkFiles() error {
 	u := o.Upstream
 	for _, f := range []struct{ flag, path string }{
@@ -187,11 +190,27 @@ func (o *Options) checkFiles() error {
 		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f.path); err != nil {
+		if err := smallfile.Check(f.path); err != nil {
 			return fmt.Errorf("%s: %w", f.flag, err)
 		}
 	}
 	return nil
+}
+
+// warnOpenKeys logs, as konnect init says, a key file that others than its owner may read. A warning, not a
+// refusal: the server must start from the files it is given, and a key mounted from a Secret volume has
+// the volume's mode (0644 unless defaultMode says otherwise), which is not the server's to choose.
+func (o *Options) warnOpenKeys() {
+	for _, f := range []struct{ flag, path string }{
+		{"--cluster-key", o.Upstream.ClusterKey}, {"--server-key", o.Upstream.ServerKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if note := pki.OpenKeyNote(f.path); note != "" {
+			klog.Warningf("%s: %s", f.flag, note)
+		}
+	}
 }
 
 // checkListeners: certificates in pairs, the mode, the frontend (socket or mTLS TCP), the ports and pprof.
@@ -210,6 +229,10 @@ func (o *Options) checkListeners() error {
 		return fmt.Errorf("--mode must be grpc or http-connect, not %q", u.Mode)
 	}
 	if u.UdsName != "" {
+		// kube-apiserver dials the socket by the absolute path of its egress selector configuration.
+		if err := uds.CheckPath(u.UdsName); err != nil {
+			return fmt.Errorf("--uds-name: %w", err)
+		}
 		if u.ServerPort != 0 {
 			return fmt.Errorf("--server-port must be 0 with --uds-name, not %d", u.ServerPort)
 		}
@@ -427,12 +450,13 @@ type Config struct {
 }
 
 // Config validates the options and builds the Config; each error names the flag to fix. It reads the files
-// named and builds (without contacting) the Kubernetes client that token authentication or the lease
+// named, warns of a key that others may read, and builds (without contacting) the Kubernetes client that token authentication or the lease
 // controller needs, and binds, starts and dials nothing.
 func (o *Options) Config() (*Config, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.warnOpenKeys()
 	u := o.Upstream
 	strategies, err := proxystrategies.ParseProxyStrategies(u.ProxyStrategies)
 	if err != nil {

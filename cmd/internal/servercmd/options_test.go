@@ -1,6 +1,7 @@
 package servercmd
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
 )
 
@@ -92,6 +94,8 @@ func TestValidate(t *testing.T) {
 		{"missing cluster key", func(o *Options) { o.Upstream.ClusterKey = "" }, "--cluster-cert and --cluster-key"},
 		{"no cluster cert", func(o *Options) { o.Upstream.ClusterCert, o.Upstream.ClusterKey = "", "" }, "--cluster-cert and --cluster-key are required"},
 		{"cluster cert absent", func(o *Options) { o.Upstream.ClusterCert = filepath.Join(dir, "nope") }, "--cluster-cert"},
+		{"relative socket", func(o *Options) { o.Upstream.UdsName = "s.sock" }, `--uds-name: unix socket path "s.sock" must be absolute`},
+		{"socket path too long", func(o *Options) { o.Upstream.UdsName = "/" + strings.Repeat("s", 107) }, "--uds-name: unix socket path"},
 		{"uds with server port", func(o *Options) { o.Upstream.ServerPort = 8090 }, "--server-port must be 0"},
 		{"tcp without certs", func(o *Options) { o.Upstream.UdsName = ""; o.Upstream.ServerPort = 8090 }, "--server-ca-cert"},
 		{"agent port reserved", func(o *Options) { o.Upstream.AgentPort = 80 }, "--agent-port"},
@@ -214,6 +218,61 @@ func TestConfigServerCountZero(t *testing.T) {
 	o.Upstream.ServerCount = 0
 	if cfg, err := o.Config(); err != nil || cfg.Tunnel.ServerCount != 1 {
 		t.Fatalf("--server-count=0: %+v, %v; want a server count of 1", cfg, err)
+	}
+}
+
+// TestConfigWarnsOfOpenKeys: a key that others than its owner may read is logged at start with konnect
+// init's words and the flag, and the server still starts; a key of mode 0600 is not.
+func TestConfigWarnsOfOpenKeys(t *testing.T) {
+	var logs bytes.Buffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&logs)
+	defer func() {
+		klog.SetOutput(nil)
+		klog.LogToStderr(true)
+	}()
+	dir := t.TempDir()
+	key := func(name string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	closed, open, groupOpen := key("closed.key", 0o600), key("open.key", 0o644), key("group.key", 0o640)
+	for _, tc := range []struct {
+		name string
+		mut  func(o *Options)
+		want string // "" for no warning
+	}{
+		{"cluster key 0600", func(o *Options) { o.Upstream.ClusterKey = closed }, ""},
+		{"cluster key 0644", func(o *Options) { o.Upstream.ClusterKey = open },
+			"--cluster-key: WARNING: the key is mode 0644, readable by others: chmod 600 " + open},
+		{"server key 0640", func(o *Options) {
+			o.Upstream.UdsName, o.Upstream.ServerPort = "", 8090
+			o.Upstream.ServerCert, o.Upstream.ServerCaCert = closed, closed
+			o.Upstream.ServerKey = groupOpen
+		}, "--server-key: WARNING: the key is mode 0640, readable by others: chmod 600 " + groupOpen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs.Reset()
+			o, _ := socketOptions(t)
+			tc.mut(o)
+			if _, err := o.Config(); err != nil {
+				t.Fatalf("a warning, not an error: %v", err)
+			}
+			klog.Flush()
+			got := logs.String()
+			switch {
+			case tc.want == "" && strings.Contains(got, "WARNING"):
+				t.Errorf("unexpected warning: %s", got)
+			case tc.want != "" && !strings.Contains(got, tc.want):
+				t.Errorf("log %q, want %q in it", got, tc.want)
+			}
+		})
 	}
 }
 

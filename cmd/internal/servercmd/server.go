@@ -39,7 +39,8 @@ authenticate: without --cluster-ca-cert or the token flags the server refuses to
 upstream's checks but a cache (--token-review-cache-ttl) and a bound on reviews in flight
 (--max-concurrent-token-reviews) instead of a 5-per-second rate limit. Other differences:
 every listener is bound before serving ("address in use" fails the start); --server-count=0 is taken as
-1, as upstream's agents take it; a stale socket is replaced but a live one refused, a file that is not a socket is never
+1, as upstream's agents take it; a relative --uds-name is refused (kube-apiserver dials only an absolute
+one); a stale socket is replaced but a live one refused, a file that is not a socket is never
 replaced, and a socket directory that another user could change (or one above it) is refused unless
 --allow-shared-uds-dir;
 SIGTERM drains within --graceful-timeout (or --graceful-shutdown-timeout when set) and then exits even

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -236,6 +237,12 @@ func TestServerFlagErrors(t *testing.T) {
 	if err := os.Chmod(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	// Where a relative --uds-name would be bound.
+	t.Chdir(dir)
+	fifo := filepath.Join(dir, "fifo.key") // its open blocks until a writer comes, unless made not to
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := []string{"--uds-name=" + filepath.Join(dir, "s.sock"), "--cluster-cert=" + sc, "--cluster-key=" + sk, "--cluster-ca-cert=" + ca,
 		"--server-port=0", "--agent-port=0", "--admin-port=0", "--health-port=0"}
 	for _, tc := range []struct {
@@ -250,6 +257,9 @@ func TestServerFlagErrors(t *testing.T) {
 		{"stale socket", []string{"--uds-name=" + stale, "--delete-existing-uds-file=false"}, "--delete-existing-uds-file"},
 		{"shared socket directory", []string{"--uds-name=" + filepath.Join(shared, "s.sock")}, "--allow-shared-uds-dir"},
 		{"unknown flag", []string{"--no-such-flag"}, "unknown flag"},
+		{"cluster key a fifo", []string{"--cluster-key=" + fifo}, "--cluster-key: " + fifo + ": not a regular file (a fifo)"},
+		// kube-apiserver's egress selector configuration takes only an absolute path, as konnect init does.
+		{"relative socket", []string{"--uds-name=s.sock"}, `--uds-name: unix socket path "s.sock" must be absolute`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := NewServerCommand()
@@ -257,7 +267,15 @@ func TestServerFlagErrors(t *testing.T) {
 			cmd.SetOut(&out)
 			cmd.SetErr(&out)
 			cmd.SetArgs(append(append([]string{}, base...), tc.args...))
-			err := cmd.Execute()
+			// In a goroutine, so that a start that blocks (on a FIFO) fails the test instead of hanging it.
+			done := make(chan error, 1)
+			go func() { done <- cmd.Execute() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the command did not return within 10s")
+			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("want error with %q, got %v", tc.want, err)
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
 	"github.com/konnect-dev/konnect/pki/address"
 	"github.com/konnect-dev/konnect/pki/safepath"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/konnect-dev/konnect/socks"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,11 +159,11 @@ func (o *Options) Config() (*Config, error) {
 // readPassword reads the first line of file. A file of the user's that group or others may read is refused,
 // as OpenSSH refuses such a key: whoever reads the password can use the proxy.
 func readPassword(file string) (string, error) {
-	b, err := os.ReadFile(file)
+	b, fi, err := smallfile.ReadInfo(file)
 	if err != nil {
 		return "", fmt.Errorf("--proxy-password-file: %w", err)
 	}
-	if fi, err := os.Stat(file); err == nil && safepath.OpenToOthers(fi, os.Getuid()) {
+	if safepath.OpenToOthers(fi, os.Getuid()) {
 		return "", fmt.Errorf("--proxy-password-file: permissions %04o for %s are too open: the password must not be readable by others; run chmod 600 %s",
 			fi.Mode().Perm(), file, file)
 	}

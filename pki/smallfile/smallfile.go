@@ -1,0 +1,114 @@
+// Package smallfile reads the small files konnect takes its configuration and credentials from:
+// certificates, keys, CA bundles, kubeconfigs, tokens, password files, manifests, SSH keys and
+// known_hosts. Such a file is named by a flag or kept in a directory an operator manages, so a mistake or a
+// hostile path must fail at once with the file named, never hang the program or fill its memory: a FIFO
+// (whose open blocks until a writer comes), a device such as /dev/zero (endless), or a huge file.
+package smallfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxSize bounds what Read reads. The largest file konnect reads is a CA bundle: a distribution's full set of
+// public roots is about 220 KiB, and a kubeconfig with a handful of embedded certificates, a manifest or
+// a known_hosts of a few thousand hosts stays below 1 MiB. 4 MiB leaves room for all of them many times
+// over, while a wrong file costs at most that much memory.
+const MaxSize = 4 << 20
+
+// ErrNotRegular is returned, wrapped, for a path that names no regular file (after following symlinks).
+var ErrNotRegular = errors.New("not a regular file")
+
+// ErrTooLarge is returned, wrapped, for a file larger than MaxSize.
+var ErrTooLarge = errors.New("larger than 4 MiB")
+
+// Read returns the content of the regular file at path (a symlink to one is followed), or nothing for the
+// null device (/dev/null). It opens path
+// without blocking, so that a FIFO cannot hang it, and refuses anything but a regular file
+// ("PATH: not a regular file (a fifo)") and a file larger than MaxSize ("PATH: larger than 4 MiB"). Errors
+// of open keep their type (*fs.PathError): os.IsNotExist and errors.Is(err, fs.ErrNotExist) still tell a
+// missing file. Every error names path.
+func Read(path string) ([]byte, error) {
+	data, _, err := ReadInfo(path)
+	return data, err
+}
+
+// ReadInfo is Read, also returning the FileInfo of the file it read, for a check of its owner or mode that
+// applies to what was read rather than to what path names a moment later.
+func ReadInfo(path string) ([]byte, fs.FileInfo, error) {
+	// O_NONBLOCK: open(2) of a FIFO with no writer returns at once instead of waiting for one. It changes
+	// nothing for a regular file, whose reads never block on it.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	// The open file's type and size, not path's: path may name something else by now.
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := check(path, fi); err != nil {
+		return nil, nil, err
+	}
+	// Read one byte past the bound: a file that grew since the Stat is refused as well.
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, nil, &fs.PathError{Op: "read", Path: path, Err: err}
+	}
+	if len(data) > MaxSize {
+		return nil, nil, fmt.Errorf("%s: %w", path, ErrTooLarge)
+	}
+	return data, fi, nil
+}
+
+// Check refuses, without opening it, a path that Read would refuse for its type or size: for a command that
+// checks its flags before it reads the files they name. A missing file is the error of os.Stat.
+func Check(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return check(path, fi)
+}
+
+func check(path string, fi fs.FileInfo) error {
+	if !fi.Mode().IsRegular() && !isNull(fi) {
+		return fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(fi.Mode()))
+	}
+	if fi.Size() > MaxSize {
+		return fmt.Errorf("%s: %w", path, ErrTooLarge)
+	}
+	return nil
+}
+
+// isNull says whether fi is the null device, which reads as an empty file: "/dev/null" is the usual way to
+// say "no file" to ssh (-F /dev/null, GlobalKnownHostsFile /dev/null) and to other tools.
+func isNull(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(uint64(st.Rdev)) == 1 && unix.Minor(uint64(st.Rdev)) == 3
+}
+
+// kind names the type of a file that is not regular.
+func kind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a fifo"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	default:
+		return "type " + m.Type().String()
+	}
+}
