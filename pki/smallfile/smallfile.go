@@ -25,8 +25,17 @@ const MaxSize = 4 << 20
 // ErrNotRegular is returned, wrapped, for a path that names no regular file (after following symlinks).
 var ErrNotRegular = errors.New("not a regular file")
 
-// ErrTooLarge is returned, wrapped, for a file larger than MaxSize.
-var ErrTooLarge = errors.New("larger than 4 MiB")
+// ErrTooLarge is matched (errors.Is) by the error for a file larger than the bound of its read.
+var ErrTooLarge = errors.New("file too large")
+
+// tooLarge is the error for path, larger than max bytes: "PATH: larger than 4 MiB".
+type tooLarge struct {
+	path string
+	max  int64
+}
+
+func (e *tooLarge) Error() string        { return fmt.Sprintf("%s: larger than %d MiB", e.path, e.max>>20) }
+func (e *tooLarge) Is(target error) bool { return target == ErrTooLarge }
 
 // Read returns the content of the regular file at path (a symlink to one is followed), or nothing for the
 // null device (/dev/null). It opens path
@@ -42,6 +51,17 @@ func Read(path string) ([]byte, error) {
 // ReadInfo is Read, also returning the FileInfo of the file it read, for a check of its owner or mode that
 // applies to what was read rather than to what path names a moment later.
 func ReadInfo(path string) ([]byte, fs.FileInfo, error) {
+	return readInfo(path, MaxSize)
+}
+
+// ReadUpTo is Read with a bound of max bytes instead of MaxSize, for a file that may rightly be larger: a
+// fleet's known_hosts (tens of thousands of hosts, several keys each) can pass 4 MiB.
+func ReadUpTo(path string, max int64) ([]byte, error) {
+	data, _, err := readInfo(path, max)
+	return data, err
+}
+
+func readInfo(path string, max int64) ([]byte, fs.FileInfo, error) {
 	// O_NONBLOCK: open(2) of a FIFO with no writer returns at once instead of waiting for one. It changes
 	// nothing for a regular file, whose reads never block on it.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
@@ -54,16 +74,16 @@ func ReadInfo(path string) ([]byte, fs.FileInfo, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := check(path, fi); err != nil {
+	if err := check(path, fi, max); err != nil {
 		return nil, nil, err
 	}
 	// Read one byte past the bound: a file that grew since the Stat is refused as well.
-	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, nil, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
-	if len(data) > MaxSize {
-		return nil, nil, fmt.Errorf("%s: %w", path, ErrTooLarge)
+	if int64(len(data)) > max {
+		return nil, nil, &tooLarge{path, max}
 	}
 	return data, fi, nil
 }
@@ -75,15 +95,15 @@ func Check(path string) error {
 	if err != nil {
 		return err
 	}
-	return check(path, fi)
+	return check(path, fi, MaxSize)
 }
 
-func check(path string, fi fs.FileInfo) error {
+func check(path string, fi fs.FileInfo, max int64) error {
 	if !fi.Mode().IsRegular() && !isNull(fi) {
 		return fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(fi.Mode()))
 	}
-	if fi.Size() > MaxSize {
-		return fmt.Errorf("%s: %w", path, ErrTooLarge)
+	if fi.Size() > max {
+		return &tooLarge{path, max}
 	}
 	return nil
 }

@@ -106,6 +106,25 @@ func TestReadBound(t *testing.T) {
 	}
 }
 
+// TestReadUpTo: a larger bound takes a file past MaxSize, and still refuses one past itself.
+func TestReadUpTo(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, MaxSize+1); err != nil { // sparse
+		t.Fatal(err)
+	}
+	if data, err := ReadUpTo(path, 8<<20); err != nil || len(data) != MaxSize+1 {
+		t.Errorf("ReadUpTo 8 MiB of a file of MaxSize+1: %d bytes, %v", len(data), err)
+	}
+	_, err := ReadUpTo(path, 1<<20)
+	if want := path + ": larger than 1 MiB"; !errors.Is(err, ErrTooLarge) || err == nil || err.Error() != want {
+		t.Errorf("ReadUpTo 1 MiB of a file of MaxSize+1: %v, want %q", err, want)
+	}
+}
+
 func TestReadRegular(t *testing.T) {
 	dir := t.TempDir()
 	file, link, empty := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "link.crt"), filepath.Join(dir, "empty")

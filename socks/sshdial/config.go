@@ -585,7 +585,7 @@ func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, err
 		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
 			return nil, fmt.Errorf("known_hosts %s is not a file", f)
 		} else if err == nil {
-			if _, err := smallfile.Read(f); err != nil {
+			if _, err := smallfile.ReadUpTo(f, maxKnownHostsSize); err != nil {
 				return nil, fmt.Errorf("known_hosts: %w", err)
 			}
 		}

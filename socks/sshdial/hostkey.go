@@ -110,12 +110,16 @@ func (db *hostDB) name(file string) string {
 	return file
 }
 
+// maxKnownHostsSize bounds a known_hosts file: far above a fleet-wide ssh_known_hosts (50,000 hosts with
+// three keys each is about 30 MiB), and still a bound for a file that is wrong.
+const maxKnownHostsSize = 256 << 20
+
 // load reads the files afresh, so entries added since (by us or by ssh) are seen. A missing file is empty.
 func (k *knownHosts) load() (*hostDB, error) {
 	db := &hostDB{authorities: newAuthorities(), shown: map[string]string{}}
 	var paths []string
 	for _, f := range slices.Concat(k.files, k.global) {
-		data, err := smallfile.Read(f)
+		data, err := smallfile.ReadUpTo(f, maxKnownHostsSize)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
