@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/field"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 )
 
 // Action says what happened to a certificate.
@@ -139,6 +141,7 @@ type step struct {
 	altNames AltNames
 	cert     *x509.Certificate // already signed at planning time; nil means sign when applying
 	retire   *x509.Certificate // the certificate on disk, whose pair is kept in RetiredSubdir before the new one is written
+	backup   bool              // renewed only with Force: the files it replaces are kept beside them first (Backup)
 }
 
 type engine struct {
@@ -438,7 +441,7 @@ func (e *engine) planLeaf(s *Spec) {
 	}
 	r.Action = Renewed
 	r.Reason = detail
-	e.steps = append(e.steps, step{spec: s, result: r, key: reuse, altNames: want})
+	e.steps = append(e.steps, step{spec: s, result: r, key: reuse, altNames: want, backup: true})
 }
 
 // formerIssuer is the file of the spec's FormerCA when that CA signed cert, or empty.
@@ -609,6 +612,11 @@ func (e *engine) apply(st step) error {
 	if err != nil {
 		return fmt.Errorf("sign %s: %w", s.Name, err)
 	}
+	if st.backup {
+		if err := e.backupReplaced(st, newKey); err != nil {
+			return err
+		}
+	}
 	if err := writePair(s.CertFile(e.dir), s.KeyFile(e.dir), cert, key, newKey); err != nil {
 		return err
 	}
@@ -620,6 +628,39 @@ func (e *engine) apply(st step) error {
 	if !s.IsCA && cert.NotAfter.Before(e.now.Add(e.cfg.CertValidity-clockSkew)) {
 		st.result.Reason = strings.TrimPrefix(st.result.Reason+"; validity cut to the CA's expiry", "; ")
 	}
+	return nil
+}
+
+// backupReplaced keeps a copy of each file a forced renewal is about to replace (the certificate, and the
+// key when a new one replaces it) beside it, as init keeps a file of someone else's that --force replaces:
+// a key konnect cannot parse may still be someone's only copy of it, in a format konnect does not read. A
+// file that cannot be read as a regular file (missing, a FIFO) holds nothing to keep, and nor does a
+// certificate whose key is missing, which nothing can use.
+func (e *engine) backupReplaced(st step, newKey bool) error {
+	keyFile, certFile := st.spec.KeyFile(e.dir), st.spec.CertFile(e.dir)
+	key, err := smallfile.Read(keyFile)
+	if err != nil {
+		return nil
+	}
+	var kept []string
+	keep := func(path string, data []byte, mode fs.FileMode) error {
+		backup, err := Backup(path, "", data, mode, e.now)
+		if err == nil {
+			kept = append(kept, backup)
+		}
+		return err
+	}
+	if newKey {
+		if err := keep(keyFile, key, KeyMode); err != nil {
+			return err
+		}
+	}
+	if cert, err := smallfile.Read(certFile); err == nil {
+		if err := keep(certFile, cert, CertMode); err != nil {
+			return err
+		}
+	}
+	st.result.Backup = strings.Join(kept, ", ")
 	return nil
 }
 

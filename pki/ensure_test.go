@@ -944,3 +944,59 @@ func clusterCA(t *testing.T, dir string) (*x509.Certificate, crypto.Signer) {
 	}
 	return loadCert(t, ca.CertFile(dir)), key
 }
+
+// TestForceKeepsWhatItReplaces: a leaf renewed only because of Force keeps the files it replaces beside
+// them: the certificate, and a key konnect cannot parse (which may be someone's only copy of it, in a form
+// konnect does not read). A sound key is re-signed, not replaced, so it needs no copy.
+func TestForceKeepsWhatItReplaces(t *testing.T) {
+	cfg := testConfig(t)
+	mustEnsure(t, cfg)
+	dir := cfg.PKIDir()
+	server, agent := specByName(t, KonnectivityServer), specByName(t, KonnectivityAgent)
+	serverCert, _ := os.ReadFile(server.CertFile(dir))
+	agentCert, _ := os.ReadFile(agent.CertFile(dir))
+	odd := []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nnot one konnect reads\n-----END OPENSSH PRIVATE KEY-----\n")
+	if err := os.WriteFile(agent.KeyFile(dir), odd, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ControlPlaneAddresses = append(cfg.ControlPlaneAddresses, "198.18.0.2") // the server's SANs lack it
+	cfg.Force = true
+	res := mustEnsure(t, cfg)
+
+	for _, c := range []struct {
+		name   string
+		kept   map[string][]byte // file replaced -> its content before
+		absent []string
+	}{
+		{KonnectivityServer, map[string][]byte{server.CertFile(dir): serverCert}, []string{server.KeyFile(dir)}},
+		{KonnectivityAgent, map[string][]byte{agent.CertFile(dir): agentCert, agent.KeyFile(dir): odd}, nil},
+	} {
+		r := resultByName(t, res, c.name)
+		if r.Action != Renewed {
+			t.Fatalf("%s: %+v, want renewed", c.name, r)
+		}
+		for file, before := range c.kept {
+			backups, _ := filepath.Glob(filepath.Join(dir, "."+filepath.Base(file)+".konnect-backup-*"))
+			if len(backups) != 1 || !strings.Contains(r.Backup, backups[0]) {
+				t.Fatalf("%s: backups of %s %v, result names %q", c.name, file, backups, r.Backup)
+			}
+			got, _ := os.ReadFile(backups[0])
+			fi, _ := os.Stat(backups[0])
+			want := CertMode
+			if strings.HasSuffix(file, ".key") {
+				want = KeyMode
+			}
+			if string(got) != string(before) || fi.Mode().Perm() != want {
+				t.Errorf("%s: backup %s holds %q (mode %v), want what %s held (mode %v)", c.name, backups[0], got, fi.Mode().Perm(), file, want)
+			}
+		}
+		for _, file := range c.absent {
+			if backups, _ := filepath.Glob(filepath.Join(dir, "."+filepath.Base(file)+".konnect-backup-*")); len(backups) != 0 {
+				t.Errorf("%s: a sound key, re-signed, was copied: %v", c.name, backups)
+			}
+		}
+	}
+	if r := resultByName(t, res, KonnectivityFrontend); r.Action != Renewed || r.Backup == "" {
+		t.Errorf("frontend: %+v, want renewed with a backup", r)
+	}
+}
