@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -378,6 +379,7 @@ func (c addrConn) RemoteAddr() net.Addr { return c.remote }
 func TestEvictionCountsOnce(t *testing.T) {
 	p := newPreAuth(8, 4, time.Nanosecond)
 	var wg sync.WaitGroup
+	var evictions atomic.Int64
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
@@ -386,10 +388,13 @@ func TestEvictionCountsOnce(t *testing.T) {
 				server, client := net.Pipe()
 				defer client.Close()
 				ip := net.IPv4(10, 0, 0, byte(1+(g+i)%5))
-				c, refused, _ := p.admit(addrConn{server, &net.TCPAddr{IP: ip, Port: 1}})
+				c, refused, evicted := p.admit(addrConn{server, &net.TCPAddr{IP: ip, Port: 1}})
 				if refused != "" {
 					c.Close()
 					continue
+				}
+				if evicted != nil {
+					evictions.Add(1)
 				}
 				// Each admitted connection starts its handshake, then ends it, closes, or is left open
 				// for others to evict.
@@ -407,6 +412,9 @@ func TestEvictionCountsOnce(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if evictions.Load() == 0 {
+		t.Fatal("no connection made room for another: the test tries nothing")
+	}
 	if p.total != 0 || len(p.sources) != 0 {
 		t.Fatalf("%d unauthenticated connections from %d sources counted after all closed, want none",
 			p.total, len(p.sources))
