@@ -1,7 +1,9 @@
 package socks
 
 import (
+	"container/list"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -28,15 +30,19 @@ func unauthenticatedBounds(maxConns, perSource int) (total, perSrc int) {
 // preAuth bounds the connections that have not authenticated yet, in all and per source address
 // (unauthenticatedBounds). A server that takes credentials listens beyond loopback; without these bounds
 // peers that never authenticate could hold every one of MaxConns for a handshake timeout at a time, and
-// again, and keep its users out. Sources together still could fill their half again and again, so a source
-// whose connections keep running out their handshake time is kept out for a while (penalties).
+// again, and keep its users out. While the bound in all is reached, a source that holds fewer than another
+// takes that one's oldest connection's place (makeRoom). Sources together still could fill their half again
+// and again, so a source whose connections keep running out their handshake time is kept out for a while
+// (penalties).
 type preAuth struct {
-	sources   source.Counter
 	penalties source.Penalties
 	maxTotal  int
+	perSource int
 
-	mu    sync.Mutex
-	total int
+	mu      sync.Mutex
+	total   int
+	seq     uint64                    // admissions so far: orders connections by age
+	sources map[netip.Addr]*list.List // each source's counted connections (*preAuthConn), oldest first
 }
 
 // newPreAuth bounds the unauthenticated connections at maxTotal in all and perSource from each source. The
@@ -46,9 +52,10 @@ type preAuth struct {
 // timeouts.
 func newPreAuth(maxTotal, perSource int, handshake time.Duration) *preAuth {
 	return &preAuth{
-		sources:   source.Counter{Max: perSource},
 		penalties: source.Penalties{Per: handshake, Threshold: handshake * 3 / 2, Max: 60 * handshake},
 		maxTotal:  maxTotal,
+		perSource: perSource,
+		sources:   map[netip.Addr]*list.List{},
 	}
 }
 
@@ -61,34 +68,92 @@ const (
 	penalized why = "its source's connections kept running out their handshake time"
 )
 
-// admit counts c in all and against its source, or reports why it is refused. The connection counts until
-// its handshake is over or it closes; one that closes unauthenticated past its handshake deadline penalizes
-// its source.
-func (p *preAuth) admit(c net.Conn) (net.Conn, why) {
+// admit counts c in all and against its source, or reports why it is refused. When it made room for c by
+// closing another source's connection, it returns that connection's remote address. The connection counts
+// until its handshake is over, it closes, or it makes room for another; one that closes unauthenticated
+// past its handshake deadline penalizes its source.
+func (p *preAuth) admit(c net.Conn) (_ net.Conn, refused why, evicted net.Addr) {
 	src := source.Of(c.RemoteAddr())
 	if p.penalties.Refused(src, time.Now()) {
-		return c, penalized
-	}
-	if !p.sources.Take(src) {
-		return c, atBound
+		return c, penalized, nil
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	held := p.sources[src]
+	n := 0
+	if held != nil {
+		n = held.Len()
+	}
+	if p.perSource > 0 && n >= p.perSource {
+		return c, atBound, nil
+	}
 	if p.total >= p.maxTotal {
-		p.mu.Unlock()
-		p.sources.Release(src)
-		return c, full
+		victim := p.makeRoom(n)
+		if victim == nil {
+			return c, full, nil
+		}
+		evicted = victim.RemoteAddr()
+		p.uncount(victim)
+		// Closed while p.mu is held, so that a handshake that ends meanwhile (release, which waits for
+		// p.mu) finds its connection closed already. The handshake goroutine's next read or write fails
+		// and it ends; its Close finds the connection uncounted and does not count a lapse, as the source
+		// did not let it run out its time.
+		source.Refuse(victim.Conn)
 	}
+	if held == nil {
+		held = list.New()
+		p.sources[src] = held
+	}
+	p.seq++
+	pc := &preAuthConn{Conn: c, p: p, src: src, seq: p.seq}
+	pc.elem = held.PushBack(pc)
 	p.total++
-	p.mu.Unlock()
-	pc := &preAuthConn{Conn: c}
-	pc.release = func() {
-		p.mu.Lock()
-		p.total--
-		p.mu.Unlock()
-		p.sources.Release(src)
+	return pc, "", evicted
+}
+
+// makeRoom is the one rule for a connection that finds every unauthenticated slot taken, from a source that
+// holds n of them: it takes the place of the oldest connection of the source that holds the most, if that is
+// more than n; otherwise (n is the most, or ties it) it is refused, and makeRoom returns nil. Of sources that
+// tie for the most, the one whose oldest connection is older gives way. So a client's first connection always
+// gets a handshake slot, and its next ones while another source holds more, however many peers without the
+// password hold the rest; those peers only displace each other. OpenSSH's MaxStartups refuses new connections
+// at random past its start and all of them when full, a client's as likely as a peer's; this is fairer, and
+// deterministic. It looks at every source that holds a connection, at most maxTotal of them, and only while
+// all slots are taken. Callers hold p.mu.
+func (p *preAuth) makeRoom(n int) *preAuthConn {
+	var top *list.List
+	oldest := func(l *list.List) *preAuthConn { return l.Front().Value.(*preAuthConn) }
+	for _, held := range p.sources {
+		if top == nil || held.Len() > top.Len() || held.Len() == top.Len() && oldest(held).seq < oldest(top).seq {
+			top = held
+		}
 	}
-	pc.lapsed = func() { p.penalties.Add(src, time.Now()) }
-	return pc, ""
+	if top == nil || top.Len() <= n {
+		return nil
+	}
+	return oldest(top)
+}
+
+// uncount stops counting c, once, and reports whether this call did. Callers hold p.mu.
+func (p *preAuth) uncount(c *preAuthConn) bool {
+	if c.elem == nil {
+		return false
+	}
+	held := p.sources[c.src]
+	held.Remove(c.elem)
+	c.elem = nil
+	if held.Len() == 0 {
+		delete(p.sources, c.src)
+	}
+	p.total--
+	return true
+}
+
+// release stops counting c, once, and reports whether this call did.
+func (p *preAuth) release(c *preAuthConn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.uncount(c)
 }
 
 // preAuthConn is a connection counted by preAuth. Its handshake is over where the server lifts the
@@ -96,36 +161,40 @@ func (p *preAuth) admit(c net.Conn) (net.Conn, why) {
 // the request read, in every protocol.
 type preAuthConn struct {
 	net.Conn
-	once            sync.Once
-	release, lapsed func()
+	p    *preAuth
+	src  netip.Addr
+	seq  uint64        // its admission's, set once
+	elem *list.Element // in p.sources[src] while counted; guarded by p.mu
+	once sync.Once
 
 	mu       sync.Mutex
 	deadline time.Time // the handshake's, set by the server's first read deadline
-	done     bool      // the handshake is over
 }
 
 func (c *preAuthConn) SetReadDeadline(t time.Time) error {
-	c.mu.Lock()
 	if t.IsZero() {
-		c.done = true
-	} else if c.deadline.IsZero() {
-		c.deadline = t
-	}
-	c.mu.Unlock()
-	if t.IsZero() {
-		c.once.Do(c.release)
+		c.once.Do(func() { c.p.release(c) })
+	} else {
+		c.mu.Lock()
+		if c.deadline.IsZero() {
+			c.deadline = t
+		}
+		c.mu.Unlock()
 	}
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *preAuthConn) Close() error {
 	c.once.Do(func() {
-		c.release()
+		// Not counted any more: it made room for another source's connection, which is no lapse.
+		if !c.p.release(c) {
+			return
+		}
 		c.mu.Lock()
-		lapsed := !c.done && !c.deadline.IsZero() && !time.Now().Before(c.deadline)
+		lapsed := !c.deadline.IsZero() && !time.Now().Before(c.deadline)
 		c.mu.Unlock()
 		if lapsed {
-			c.lapsed()
+			c.p.penalties.Add(c.src, time.Now())
 		}
 	})
 	return c.Conn.Close()

@@ -4,10 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/pki/source"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/proxy"
 )
@@ -201,7 +206,8 @@ func TestUnauthenticatedSourceLeavesRoomWithFewMaxConns(t *testing.T) {
 }
 
 // TestUnauthenticatedInAllLeaveHalf: however many sources take part, at most half of MaxConns may be
-// unauthenticated at once; more are reset at once, so that the other half is left to clients that
+// unauthenticated at once; past it a new connection is reset, or takes the place of another source's
+// (TestUnauthenticatedFullEvictsTopSourcesOldest), so that the other half is left to clients that
 // authenticate. Connections that authenticated do not count.
 func TestUnauthenticatedInAllLeaveHalf(t *testing.T) {
 	up := sink(t)
@@ -228,15 +234,13 @@ func TestUnauthenticatedInAllLeaveHalf(t *testing.T) {
 	if n := s.ActiveConns(); n != 6 {
 		t.Fatalf("%d connections served, want the 2 tunnels and 4 unauthenticated", n)
 	}
-	// A slot of the unauthenticated half frees: a client authenticates in it, and then does not count, so
-	// another source may take that slot unauthenticated, and no more.
-	idle[0].Close()
-	var tunnel net.Conn
-	harness.EventuallyTrue(t, 5*time.Second, "a client authenticates", func() bool {
-		var err error
-		tunnel, err = d.Dial("tcp", up.Addr().String())
-		return err == nil
-	})
+	// A client authenticates (in a silent connection's place, TestUnauthenticatedFullEvictsTopSourcesOldest)
+	// and then does not count, so another source may take that slot unauthenticated; its second connection,
+	// from a source that then holds as many as any, is reset.
+	tunnel, err := d.Dial("tcp", up.Addr().String())
+	if err != nil {
+		t.Fatalf("a client beside a full unauthenticated half: %v", err)
+	}
 	defer tunnel.Close()
 	if n := stillOpen(openFrom(t, "127.0.0.4", addr, 2)); n != 1 {
 		t.Fatalf("%d of 2 more unauthenticated connections kept beside 3 and an authenticated one, want 1", n)
@@ -262,5 +266,192 @@ func TestServeRefusesTooFewMaxConnsWithCredentials(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve served with MaxConns 3 and credentials")
+	}
+}
+
+// unauthenticated reports how many connections s counts as unauthenticated, and from how many sources.
+func unauthenticated(s *Server) (conns, sources int) {
+	s.init()
+	s.preAuth.mu.Lock()
+	defer s.preAuth.mu.Unlock()
+	return s.preAuth.total, len(s.preAuth.sources)
+}
+
+// TestUnauthenticatedFullEvictsTopSourcesOldest: while the unauthenticated half of MaxConns is full, a new
+// connection from a source that holds fewer of it than another source takes the place of that source's
+// oldest connection, which is reset; one from a source that holds as many as any is reset, as before. So a
+// client from a fresh address authenticates at once however many silent connections hold the half, and
+// the peers that hold it only displace each other. The evicted handshakes end, and the counts stay exact.
+func TestUnauthenticatedFullEvictsTopSourcesOldest(t *testing.T) {
+	up := sink(t)
+	// Half of 16 is 8 unauthenticated in all, at most 4 from one source.
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 16,
+		MaxUnauthenticatedPerSource: 4, HandshakeTimeout: time.Minute}
+	addr := serve(t, s, Auto)
+	waitFor := func(conns, sources int) {
+		t.Helper()
+		what := fmt.Sprintf("%d unauthenticated from %d sources", conns, sources)
+		harness.EventuallyTrue(t, 5*time.Second, what, func() bool {
+			c, n := unauthenticated(s)
+			return c == conns && n == sources
+		})
+	}
+	// The server accepts in order, so each source's connections are admitted oldest first.
+	a := openFrom(t, "127.0.0.1", addr, 3)
+	b := openFrom(t, "127.0.0.2", addr, 3)
+	c := openFrom(t, "127.0.0.3", addr, 2)
+	waitFor(8, 3)
+
+	// 127.0.0.1 holds 3, as many as any source, and below its bound of 4: reset.
+	if late := openFrom(t, "127.0.0.1", addr, 1); len(late) == 1 && !closedAtOnce(late[0]) {
+		t.Fatal("a connection from a source that holds the most of a full unauthenticated half was kept")
+	}
+	if n := stillOpen(slices.Concat(a, b, c)); n != 8 {
+		t.Fatalf("%d of 8 unauthenticated connections kept after a refusal, want 8", n)
+	}
+
+	// 127.0.0.3 holds 2, fewer: its new connection takes the place of the oldest of 127.0.0.1's and
+	// 127.0.0.2's, which hold 3 each: 127.0.0.1's first.
+	c = append(c, openFrom(t, "127.0.0.3", addr, 1)...)
+	if len(c) != 3 || closedAtOnce(c[2]) {
+		t.Fatal("a connection from a source that holds fewer than another was not kept")
+	}
+	if !closedAtOnce(a[0]) {
+		t.Fatal("the oldest connection of the source that holds the most was not closed")
+	}
+	if n := stillOpen(slices.Concat(a[1:], b, c)); n != 8 {
+		t.Fatalf("%d of the other 8 unauthenticated connections kept, want 8", n)
+	}
+	waitFor(8, 3)
+
+	// A client from a fresh address authenticates and gets its tunnel at once; 127.0.0.2's first
+	// connection gives way (127.0.0.2 and 127.0.0.3 hold 3 each; 127.0.0.2's oldest is older).
+	d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+		&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}})
+	tunnel, err := d.Dial("tcp", up.Addr().String())
+	if err != nil {
+		t.Fatalf("a client from a fresh address while the unauthenticated half is full: %v", err)
+	}
+	if _, err := tunnel.Write([]byte("through")); err != nil {
+		t.Fatal(err)
+	}
+	if !closedAtOnce(b[0]) {
+		t.Fatal("the oldest connection of the sources that hold the most was not closed for a client")
+	}
+	if n := stillOpen(slices.Concat(a[1:], b[1:], c)); n != 7 {
+		t.Fatalf("%d of the other 7 unauthenticated connections kept, want 7", n)
+	}
+	// The tunnel no longer counts; the evicted connections' handshakes ended and freed their slots of
+	// MaxConns.
+	waitFor(7, 3)
+	harness.EventuallyTrue(t, 5*time.Second, "7 silent connections and a tunnel served", func() bool {
+		return s.ActiveConns() == 8
+	})
+	if closedAtOnce(tunnel) {
+		t.Fatal("the tunnel closed")
+	}
+
+	// Once everything closes, nothing is counted, and a full half can be taken again without evictions.
+	tunnel.Close()
+	for _, c := range slices.Concat(a, b, c) {
+		c.Close()
+	}
+	waitFor(0, 0)
+	harness.EventuallyTrue(t, 5*time.Second, "no connection served", func() bool { return s.ActiveConns() == 0 })
+	again := slices.Concat(openFrom(t, "127.0.0.5", addr, 4), openFrom(t, "127.0.0.6", addr, 4))
+	if n := stillOpen(again); n != 8 {
+		t.Fatalf("%d of 8 unauthenticated connections kept after all closed, want 8", n)
+	}
+	waitFor(8, 2)
+}
+
+// addrConn is a connection from a remote address of the test's choosing.
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// TestEvictionCountsOnce: connections that make room for others, end their handshakes and close, all at
+// once, are each counted and released exactly once, and an evicted one is no lapse that penalizes its
+// source.
+func TestEvictionCountsOnce(t *testing.T) {
+	p := newPreAuth(8, 4, time.Nanosecond)
+	var wg sync.WaitGroup
+	var evictions atomic.Int64
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				server, client := net.Pipe()
+				defer client.Close()
+				ip := net.IPv4(10, 0, 0, byte(1+(g+i)%5))
+				c, refused, evicted := p.admit(addrConn{server, &net.TCPAddr{IP: ip, Port: 1}})
+				if refused != "" {
+					c.Close()
+					continue
+				}
+				if evicted != nil {
+					evictions.Add(1)
+				}
+				// Each admitted connection starts its handshake, then ends it, closes, or is left open
+				// for others to evict.
+				_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+				switch i % 3 {
+				case 0:
+					_ = c.SetReadDeadline(time.Time{})
+					c.Close()
+				case 1:
+					c.Close()
+				default:
+					defer c.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if evictions.Load() == 0 {
+		t.Fatal("no connection made room for another: the test tries nothing")
+	}
+	if p.total != 0 || len(p.sources) != 0 {
+		t.Fatalf("%d unauthenticated connections from %d sources counted after all closed, want none",
+			p.total, len(p.sources))
+	}
+}
+
+// TestEvictedIsNoLapse: a connection closed to make room for another source's is closed at once, and does
+// not count against its source as one that ran out its handshake time, even past its deadline: its source
+// did not let it lapse. Two lapses in a row would keep the source out.
+func TestEvictedIsNoLapse(t *testing.T) {
+	p := newPreAuth(2, 2, time.Second)
+	from := func(ip byte) (net.Conn, net.Conn) {
+		t.Helper()
+		server, client := net.Pipe()
+		t.Cleanup(func() { client.Close() })
+		c, refused, _ := p.admit(addrConn{server, &net.TCPAddr{IP: net.IPv4(10, 0, 0, ip), Port: 1}})
+		if refused != "" {
+			t.Fatalf("a connection from 10.0.0.%d refused: %s", ip, refused)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetReadDeadline(time.Now().Add(-time.Second)) // its handshake time ran out already
+		return c, client
+	}
+	a1, a1client := from(1)
+	a2, _ := from(1)
+	from(2) // takes a1's place
+	from(3) // 10.0.0.1 and 10.0.0.2 hold one each; a2 is the older: takes its place
+	if p.total != 2 || p.sources[source.Of(&net.TCPAddr{IP: net.IPv4(10, 0, 0, 1)})] != nil {
+		t.Fatalf("%d unauthenticated connections counted, %v from 10.0.0.1, want 2 and none", p.total,
+			p.sources[source.Of(&net.TCPAddr{IP: net.IPv4(10, 0, 0, 1)})])
+	}
+	if _, err := a1client.Read(make([]byte, 1)); err == nil {
+		t.Fatal("an evicted connection was not closed")
+	}
+	a1.Close()
+	a2.Close()
+	if p.penalties.Refused(netip.AddrFrom4([4]byte{10, 0, 0, 1}), time.Now()) {
+		t.Fatal("a source was penalized for connections that made room for others")
 	}
 }

@@ -13,8 +13,9 @@
 // rate-limited.
 // Hostile clients are bounded: handshake deadlines, header size limits and a connection cap with a clear
 // refusal. With credentials, clients that have not authenticated yet may hold at most half of the cap, and
-// one source address at most a quarter (64 at most); more are reset, and a source whose handshakes keep
-// lapsing is reset for a while (preauth.go).
+// one source address at most a quarter (64 at most); more from one source are reset, and while the half is
+// full a new connection takes the place of the oldest of the source that holds the most, if its own holds
+// fewer, and is reset otherwise. A source whose handshakes keep lapsing is reset for a while (preauth.go).
 package socks
 
 import (
@@ -92,8 +93,9 @@ type Server struct {
 	// the user sees which program answered. "" means "proxy".
 	Name string
 	// MaxUnauthenticatedPerSource bounds, with Credentials, the connections from one source address that
-	// have not authenticated yet, and a quarter of MaxConns does too; more are reset, as are connections
-	// past half of MaxConns unauthenticated in all (unauthenticatedBounds). 0 means
+	// have not authenticated yet, and a quarter of MaxConns does too; more are reset. Past half of MaxConns
+	// unauthenticated in all (unauthenticatedBounds), a new connection is reset too, unless its source
+	// holds fewer than another, whose oldest it then replaces (makeRoom). 0 means
 	// DefaultMaxUnauthenticatedPerSource. A source whose connections keep running out HandshakeTimeout
 	// unauthenticated is then reset for a while (newPreAuth).
 	MaxUnauthenticatedPerSource int
@@ -240,10 +242,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		}
 		tempDelay = 0
 		if s.preAuth != nil {
-			var refused why
-			if c, refused = s.preAuth.admit(c); refused != "" {
+			var (
+				refused why
+				evicted net.Addr
+			)
+			if c, refused, evicted = s.preAuth.admit(c); refused != "" {
 				s.refuseSource(c, refused)
 				continue
+			}
+			if evicted != nil {
+				s.Log.V(1).Info("Proxy connection closed unauthenticated to make room for a source that holds fewer",
+					"remote", evicted, "for", c.RemoteAddr())
 			}
 		}
 		if !s.limit.TryAcquire() {
