@@ -65,7 +65,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "Allow listening on non-loopback addresses. Proxies then require --proxy-user and --proxy-password-file.")
 	fs.StringVar(&o.ProxyUser, "proxy-user", o.ProxyUser, "Username that SOCKS5 (RFC 1929) and HTTP (Proxy-Authorization: Basic) clients must present.")
 	fs.StringVar(&o.ProxyPasswordFile, "proxy-password-file", o.ProxyPasswordFile, "File holding the password for --proxy-user (first line).")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Maximum concurrent proxy client connections; more are refused (SOCKS5 general failure, HTTP 503). With --proxy-user, at most half of them may be still unauthenticated, and a quarter (64 at most) from one address; more are reset, so that clients without the password cannot hold them all. It must then be at least 4.")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Maximum concurrent proxy client connections; more are refused (SOCKS5 general failure, HTTP 503). With --proxy-user, at most half of them may be still unauthenticated, and a quarter (64 at most) from one address, so that clients without the password cannot hold them all: past an address's share a new connection is reset, and while the half is full one from an address that holds fewer than another takes the place of that one's oldest. It must then be at least 4.")
 	o.SSH.AddFlags(fs)
 	o.SSH.AddConnectionsFlag(fs)
 }
