@@ -320,7 +320,8 @@ func badInputCases() []badInputCase {
 				d := filepath.Join(shortDir(t), "k")
 				return initIn(d, "--mode", "grpc", "--transport", "tcp"), filepath.Dir(d)
 			},
-			want: []string{"--transport", "grpc"},
+			// Both flags, each with the value that conflicts.
+			want: []string{"--mode grpc", "--transport tcp"},
 		},
 		{
 			name: "proxy/conflict-unix-socket-and-port",
