@@ -317,3 +317,72 @@ func TestCloseWritesQueuedData(t *testing.T) {
 		t.Fatal("the backend saw no end within 30s")
 	}
 }
+
+// TestCloseFlushIsBounded: what the agent still holds for a backend when the client closes is written for
+// closeFlushTimeout at most. The backend never reads, and far more is queued for it than its socket
+// buffers take; the agent must give up at the bound, close the backend connection (the backend then reads
+// what the kernel had taken, and the end) and answer the close. konnectivity-client's Close returns when
+// that answer comes, or after its own 10 s without one.
+func TestCloseFlushIsBounded(t *testing.T) {
+	if closeFlushTimeout != 5*time.Second {
+		t.Errorf("closeFlushTimeout is %s; docs/architecture.md gives the bound as 5 s", closeFlushTimeout)
+	}
+	_, srv, _ := agentOnServer(t, func(cfg *Config) {
+		// The queue takes everything at once, so that neither the stall cut-off nor waiting for space plays
+		// a part: only the bound ends the flush.
+		cfg.ConnectionBuffer = 128 << 20
+		cfg.StallTimeout = time.Minute
+	})
+	const total, chunk = 32 << 20, 1 << 20
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := srv.dial(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend, ok := <-accepted
+	if !ok {
+		t.Fatal("the backend accepted no connection")
+	}
+	defer backend.Close()
+	buf := make([]byte, chunk)
+	for range total / chunk {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	t.Logf("Close returned after %s: %v", took.Round(time.Millisecond), err)
+	if err != nil {
+		t.Errorf("Close: %v (no close answer from the agent)", err)
+	}
+	// The agent's clock starts when the close reaches it, after Close began.
+	if took < closeFlushTimeout || took > closeFlushTimeout+3*time.Second {
+		t.Errorf("the agent answered the close after %s, want the flush bound %s (plus at most 3 s)", took.Round(time.Millisecond), closeFlushTimeout)
+	}
+	_ = backend.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, backend)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the backend read %d bytes, then nothing more for 10 s: its connection was not closed", n)
+	}
+	if n >= total {
+		t.Fatalf("the backend read all %d bytes: the flush was not cut off", n)
+	}
+	t.Logf("the backend read %d of %d bytes, then the end (%v)", n, total, err)
+}

@@ -156,6 +156,9 @@ type badInputCase struct {
 	setup func(t *testing.T) (args []string, watch string)
 	// want are substrings the error must contain (the flag or file, and the problem).
 	want []string
+	// wantFiles are files under the watched directory that the error must name by their full path (a bare
+	// name such as "ca.crt" would also match inside "front-proxy-ca.crt").
+	wantFiles []string
 	// bug, when set, names the product bug that makes this case fail today.
 	bug string
 }
@@ -231,7 +234,8 @@ func badInputCases() []badInputCase {
 				copyFile(t, pki(d, "ca.key"), pki(d, "front-proxy-ca.key"))
 				return initIn(d), d
 			},
-			want: []string{"front-proxy-ca.crt", "ca.crt", "distinct"},
+			want:      []string{"distinct"},
+			wantFiles: []string{"pki/front-proxy-ca.crt", "pki/ca.crt"},
 		},
 		{
 			name: "certs-renew/front-proxy-ca-equals-cluster-ca",
@@ -241,8 +245,8 @@ func badInputCases() []badInputCase {
 				copyFile(t, pki(d, "ca.key"), pki(d, "front-proxy-ca.key"))
 				return []string{"certs", "renew", "all", "--dir", d}, d
 			},
-			want: []string{"front-proxy-ca", "distinct"},
-			bug:  "konnect certs renew all accepts a front-proxy CA equal to the cluster CA and re-signs the leaves",
+			want:      []string{"distinct"},
+			wantFiles: []string{"pki/front-proxy-ca.crt", "pki/ca.crt"},
 		},
 		{
 			name: "init/unparsable-address",
@@ -316,7 +320,8 @@ func badInputCases() []badInputCase {
 				d := filepath.Join(shortDir(t), "k")
 				return initIn(d, "--mode", "grpc", "--transport", "tcp"), filepath.Dir(d)
 			},
-			want: []string{"--transport", "grpc"},
+			// Both flags, each with the value that conflicts.
+			want: []string{"--mode grpc", "--transport tcp"},
 		},
 		{
 			name: "proxy/conflict-unix-socket-and-port",
@@ -385,7 +390,11 @@ func TestBadInput(t *testing.T) {
 			before := snapshot(t, watch)
 			r := konnect(t, time.Minute, args...)
 			t.Logf("exit %d: %s", r.code, strings.TrimSpace(r.stderr))
-			checkRefused(t, r, tc.want, tc.bug)
+			want := tc.want
+			for _, f := range tc.wantFiles {
+				want = append(want, filepath.Join(watch, f))
+			}
+			checkRefused(t, r, want, tc.bug)
 			if d := diffSnapshots(before, snapshot(t, watch)); len(d) > 0 {
 				t.Errorf("bad input changed %s:\n  %s%s", watch, strings.Join(d, "\n  "), bugNote(tc.bug))
 			}

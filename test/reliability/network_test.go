@@ -514,7 +514,7 @@ func TestConnectionCap(t *testing.T) {
 
 // TestAllowDestination starts an agent with --allow-destination for the backend's port only: a dial
 // through the tunnel to the backend works, a dial to another listening port is refused with a reason and
-// never reaches it.
+// never reaches it. The refusal, as konnect doctor dial prints it, names --allow-destination.
 func TestAllowDestination(t *testing.T) {
 	dir := copyBase(t)
 	allowed := startBackend(t)
@@ -533,8 +533,22 @@ func TestAllowDestination(t *testing.T) {
 	if bad.code == 0 {
 		t.Errorf("dial outside --allow-destination succeeded:\n%s", bad)
 	}
-	if !strings.Contains(strings.ToLower(bad.stdout+bad.stderr), "allow") {
-		t.Errorf("the refusal does not say that the destination is not allowed:\n%s", bad)
+	// The agent's refusal travels back through the tunnel ("error:"), and the doctor explains it ("reason:");
+	// both must name the flag that refused the dial.
+	var errLine, reasonLine string
+	for _, l := range strings.Split(bad.stdout+bad.stderr, "\n") {
+		switch l = strings.TrimSpace(l); {
+		case strings.HasPrefix(l, "error:"):
+			errLine = l
+		case strings.HasPrefix(l, "reason:"):
+			reasonLine = l
+		}
+	}
+	if !strings.Contains(errLine, "not in --allow-destination") {
+		t.Errorf("the agent's refusal (%q) does not say the destination is not in --allow-destination:\n%s", errLine, bad)
+	}
+	if !strings.Contains(reasonLine, "--allow-destination") {
+		t.Errorf("the reason given (%q) does not name --allow-destination:\n%s", reasonLine, bad)
 	}
 	if n := forbidden.accepted.Load(); n != 0 {
 		t.Errorf("the forbidden backend was reached %d times", n)

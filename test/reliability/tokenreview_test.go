@@ -39,13 +39,21 @@ type tokenReviewer struct {
 	srv    *httptest.Server
 	mu     sync.Mutex
 	tokens map[string]fakeToken
+	paths  map[string]int // requests other than TokenReviews, by path
 }
 
 func newTokenReviewer(t *testing.T) *tokenReviewer {
-	tr := &tokenReviewer{tokens: map[string]fakeToken{}}
+	tr := &tokenReviewer{tokens: map[string]fakeToken{}, paths: map[string]int{}}
 	tr.srv = httptest.NewTLSServer(http.HandlerFunc(tr.serve))
 	t.Cleanup(tr.srv.Close)
 	return tr
+}
+
+// requests reports how many requests for path reached the stand-in API server.
+func (tr *tokenReviewer) requests(path string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.paths[path]
 }
 
 func (tr *tokenReviewer) add(token string, ft fakeToken) {
@@ -56,6 +64,9 @@ func (tr *tokenReviewer) add(token string, ft fakeToken) {
 
 func (tr *tokenReviewer) serve(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasSuffix(r.URL.Path, "/tokenreviews") || r.Method != http.MethodPost {
+		tr.mu.Lock()
+		tr.paths[r.URL.Path]++
+		tr.mu.Unlock()
 		if r.URL.Path == "/version" {
 			_ = json.NewEncoder(w).Encode(map[string]string{"major": "1", "minor": "36", "gitVersion": "v1.36.1"})
 			return
