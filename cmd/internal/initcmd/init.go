@@ -19,8 +19,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -475,6 +477,11 @@ func (r *runner) write(path string, data []byte, mode os.FileMode) error {
 // than writtenByKonnect does: an earlier copy of the manifest that data copies, say.
 func (r *runner) replace(path string, data []byte, mode os.FileMode, also func(old []byte) bool) error {
 	old, err := smallfile.Read(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// Something konnect cannot read whole stands there (larger than any file it writes, a FIFO, a
+		// directory): not its own, and not one it could keep a backup of, so it is refused even with --force.
+		return fmt.Errorf("%w: konnect did not write this, and will not replace it: move it away", err)
+	}
 	existed := err == nil
 	foreign := existed && !bytes.Equal(old, data) && !writtenByKonnect(path, old, data) && (also == nil || !also(old))
 	if foreign && !r.o.Force {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -225,6 +226,53 @@ func TestInitForceKeepsKubeconfigBackup(t *testing.T) {
 			mustRun(t, initArgs(dir, "--force")...)
 			if b := backups(t, conf); len(b) != 1 {
 				t.Fatalf("backups after a run over konnect's own conf: %v", b)
+			}
+		})
+	}
+}
+
+// TestInitRefusesWhatItCannotRead: where init writes a file stands something it cannot read whole: a file
+// larger than any it writes, or a FIFO. Neither is konnect's, and neither can be kept as a backup, so init
+// refuses, naming it, even with --force, and leaves it as it was.
+func TestInitRefusesWhatItCannotRead(t *testing.T) {
+	for _, c := range []struct {
+		test, name string
+		make       func(path string) error
+		want       string
+	}{
+		{"large", FlagsFile, func(path string) error {
+			f, err := os.Create(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.Write(bytes.Repeat([]byte("# a user's notes, kept with the flags\n"), 5<<20/38+1))
+			return err
+		}, "larger than 4 MiB"},
+		{"fifo", EgressConfigFile, func(path string) error { return syscall.Mkfifo(path, 0o600) }, "not a regular file (a fifo)"},
+	} {
+		t.Run(c.test, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, c.name)
+			if err := c.make(path); err != nil {
+				t.Fatal(err)
+			}
+			before, err := os.Lstat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, extra := range [][]string{nil, {"--force"}, {"--dry-run"}} {
+				out, err := run(t, initArgs(dir, extra...)...)
+				if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("init %v over %s: %v, want an error naming it, %q\n%s", extra, c.name, err, c.want, out)
+				}
+				after, err := os.Lstat(path)
+				if err != nil || after.Mode() != before.Mode() || after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+					t.Fatalf("init %v changed %s: %v, %v", extra, c.name, after, err)
+				}
+				if b := backups(t, path); len(b) != 0 {
+					t.Fatalf("init %v kept backups %v", extra, b)
+				}
 			}
 		})
 	}
