@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/cmd/internal/sshflags"
+	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/konnect-dev/konnect/socks/apiproxy"
 	"github.com/konnect-dev/konnect/socks/sshdial"
 	"github.com/spf13/pflag"
@@ -175,7 +177,23 @@ func (o *Options) filterSpec() apiproxy.FilterSpec {
 func (o *Options) restConfig() (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = o.Kubeconfig
+	// client-go reads these without a bound and blocks on a FIFO: each is checked first, as konnect reads
+	// its own files (a missing one is client-go's to report, or to skip).
+	if o.Kubeconfig != "" {
+		if err := checkFile(o.Kubeconfig); err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+	} else {
+		for _, f := range rules.Precedence {
+			if err := checkFile(f); err != nil {
+				return nil, fmt.Errorf("kubeconfig: %w", err)
+			}
+		}
+	}
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &o.Overrides)
+	if err := o.checkCredentialFiles(cc); err != nil {
+		return nil, err
+	}
 	rc, err := cc.ClientConfig()
 	if err != nil {
 		where := "--kubeconfig"
@@ -193,6 +211,65 @@ func (o *Options) restConfig() (*rest.Config, error) {
 	return rc, nil
 }
 
+// checkCredentialFiles checks, as checkFile, the certificate, key and CA files that ClientConfig would open:
+// the flags', and those of the context in use.
+func (o *Options) checkCredentialFiles(cc clientcmd.ClientConfig) error {
+	flags := []struct{ flag, path string }{
+		{"--client-certificate", o.Overrides.AuthInfo.ClientCertificate},
+		{"--client-key", o.Overrides.AuthInfo.ClientKey},
+		{"--certificate-authority", o.Overrides.ClusterInfo.CertificateAuthority},
+	}
+	for _, f := range flags {
+		if err := checkFile(f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.flag, err)
+		}
+	}
+	raw, err := cc.RawConfig()
+	if err != nil {
+		return nil // ClientConfig reports it, naming the flag
+	}
+	name := o.Overrides.CurrentContext
+	if name == "" {
+		name = raw.CurrentContext
+	}
+	ctx := raw.Contexts[name]
+	if ctx == nil {
+		return nil
+	}
+	user, cluster := o.Overrides.Context.AuthInfo, o.Overrides.Context.Cluster
+	if user == "" {
+		user = ctx.AuthInfo
+	}
+	if cluster == "" {
+		cluster = ctx.Cluster
+	}
+	var files []string
+	if a := raw.AuthInfos[user]; a != nil {
+		files = append(files, a.ClientCertificate, a.ClientKey, a.TokenFile)
+	}
+	if c := raw.Clusters[cluster]; c != nil {
+		files = append(files, c.CertificateAuthority)
+	}
+	for _, f := range files {
+		if err := checkFile(f); err != nil {
+			return fmt.Errorf("kubeconfig context %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// checkFile refuses what smallfile refuses (a FIFO, a device, a file over its bound) at path, if anything
+// is there; a missing file is left to client-go, which skips or reports it.
+func checkFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := smallfile.Check(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
 // checkClientCert loads the client certificate and key once, so that a file that is no key (or the key of
 // another certificate) fails the start instead of every request. rc keeps its file names: client-go reads
 // rotated files again from those.
@@ -201,6 +278,11 @@ func (o *Options) checkClientCert(rc *rest.Config) error {
 	where := "the kubeconfig's client-certificate and client-key"
 	if o.Overrides.AuthInfo.ClientCertificate != "" || o.Overrides.AuthInfo.ClientKey != "" {
 		where = "--client-certificate and --client-key"
+	}
+	for _, f := range []string{c.CertFile, c.KeyFile, c.CAFile} {
+		if err := checkFile(f); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
 	}
 	if err := rest.LoadTLSFiles(c); err != nil {
 		return fmt.Errorf("%s: %w", where, err)

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
 
@@ -412,6 +414,11 @@ func TestCommandRefuses(t *testing.T) {
 	kc := b.kubeconfig(t, "cert")
 	garbage := filepath.Join(t.TempDir(), "garbage.key")
 	os.WriteFile(garbage, []byte("not a key"), 0o600)
+	// client-go would block opening a FIFO, and read a device without end.
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		args []string
@@ -423,6 +430,10 @@ func TestCommandRefuses(t *testing.T) {
 		{"argument", []string{"extra"}, "unknown command"},
 		// The first request would fail on it, naming neither the flag nor the file.
 		{"client key not a key", []string{"--client-key=" + garbage, "--port=0"}, "--client-certificate and --client-key"},
+		{"kubeconfig a fifo", []string{"--kubeconfig=" + fifo, "--port=0"}, "--kubeconfig: " + fifo + ": not a regular file (a fifo)"},
+		{"kubeconfig a device", []string{"--kubeconfig=/dev/zero", "--port=0"}, "--kubeconfig: /dev/zero: not a regular file"},
+		{"kubeconfig's client key a fifo", []string{"--kubeconfig=" + kcWithKey(t, kc, fifo), "--port=0"}, "kubeconfig context "},
+		{"client key a fifo", []string{"--client-key=" + fifo, "--port=0"}, "--client-key: " + fifo + ": not a regular file (a fifo)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := NewProxyCommand()
@@ -435,12 +446,36 @@ func TestCommandRefuses(t *testing.T) {
 			cmd.SetArgs(args)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := cmd.ExecuteContext(ctx)
+			done := make(chan error, 1)
+			go func() { done <- cmd.ExecuteContext(ctx) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("still running after 15 s, want an error containing %q", c.want)
+			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error containing %q", err, c.want)
 			}
 		})
 	}
+}
+
+// kcWithKey is a copy of the kubeconfig kc whose user's client key is key.
+func kcWithKey(t *testing.T, kc, key string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.AuthInfos {
+		a.ClientKey, a.ClientKeyData = key, nil
+	}
+	out := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // With --allow-remote the proxy listens on a non-loopback address; this uses the wildcard address and
