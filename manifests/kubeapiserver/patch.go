@@ -118,6 +118,11 @@ func editManifestFile(path, backupDir string, now func() time.Time, edit func([]
 	if err != nil {
 		return PatchResult{}, fmt.Errorf("kube-apiserver manifest %s: %w", path, err)
 	}
+	// Nor a manifest that another user may change: kubelet would run what they wrote, with the flags and
+	// mounts konnect merges into it, and the patched file would pass to root.
+	if err := safepath.CheckFile(resolved); err != nil {
+		return PatchResult{}, fmt.Errorf("kube-apiserver manifest %s: refusing to patch it: %w", path, err)
+	}
 	path = resolved
 	data, err := smallfile.Read(path)
 	if err != nil {

@@ -609,6 +609,43 @@ func TestPatchManifestFileRefusesForeignSymlink(t *testing.T) {
 	}
 }
 
+// TestPatchManifestFileRefusesForeignFile: a manifest that belongs to another user, or that others may
+// write to, is not patched, naming it, and is left as it was: kubelet would run what they wrote.
+func TestPatchManifestFileRefusesForeignFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making another user's file needs root")
+	}
+	for _, c := range []struct {
+		name string
+		set  func(path string) error
+		want string
+	}{
+		{"owner", func(path string) error { return os.Chown(path, 65534, 65534) }, "belongs to uid 65534"},
+		{"writable", func(path string) error { return os.Chmod(path, 0o666) }, "writable by everyone"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "kube-apiserver.yaml")
+			if err := os.WriteFile(path, readTestdata(t), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.set(path); err != nil {
+				t.Fatal(err)
+			}
+			_, err := PatchManifestFile(path, kubeadmPatch(t, nil))
+			if !errors.Is(err, safepath.ErrShared) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("PatchManifestFile of a manifest that %s: %v", c.want, err)
+			}
+			if data, _ := os.ReadFile(path); !bytes.Equal(data, readTestdata(t)) {
+				t.Error("the manifest was patched")
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+				t.Errorf("a backup was written: %v", entries)
+			}
+		})
+	}
+}
+
 // A manifest set up by hand from the Kubernetes documentation may already mount the socket directory,
 // under another name; and a configuration file inside a mounted directory needs no mount of its own.
 func TestPatchPodReusesExistingMounts(t *testing.T) {
