@@ -89,17 +89,7 @@ func TestProxyUseFdpass(t *testing.T) {
 func TestProxyUseFdpassNoSocket(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.viaCommandWith(t, `sh -c 'echo "no socket here" >&2; exit 3'`, "  ProxyUseFdpass yes\n")
-	d, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	err = d.Run(ctx)
-	if err == nil {
-		t.Fatal("Run = nil, want an error")
-	}
-	t.Log(err)
+	err := runFails(t, cfg, 20*time.Second)
 	for _, want := range []string{"ProxyUseFdpass yes", strconv.Quote(`sh -c 'echo "no socket here" >&2; exit 3'`), "passed back no connection", "exit status 3", "no socket here"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
@@ -114,17 +104,7 @@ func TestProxyUseFdpassStdioCommand(t *testing.T) {
 	f := newFixture(t)
 	log := filepath.Join(f.dir, "netcat.log")
 	cfg := f.viaCommandWith(t, netcatCommand(t, log, f.sshd.Addr(), ""), "  ProxyUseFdpass yes\n")
-	d, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	err = d.Run(ctx)
-	if err == nil {
-		t.Fatal("Run = nil, want an error")
-	}
-	t.Log(err)
+	err := runFails(t, cfg, 20*time.Second)
 	for _, want := range []string{"ProxyUseFdpass yes", "SSHDIAL_TEST_NETCAT", `wrote to its stdout "S", not a descriptor`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
@@ -146,17 +126,7 @@ func TestProxyUseFdpassCommandStays(t *testing.T) {
 	cfg := f.viaCommandWith(t, fdpassCommand(t, f.dir, log, f.sshd.Addr(), "stay"), "  ProxyUseFdpass yes\n")
 	// Long enough for python3 to start on a busy machine; a run that does not connect in time is retried.
 	cfg.ConnectTimeout = 3 * time.Second
-	d, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-	defer cancel()
-	err = d.Run(ctx)
-	if err == nil || ctx.Err() != nil {
-		t.Fatalf("Run = %v, want an error before the test's deadline", err)
-	}
-	t.Log(err)
+	err := runFails(t, cfg, 40*time.Second)
 	for _, want := range []string{"ProxyUseFdpass yes", "fdpass.py", "passed back a connection but did not exit", "killed"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
@@ -171,4 +141,21 @@ func TestProxyUseFdpassCommandStays(t *testing.T) {
 			t.Errorf("ProxyCommand pid %d left behind (running or a zombie) after Run returned", pid)
 		}
 	}
+}
+
+// runFails runs a Dialer of cfg, which must end with an error of its own within limit, and returns it.
+func runFails(t *testing.T, cfg Config, limit time.Duration) error {
+	t.Helper()
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	err = d.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run = %v, want an error before the test's deadline", err)
+	}
+	t.Log(err)
+	return err
 }
