@@ -1,7 +1,6 @@
 package servercmd
 
 import (
-	"bytes"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,8 +10,8 @@ import (
 
 	"github.com/konnect-dev/konnect/cmd/internal/daemon"
 	"github.com/konnect-dev/konnect/egress/tunnel"
+	"github.com/konnect-dev/konnect/test/harness"
 	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
 	upstream "sigs.k8s.io/apiserver-network-proxy/cmd/server/app/options"
 )
 
@@ -224,13 +223,6 @@ func TestConfigServerCountZero(t *testing.T) {
 // TestConfigWarnsOfOpenKeys: a key that others than its owner may read is logged at start with konnect
 // init's words and the flag, and the server still starts; a key of mode 0600 is not.
 func TestConfigWarnsOfOpenKeys(t *testing.T) {
-	var logs bytes.Buffer
-	klog.LogToStderr(false)
-	klog.SetOutput(&logs)
-	defer func() {
-		klog.SetOutput(nil)
-		klog.LogToStderr(true)
-	}()
 	dir := t.TempDir()
 	key := func(name string, mode os.FileMode) string {
 		p := filepath.Join(dir, name)
@@ -258,14 +250,13 @@ func TestConfigWarnsOfOpenKeys(t *testing.T) {
 		}, "--server-key: WARNING: the key is mode 0640, readable by others: chmod 600 " + groupOpen},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logs.Reset()
+			logs := harness.CaptureKlog(t)
 			o, _ := socketOptions(t)
 			tc.mut(o)
 			if _, err := o.Config(); err != nil {
 				t.Fatalf("a warning, not an error: %v", err)
 			}
-			klog.Flush()
-			got := logs.String()
+			got := logs()
 			switch {
 			case tc.want == "" && strings.Contains(got, "WARNING"):
 				t.Errorf("unexpected warning: %s", got)
