@@ -225,7 +225,8 @@ func onlyComments(doc []byte) bool {
 	return true
 }
 
-// PatchPod finds the kube-apiserver container in pod (by name, or by a command that runs kube-apiserver),
+// PatchPod finds the kube-apiserver container in pod (by name, or by a command that runs kube-apiserver; two
+// such containers are an error),
 // sets p.Flags on it, and makes every directory and file it needs visible inside it at the same path
 // through hostPath volumes, unless a hostPath mount already covers the path. It reports whether pod
 // changed; applying the same patch twice changes nothing the second time.
@@ -363,27 +364,29 @@ func numbered(name string, n int) string {
 	return name + "-" + strconv.Itoa(n+1)
 }
 
-// apiserverContainer returns the container that runs kube-apiserver.
+// apiserverContainer returns the container that runs kube-apiserver: the one named kube-apiserver or whose
+// command runs kube-apiserver. Two or more such containers are an error: which one kube-apiserver's flags
+// belong to is a guess, and a wrong one would leave the serving kube-apiserver unpatched without a word.
+// Other containers (sidecars) are never touched.
 func apiserverContainer(pod *corev1.Pod) (*corev1.Container, error) {
-	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == "kube-apiserver" {
-			return &pod.Spec.Containers[i], nil
-		}
-	}
-	var found *corev1.Container
+	var found []*corev1.Container
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
-		if len(c.Command) > 0 && filepath.Base(c.Command[0]) == "kube-apiserver" {
-			if found != nil {
-				return nil, fmt.Errorf("pod %s: containers %q and %q both run kube-apiserver", pod.Name, found.Name, c.Name)
-			}
-			found = c
+		if c.Name == "kube-apiserver" || (len(c.Command) > 0 && filepath.Base(c.Command[0]) == "kube-apiserver") {
+			found = append(found, c)
 		}
 	}
-	if found == nil {
+	switch len(found) {
+	case 0:
 		return nil, fmt.Errorf("pod %s: no kube-apiserver container (none is named kube-apiserver or runs it)", pod.Name)
+	case 1:
+		return found[0], nil
 	}
-	return found, nil
+	names := make([]string, len(found))
+	for i, c := range found {
+		names[i] = strconv.Quote(c.Name)
+	}
+	return nil, fmt.Errorf("pod %s: containers %s all run kube-apiserver (by name or command), so which one to patch is ambiguous; leave one", pod.Name, strings.Join(names, ", "))
 }
 
 // flagAt reports whether tok is flag name (--name or --name=value), and whether the value is the next
