@@ -401,6 +401,13 @@ func numbered(name string, n int) string {
 	return name + "-" + strconv.Itoa(n+1)
 }
 
+// CheckPod returns the error PatchPod would return for a pod in which it finds no one kube-apiserver container
+// to patch, or nil, so that a caller can refuse such a manifest before it writes anything else.
+func CheckPod(pod *corev1.Pod) error {
+	_, err := apiserverContainer(pod)
+	return err
+}
+
 // apiserverContainer returns the container that runs kube-apiserver: the one named kube-apiserver or whose
 // command runs kube-apiserver. Two or more such containers are an error: which one kube-apiserver's flags
 // belong to is a guess, and a wrong one would leave the serving kube-apiserver unpatched without a word.

@@ -361,7 +361,7 @@ func (r *runner) flags([]string) error {
 	if !r.o.DryRun {
 		// Before kube-apiserver.flags too: a refused phase writes nothing.
 		if err := requireFiles(patch); err != nil {
-			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
+			return fmt.Errorf("%s %s: %w", r.o.manifestFlag(), path, err)
 		}
 	}
 	if err := r.writeFlags(flags); err != nil {
@@ -370,18 +370,18 @@ func (r *runner) flags([]string) error {
 	if r.o.DryRun {
 		data, err := smallfile.Read(path)
 		if err != nil {
-			return fmt.Errorf("--apiserver-manifest: %w", err)
+			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
 		patched, changed, err := kubeapiserver.PatchManifest(data, path, patch)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
 		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path, diff: dryRunDiff(path, data, patched, changed)})
 		return nil
 	}
 	res, err := kubeapiserver.PatchManifestFile(path, patch)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
 	note := ""
 	if res.Backup != "" {

@@ -959,6 +959,51 @@ func TestInitTCPStaticPod(t *testing.T) {
 	}
 }
 
+// TestInitManifestWithoutAPIServerNamesFlag: a manifest with no kube-apiserver container is refused before
+// anything is written, with an error that names the file and the flag that named it: --apiserver-manifest, or
+// --kubeadm when that chose kubeadm's manifest. It used to surface only in the flags phase, after the PKI was
+// written, naming the file alone.
+func TestInitManifestWithoutAPIServerNamesFlag(t *testing.T) {
+	etcd := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(etcd, []byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "--apiserver-manifest: " + etcd + ": pod etcd: no kube-apiserver container"
+	for _, args := range [][]string{
+		initArgs("DIR", "--apiserver-manifest", etcd),
+		{"init", "phase", "flags", "--dir", "DIR", "--apiserver-manifest", etcd},
+	} {
+		dir := t.TempDir()
+		args = slices.Clone(args)
+		args[slices.Index(args, "DIR")] = dir
+		if _, err := run(t, args...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: error = %v, want one containing %q", args, err, want)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("%v wrote %v", args, entries)
+		}
+	}
+
+	// --kubeadm alone patches kubeadm's manifest, which this test cannot write: it stands in for it.
+	o := NewOptions()
+	o.Kubeadm = true
+	if err := o.Complete(nil); err != nil {
+		t.Fatal(err)
+	}
+	o.Dir, o.APIServerManifest = t.TempDir(), etcd
+	if err := o.Validate(needs{}); err == nil || !strings.Contains(err.Error(), "--kubeadm: "+etcd+": pod etcd: no kube-apiserver container") {
+		t.Errorf("with --kubeadm: error = %v", err)
+	}
+	o = NewOptions()
+	o.Kubeadm, o.APIServerManifest = true, etcd
+	if err := o.Complete(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.manifestFlag(); got != "--apiserver-manifest" {
+		t.Errorf("--kubeadm with --apiserver-manifest: errors name %s", got)
+	}
+}
+
 // notAPod writes a manifest that is valid YAML but a Service, not the kube-apiserver Pod.
 func notAPod(t *testing.T) string {
 	f := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
