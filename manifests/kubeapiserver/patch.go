@@ -95,6 +95,16 @@ type PatchResult struct {
 	Changed bool
 	// Backup is the path of the copy of the original manifest, if one was written.
 	Backup string
+	// Replaced are the flags the manifest had with another value, which the patch replaced (the pod's
+	// PodRecordAnnotation keeps the old values for UnpatchPod). The requestheader lists are not among them:
+	// the patch adds to those and keeps what they held.
+	Replaced []FlagChange
+}
+
+// FlagChange is a flag of ManifestPatch.Flags that a patch set in place of another value.
+type FlagChange struct {
+	Name     string
+	Old, New string
 }
 
 // PatchManifestFile patches the kube-apiserver static pod manifest at path (see PatchPod). When the patch
@@ -102,9 +112,15 @@ type PatchResult struct {
 // mode; when it does not, no file is touched. The new manifest is encoded from the typed Pod, as kubeadm
 // writes it, so comments in a hand-written manifest survive only in the backup.
 func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
-	return editManifestFile(path, p.BackupDir, p.Now, func(data []byte) ([]byte, bool, error) {
-		return PatchManifest(data, path, p)
+	var replaced []FlagChange
+	res, err := editManifestFile(path, p.BackupDir, p.Now, func(data []byte) (out []byte, changed bool, err error) {
+		out, changed, replaced, err = patchManifest(data, path, p)
+		return out, changed, err
 	})
+	if err == nil && res.Changed {
+		res.Replaced = replaced
+	}
+	return res, err
 }
 
 // editManifestFile rewrites the manifest at path with edit. When edit changes it, the original is first copied to
@@ -153,18 +169,25 @@ func editManifestFile(path, backupDir string, now func() time.Time, edit func([]
 // in errors. It returns data itself, and changed false, when the pod already carries the patch, so that an
 // unchanged manifest is never reformatted.
 func PatchManifest(data []byte, source string, p ManifestPatch) (out []byte, changed bool, err error) {
+	out, changed, _, err = patchManifest(data, source, p)
+	return out, changed, err
+}
+
+// patchManifest is PatchManifest that also returns the flags it replaced (PatchResult.Replaced).
+func patchManifest(data []byte, source string, p ManifestPatch) (out []byte, changed bool, replaced []FlagChange, err error) {
 	pod, err := DecodePod(data, source)
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
-	changed, err = PatchPod(pod, p)
+	changed, replaced, err = patchPod(pod, p)
 	if err != nil {
-		return nil, false, fmt.Errorf("%s: %w", source, err)
+		return nil, false, nil, fmt.Errorf("%s: %w", source, err)
 	}
 	if !changed {
-		return data, false, nil
+		return data, false, nil, nil
 	}
-	return encodePod(pod, source)
+	out, changed, err = encodePod(pod, source)
+	return out, changed, replaced, err
 }
 
 // encodePod writes pod as kubeadm does, from the typed Pod.
@@ -225,15 +248,22 @@ func onlyComments(doc []byte) bool {
 	return true
 }
 
-// PatchPod finds the kube-apiserver container in pod (by name, or by a command that runs kube-apiserver),
+// PatchPod finds the kube-apiserver container in pod (by name, or by a command that runs kube-apiserver; two
+// such containers are an error),
 // sets p.Flags on it, and makes every directory and file it needs visible inside it at the same path
 // through hostPath volumes, unless a hostPath mount already covers the path. It reports whether pod
 // changed; applying the same patch twice changes nothing the second time.
 func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
+	changed, _, err = patchPod(pod, p)
+	return changed, err
+}
+
+// patchPod is PatchPod that also returns the flags it replaced (PatchResult.Replaced).
+func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagChange, err error) {
 	before := pod.DeepCopy()
 	c, err := apiserverContainer(pod)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	// The optional flags have AddedFlagsAnnotation for their record.
 	var recorded []string
@@ -246,7 +276,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
-			return false, fmt.Errorf("bad flag name %q", f.Name)
+			return false, nil, fmt.Errorf("bad flag name %q", f.Name)
 		}
 		if f.Name == uidHeadersFlag && !takesUIDHeaders(c) {
 			// Older kube-apiservers refuse the flag and would not start; without it, extension servers see
@@ -266,7 +296,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			}
 			merged, err := mergeList(f.Name, base, strings.Split(f.Value, ","))
 			if err != nil {
-				return false, err
+				return false, nil, err
 			}
 			f.Value = strings.Join(merged, ",")
 		}
@@ -284,10 +314,10 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 
 	if p.UDSDir != "" {
 		if !filepath.IsAbs(p.UDSDir) {
-			return false, fmt.Errorf("unix socket directory %q must be absolute", p.UDSDir)
+			return false, nil, fmt.Errorf("unix socket directory %q must be absolute", p.UDSDir)
 		}
 		if err := ensureHostPath(pod, c, udsVolume, filepath.Clean(p.UDSDir), corev1.HostPathDirectoryOrCreate, true); err != nil {
-			return false, err
+			return false, nil, err
 		}
 	} else {
 		// No socket (TCP transport): a socket mount from an earlier run has no purpose any more.
@@ -313,20 +343,20 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			// Mounted as a single file: its directory (often /etc/kubernetes) holds admin credentials that
 			// kube-apiserver has no business seeing, and kube-apiserver reads this file only at start-up.
 			if !filepath.IsAbs(f.Value) {
-				return false, fmt.Errorf("--%s=%s: path must be absolute", f.Name, f.Value)
+				return false, nil, fmt.Errorf("--%s=%s: path must be absolute", f.Name, f.Value)
 			}
 			if err := ensureHostPath(pod, c, egressConfigVolume, filepath.Clean(f.Value), corev1.HostPathFile, true); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			continue
 		}
 		if err := addDir(f.Value); err != nil {
-			return false, fmt.Errorf("--%s: %w", f.Name, err)
+			return false, nil, fmt.Errorf("--%s: %w", f.Name, err)
 		}
 	}
 	for _, f := range p.Files {
 		if err := addDir(f); err != nil {
-			return false, err
+			return false, nil, err
 		}
 	}
 	// Certificates are mounted by directory, not file by file: kube-apiserver reloads the front-proxy
@@ -341,7 +371,7 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 			continue
 		}
 		if err := ensureHostPath(pod, c, name, d, corev1.HostPathDirectory, true); err != nil {
-			return false, err
+			return false, nil, err
 		}
 		n++
 	}
@@ -351,9 +381,17 @@ func PatchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, err error) {
 		}
 	}
 	if err := recordPatch(pod, c, earlier, byOlder); err != nil {
-		return false, err
+		return false, nil, err
 	}
-	return !equality.Semantic.DeepEqual(before, pod), nil
+	for _, name := range recorded {
+		if sharedLists[name] {
+			continue
+		}
+		if old, now := earlier.flags[name], flagValue(c, name); old != nil && now != nil && *old != *now {
+			replaced = append(replaced, FlagChange{Name: name, Old: *old, New: *now})
+		}
+	}
+	return !equality.Semantic.DeepEqual(before, pod), replaced, nil
 }
 
 func numbered(name string, n int) string {
@@ -363,27 +401,36 @@ func numbered(name string, n int) string {
 	return name + "-" + strconv.Itoa(n+1)
 }
 
-// apiserverContainer returns the container that runs kube-apiserver.
+// CheckPod returns the error PatchPod would return for a pod in which it finds no one kube-apiserver container
+// to patch, or nil, so that a caller can refuse such a manifest before it writes anything else.
+func CheckPod(pod *corev1.Pod) error {
+	_, err := apiserverContainer(pod)
+	return err
+}
+
+// apiserverContainer returns the container that runs kube-apiserver: the one named kube-apiserver or whose
+// command runs kube-apiserver. Two or more such containers are an error: which one kube-apiserver's flags
+// belong to is a guess, and a wrong one would leave the serving kube-apiserver unpatched without a word.
+// Other containers (sidecars) are never touched.
 func apiserverContainer(pod *corev1.Pod) (*corev1.Container, error) {
-	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == "kube-apiserver" {
-			return &pod.Spec.Containers[i], nil
-		}
-	}
-	var found *corev1.Container
+	var found []*corev1.Container
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
-		if len(c.Command) > 0 && filepath.Base(c.Command[0]) == "kube-apiserver" {
-			if found != nil {
-				return nil, fmt.Errorf("pod %s: containers %q and %q both run kube-apiserver", pod.Name, found.Name, c.Name)
-			}
-			found = c
+		if c.Name == "kube-apiserver" || (len(c.Command) > 0 && filepath.Base(c.Command[0]) == "kube-apiserver") {
+			found = append(found, c)
 		}
 	}
-	if found == nil {
+	switch len(found) {
+	case 0:
 		return nil, fmt.Errorf("pod %s: no kube-apiserver container (none is named kube-apiserver or runs it)", pod.Name)
+	case 1:
+		return found[0], nil
 	}
-	return found, nil
+	names := make([]string, len(found))
+	for i, c := range found {
+		names[i] = strconv.Quote(c.Name)
+	}
+	return nil, fmt.Errorf("pod %s: containers %s all run kube-apiserver (by name or command), so which one to patch is ambiguous; leave one", pod.Name, strings.Join(names, ", "))
 }
 
 // flagAt reports whether tok is flag name (--name or --name=value), and whether the value is the next

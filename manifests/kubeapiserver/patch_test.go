@@ -255,6 +255,7 @@ func TestPatchManifestRefusesWhatIsNotAPod(t *testing.T) {
 		{"two documents", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n", "2 YAML documents"},
 		{"no kind", "metadata:\n  name: x\n", "not a valid Pod manifest"},
 		{"no apiserver container", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd]\n", "no kube-apiserver container"},
+		{"two apiserver containers", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-apiserver\nspec:\n  containers:\n  - name: kube-apiserver\n    image: k\n    command: [kube-apiserver]\n  - name: kube-apiserver2\n    image: k\n    command: [kube-apiserver]\n", `containers "kube-apiserver", "kube-apiserver2" all run kube-apiserver (by name or command), so which one to patch is ambiguous`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -363,8 +364,20 @@ func TestPatchPodRetiresAgentAudienceAndContainerChoice(t *testing.T) {
 	two := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{
 		{Name: "a", Command: []string{"kube-apiserver"}}, {Name: "b", Command: []string{"/bin/kube-apiserver"}},
 	}}}
-	if _, err := PatchPod(two, p); err == nil || !strings.Contains(err.Error(), "both run kube-apiserver") {
+	if _, err := PatchPod(two, p); err == nil || !strings.Contains(err.Error(), `containers "a", "b" all run kube-apiserver`) {
 		t.Errorf("two candidate containers: error = %v", err)
+	}
+	// One named kube-apiserver does not win over another that runs it: patching the first would leave the
+	// second, which may be the one serving, without the flags, and say nothing.
+	named := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{
+		{Name: "kube-apiserver", Command: []string{"kube-apiserver"}}, {Name: "kube-apiserver2", Command: []string{"kube-apiserver"}},
+	}}}
+	before := named.DeepCopy()
+	if _, err := PatchPod(named, p); err == nil || !strings.Contains(err.Error(), `containers "kube-apiserver", "kube-apiserver2" all run kube-apiserver`) || !strings.Contains(err.Error(), "ambiguous") {
+		t.Errorf("a container named kube-apiserver and another running it: error = %v", err)
+	}
+	if !reflect.DeepEqual(before, named) {
+		t.Error("an ambiguous pod was changed")
 	}
 }
 

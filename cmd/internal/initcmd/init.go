@@ -27,8 +27,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/konnect-dev/konnect/manifests"
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
@@ -359,7 +361,7 @@ func (r *runner) flags([]string) error {
 	if !r.o.DryRun {
 		// Before kube-apiserver.flags too: a refused phase writes nothing.
 		if err := requireFiles(patch); err != nil {
-			return fmt.Errorf("--apiserver-manifest %s: %w", path, err)
+			return fmt.Errorf("%s %s: %w", r.o.manifestFlag(), path, err)
 		}
 	}
 	if err := r.writeFlags(flags); err != nil {
@@ -368,25 +370,49 @@ func (r *runner) flags([]string) error {
 	if r.o.DryRun {
 		data, err := smallfile.Read(path)
 		if err != nil {
-			return fmt.Errorf("--apiserver-manifest: %w", err)
+			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
 		patched, changed, err := kubeapiserver.PatchManifest(data, path, patch)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
 		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path, diff: dryRunDiff(path, data, patched, changed)})
 		return nil
 	}
 	res, err := kubeapiserver.PatchManifestFile(path, patch)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
 	note := ""
 	if res.Backup != "" {
 		note = "backup " + res.Backup
 	}
+	note = strings.TrimPrefix(note+replacedNote(res.Replaced), "; ")
 	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
 	return nil
+}
+
+// replacedNote tells, for the outcome of a patched manifest, which flags had another value before and what it
+// was: something else may depend on it (another front proxy on --requestheader-client-ca-file), and the backup
+// and `konnect init reset` are the only ways back. The values are file paths, never file contents.
+func replacedNote(replaced []kubeapiserver.FlagChange) string {
+	if len(replaced) == 0 {
+		return ""
+	}
+	parts := make([]string, len(replaced))
+	for i, f := range replaced {
+		parts[i] = fmt.Sprintf("--%s %s → %s", f.Name, quoteOdd(f.Old), quoteOdd(f.New))
+	}
+	return "; replaced " + strings.Join(parts, ", ")
+}
+
+// quoteOdd quotes a value that is empty or holds a space, a comma or a character that is not printable, so that
+// a line of the report stays one line and each value reads as one.
+func quoteOdd(v string) string {
+	if v == "" || strings.ContainsAny(v, " ,") || strings.IndexFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(v)
+	}
+	return v
 }
 
 // writeFlags writes DIR/kube-apiserver.flags. It takes no mark: users hand its lines to kube-apiserver as

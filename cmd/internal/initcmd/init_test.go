@@ -480,6 +480,62 @@ func TestInitRemovesStaleTemps(t *testing.T) {
 	}
 }
 
+// TestInitNamesReplacedFlags: flags the manifest had with other values are replaced, and init says which, with
+// the old value and the new, on the manifest's line: another front proxy whose client CA was
+// --requestheader-client-ca-file stops working, and nothing else would tell. The requestheader lists, which
+// the patch adds to, are not among them, and a second run, which changes nothing, names nothing.
+func TestInitNamesReplacedFlags(t *testing.T) {
+	dir := t.TempDir()
+	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	const pod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - name: kube-apiserver
+    image: registry.k8s.io/kube-apiserver:v1.36.1
+    command:
+    - kube-apiserver
+    - --requestheader-client-ca-file=/etc/other/ca.crt
+    - --requestheader-allowed-names=other-proxy
+    - --egress-selector-config-file=/etc/other/egress.yaml
+    - --proxy-client-cert-file=/etc/other/proxy.crt
+  hostNetwork: true
+`
+	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...)
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "[updated] "+manifest+" ") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("patch not reported:\n%s", out)
+	}
+	for _, want := range []string{
+		"(backup ",
+		"; replaced ",
+		"--requestheader-client-ca-file /etc/other/ca.crt → " + filepath.Join(dir, "pki", "front-proxy-ca.crt"),
+		"--egress-selector-config-file /etc/other/egress.yaml → " + filepath.Join(dir, EgressConfigFile),
+		"--proxy-client-cert-file /etc/other/proxy.crt → " + filepath.Join(dir, "pki", "front-proxy-client.crt"),
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the manifest's line lacks %q:\n%s", want, line)
+		}
+	}
+	if strings.Contains(line, "allowed-names") || strings.Contains(line, "proxy-client-key-file") {
+		t.Errorf("a list the patch adds to, or a flag the manifest did not have, is named as replaced:\n%s", line)
+	}
+	if out := mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...); strings.Contains(out, "replaced") {
+		t.Errorf("a second run, which changes nothing, names replaced flags:\n%s", out)
+	}
+}
+
 func TestInitBadFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -900,6 +956,51 @@ func TestInitTCPStaticPod(t *testing.T) {
 	}
 	if u := sel.EgressSelections[0].Connection.Transport.TCP.URL; u != "https://127.0.0.1:8091" {
 		t.Errorf("egress URL %s", u)
+	}
+}
+
+// TestInitManifestWithoutAPIServerNamesFlag: a manifest with no kube-apiserver container is refused before
+// anything is written, with an error that names the file and the flag that named it: --apiserver-manifest, or
+// --kubeadm when that chose kubeadm's manifest. It used to surface only in the flags phase, after the PKI was
+// written, naming the file alone.
+func TestInitManifestWithoutAPIServerNamesFlag(t *testing.T) {
+	etcd := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(etcd, []byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n    command: [etcd]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "--apiserver-manifest: " + etcd + ": pod etcd: no kube-apiserver container"
+	for _, args := range [][]string{
+		initArgs("DIR", "--apiserver-manifest", etcd),
+		{"init", "phase", "flags", "--dir", "DIR", "--apiserver-manifest", etcd},
+	} {
+		dir := t.TempDir()
+		args = slices.Clone(args)
+		args[slices.Index(args, "DIR")] = dir
+		if _, err := run(t, args...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: error = %v, want one containing %q", args, err, want)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("%v wrote %v", args, entries)
+		}
+	}
+
+	// --kubeadm alone patches kubeadm's manifest, which this test cannot write: it stands in for it.
+	o := NewOptions()
+	o.Kubeadm = true
+	if err := o.Complete(nil); err != nil {
+		t.Fatal(err)
+	}
+	o.Dir, o.APIServerManifest = t.TempDir(), etcd
+	if err := o.Validate(needs{}); err == nil || !strings.Contains(err.Error(), "--kubeadm: "+etcd+": pod etcd: no kube-apiserver container") {
+		t.Errorf("with --kubeadm: error = %v", err)
+	}
+	o = NewOptions()
+	o.Kubeadm, o.APIServerManifest = true, etcd
+	if err := o.Complete(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.manifestFlag(); got != "--apiserver-manifest" {
+		t.Errorf("--kubeadm with --apiserver-manifest: errors name %s", got)
 	}
 }
 

@@ -43,15 +43,15 @@ func (r *runner) kubeadm([]string) error {
 	path := r.o.APIServerManifest
 	data, err := smallfile.Read(path)
 	if err != nil {
-		return fmt.Errorf("--apiserver-manifest: %w", err)
+		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
 	before, err := kubeapiserver.DecodePod(data, path)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
 	after := before.DeepCopy()
 	if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return fmt.Errorf("%s: %s: %w", r.o.manifestFlag(), path, err)
 	}
 	managed := flagNames(flags)
 	client, err := newKubeadmClient(r.o.KubeadmKubeconfig)

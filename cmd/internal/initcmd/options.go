@@ -80,6 +80,17 @@ type Options struct {
 	// set names the flags given on the command line (Complete), so that one that does not apply to the
 	// others is refused rather than ignored.
 	set map[string]bool
+	// manifestByKubeadm: APIServerManifest is kubeadm's default, which --kubeadm chose (Complete).
+	manifestByKubeadm bool
+}
+
+// manifestFlag is the flag that named APIServerManifest, for its errors: --apiserver-manifest, or --kubeadm
+// when that chose kubeadm's manifest.
+func (o *Options) manifestFlag() string {
+	if o.manifestByKubeadm {
+		return "--kubeadm"
+	}
+	return "--apiserver-manifest"
 }
 
 // NewOptions spells out every default.
@@ -153,6 +164,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	}
 	if o.Kubeadm && o.APIServerManifest == "" {
 		o.APIServerManifest = kubeapiserver.DefaultAPIServerManifest
+		o.manifestByKubeadm = true
 	}
 	o.set = map[string]bool{}
 	if fs != nil {
@@ -249,14 +261,18 @@ func (o *Options) Validate(n needs) error {
 		errs = append(errs, errors.New("--kubeadm-kubeconfig must not be empty with --kubeadm"))
 	}
 	if o.APIServerManifest != "" {
+		flag := o.manifestFlag()
 		if _, err := safepath.Resolve(o.APIServerManifest); err != nil {
-			errs = append(errs, fmt.Errorf("--apiserver-manifest %s: refusing to patch it: %w", o.APIServerManifest, err))
+			errs = append(errs, fmt.Errorf("%s %s: refusing to patch it: %w", flag, o.APIServerManifest, err))
 		}
-		// Decoded here, before anything is written, so that a manifest that is not a Pod leaves no PKI behind.
+		// Decoded here, and its kube-apiserver container found, before anything is written, so that a
+		// manifest that konnect cannot patch leaves no PKI behind.
 		if data, err := smallfile.Read(o.APIServerManifest); err != nil {
-			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
-		} else if _, err := kubeapiserver.DecodePod(data, o.APIServerManifest); err != nil {
-			errs = append(errs, fmt.Errorf("--apiserver-manifest: %w", err))
+			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
+		} else if pod, err := kubeapiserver.DecodePod(data, o.APIServerManifest); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
+		} else if err := kubeapiserver.CheckPod(pod); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %s: %w", flag, o.APIServerManifest, err))
 		}
 	}
 	if n.manifests && len(errs) == 0 {
