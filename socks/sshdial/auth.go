@@ -183,26 +183,38 @@ func readTerminal(prompt string, echo bool) ([]byte, error) {
 	if !term.IsTerminal(fd) {
 		return nil, errNoTerminal
 	}
+	if !echo {
+		restore, err := noEcho(fd)
+		if errors.Is(err, errors.ErrUnsupported) {
+			fmt.Fprint(os.Stderr, prompt)
+			b, err := term.ReadPassword(fd)
+			fmt.Fprintln(os.Stderr)
+			return b, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			restore()
+			fmt.Fprintln(os.Stderr) // the line the answer was typed on, which showed nothing
+		}()
+	}
 	fmt.Fprint(os.Stderr, prompt)
-	if echo {
-		// Byte by byte, so that nothing after the line is consumed.
-		var line []byte
-		b := make([]byte, 1)
-		for {
-			n, err := os.Stdin.Read(b)
-			switch {
-			case n == 1 && b[0] == '\n', err == io.EOF && len(line) > 0:
-				return bytes.TrimSuffix(line, []byte("\r")), nil
-			case n == 1:
-				line = append(line, b[0])
-			case err != nil:
-				return nil, err
-			}
+	// Byte by byte, so that nothing after the line is consumed.
+	var line []byte
+	b := make([]byte, 1)
+	for {
+		n, err := os.Stdin.Read(b)
+		switch {
+		case n == 1 && b[0] == '\n', err == io.EOF && len(line) > 0:
+			return bytes.TrimSuffix(line, []byte("\r")), nil
+		case n == 1:
+			line = append(line, b[0])
+		case err != nil:
+			clear(line)
+			return nil, err
 		}
 	}
-	b, err := term.ReadPassword(fd)
-	fmt.Fprintln(os.Stderr)
-	return b, err
 }
 
 // keySource says where an identity file was named, which decides what a missing or unsafe file means.
