@@ -455,3 +455,42 @@ func TestEvictedIsNoLapse(t *testing.T) {
 		t.Fatal("a source was penalized for connections that made room for others")
 	}
 }
+
+// TestEvictionHandsOverItsSlot: with every one of MaxConns taken, half by authenticated tunnels and half by
+// connections that never authenticate, a client from a fresh address still gets its tunnel: the connection
+// it displaces gives it its slot of MaxConns too, not only its place among the unauthenticated.
+func TestEvictionHandsOverItsSlot(t *testing.T) {
+	up := sink(t)
+	// Half of 8 is 4 unauthenticated in all, at most 2 from one source; 4 tunnels take the other half.
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
+		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	addr := serve(t, s, Auto)
+	dial := func(from string) (net.Conn, error) {
+		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
+		return d.Dial("tcp", up.Addr().String())
+	}
+	for range 4 {
+		tunnel, err := dial("127.0.0.8")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tunnel.Close()
+	}
+	idle := slices.Concat(openFrom(t, "127.0.0.1", addr, 2), openFrom(t, "127.0.0.2", addr, 2))
+	harness.EventuallyTrue(t, 5*time.Second, "4 unauthenticated and 4 tunnels", func() bool {
+		c, _ := unauthenticated(s)
+		return c == 4 && s.limit.Active() == 8
+	})
+	tunnel, err := dial("127.0.0.9")
+	if err != nil {
+		t.Fatalf("a client from a fresh address while every slot is taken, half unauthenticated: %v", err)
+	}
+	defer tunnel.Close()
+	if _, err := tunnel.Write([]byte("through")); err != nil {
+		t.Fatal(err)
+	}
+	if n := stillOpen(idle); n != 3 {
+		t.Fatalf("%d of 4 unauthenticated connections kept, want 3: one made room", n)
+	}
+}

@@ -241,11 +241,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 			return err
 		}
 		tempDelay = 0
+		var evicted net.Addr // the connection c displaced, if any
 		if s.preAuth != nil {
-			var (
-				refused why
-				evicted net.Addr
-			)
+			var refused why
 			if c, refused, evicted = s.preAuth.admit(c); refused != "" {
 				s.refuseSource(c, refused)
 				continue
@@ -255,7 +253,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 					"remote", evicted, "for", c.RemoteAddr())
 			}
 		}
-		if !s.limit.TryAcquire() {
+		if !s.acquire(evicted != nil) {
 			// Over the cap: answer briefly in the client's protocol, unless too many refusals are
 			// already in flight, then just close.
 			select {
@@ -386,4 +384,18 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n -= n
 	return n, err
+}
+
+// evictedSlotWait bounds how long a connection that displaced another waits for that one's slot of
+// MaxConns: the displaced connection was reset, and its goroutine frees the slot as soon as its next read
+// fails, within a scheduling delay.
+const evictedSlotWait = time.Second
+
+// acquire takes a slot of MaxConns for a new connection. One that displaced another (made) waits for the
+// slot that one frees, so that with every slot taken, half of them unauthenticated, a client still gets in.
+func (s *Server) acquire(made bool) bool {
+	if made {
+		return s.limit.AcquireWithin(evictedSlotWait)
+	}
+	return s.limit.TryAcquire()
 }
