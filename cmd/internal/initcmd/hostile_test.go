@@ -19,7 +19,10 @@ import (
 // otherUser is "another user": root can give them files and directories without the user existing.
 const otherUser = 65534
 
-const minimalPod = `apiVersion: v1
+// apiserverPod is a kube-apiserver static pod, as kubeadm writes it, whose command has flags after the binary.
+func apiserverPod(flags ...string) string {
+	var b strings.Builder
+	b.WriteString(`apiVersion: v1
 kind: Pod
 metadata:
   name: kube-apiserver
@@ -30,8 +33,15 @@ spec:
     image: registry.k8s.io/kube-apiserver:v1.36.1
     command:
     - kube-apiserver
-  hostNetwork: true
-`
+`)
+	for _, f := range flags {
+		b.WriteString("    - " + f + "\n")
+	}
+	b.WriteString("  hostNetwork: true\n")
+	return b.String()
+}
+
+var minimalPod = apiserverPod()
 
 // TestInitRefusesWhatOthersCanChange: a --dir, or a directory in or above it, that another user owns or
 // everyone may write to, and a file init would write that is a symlink another user planted, are refused

@@ -487,23 +487,7 @@ func TestInitRemovesStaleTemps(t *testing.T) {
 func TestInitNamesReplacedFlags(t *testing.T) {
 	dir := t.TempDir()
 	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
-	const pod = `apiVersion: v1
-kind: Pod
-metadata:
-  name: kube-apiserver
-  namespace: kube-system
-spec:
-  containers:
-  - name: kube-apiserver
-    image: registry.k8s.io/kube-apiserver:v1.36.1
-    command:
-    - kube-apiserver
-    - --requestheader-client-ca-file=/etc/other/ca.crt
-    - --requestheader-allowed-names=other-proxy
-    - --egress-selector-config-file=/etc/other/egress.yaml
-    - --proxy-client-cert-file=/etc/other/proxy.crt
-  hostNetwork: true
-`
+	pod := apiserverPod("--requestheader-client-ca-file=/etc/other/ca.crt", "--requestheader-allowed-names=other-proxy", "--egress-selector-config-file=/etc/other/egress.yaml", "--proxy-client-cert-file=/etc/other/proxy.crt")
 	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -743,21 +727,7 @@ func TestInitPhases(t *testing.T) {
 func TestInitPatchesAPIServerManifest(t *testing.T) {
 	dir := t.TempDir()
 	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
-	const pod = `apiVersion: v1
-kind: Pod
-metadata:
-  name: kube-apiserver
-  namespace: kube-system
-spec:
-  containers:
-  - name: kube-apiserver
-    image: registry.k8s.io/kube-apiserver:v1.36.1
-    command:
-    - kube-apiserver
-    - --advertise-address=198.18.0.1
-    - --service-account-issuer=https://kubernetes.default.svc.cluster.local
-  hostNetwork: true
-`
+	pod := apiserverPod("--advertise-address=198.18.0.1", "--service-account-issuer=https://kubernetes.default.svc.cluster.local")
 	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
 		t.Fatal(err)
 	}
