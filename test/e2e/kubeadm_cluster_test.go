@@ -988,26 +988,7 @@ func (kc *kadmCluster) stopContainers(n *kadmNode) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ctr := func(args ...string) string {
-		out, _ := harness.Run(ctx, "", append([]string{"ctr", "--address", n.sock(), "-n", "k8s.io"}, args...)...)
-		return out
-	}
-	for _, id := range strings.Fields(ctr("tasks", "ls", "-q")) {
-		ctr("tasks", "kill", "-s", "SIGKILL", id)
-	}
-	_ = harness.Poll("the tasks of "+n.name+" to be deleted", 20*time.Second, 200*time.Millisecond, func() error {
-		left := strings.Fields(ctr("tasks", "ls", "-q"))
-		for _, id := range left {
-			ctr("tasks", "delete", "-f", id)
-		}
-		if len(left) > 0 {
-			return fmt.Errorf("%d left", len(left))
-		}
-		return nil
-	})
-	if ids := strings.Fields(ctr("containers", "ls", "-q")); len(ids) > 0 {
-		ctr(append([]string{"containers", "rm"}, ids...)...)
-	}
+	removeContainers(ctx, n.sock(), n.name)
 }
 
 // killInMountNS kills every process in the mount namespace kept at file (the shims, after containerd).

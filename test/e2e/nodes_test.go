@@ -930,6 +930,31 @@ func (nc *nodeCluster) close() {
 	nc.nodes = nil
 }
 
+// removeContainers kills and deletes every task and container in the k8s.io namespace of the containerd
+// at sock, the node named name.
+func removeContainers(ctx context.Context, sock, name string) {
+	ctr := func(args ...string) string {
+		out, _ := harness.Run(ctx, "", append([]string{"ctr", "--address", sock, "-n", "k8s.io"}, args...)...)
+		return out
+	}
+	for _, id := range strings.Fields(ctr("tasks", "ls", "-q")) {
+		ctr("tasks", "kill", "-s", "SIGKILL", id)
+	}
+	_ = harness.Poll("the tasks of "+name+" to be deleted", 20*time.Second, 200*time.Millisecond, func() error {
+		left := strings.Fields(ctr("tasks", "ls", "-q"))
+		for _, id := range left {
+			ctr("tasks", "delete", "-f", id)
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%d left", len(left))
+		}
+		return nil
+	})
+	if ids := strings.Fields(ctr("containers", "ls", "-q")); len(ids) > 0 {
+		ctr(append([]string{"containers", "rm"}, ids...)...)
+	}
+}
+
 // stopContainers kills and deletes every task and container of the node's containerd, and returns the
 // shim sockets they used (under /run/containerd/s, which cannot be configured).
 func (n *node) stopContainers() []string {
@@ -945,27 +970,7 @@ func (n *node) stopContainers() []string {
 			sockets = append(sockets, strings.TrimSpace(string(b)))
 		}
 	}
-	ctr := func(args ...string) string {
-		out, _ := harness.Run(ctx, "", append([]string{"ctr", "--address", n.sock, "-n", "k8s.io"}, args...)...)
-		return out
-	}
-	tasks := strings.Fields(ctr("tasks", "ls", "-q"))
-	for _, id := range tasks {
-		ctr("tasks", "kill", "-s", "SIGKILL", id)
-	}
-	_ = harness.Poll("the tasks of "+n.name+" to be deleted", 20*time.Second, 200*time.Millisecond, func() error {
-		left := strings.Fields(ctr("tasks", "ls", "-q"))
-		for _, id := range left {
-			ctr("tasks", "delete", "-f", id)
-		}
-		if len(left) > 0 {
-			return fmt.Errorf("%d left", len(left))
-		}
-		return nil
-	})
-	if ids := strings.Fields(ctr("containers", "ls", "-q")); len(ids) > 0 {
-		ctr(append([]string{"containers", "rm"}, ids...)...)
-	}
+	removeContainers(ctx, n.sock, n.name)
 	return sockets
 }
 
