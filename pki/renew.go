@@ -22,7 +22,8 @@ const All = "all"
 // re-signed with its own key and subject, so that every certificate it issued stays valid. "all" means
 // every leaf present on disk. The Konnectivity server's kubeconfig, which embeds both, follows a renewed
 // konnectivity-server-client certificate or cluster CA. Either every problem is reported and nothing is
-// written, or every certificate is renewed.
+// written, or every certificate is renewed. Unless it is a dry run, the temporary files that a killed run
+// left beside those files are removed first (see RemoveStaleTemps; the caller holds the directory's lock).
 //
 // In an extension server's directory (DIR/pki written by konnect certs apiservice or konnect certs
 // webhook, see IsServingDir) the certificates are those of ServingSpecs in the rotation phase reached:
@@ -43,6 +44,9 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 	}
 	if err := checkTable(r.specs); err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
+	}
+	if !r.cfg.DryRun {
+		r.removeStaleTemps()
 	}
 	sel, err := r.selected(names)
 	if err != nil {
@@ -65,6 +69,23 @@ func Renew(cfg Config, names ...string) ([]Result, error) {
 		results = append(results, kr)
 	}
 	return results, nil
+}
+
+// removeStaleTemps deletes the temporary files that a killed run left beside the files of the table and the
+// kubeconfig, whichever of them this renewal writes: a renewal of one certificate may never write the file
+// whose temporary file holds a key.
+func (r *renewal) removeStaleTemps() {
+	specs := r.specs
+	if r.serving { // with the rotation's files, whichever phase it reached
+		specs = ServingSpecs("x", "x", ServingFromNext)
+	}
+	for _, s := range specs {
+		RemoveStaleTemps(s.CertFile(r.dir))
+		RemoveStaleTemps(s.KeyFile(r.dir))
+	}
+	if !r.serving {
+		RemoveStaleTemps(r.cfg.KubeconfigPath())
+	}
 }
 
 // renewal is one Renew: what it loaded, then what it re-signed.

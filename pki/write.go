@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/interrupt"
 	"github.com/konnect-dev/konnect/pki/safepath"
 	"github.com/konnect-dev/konnect/pki/smallfile"
+	"golang.org/x/sys/unix"
 )
 
 // File modes of what this package writes.
@@ -27,18 +29,43 @@ const (
 // tempPattern names WriteFile's temporary files for path.
 func tempPattern(path string) string { return "." + filepath.Base(path) + ".tmp-*" }
 
-// RemoveStaleTemps deletes the temporary files that a WriteFile of path, killed before its rename, left
-// beside it; for a key or a kubeconfig they hold key material.
+// RemoveStaleTemps deletes the temporary files that a WriteFile of path, or a Backup of it beside its
+// target, killed before its rename or link left beside it; for a key or a kubeconfig they hold key material.
+// Only what konnect's writes make is taken: a name made by tempPattern (.NAME.tmp-DIGITS, or
+// ..NAME.konnect-backup-STAMP.tmp-DIGITS for a backup), on a regular file of the user running konnect. A
+// symlink, a directory, another user's file, or any other name is left alone. The caller holds the lock of
+// the directory (Lock), so that no write in flight is taken for a killed one.
 func RemoveStaleTemps(path string) {
 	// Beside a symlink's target only where WriteFile would write: never in a directory of another user's.
 	path, err := safepath.Resolve(path)
 	if err != nil {
 		return
 	}
-	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
-	for _, p := range stale {
-		_ = os.Remove(p)
+	dir := filepath.Dir(path)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
 	}
+	write, backup := staleTempNames(filepath.Base(path))
+	for _, e := range entries {
+		if !write.MatchString(e.Name()) && !backup.MatchString(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
+			continue
+		}
+		_ = os.Remove(p) // unlinks the name: never follows a symlink
+	}
+}
+
+// staleTempNames match the names of the temporary files that WriteFile (tempPattern: os.CreateTemp puts
+// decimal digits for its star) and Backup beside the target leave for a file named base.
+func staleTempNames(base string) (write, backup *regexp.Regexp) {
+	q := regexp.QuoteMeta(base)
+	return regexp.MustCompile(`^\.` + q + `\.tmp-[0-9]+$`),
+		regexp.MustCompile(`^\.\.` + q + `\.konnect-backup-[0-9]{8}T[0-9]{6}Z(-[0-9]+)?\.tmp-[0-9]+$`)
 }
 
 // WriteFile writes data to path atomically: a temporary file in the same directory is written, synced,

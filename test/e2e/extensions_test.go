@@ -545,8 +545,8 @@ webhooks:
 	}
 	// A second CA with a serving certificate valid for one second: expired by the time it is checked.
 	expiredDir := filepath.Join(c.dir, "expired-webhook")
-	if out, err := harness.Run(ctx, "", bins.konnect, "certs", "webhook", "--service", "expired", "--namespace", pizzaNS, "--out", expiredDir, "--cert-validity-period", "1s"); err != nil {
-		t.Fatalf("konnect certs webhook --cert-validity-period 1s: %v\n%s", err, out)
+	if out, err := harness.Run(ctx, "", bins.konnect, "certs", "webhook", "--service", "expired", "--namespace", pizzaNS, "--out", expiredDir, "--cert-validity-period", "1s", "--allow-short-validity"); err != nil {
+		t.Fatalf("konnect certs webhook --cert-validity-period 1s --allow-short-validity: %v\n%s", err, out)
 	}
 	if _, err := c.kubectl(ctx, nsCP, "apply", "-k", expiredDir); err != nil {
 		t.Fatal(err)

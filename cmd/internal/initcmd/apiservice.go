@@ -24,6 +24,7 @@ type servingOptions struct {
 	out                      string
 	keyAlgorithm             string
 	caValidity, certValidity time.Duration
+	allowShortValidity       bool
 	force, dryRun            bool
 }
 
@@ -42,7 +43,8 @@ func (o *servingOptions) addFlags(fs *pflag.FlagSet, what, outSuffix string) {
 	fs.StringVar(&o.out, "out", o.out, "output directory (default ./SERVICE-"+outSuffix+")")
 	fs.StringVar(&o.keyAlgorithm, "key-algorithm", o.keyAlgorithm, "algorithm of new keys: "+joinAlgorithms())
 	fs.DurationVar(&o.caValidity, "ca-validity-period", o.caValidity, "lifetime of a new serving CA (at least "+minValidity.String()+")")
-	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate")
+	fs.DurationVar(&o.certValidity, "cert-validity-period", o.certValidity, "lifetime of a new serving certificate (at least "+minValidity.String()+", unless --allow-short-validity)")
+	fs.BoolVar(&o.allowShortValidity, "allow-short-validity", o.allowShortValidity, "accept a --cert-validity-period under "+minValidity.String()+": a certificate that expires before the next run, to see how clients take an expired one")
 	fs.BoolVar(&o.force, "force", o.force, "renew a serving certificate that fails its checks, and replace files in --out that konnect did not write (a backup is kept beside each)")
 	fs.BoolVar(&o.dryRun, "dry-run", o.dryRun, "print what would be written, and write nothing")
 }
@@ -62,7 +64,14 @@ func (o *servingOptions) validate() []error {
 	if _, err := pki.ParseKeyAlgorithm(o.keyAlgorithm); err != nil {
 		errs = append(errs, fmt.Errorf("--key-algorithm: %w", err))
 	}
-	if err := validities(o.caValidity, o.certValidity, 0); err != nil {
+	minCert := minValidity
+	if o.allowShortValidity {
+		minCert = 0
+	}
+	if err := validities(o.caValidity, o.certValidity, minCert); err != nil {
+		if o.certValidity > 0 && o.certValidity < minCert {
+			err = fmt.Errorf("%w (--allow-short-validity issues one that expires sooner)", err)
+		}
 		errs = append(errs, err)
 	}
 	return errs

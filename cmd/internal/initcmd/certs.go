@@ -409,9 +409,10 @@ func renewalSteps(name string, present func(name string) bool) []string {
 const minValidity = time.Hour
 
 // validities checks the lifetimes of new certificates. minCert is the shortest leaf lifetime accepted:
-// minValidity, except for the serving certificate of certs apiservice and certs webhook, which may be issued
-// to expire at once (--cert-validity-period 1s) to see how kube-apiserver and konnect doctor take an expired
-// one; the next run there refuses it until --force renews it.
+// minValidity, except for the serving certificate of certs apiservice and certs webhook with
+// --allow-short-validity, which may be issued to expire at once (--cert-validity-period 1s) to see how
+// kube-apiserver and konnect doctor take an expired one; the next run there refuses it until --force renews
+// it. A zero or negative lifetime is refused whatever minCert is.
 func validities(ca, cert, minCert time.Duration) error {
 	if ca < minValidity {
 		return fmt.Errorf("--ca-validity-period %s: must be at least %s", ca, minValidity)
