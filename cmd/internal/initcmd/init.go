@@ -38,6 +38,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // phase is one step of konnect init; the phase subcommands and their help come from this table.
@@ -130,6 +131,11 @@ func newPhaseCommand() *cobra.Command {
 	for _, p := range phases() {
 		cmd.AddCommand(newPhaseSubcommand(p, ""))
 	}
+	// The phases' flags, hidden, so that "init phase --dir X bogus" is parsed as the phases would parse it:
+	// --dir takes X, and bogus is left as an unknown phase, which the error names. Without them the flag
+	// would be unknown here and blamed instead, and X could not be told from a phase name.
+	NewOptions().AddFlags(cmd.Flags())
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { f.Hidden = true })
 	return cmd
 }
 
