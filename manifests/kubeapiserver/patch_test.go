@@ -72,11 +72,11 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, changed, err := PatchManifest(orig, "testdata/kube-apiserver.yaml", kubeadmPatch(t, nil))
+	out, res, err := PatchManifest(orig, "testdata/kube-apiserver.yaml", kubeadmPatch(t, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !changed {
+	if !res.Changed {
 		t.Fatal("PatchManifest reported no change on a fresh kubeadm manifest")
 	}
 	after, err := DecodePod(out, "patched")
@@ -141,9 +141,9 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	}
 
 	// Patching the result again changes nothing, not even formatting.
-	again, changed, err := PatchManifest(out, "patched", kubeadmPatch(t, nil))
-	if err != nil || changed || !bytes.Equal(again, out) {
-		t.Fatalf("second patch: changed=%v err=%v", changed, err)
+	again, res, err := PatchManifest(out, "patched", kubeadmPatch(t, nil))
+	if err != nil || res.Changed || !bytes.Equal(again, out) {
+		t.Fatalf("second patch: changed=%v err=%v", res.Changed, err)
 	}
 }
 
