@@ -271,6 +271,13 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 		}
 	}
 	earlier, byOlder := snapshot(pod, c, recorded), unrecorded(pod)
+	// An optional flag has no record, but one the manifest had with another value is replaced all the same.
+	optional := map[string]*string{}
+	for _, f := range p.Flags {
+		if slices.Contains(p.Optional, f.Name) {
+			optional[f.Name] = boolFlagValue(c, f.Name)
+		}
+	}
 	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
@@ -389,7 +396,46 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 			replaced = append(replaced, FlagChange{Name: name, Old: *old, New: *now})
 		}
 	}
+	for _, f := range p.Flags {
+		old, ok := optional[f.Name]
+		if !ok || old == nil {
+			continue
+		}
+		if now := boolFlagValue(c, f.Name); now != nil && !sameBool(*old, *now) {
+			replaced = append(replaced, FlagChange{Name: f.Name, Old: *old, New: *now})
+		}
+		delete(optional, f.Name)
+	}
 	return !equality.Semantic.DeepEqual(before, pod), replaced, nil
+}
+
+// boolFlagValue is the value kube-apiserver takes for the boolean flag name in c (the last occurrence's; "true"
+// for one without a value), or nil when c does not have it.
+func boolFlagValue(c *corev1.Container, name string) *string {
+	var v *string
+	cmd, args := flagLists(c)
+	for _, list := range [][]string{cmd, args} {
+		for i, tok := range list {
+			if match, _ := flagAt(list, i, name, true); match {
+				val := "true"
+				if _, after, ok := strings.Cut(tok, "="); ok {
+					val = after
+				}
+				v = &val
+			}
+		}
+	}
+	return v
+}
+
+// sameBool reports whether a and b are the same value of a boolean flag ("1" and "true" are).
+func sameBool(a, b string) bool {
+	x, errA := strconv.ParseBool(a)
+	y, errB := strconv.ParseBool(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return x == y
 }
 
 func numbered(name string, n int) string {

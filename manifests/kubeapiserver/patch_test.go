@@ -444,6 +444,33 @@ func TestPatchPodTakesOutOptionalFlagsItAdded(t *testing.T) {
 	}
 }
 
+// TestPatchPodNamesReplacedOptionalFlags: an optional flag that the patch turns on where the manifest had
+// another value is among the replaced flags, as the other flags are; one the manifest had with the same value
+// (also written otherwise) is not.
+func TestPatchPodNamesReplacedOptionalFlags(t *testing.T) {
+	on := ManifestPatch{Flags: []Flag{{"enable-aggregator-routing", "true"}}, Optional: OptionalFlags}
+	for _, tc := range []struct {
+		given []string
+		want  []FlagChange
+	}{
+		{[]string{"--enable-aggregator-routing=false"}, []FlagChange{{"enable-aggregator-routing", "false", "true"}}},
+		{[]string{"--enable-aggregator-routing=true", "--enable-aggregator-routing=0"}, []FlagChange{{"enable-aggregator-routing", "0", "true"}}},
+		{[]string{"--enable-aggregator-routing"}, nil},
+		{[]string{"--enable-aggregator-routing=1"}, nil},
+		{nil, nil},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver",
+			Command: append([]string{"kube-apiserver"}, tc.given...)}}}}
+		_, replaced, err := patchPod(pod, on)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(replaced, tc.want) {
+			t.Errorf("%q: replaced %v, want %v", tc.given, replaced, tc.want)
+		}
+	}
+}
+
 // An empty --requestheader-allowed-names admits every client certificate of the request-header CA, konnect's
 // front-proxy-client among them: the patch leaves it empty instead of narrowing it to konnect's name.
 func TestPatchPodKeepsEmptyAllowedNames(t *testing.T) {
