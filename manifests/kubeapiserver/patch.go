@@ -89,11 +89,11 @@ func (c SelectorConfig) Files() []string {
 	return []string{c.CABundle, c.ClientCert, c.ClientKey}
 }
 
-// PatchResult tells what PatchManifestFile did.
+// PatchResult tells what PatchManifest and PatchManifestFile did, or, in a dry run, would do.
 type PatchResult struct {
 	// Changed is false when the manifest already carried the patch; nothing was written then.
 	Changed bool
-	// Backup is the path of the copy of the original manifest, if one was written.
+	// Backup is the path of the copy of the original manifest, if PatchManifestFile wrote one.
 	Backup string
 	// Replaced are the flags the manifest had with another value, which the patch replaced (the pod's
 	// PodRecordAnnotation keeps the old values for UnpatchPod). The requestheader lists are not among them:
@@ -112,13 +112,13 @@ type FlagChange struct {
 // mode; when it does not, no file is touched. The new manifest is encoded from the typed Pod, as kubeadm
 // writes it, so comments in a hand-written manifest survive only in the backup.
 func PatchManifestFile(path string, p ManifestPatch) (PatchResult, error) {
-	var replaced []FlagChange
+	var patched PatchResult
 	res, err := editManifestFile(path, p.BackupDir, p.Now, func(data []byte) (out []byte, changed bool, err error) {
-		out, changed, replaced, err = patchManifest(data, path, p)
-		return out, changed, err
+		out, patched, err = PatchManifest(data, path, p)
+		return out, patched.Changed, err
 	})
 	if err == nil && res.Changed {
-		res.Replaced = replaced
+		res.Replaced = patched.Replaced
 	}
 	return res, err
 }
@@ -166,28 +166,26 @@ func editManifestFile(path, backupDir string, now func() time.Time, edit func([]
 }
 
 // PatchManifest patches a kube-apiserver static pod manifest held in data (see PatchPod); source names it
-// in errors. It returns data itself, and changed false, when the pod already carries the patch, so that an
-// unchanged manifest is never reformatted.
-func PatchManifest(data []byte, source string, p ManifestPatch) (out []byte, changed bool, err error) {
-	out, changed, _, err = patchManifest(data, source, p)
-	return out, changed, err
-}
-
-// patchManifest is PatchManifest that also returns the flags it replaced (PatchResult.Replaced).
-func patchManifest(data []byte, source string, p ManifestPatch) (out []byte, changed bool, replaced []FlagChange, err error) {
+// in errors. It returns data itself, and res.Changed false, when the pod already carries the patch, so that
+// an unchanged manifest is never reformatted. It writes nothing: res.Replaced is what PatchManifestFile would
+// report, so that a dry run names the same flags.
+func PatchManifest(data []byte, source string, p ManifestPatch) (out []byte, res PatchResult, err error) {
 	pod, err := DecodePod(data, source)
 	if err != nil {
-		return nil, false, nil, err
+		return nil, PatchResult{}, err
 	}
-	changed, replaced, err = patchPod(pod, p)
+	changed, replaced, err := patchPod(pod, p)
 	if err != nil {
-		return nil, false, nil, fmt.Errorf("%s: %w", source, err)
+		return nil, PatchResult{}, fmt.Errorf("%s: %w", source, err)
 	}
 	if !changed {
-		return data, false, nil, nil
+		return data, PatchResult{}, nil
 	}
 	out, changed, err = encodePod(pod, source)
-	return out, changed, replaced, err
+	if err != nil {
+		return nil, PatchResult{}, err
+	}
+	return out, PatchResult{Changed: changed, Replaced: replaced}, nil
 }
 
 // encodePod writes pod as kubeadm does, from the typed Pod.
@@ -273,6 +271,13 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 		}
 	}
 	earlier, byOlder := snapshot(pod, c, recorded), unrecorded(pod)
+	// An optional flag has no record, but one the manifest had with another value is replaced all the same.
+	optional := map[string]*string{}
+	for _, f := range p.Flags {
+		if slices.Contains(p.Optional, f.Name) {
+			optional[f.Name] = boolFlagValue(c, f.Name)
+		}
+	}
 	trackOptionalFlags(pod, c, p)
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
@@ -391,7 +396,46 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 			replaced = append(replaced, FlagChange{Name: name, Old: *old, New: *now})
 		}
 	}
+	for _, f := range p.Flags {
+		old, ok := optional[f.Name]
+		if !ok || old == nil {
+			continue
+		}
+		if now := boolFlagValue(c, f.Name); now != nil && !sameBool(*old, *now) {
+			replaced = append(replaced, FlagChange{Name: f.Name, Old: *old, New: *now})
+		}
+		delete(optional, f.Name)
+	}
 	return !equality.Semantic.DeepEqual(before, pod), replaced, nil
+}
+
+// boolFlagValue is the value kube-apiserver takes for the boolean flag name in c (the last occurrence's; "true"
+// for one without a value), or nil when c does not have it.
+func boolFlagValue(c *corev1.Container, name string) *string {
+	var v *string
+	cmd, args := flagLists(c)
+	for _, list := range [][]string{cmd, args} {
+		for i, tok := range list {
+			if match, _ := flagAt(list, i, name, true); match {
+				val := "true"
+				if _, after, ok := strings.Cut(tok, "="); ok {
+					val = after
+				}
+				v = &val
+			}
+		}
+	}
+	return v
+}
+
+// sameBool reports whether a and b are the same value of a boolean flag ("1" and "true" are).
+func sameBool(a, b string) bool {
+	x, errA := strconv.ParseBool(a)
+	y, errB := strconv.ParseBool(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return x == y
 }
 
 func numbered(name string, n int) string {

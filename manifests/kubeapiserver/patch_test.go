@@ -72,11 +72,11 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, changed, err := PatchManifest(orig, "testdata/kube-apiserver.yaml", kubeadmPatch(t, nil))
+	out, res, err := PatchManifest(orig, "testdata/kube-apiserver.yaml", kubeadmPatch(t, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !changed {
+	if !res.Changed {
 		t.Fatal("PatchManifest reported no change on a fresh kubeadm manifest")
 	}
 	after, err := DecodePod(out, "patched")
@@ -141,9 +141,9 @@ func TestPatchKubeadmManifest(t *testing.T) {
 	}
 
 	// Patching the result again changes nothing, not even formatting.
-	again, changed, err := PatchManifest(out, "patched", kubeadmPatch(t, nil))
-	if err != nil || changed || !bytes.Equal(again, out) {
-		t.Fatalf("second patch: changed=%v err=%v", changed, err)
+	again, res, err := PatchManifest(out, "patched", kubeadmPatch(t, nil))
+	if err != nil || res.Changed || !bytes.Equal(again, out) {
+		t.Fatalf("second patch: changed=%v err=%v", res.Changed, err)
 	}
 }
 
@@ -440,6 +440,33 @@ func TestPatchPodTakesOutOptionalFlagsItAdded(t *testing.T) {
 		}
 		if got := pod.Spec.Containers[0].Command; !slices.Equal(got, tc.after) || pod.Annotations[AddedFlagsAnnotation] != "" {
 			t.Errorf("%s: after the flag was no longer asked for: %q, annotations %v", tc.name, got, pod.Annotations)
+		}
+	}
+}
+
+// TestPatchPodNamesReplacedOptionalFlags: an optional flag that the patch turns on where the manifest had
+// another value is among the replaced flags, as the other flags are; one the manifest had with the same value
+// (also written otherwise) is not.
+func TestPatchPodNamesReplacedOptionalFlags(t *testing.T) {
+	on := ManifestPatch{Flags: []Flag{{"enable-aggregator-routing", "true"}}, Optional: OptionalFlags}
+	for _, tc := range []struct {
+		given []string
+		want  []FlagChange
+	}{
+		{[]string{"--enable-aggregator-routing=false"}, []FlagChange{{"enable-aggregator-routing", "false", "true"}}},
+		{[]string{"--enable-aggregator-routing=true", "--enable-aggregator-routing=0"}, []FlagChange{{"enable-aggregator-routing", "0", "true"}}},
+		{[]string{"--enable-aggregator-routing"}, nil},
+		{[]string{"--enable-aggregator-routing=1"}, nil},
+		{nil, nil},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver",
+			Command: append([]string{"kube-apiserver"}, tc.given...)}}}}
+		_, replaced, err := patchPod(pod, on)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(replaced, tc.want) {
+			t.Errorf("%q: replaced %v, want %v", tc.given, replaced, tc.want)
 		}
 	}
 }

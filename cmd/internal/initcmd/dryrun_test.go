@@ -27,7 +27,8 @@ func TestDryRunShowsDiff(t *testing.T) {
 		"[would be updated] " + egressFile + "\n--- " + egressFile + "\n+++ " + egressFile + " (after this run)\n@@ ",
 		"\n-    proxyProtocol: GRPC\n",
 		"\n+    proxyProtocol: HTTPConnect\n",
-		"[would be updated] " + manifest + "\n--- " + manifest + "\n+++ " + manifest + " (after this run)\n@@ ",
+		"[would be updated] " + manifest + " (replaced --",
+		")\n--- " + manifest + "\n+++ " + manifest + " (after this run)\n@@ ",
 		"\n+    - --egress-selector-config-file=" + egressFile + "\n",
 	} {
 		if !strings.Contains(out, want) {
@@ -63,5 +64,39 @@ func TestDryRunDiffWithholdsSecrets(t *testing.T) {
 	// The static pod is 0600, like kubeadm's, but names its key files only: its diff is shown.
 	if d := dryRunDiff("f", []byte("- --mode=grpc\n"), []byte("- --mode=http-connect\n"), true); !strings.Contains(d, "+- --mode=http-connect\n") {
 		t.Errorf("diff of a static pod: %q", d)
+	}
+}
+
+// A dry run names the flags of the manifest that the patch would replace, old → new, as the real run then
+// does: the diff shows them too, but among every other line it changes.
+func TestDryRunNamesReplacedFlags(t *testing.T) {
+	dir := t.TempDir()
+	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	pod := apiserverPod("--requestheader-client-ca-file=/etc/other/ca.crt", "--proxy-client-cert-file=/etc/other/proxy.crt")
+	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	replaced := func(out, prefix string) string {
+		t.Helper()
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, prefix+manifest+" ") {
+				if _, r, ok := strings.Cut(l, "replaced "); ok {
+					return strings.TrimSuffix(r, ")")
+				}
+			}
+		}
+		t.Fatalf("no flags named as replaced on the line of %s:\n%s", manifest, out)
+		return ""
+	}
+	mustRun(t, initArgs(dir)...)
+	dry := replaced(mustRun(t, initArgs(dir, "--apiserver-manifest", manifest, "--dry-run")...), "[would be updated] ")
+	if now, _ := os.ReadFile(manifest); string(now) != pod {
+		t.Fatal("dry run changed the kube-apiserver manifest")
+	}
+	if want := "--requestheader-client-ca-file /etc/other/ca.crt → " + filepath.Join(dir, "pki", "front-proxy-ca.crt"); !strings.Contains(dry, want) {
+		t.Errorf("dry run names %q, want %q among them", dry, want)
+	}
+	if real := replaced(mustRun(t, initArgs(dir, "--apiserver-manifest", manifest)...), "[updated] "); real != dry {
+		t.Errorf("the dry run names %q as replaced, the run %q", dry, real)
 	}
 }

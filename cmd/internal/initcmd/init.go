@@ -38,6 +38,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/smallfile"
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // phase is one step of konnect init; the phase subcommands and their help come from this table.
@@ -130,6 +131,11 @@ func newPhaseCommand() *cobra.Command {
 	for _, p := range phases() {
 		cmd.AddCommand(newPhaseSubcommand(p, ""))
 	}
+	// The phases' flags, hidden, so that "init phase --dir X bogus" is parsed as the phases would parse it:
+	// --dir takes X, and bogus is left as an unknown phase, which the error names. Without them the flag
+	// would be unknown here and blamed instead, and X could not be told from a phase name.
+	NewOptions().AddFlags(cmd.Flags())
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { f.Hidden = true })
 	return cmd
 }
 
@@ -372,38 +378,39 @@ func (r *runner) flags([]string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
-		patched, changed, err := kubeapiserver.PatchManifest(data, path, patch)
+		patched, res, err := kubeapiserver.PatchManifest(data, path, patch)
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 		}
-		r.outcomes = append(r.outcomes, outcome{action: actionFor(changed, true), dryRun: changed, file: path, diff: dryRunDiff(path, data, patched, changed)})
+		r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), dryRun: res.Changed, file: path, note: patchNote(res),
+			diff: dryRunDiff(path, data, patched, res.Changed)})
 		return nil
 	}
 	res, err := kubeapiserver.PatchManifestFile(path, patch)
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
-	note := ""
-	if res.Backup != "" {
-		note = "backup " + res.Backup
-	}
-	note = strings.TrimPrefix(note+replacedNote(res.Replaced), "; ")
-	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: note})
+	r.outcomes = append(r.outcomes, outcome{action: actionFor(res.Changed, true), file: path, note: patchNote(res)})
 	return nil
 }
 
-// replacedNote tells, for the outcome of a patched manifest, which flags had another value before and what it
-// was: something else may depend on it (another front proxy on --requestheader-client-ca-file), and the backup
-// and `konnect init reset` are the only ways back. The values are file paths, never file contents.
-func replacedNote(replaced []kubeapiserver.FlagChange) string {
-	if len(replaced) == 0 {
-		return ""
+// patchNote is the note on the outcome of a patched manifest, or one a dry run would patch: its backup, and
+// which flags had another value before and what it was. Something else may depend on such a value (another
+// front proxy on --requestheader-client-ca-file), and the backup and `konnect init reset` are the only ways
+// back. The values are file paths, never file contents.
+func patchNote(res kubeapiserver.PatchResult) string {
+	var notes []string
+	if res.Backup != "" {
+		notes = append(notes, "backup "+res.Backup)
 	}
-	parts := make([]string, len(replaced))
-	for i, f := range replaced {
-		parts[i] = fmt.Sprintf("--%s %s → %s", f.Name, quoteOdd(f.Old), quoteOdd(f.New))
+	if len(res.Replaced) > 0 {
+		parts := make([]string, len(res.Replaced))
+		for i, f := range res.Replaced {
+			parts[i] = fmt.Sprintf("--%s %s → %s", f.Name, quoteOdd(f.Old), quoteOdd(f.New))
+		}
+		notes = append(notes, "replaced "+strings.Join(parts, ", "))
 	}
-	return "; replaced " + strings.Join(parts, ", ")
+	return strings.Join(notes, "; ")
 }
 
 // quoteOdd quotes a value that is empty or holds a space, a comma or a character that is not printable, so that

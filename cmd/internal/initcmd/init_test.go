@@ -724,6 +724,25 @@ func TestInitPhases(t *testing.T) {
 	}
 }
 
+// TestInitPhaseUnknownBehindFlags: an unknown phase is named as such also when flags come before it; the flag,
+// which every phase takes, is not blamed, nor is its value taken for the phase.
+func TestInitPhaseUnknownBehindFlags(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"init", "phase", "--dir", dir, "bogus"},
+		{"init", "phase", "--dry-run", "bogus"},
+		{"init", "phase", "--dir=" + dir, "--control-plane-address", "198.18.0.1", "bogus", "--force"},
+	} {
+		out, err := run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), `unknown command "bogus" for "konnect init phase"`) {
+			t.Errorf("konnect %s: %v, want the unknown phase bogus named\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if help := mustRun(t, "init", "phase", "--help"); strings.Contains(help, "--dir") {
+		t.Errorf("init phase --help lists the phases' flags:\n%s", help)
+	}
+}
+
 func TestInitPatchesAPIServerManifest(t *testing.T) {
 	dir := t.TempDir()
 	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
