@@ -2,7 +2,6 @@ package apiproxy
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -32,22 +31,6 @@ func (refusedThere) Error() string {
 }
 func (refusedThere) ReportedBy() string { return "SSH server u@h:22" }
 func (refusedThere) Unwrap() error      { return syscall.ECONNREFUSED }
-
-func captureKlog(t *testing.T) *harness.SyncBuffer {
-	t.Helper()
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("alsologtostderr", "false")
-	buf := &harness.SyncBuffer{}
-	klog.SetOutput(buf)
-	t.Cleanup(func() {
-		klog.Flush()
-		_ = fs.Set("logtostderr", "true")
-		klog.SetOutput(os.Stderr)
-	})
-	return buf
-}
 
 // TestProxyErrorsNameTheHop: a request the dialer could not carry is answered as konnect socks answers
 // it: 503 when a hop of the route is down, 502 when the destination refused as the hop reports it, 504 on a
@@ -79,7 +62,7 @@ func TestProxyErrorsNameTheHop(t *testing.T) {
 	}
 
 	t.Run("logged, rate-limited", func(t *testing.T) {
-		logs := captureKlog(t)
+		logs := harness.CaptureKlogAt(t, 0)
 		dial := func(context.Context, string, string) (net.Conn, error) { return nil, hopDown{} }
 		base := startProxy(t, HandlerConfig{REST: rc, Filter: mustFilter(t, DefaultFilterSpec()), Dial: dial})
 		const n = 30
@@ -89,26 +72,26 @@ func TestProxyErrorsNameTheHop(t *testing.T) {
 			}
 		}
 		klog.Flush()
-		lines := strings.Count(logs.String(), `"Proxying to the API server failed"`)
+		lines := strings.Count(logs(), `"Proxying to the API server failed"`)
 		// A burst of 5, and at most one more per second that the requests took.
 		if lines < 5 || lines > 7 {
-			t.Fatalf("%d failures logged %d lines, want the burst of 5 (and one a second):\n%s", n, lines, logs.String())
+			t.Fatalf("%d failures logged %d lines, want the burst of 5 (and one a second):\n%s", n, lines, logs())
 		}
 		// A second later a failure is logged again, saying how many were left out.
 		time.Sleep(1100 * time.Millisecond)
 		do(t, "GET", base+"/api/v1/pods", "", "")
 		klog.Flush()
 		left := 0
-		for _, m := range regexp.MustCompile(`suppressedBefore=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
+		for _, m := range regexp.MustCompile(`suppressedBefore=(\d+)`).FindAllStringSubmatch(logs(), -1) {
 			k, _ := strconv.Atoi(m[1])
 			left += k
 		}
 		if left != n-lines {
-			t.Errorf("the lines say %d were left out, want %d:\n%s", left, n-lines, logs.String())
+			t.Errorf("the lines say %d were left out, want %d:\n%s", left, n-lines, logs())
 		}
 		for _, w := range []string{"answer=503", `path="/api/v1/pods"`, "SSH server u@h:22 is unreachable"} {
-			if !strings.Contains(logs.String(), w) {
-				t.Errorf("the log does not say %s:\n%s", w, logs.String())
+			if !strings.Contains(logs(), w) {
+				t.Errorf("the log does not say %s:\n%s", w, logs())
 			}
 		}
 	})

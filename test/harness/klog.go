@@ -3,6 +3,7 @@ package harness
 import (
 	"flag"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,10 +15,16 @@ import (
 // function that reads it. klog's output is process-wide: a test that uses it must not run in parallel.
 func CaptureKlog(t testing.TB) func() string {
 	t.Helper()
+	return CaptureKlogAt(t, 10)
+}
+
+// CaptureKlogAt is CaptureKlog at verbosity v: 0 for what a daemon logs by default.
+func CaptureKlogAt(t testing.TB, v int) func() string {
+	t.Helper()
 	// A flag set of its own reaches klog's settings whether or not the test binary registered klog's flags.
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
-	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "v": "10"} {
+	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "v": strconv.Itoa(v)} {
 		old := fs.Lookup(name).Value.String()
 		if err := fs.Set(name, v); err != nil {
 			t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -482,7 +481,7 @@ func kcWithKey(t *testing.T, kc, key string) string {
 // talks to it over loopback only.
 func TestCommandAllowRemote(t *testing.T) {
 	b := newBackend(t)
-	logs := captureKlog(t)
+	logs := harness.CaptureKlogAt(t, 0)
 	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--address=0.0.0.0", "--port=0", "--allow-remote")
 	_, port, _ := net.SplitHostPort(addr)
 	if code, _ := get(t, "http://127.0.0.1:"+port+"/api", ""); code != 200 {
@@ -492,14 +491,14 @@ func TestCommandAllowRemote(t *testing.T) {
 		t.Fatal(err)
 	}
 	klog.Flush()
-	if !strings.Contains(logs.String(), "--allow-remote") {
-		t.Errorf("no warning about --allow-remote in the log:\n%s", logs.String())
+	if !strings.Contains(logs(), "--allow-remote") {
+		t.Errorf("no warning about --allow-remote in the log:\n%s", logs())
 	}
 }
 
 func TestCommandDisableFilterWarns(t *testing.T) {
 	b := newBackend(t)
-	logs := captureKlog(t)
+	logs := harness.CaptureKlogAt(t, 0)
 	addr, stop := runCommand(t, "--kubeconfig", b.kubeconfig(t, "cert"), "--port=0", "--disable-filter")
 	if code, _ := get(t, "http://"+addr+"/api", "evil.example"); code != 200 {
 		t.Fatalf("filter disabled, Host evil.example: %d, want 200", code)
@@ -508,26 +507,9 @@ func TestCommandDisableFilterWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 	klog.Flush()
-	if want := "Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious"; !strings.Contains(logs.String(), want) {
-		t.Errorf("log lacks kubectl's warning %q:\n%s", want, logs.String())
+	if want := "Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious"; !strings.Contains(logs(), want) {
+		t.Errorf("log lacks kubectl's warning %q:\n%s", want, logs())
 	}
-}
-
-// captureKlog sends klog's output to a buffer for the rest of the test.
-func captureKlog(t *testing.T) *harness.SyncBuffer {
-	t.Helper()
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("alsologtostderr", "false")
-	buf := &harness.SyncBuffer{}
-	klog.SetOutput(buf)
-	t.Cleanup(func() {
-		klog.Flush()
-		_ = fs.Set("logtostderr", "true")
-		klog.SetOutput(os.Stderr)
-	})
-	return buf
 }
 
 func TestCommandRefusesForeignOrigin(t *testing.T) {

@@ -109,7 +109,7 @@ func TestViaRealSSHD(t *testing.T) {
 	// the API server as the SSH server reports it (502), as the message of a Status. Each is logged at the
 	// default level, rate-limited.
 	t.Run("errors name the hop", func(t *testing.T) {
-		logs := captureKlog(t)
+		logs := harness.CaptureKlogAt(t, 0)
 		closedKC := b.kubeconfig(t, "cert")
 		kc, err := clientcmd.LoadFromFile(closedKC)
 		if err != nil {
@@ -151,7 +151,7 @@ func TestViaRealSSHD(t *testing.T) {
 			t.Fatal(err)
 		}
 		klog.Flush()
-		log := logs.String()
+		log := logs()
 		for _, w := range []string{"answer=502", "could not open 127.0.0.1:" + strconv.Itoa(closed), "answer=503", server + " is unreachable"} {
 			if !strings.Contains(log, w) {
 				t.Errorf("the log does not say %q:\n%s", w, log)
@@ -207,7 +207,7 @@ func TestViaRealSSHD(t *testing.T) {
 
 	// It ends without logging "Serving": until the SSH connection is up the log says "Listening; connecting".
 	t.Run("unknown host key ends the command", func(t *testing.T) {
-		logs := captureKlog(t)
+		logs := harness.CaptureKlogAt(t, 0)
 		empty := filepath.Join(t.TempDir(), "known_hosts")
 		if err := os.WriteFile(empty, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -227,7 +227,7 @@ func TestViaRealSSHD(t *testing.T) {
 			t.Fatalf("error %q does not name --via and the host key", err)
 		}
 		klog.Flush()
-		if log := logs.String(); !strings.Contains(log, `"Listening; connecting to the SSH server"`) || strings.Contains(log, `"Serving"`) {
+		if log := logs(); !strings.Contains(log, `"Listening; connecting to the SSH server"`) || strings.Contains(log, `"Serving"`) {
 			t.Errorf("want Listening and no Serving in the log:\n%s", log)
 		}
 	})
