@@ -83,7 +83,8 @@ func konnectVolume(name string) bool {
 // the patch changed in kube-apiserver: before is kube-apiserver.yaml as it is, after as the patch makes it, and
 // managed names the flags the patch manages. A managed flag is recorded when after gives it a value that before
 // did not have, or when rec already holds it (a node that joined with konnect's extraArgs has them before the
-// patch); one rec holds that after no longer has is taken out again, putting back what the ClusterConfiguration
+// patch); one rec holds that after no longer has, or has with its value from before konnect (an optional flag
+// the patch no longer sets, PodRecordAnnotation), is taken out again, putting back what the ClusterConfiguration
 // had. Every konnect volume of after is recorded, and one of rec that after lacks is taken out. It returns the
 // new ClusterConfiguration and record, and whether the ClusterConfiguration changed.
 func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, before, after *corev1.Pod, managed []string) (string, KubeadmRecord, bool, error) {
@@ -106,15 +107,19 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	args := listAt(api, "extraArgs")
 	var out KubeadmRecord
 	for _, name := range managed {
-		av := lookupFlag(ac, name)
-		if len(av) == 0 || out.arg(name) != nil {
+		av := managedValue(ac, name)
+		if av == nil || out.arg(name) != nil {
 			continue
 		}
-		value := av[len(av)-1]
-		bv := lookupFlag(bc, name)
+		value := *av
+		bv := managedValue(bc, name)
 		old := rec.arg(name)
-		if old == nil && len(bv) > 0 && bv[len(bv)-1] == value {
+		if old == nil && bv != nil && sameValue(name, *bv, value) {
 			continue // kubeadm sets it so already
+		}
+		if old != nil && old.ManifestPrevious != nil && sameValue(name, *old.ManifestPrevious, value) {
+			// No longer konnect's: an optional flag the patch no longer sets has its value from before konnect.
+			continue
 		}
 		ra := RecordedArg{Name: name, Value: value}
 		if old != nil {
@@ -123,9 +128,7 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 			if v, ok := argValue(args, name); ok {
 				ra.Previous = &v
 			}
-			if len(bv) > 0 {
-				ra.ManifestPrevious = &bv[len(bv)-1]
-			}
+			ra.ManifestPrevious = bv
 		}
 		args = setArg(args, name, &value)
 		out.ExtraArgs = append(out.ExtraArgs, ra)
@@ -165,6 +168,28 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	}
 	changed, err := clusterConfigChanged(clusterConfig, newCC)
 	return newCC, out, changed, err
+}
+
+// managedValue is the value kube-apiserver takes for the managed flag name in c (the last occurrence's), or nil
+// when c lacks it. An optional flag is a boolean one: "true" when it has no value.
+func managedValue(c *corev1.Container, name string) *string {
+	if slices.Contains(OptionalFlags, name) {
+		return boolFlagValue(c, name)
+	}
+	vs := lookupFlag(c, name)
+	if len(vs) == 0 {
+		return nil
+	}
+	return &vs[len(vs)-1]
+}
+
+// sameValue reports whether a and b are the same value of the managed flag name: an optional flag's are compared
+// as booleans ("1" and "true" are).
+func sameValue(name, a, b string) bool {
+	if slices.Contains(OptionalFlags, name) {
+		return sameBool(a, b)
+	}
+	return a == b
 }
 
 // RemoveFromClusterConfiguration takes what rec recorded out of clusterConfig, putting back the values the
@@ -270,12 +295,16 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	return true, nil
 }
 
-// restoreFlag gives flag name of c the value previous, or removes it when previous is nil.
+// restoreFlag gives flag name of c the value previous, or removes it when previous is nil. An optional flag is
+// a boolean one: it never takes the next argument as its value.
 func restoreFlag(c *corev1.Container, name string, previous *string) {
-	if previous != nil {
+	boolean := slices.Contains(OptionalFlags, name)
+	switch {
+	case previous == nil:
+		editFlag(c, name, boolean, "")
+	case boolean && editFlag(c, name, true, Flag{name, *previous}.String()):
+	default:
 		setFlag(c, Flag{name, *previous})
-	} else {
-		editFlag(c, name, false, "")
 	}
 }
 

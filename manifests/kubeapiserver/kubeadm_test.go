@@ -1,6 +1,7 @@
 package kubeapiserver
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -237,5 +238,55 @@ func TestUnpatchPodWithoutRecord(t *testing.T) {
 	}
 	if len(c.VolumeMounts) != len(apiserverOf(t, before).VolumeMounts) {
 		t.Errorf("volume mounts %v", c.VolumeMounts)
+	}
+}
+
+// With kubeadm's record, an optional flag that the patch turned on in place of another value gets it back from
+// UnpatchPod, also on a manifest kubeadm wrote anew, and one the manifest had on already is not recorded, so reset
+// leaves it on. A later run that no longer asks for the flag takes it out of the ClusterConfiguration and the
+// record, as it does a flag konnect added.
+func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
+	on := kubeadmPatch(t, nil)
+	on.Optional = OptionalFlags
+	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	for _, tc := range optionalFlagCases {
+		before := withCommandTail(t, tc.given)
+		want := withCommandTail(t, tc.back)
+		after := before.DeepCopy()
+		if _, err := PatchPod(after, on); err != nil {
+			t.Fatal(err)
+		}
+		cc, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(on))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unpatch := func(step string, pod *corev1.Pod, rec KubeadmRecord) {
+			t.Helper()
+			pod = pod.DeepCopy()
+			pod.Annotations = before.DeepCopy().Annotations // as kubeadm writes it anew
+			if _, err := UnpatchPod(pod, rec); err != nil {
+				t.Fatalf("%s: %s: %v", tc.name, step, err)
+			}
+			if got := aggregatorRouting(t, pod); !slices.Equal(got, tc.back) {
+				t.Errorf("%s: reset after %s: %q, want %q (record %s)", tc.name, step, got, tc.back, rec)
+			} else if !equality.Semantic.DeepEqual(pod, want) {
+				t.Errorf("%s: reset after %s:\n%s\nwant:\n%s", tc.name, step, podYAML(pod), podYAML(want))
+			}
+		}
+		unpatch("init", after, rec)
+
+		after2 := after.DeepCopy()
+		if _, err := PatchPod(after2, off); err != nil {
+			t.Fatal(err)
+		}
+		cc2, rec2, _, err := RecordInClusterConfiguration(cc, rec, after, after2, managedNames(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec2.arg(aggregatorRoutingFlag) != nil || strings.Contains(cc2, aggregatorRoutingFlag) {
+			t.Errorf("%s: init without the flag: record %s:\n%s", tc.name, rec2, cc2)
+		}
+		unpatch("init without the flag", after2, rec2)
 	}
 }

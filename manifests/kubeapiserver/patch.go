@@ -50,7 +50,9 @@ type ManifestPatch struct {
 	Files []string
 	// Optional names the boolean flags konnect sets only on request (--enable-aggregator-routing). One that
 	// this patch adds to a manifest without it is recorded in AddedFlagsAnnotation; one recorded there that a
-	// later patch does not set is taken out again. A flag the manifest had before konnect set it stays.
+	// later patch does not set is taken out again. One the manifest had with another value (=false) is
+	// recorded in PodRecordAnnotation, and a later patch that does not set it puts that value back. A flag the
+	// manifest had on already stays.
 	Optional []string
 	// Annotations are set on the pod. A changed annotation changes the static pod, so kubelet restarts
 	// kube-apiserver: that is how a new egress selector configuration, which kube-apiserver reads only when
@@ -263,7 +265,8 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 	if err != nil {
 		return false, nil, err
 	}
-	// The optional flags have AddedFlagsAnnotation for their record.
+	// The optional flags have AddedFlagsAnnotation for their record, or, where they replace a value, the
+	// optional map below.
 	var recorded []string
 	for _, f := range p.Flags {
 		if !slices.Contains(p.Optional, f.Name) && !slices.Contains(recorded, f.Name) {
@@ -271,14 +274,16 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 		}
 	}
 	earlier, byOlder := snapshot(pod, c, recorded), unrecorded(pod)
-	// An optional flag has no record, but one the manifest had with another value is replaced all the same.
+	// An optional flag the manifest had with another value is replaced, and recorded, as the others are.
 	optional := map[string]*string{}
 	for _, f := range p.Flags {
 		if slices.Contains(p.Optional, f.Name) {
 			optional[f.Name] = boolFlagValue(c, f.Name)
 		}
 	}
-	trackOptionalFlags(pod, c, p)
+	if err := trackOptionalFlags(pod, c, p); err != nil {
+		return false, nil, err
+	}
 	for _, f := range p.Flags {
 		if f.Name == "" || strings.HasPrefix(f.Name, "-") || strings.ContainsAny(f.Name, "= ") {
 			return false, nil, fmt.Errorf("bad flag name %q", f.Name)
@@ -385,7 +390,7 @@ func patchPod(pod *corev1.Pod, p ManifestPatch) (changed bool, replaced []FlagCh
 			removeVolume(pod, c, v.Name)
 		}
 	}
-	if err := recordPatch(pod, c, earlier, byOlder); err != nil {
+	if err := recordPatch(pod, c, earlier, optional, byOlder); err != nil {
 		return false, nil, err
 	}
 	for _, name := range recorded {
@@ -612,20 +617,38 @@ func retireAgentAudience(c *corev1.Container) {
 }
 
 // trackOptionalFlags keeps AddedFlagsAnnotation: it records each of p.Optional that p adds to c, and takes out
-// of c each recorded one that p no longer sets. It runs before p's flags are set, to see which c already had.
-func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) {
+// of c each recorded one that p no longer sets. One that p no longer sets and that PodRecordAnnotation holds
+// (konnect replaced the manifest's value) gets that value back, and leaves the record, so that a later patch
+// that sets it again records the value c has then. It runs before p's flags are set, to see which c already had.
+func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) error {
+	rec, _, err := readPodRecord(pod)
+	if err != nil {
+		return err
+	}
 	var added []string
 	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
 		added = strings.Split(v, ",")
 	}
+	restored := false
 	for _, name := range p.Optional {
 		asked := slices.ContainsFunc(p.Flags, func(f Flag) bool { return f.Name == name })
+		i := slices.IndexFunc(rec.Flags, func(f RecordedFlag) bool { return f.Name == name && !f.Unknown })
 		switch had := hasFlag(c, name); {
-		case asked && !had && !slices.Contains(added, name):
+		case asked && !had && !slices.Contains(added, name) && !rec.flag(name):
 			added = append(added, name)
 		case !asked && slices.Contains(added, name):
 			editFlag(c, name, true, "")
 			added = slices.DeleteFunc(added, func(n string) bool { return n == name })
+		case !asked && i >= 0:
+			restoreFlag(c, name, rec.Flags[i].Previous)
+			rec.Flags = slices.Delete(rec.Flags, i, i+1)
+			restored = true
+		}
+	}
+	if restored {
+		// Kept even when empty: a pod with konnect's marks and no record is one an older konnect patched.
+		if err := writePodRecord(pod, rec); err != nil {
+			return err
 		}
 	}
 	slices.Sort(added)
@@ -638,6 +661,7 @@ func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) {
 	case pod.Annotations != nil:
 		delete(pod.Annotations, AddedFlagsAnnotation)
 	}
+	return nil
 }
 
 // uidHeadersFlag is the one request-header flag that older kube-apiservers refuse.

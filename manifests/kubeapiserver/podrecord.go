@@ -19,13 +19,15 @@ const PodRecordAnnotation = "konnect.dev/patch-record"
 
 // PodRecord is what PatchPod changed in a kube-apiserver pod, with what was there before. An entry is written
 // the first time konnect changes a flag or volume and kept by later patches, so it always holds the value from
-// before konnect.
+// before konnect. The exception is an optional flag (ManifestPatch.Optional) whose value konnect replaced: a
+// patch that no longer sets it puts the value back and drops the entry.
 type PodRecord struct {
 	Flags   []RecordedFlag   `json:"flags,omitempty"`
 	Volumes []RecordedVolume `json:"volumes,omitempty"`
 }
 
-// RecordedFlag is a flag of ManifestPatch.Flags that PatchPod changed.
+// RecordedFlag is a flag of ManifestPatch.Flags that PatchPod changed. An optional flag is recorded only when
+// PatchPod replaced the value the pod had (AddedFlagsAnnotation records one it added).
 type RecordedFlag struct {
 	Name string `json:"name"`
 	// Previous is the flag's value before konnect; nil when the pod did not have the flag.
@@ -42,6 +44,19 @@ type RecordedVolume struct {
 	// of it before konnect; Previous is nil when konnect added the volume.
 	Previous      *corev1.Volume      `json:"previous,omitempty"`
 	PreviousMount *corev1.VolumeMount `json:"previousMount,omitempty"`
+}
+
+// writePodRecord sets pod's PodRecordAnnotation to r.
+func writePodRecord(pod *corev1.Pod, r PodRecord) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[PodRecordAnnotation] = string(data)
+	return nil
 }
 
 // readPodRecord reads pod's PodRecordAnnotation; ok is false when it has none.
@@ -126,11 +141,13 @@ func unrecorded(pod *corev1.Pod) bool {
 }
 
 // recordPatch adds to pod's PodRecordAnnotation each flag and volume that differs from before, unless the
-// record holds it already. byOlder says the pod was unrecorded before this patch: its konnect-named volumes are
+// record holds it already, and each optional flag (values before the patch in optional) that now holds another
+// value as a boolean. byOlder says the pod was unrecorded before this patch: its konnect-named volumes are
 // then konnect's, and the flags it had set are recorded as Unknown whether this patch changed them or not,
 // so that neither a later patch nor UnpatchPod takes an older konnect's value for the pod's own. The
-// egress selector flag is the exception: the mark says konnect added it, as UnpatchPod assumes.
-func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot, byOlder bool) error {
+// egress selector flag is the exception: the mark says konnect added it, as UnpatchPod assumes. An optional flag's
+// replaced value is the pod's own even then: no konnect ever turned one off.
+func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot, optional map[string]*string, byOlder bool) error {
 	rec, _, err := readPodRecord(pod)
 	if err != nil {
 		return err
@@ -152,6 +169,17 @@ func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot, byOld
 		case byOlder && name == egressSelectorFlag:
 			rec.Flags = append(rec.Flags, RecordedFlag{Name: name})
 		case !equality.Semantic.DeepEqual(prev, flagValue(c, name)):
+			rec.Flags = append(rec.Flags, RecordedFlag{Name: name, Previous: prev})
+		}
+	}
+	names = names[:0]
+	for name := range optional {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		prev, now := optional[name], boolFlagValue(c, name)
+		if prev != nil && now != nil && !sameBool(*prev, *now) && !rec.flag(name) {
 			rec.Flags = append(rec.Flags, RecordedFlag{Name: name, Previous: prev})
 		}
 	}
@@ -180,15 +208,7 @@ func recordPatch(pod *corev1.Pod, c *corev1.Container, before podSnapshot, byOld
 	if len(rec.Flags)+len(rec.Volumes) == n {
 		return nil
 	}
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	pod.Annotations[PodRecordAnnotation] = string(data)
-	return nil
+	return writePodRecord(pod, rec)
 }
 
 // restoreVolume puts back the volume rv recorded, with c's mount of it, in their places, or removes them when

@@ -1,6 +1,7 @@
 package kubeapiserver
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -253,5 +254,137 @@ func TestPatchAfterAnUnrecordedKonnect(t *testing.T) {
 	}
 	if !equality.Semantic.DeepEqual(pod, original) {
 		t.Errorf("after reset:\n%s\nwant the pod from before konnect:\n%s", podYAML(pod), podYAML(original))
+	}
+}
+
+// aggregatorRouting returns the --enable-aggregator-routing tokens of pod's kube-apiserver command.
+func aggregatorRouting(t *testing.T, pod *corev1.Pod) []string {
+	t.Helper()
+	var out []string
+	for _, tok := range apiserverOf(t, pod).Command {
+		if tok == "--"+aggregatorRoutingFlag || strings.HasPrefix(tok, "--"+aggregatorRoutingFlag+"=") {
+			out = append(out, tok)
+		}
+	}
+	return out
+}
+
+// optionalFlagCases are manifests' --enable-aggregator-routing before konnect, and what reset, or a patch that no
+// longer asks for the flag, leaves: a value the patch replaced comes back in the form the manifest had it, a flag
+// the patch added goes, and one that already held the value stays, as the patch wrote it.
+var optionalFlagCases = []struct {
+	name        string
+	given, back []string
+}{
+	{"false", []string{"--enable-aggregator-routing=false"}, []string{"--enable-aggregator-routing=false"}},
+	{"0", []string{"--enable-aggregator-routing=0"}, []string{"--enable-aggregator-routing=0"}},
+	{"absent", nil, nil},
+	{"true", []string{"--enable-aggregator-routing=true"}, []string{"--enable-aggregator-routing=true"}},
+	{"bare", []string{"--enable-aggregator-routing"}, []string{"--enable-aggregator-routing=true"}},
+}
+
+// withCommandTail returns the testdata pod with tail appended to the kube-apiserver command.
+func withCommandTail(t *testing.T, tail []string) *corev1.Pod {
+	t.Helper()
+	pod, err := DecodePod(readTestdata(t), "testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := apiserverOf(t, pod)
+	c.Command = append(c.Command, tail...)
+	return pod
+}
+
+// An optional flag that the patch turned on in place of another value is recorded with that value: UnpatchPod
+// puts it back, and so does a later patch that no longer asks for the flag, after which a patch that asks again
+// records it again.
+func TestOptionalFlagGetsItsValueBack(t *testing.T) {
+	on := kubeadmPatch(t, nil)
+	on.Optional = OptionalFlags
+	on.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	off.Annotations = on.Annotations
+	for _, tc := range optionalFlagCases {
+		want := withCommandTail(t, tc.back)
+		unpatch := func(step string, pod *corev1.Pod) {
+			t.Helper()
+			pod = pod.DeepCopy()
+			if _, err := UnpatchPod(pod, KubeadmRecord{}); err != nil {
+				t.Fatalf("%s: %s: %v", tc.name, step, err)
+			}
+			if got := aggregatorRouting(t, pod); !slices.Equal(got, tc.back) {
+				t.Errorf("%s: reset after %s: %q, want %q", tc.name, step, got, tc.back)
+			} else if !equality.Semantic.DeepEqual(pod, want) {
+				t.Errorf("%s: reset after %s:\n%s\nwant:\n%s", tc.name, step, podYAML(pod), podYAML(want))
+			}
+		}
+		pod := withCommandTail(t, tc.given)
+		for i, step := range []string{"init", "init again"} {
+			changed, err := PatchPod(pod, on)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 1 && changed {
+				t.Errorf("%s: the same patch again changed the pod", tc.name)
+			}
+			if got := aggregatorRouting(t, pod); !slices.Equal(got, []string{"--enable-aggregator-routing=true"}) {
+				t.Fatalf("%s: %s: %q", tc.name, step, got)
+			}
+		}
+		unpatch("init", pod)
+
+		if _, err := PatchPod(pod, off); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, pod); !slices.Equal(got, tc.back) {
+			t.Errorf("%s: init without the flag left %q, want %q", tc.name, got, tc.back)
+		}
+		unpatch("init without the flag", pod)
+
+		if _, err := PatchPod(pod, on); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, pod); !slices.Equal(got, []string{"--enable-aggregator-routing=true"}) {
+			t.Fatalf("%s: init with the flag again: %q", tc.name, got)
+		}
+		unpatch("init with the flag again", pod)
+	}
+}
+
+// A pod that the previous konnect patched from --enable-aggregator-routing=false has a record without the flag,
+// whose value before konnect is lost: UnpatchPod still puts everything else back and leaves the flag on, and so
+// does a patch that no longer asks for it.
+func TestOptionalFlagRecordOfThePreviousKonnect(t *testing.T) {
+	on := kubeadmPatch(t, nil)
+	on.Optional = OptionalFlags
+	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	pod := withCommandTail(t, []string{"--enable-aggregator-routing=false"})
+	if _, err := PatchPod(pod, on); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := readPodRecord(pod)
+	if err != nil || !rec.flag(aggregatorRoutingFlag) {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	rec.Flags = slices.DeleteFunc(rec.Flags, func(f RecordedFlag) bool { return f.Name == aggregatorRoutingFlag })
+	if err := writePodRecord(pod, rec); err != nil {
+		t.Fatal(err)
+	}
+	want := withCommandTail(t, []string{"--enable-aggregator-routing=true"})
+	for _, p := range []*ManifestPatch{nil, &off} {
+		pod := pod.DeepCopy()
+		if p != nil {
+			if _, err := PatchPod(pod, *p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := UnpatchPod(pod, KubeadmRecord{}); err != nil {
+			t.Fatal(err)
+		}
+		if !equality.Semantic.DeepEqual(pod, want) {
+			t.Errorf("after reset:\n%s\nwant:\n%s", podYAML(pod), podYAML(want))
+		}
 	}
 }
