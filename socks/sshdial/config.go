@@ -564,7 +564,8 @@ var (
 
 // knownHostsFiles expands a UserKnownHostsFile or GlobalKnownHostsFile value, a space-separated list: ""
 // means defaults, "none" no file. A missing file is an empty one (AcceptNew may create the first user
-// file); one that cannot be read would fail every connection, and each reconnect after it, so it fails the
+// file), and so is the null device (UserKnownHostsFile /dev/null, as for throwaway hosts; nothing is ever
+// written to it); any other file that is not a regular one is refused; one that cannot be read would fail every connection, and each reconnect after it, so it fails the
 // start instead.
 func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, error) {
 	names := strings.Fields(value)
@@ -582,7 +583,7 @@ func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, err
 			}
 		}
 		f := expandPath(n, e)
-		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
+		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() && !isNullDevice(fi) {
 			return nil, fmt.Errorf("known_hosts %s is not a file", f)
 		} else if err == nil {
 			if _, err := smallfile.ReadUpTo(f, maxKnownHostsSize); err != nil {

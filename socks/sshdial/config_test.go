@@ -170,6 +170,12 @@ Host *
 		{"explicit identity not a key", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{garbage}}, nil, "identity file " + garbage + " is not a private key"},
 		{"explicit identity a directory", Config{Destination: "h", ConfigFile: "none", IdentityFiles: []string{dir}}, nil, "is not a file"},
 		{"known_hosts a directory", Config{Destination: "h", ConfigFile: "none", KnownHostsFile: knownDir}, nil, "known_hosts " + knownDir + " is not a file"},
+		{"known_hosts another device", Config{Destination: "h", ConfigFile: "none", KnownHostsFile: "/dev/zero"}, nil, "known_hosts /dev/zero is not a file"},
+		{"known_hosts the null device", Config{Destination: "h", ConfigFile: "none", KnownHostsFile: "/dev/null"}, func(t *testing.T, p *plan) {
+			if !reflect.DeepEqual(p.knownHosts, []string{"/dev/null"}) {
+				t.Errorf("known_hosts %v, want /dev/null", p.knownHosts)
+			}
+		}, ""},
 		{"missing explicit config file", Config{Destination: "h", ConfigFile: filepath.Join(dir, "nope")}, nil, "ssh config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+	"golang.org/x/sys/unix"
 )
 
 // HostKeyError is returned when a host key is not trusted: the host is unknown, or its key changed (or is
@@ -395,7 +396,13 @@ func (k *knownHosts) callback(addr string, hash, acceptNew bool) ssh.HostKeyCall
 			if hash {
 				line = knownhosts.Line([]string{knownhosts.HashHostname(hke.Host)}, key)
 			}
-			if err := k.appendLine(line); errors.Is(err, safepath.ErrShared) {
+			if err := k.appendLine(line); errors.Is(err, errNullDevice) {
+				// As ssh, which appends to /dev/null: the host is trusted for this connection, and each
+				// connection asks again.
+				k.log.Info("Accepted the host key for this connection only: known_hosts is the null device", "host", hke.Host,
+					"type", hke.KeyType, "fingerprint", hke.Fingerprint, "file", k.recordFile())
+				return nil
+			} else if errors.Is(err, safepath.ErrShared) {
 				hke.Unrecorded = err
 				return hke
 			} else if err != nil {
@@ -427,6 +434,11 @@ func (k *knownHosts) appendLine(line string) error {
 	if err != nil {
 		return err
 	}
+	// The null device (UserKnownHostsFile /dev/null) records nothing. Written to, it would discard the line
+	// as it does for ssh; but nothing here may replace it, so it is never opened for writing at all.
+	if fi, err := os.Stat(file); err == nil && isNullDevice(fi) {
+		return errNullDevice
+	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 		return err
 	}
@@ -456,6 +468,16 @@ func (k *knownHosts) appendLine(line string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// errNullDevice is appendLine's answer for a known_hosts file that is the null device: nothing recorded.
+var errNullDevice = errors.New("known_hosts is the null device")
+
+// isNullDevice says whether fi is the null device (/dev/null, by its device number, as pki/smallfile tells
+// it), which reads as an empty known_hosts and records nothing. No other device is a known_hosts file.
+func isNullDevice(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(uint64(st.Rdev)) == 1 && unix.Minor(uint64(st.Rdev)) == 3
 }
 
 // createWhole creates path holding data, mode 0644 less the umask, or fails with fs.ErrExist when something
