@@ -99,7 +99,7 @@ func Check(path string) error {
 }
 
 func check(path string, fi fs.FileInfo, max int64) error {
-	if !fi.Mode().IsRegular() && !isNull(fi) {
+	if !fi.Mode().IsRegular() && !IsNull(fi) {
 		return fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(fi.Mode()))
 	}
 	if fi.Size() > max {
@@ -108,9 +108,10 @@ func check(path string, fi fs.FileInfo, max int64) error {
 	return nil
 }
 
-// isNull says whether fi is the null device, which reads as an empty file: "/dev/null" is the usual way to
-// say "no file" to ssh (-F /dev/null, GlobalKnownHostsFile /dev/null) and to other tools.
-func isNull(fi fs.FileInfo) bool {
+// IsNull says whether fi is the null device (by its device number, whatever its name), which reads as an
+// empty file: "/dev/null" is the usual way to say "no file" to ssh (-F /dev/null, UserKnownHostsFile
+// /dev/null) and to other tools.
+func IsNull(fi fs.FileInfo) bool {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(uint64(st.Rdev)) == 1 && unix.Minor(uint64(st.Rdev)) == 3
 }

@@ -583,7 +583,7 @@ func knownHostsFiles(value string, defaults []string, e endpoint) ([]string, err
 			}
 		}
 		f := expandPath(n, e)
-		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() && !isNullDevice(fi) {
+		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() && !smallfile.IsNull(fi) {
 			return nil, fmt.Errorf("known_hosts %s is not a file", f)
 		} else if err == nil {
 			if _, err := smallfile.ReadUpTo(f, maxKnownHostsSize); err != nil {

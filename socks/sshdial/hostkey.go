@@ -21,7 +21,6 @@ import (
 	"github.com/konnect-dev/konnect/pki/smallfile"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
-	"golang.org/x/sys/unix"
 )
 
 // HostKeyError is returned when a host key is not trusted: the host is unknown, or its key changed (or is
@@ -436,7 +435,7 @@ func (k *knownHosts) appendLine(line string) error {
 	}
 	// The null device (UserKnownHostsFile /dev/null) records nothing. Written to, it would discard the line
 	// as it does for ssh; but nothing here may replace it, so it is never opened for writing at all.
-	if fi, err := os.Stat(file); err == nil && isNullDevice(fi) {
+	if fi, err := os.Stat(file); err == nil && smallfile.IsNull(fi) {
 		return errNullDevice
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
@@ -472,13 +471,6 @@ func (k *knownHosts) appendLine(line string) error {
 
 // errNullDevice is appendLine's answer for a known_hosts file that is the null device: nothing recorded.
 var errNullDevice = errors.New("known_hosts is the null device")
-
-// isNullDevice says whether fi is the null device (/dev/null, by its device number, as pki/smallfile tells
-// it), which reads as an empty known_hosts and records nothing. No other device is a known_hosts file.
-func isNullDevice(fi fs.FileInfo) bool {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(uint64(st.Rdev)) == 1 && unix.Minor(uint64(st.Rdev)) == 3
-}
 
 // createWhole creates path holding data, mode 0644 less the umask, or fails with fs.ErrExist when something
 // is there already. Whoever reads path sees no file or the whole of it.
