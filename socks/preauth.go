@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/source"
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 )
 
 // DefaultMaxUnauthenticatedPerSource is Server.MaxUnauthenticatedPerSource's default.
@@ -33,11 +34,13 @@ func unauthenticatedBounds(maxConns, perSource int) (total, perSrc int) {
 // again, and keep its users out. While the bound in all is reached, a source that holds fewer than another
 // takes that one's oldest connection's place (makeRoom). Sources together still could fill their half again
 // and again, so a source whose connections keep running out their handshake time is kept out for a while
-// (penalties).
+// (penalties). It also takes each connection's slot of MaxConns (limit), so that every connection it counts
+// holds one: the slot is taken, or handed over by the connection it displaces, under mu with the count.
 type preAuth struct {
 	penalties source.Penalties
 	maxTotal  int
 	perSource int
+	limit     *localproxy.ConnLimit
 
 	mu      sync.Mutex
 	total   int
@@ -49,12 +52,13 @@ type preAuth struct {
 // penalties scale with the handshake timeout as OpenSSH's do with its LoginGraceTime (grace-exceeded 10 s,
 // min 15 s, max 600 s at 10 s): one connection that lapses costs its source nothing, two in a row keep it
 // out for a few seconds, and a source that lets its whole share lapse is kept out for 60 handshake
-// timeouts.
-func newPreAuth(maxTotal, perSource int, handshake time.Duration) *preAuth {
+// timeouts. limit is the server's MaxConns.
+func newPreAuth(maxTotal, perSource int, handshake time.Duration, limit *localproxy.ConnLimit) *preAuth {
 	return &preAuth{
 		penalties: source.Penalties{Per: handshake, Threshold: handshake * 3 / 2, Max: 60 * handshake},
 		maxTotal:  maxTotal,
 		perSource: perSource,
+		limit:     limit,
 		sources:   map[netip.Addr]*list.List{},
 	}
 }
@@ -66,12 +70,16 @@ const (
 	atBound   why = "too many unauthenticated connections from its source"
 	full      why = "too many unauthenticated connections"
 	penalized why = "its source's connections kept running out their handshake time"
+	// overCap: every slot of MaxConns is taken. The server answers it in its protocol (Server.refuse).
+	overCap why = "too many connections"
 )
 
-// admit counts c in all and against its source, or reports why it is refused. When it made room for c by
-// closing another source's connection, it returns that connection's remote address. The connection counts
-// until its handshake is over, it closes, or it makes room for another; one that closes unauthenticated
-// past its handshake deadline penalizes its source.
+// admit counts c in all and against its source, and gives it a slot of MaxConns, or reports why it is
+// refused; one refused as overCap is not counted, as it waits for no handshake. When it made room for c by
+// closing another source's connection, it returns that connection's remote address, and c has that
+// connection's slot. The connection counts until its handshake is over, it closes, or it makes room for
+// another; one that closes unauthenticated past its handshake deadline penalizes its source. Once the
+// server is done with the connection it calls releaseSlot.
 func (p *preAuth) admit(c net.Conn) (_ net.Conn, refused why, evicted net.Addr) {
 	src := source.Of(c.RemoteAddr())
 	if p.penalties.Refused(src, time.Now()) {
@@ -94,11 +102,21 @@ func (p *preAuth) admit(c net.Conn) (_ net.Conn, refused why, evicted net.Addr) 
 		}
 		evicted = victim.RemoteAddr()
 		p.uncount(victim)
-		// Closed while p.mu is held, so that a handshake that ends meanwhile (release, which waits for
-		// p.mu) finds its connection closed already. The handshake goroutine's next read or write fails
-		// and it ends; its Close finds the connection uncounted and does not count a lapse, as the source
+		// c takes victim's slot of MaxConns, which victim holds as it is counted, so that c gets in
+		// while every slot is taken, half of them by connections that never authenticate, without
+		// waiting for victim's goroutine to free it: that goroutine's releaseSlot frees nothing. It is
+		// safe: victim is reset (linger 0) below, while p.mu is held, so a handshake that ends meanwhile
+		// (release, which waits for p.mu) finds its connection closed already, and its goroutine ends at
+		// its next read or write (one whose request was just read may still dial before its reply
+		// fails). Until then, the goroutines serving connections exceed MaxConns by the victims still
+		// unwinding. Its Close finds the connection uncounted and does not count a lapse, as the source
 		// did not let it run out its time.
+		victim.slotGiven = true
 		source.Refuse(victim.Conn)
+	} else if !p.limit.TryAcquire() {
+		// Taken under p.mu with the count, as Serve may run on several listeners at once: no connection
+		// is counted, and so can be displaced, without a slot to hand over.
+		return c, overCap, nil
 	}
 	if held == nil {
 		held = list.New()
@@ -156,6 +174,16 @@ func (p *preAuth) release(c *preAuthConn) bool {
 	return p.uncount(c)
 }
 
+// releaseSlot frees c's slot of MaxConns once the server is done with c, unless c gave it to the connection
+// that took its place. c is uncounted by then (its Close came first), so no admit can give it away later.
+func (p *preAuth) releaseSlot(c *preAuthConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !c.slotGiven {
+		p.limit.Release()
+	}
+}
+
 // preAuthConn is a connection counted by preAuth. Its handshake is over where the server lifts the
 // handshake's read deadline (SetReadDeadline with the zero time): after the credentials were checked and
 // the request read, in every protocol.
@@ -165,7 +193,9 @@ type preAuthConn struct {
 	src  netip.Addr
 	seq  uint64        // its admission's, set once
 	elem *list.Element // in p.sources[src] while counted; guarded by p.mu
-	once sync.Once
+	// slotGiven: its slot of MaxConns went to the connection that took its place; guarded by p.mu.
+	slotGiven bool
+	once      sync.Once
 
 	mu       sync.Mutex
 	deadline time.Time // the handshake's, set by the server's first read deadline

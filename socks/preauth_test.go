@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/konnect-dev/konnect/pki/source"
+	"github.com/konnect-dev/konnect/socks/internal/localproxy"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/net/proxy"
 )
@@ -374,10 +375,11 @@ type addrConn struct {
 func (c addrConn) RemoteAddr() net.Addr { return c.remote }
 
 // TestEvictionCountsOnce: connections that make room for others, end their handshakes and close, all at
-// once, are each counted and released exactly once, and an evicted one is no lapse that penalizes its
-// source.
+// once (as from several listeners served at once), are each counted and released exactly once, and an
+// evicted one is no lapse that penalizes its source; and each slot of MaxConns, taken or handed over by an
+// evicted connection, is freed exactly once.
 func TestEvictionCountsOnce(t *testing.T) {
-	p := newPreAuth(8, 4, time.Nanosecond)
+	p := newPreAuth(8, 4, time.Nanosecond, localproxy.NewConnLimit(12))
 	var wg sync.WaitGroup
 	var evictions atomic.Int64
 	for g := range 8 {
@@ -396,17 +398,22 @@ func TestEvictionCountsOnce(t *testing.T) {
 				if evicted != nil {
 					evictions.Add(1)
 				}
+				// As the server's goroutine does once it is done with the connection.
+				done := func() {
+					c.Close()
+					p.releaseSlot(c.(*preAuthConn))
+				}
 				// Each admitted connection starts its handshake, then ends it, closes, or is left open
 				// for others to evict.
 				_ = c.SetReadDeadline(time.Now().Add(time.Hour))
 				switch i % 3 {
 				case 0:
 					_ = c.SetReadDeadline(time.Time{})
-					c.Close()
+					done()
 				case 1:
-					c.Close()
+					done()
 				default:
-					defer c.Close()
+					defer done()
 				}
 			}
 		}()
@@ -419,13 +426,16 @@ func TestEvictionCountsOnce(t *testing.T) {
 		t.Fatalf("%d unauthenticated connections from %d sources counted after all closed, want none",
 			p.total, len(p.sources))
 	}
+	if n := p.limit.Active(); n != 0 {
+		t.Fatalf("%d slots of MaxConns taken after all closed, want none", n)
+	}
 }
 
 // TestEvictedIsNoLapse: a connection closed to make room for another source's is closed at once, and does
 // not count against its source as one that ran out its handshake time, even past its deadline: its source
 // did not let it lapse. Two lapses in a row would keep the source out.
 func TestEvictedIsNoLapse(t *testing.T) {
-	p := newPreAuth(2, 2, time.Second)
+	p := newPreAuth(2, 2, time.Second, localproxy.NewConnLimit(4))
 	from := func(ip byte) (net.Conn, net.Conn) {
 		t.Helper()
 		server, client := net.Pipe()
@@ -492,5 +502,225 @@ func TestEvictionHandsOverItsSlot(t *testing.T) {
 	}
 	if n := stillOpen(idle); n != 3 {
 		t.Fatalf("%d of 4 unauthenticated connections kept, want 3: one made room", n)
+	}
+}
+
+// lateListener accepts connections whose reads, from the addresses late, block once the connection has
+// failed until freed is closed: their goroutines see them closed late, and end late.
+type lateListener struct {
+	net.Listener
+	late  []string
+	freed chan struct{}
+}
+
+func (l lateListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil && slices.Contains(l.late, c.RemoteAddr().(*net.TCPAddr).IP.String()) {
+		c = lateConn{c, l.freed}
+	}
+	return c, err
+}
+
+type lateConn struct {
+	net.Conn
+	freed chan struct{}
+}
+
+func (c lateConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		<-c.freed
+	}
+	return n, err
+}
+
+// TestEvictedSlotIsTakenAtOnce: with every slot of MaxConns taken, half by connections that never
+// authenticate, a connection that displaces one whose goroutine ends late takes that one's slot at once,
+// and the listener goes on accepting: a client that arrives next displaces another such connection and gets
+// its tunnel at once, in that connection's slot.
+func TestEvictedSlotIsTakenAtOnce(t *testing.T) {
+	up := sink(t)
+	// Half of 8 is 4 unauthenticated in all, at most 2 from one source; 4 tunnels take the other half.
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
+		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed := make(chan struct{})
+	free := sync.OnceFunc(func() { close(freed) })
+	addr := serveOn(t, s, lateListener{ln, []string{"127.0.0.1", "127.0.0.2"}, freed}, Auto)
+	t.Cleanup(free) // before Serve's cleanup waits for the connections' goroutines
+	dial := func(from string) (net.Conn, error) {
+		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
+		return d.Dial("tcp", up.Addr().String())
+	}
+	for range 4 {
+		tunnel, err := dial("127.0.0.8")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tunnel.Close()
+	}
+	// 127.0.0.1's are the older: the first newcomer displaces the first of them, the next 127.0.0.2's
+	// first, which then holds the most.
+	a := openFrom(t, "127.0.0.1", addr, 2)
+	harness.EventuallyTrue(t, 5*time.Second, "2 unauthenticated", func() bool { c, _ := unauthenticated(s); return c == 2 })
+	b := openFrom(t, "127.0.0.2", addr, 2)
+	harness.EventuallyTrue(t, 5*time.Second, "4 unauthenticated and 4 tunnels", func() bool {
+		c, _ := unauthenticated(s)
+		return c == 4 && s.ActiveConns() == 8
+	})
+
+	start := time.Now()
+	newcomer := openFrom(t, "127.0.0.9", addr, 1)
+	tunnel, err := dial("127.0.0.3")
+	if err != nil {
+		t.Fatalf("a client while displaced connections' goroutines have not ended: %v", err)
+	}
+	defer tunnel.Close()
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Fatalf("a client got its tunnel %v after it dialed, while displaced connections' goroutines had not ended", took)
+	}
+	if _, err := tunnel.Write([]byte("through")); err != nil {
+		t.Fatal(err)
+	}
+	if !closedAtOnce(a[0]) || !closedAtOnce(b[0]) {
+		t.Fatal("the newcomers did not displace the oldest connections of the sources that held the most")
+	}
+	if n := stillOpen(slices.Concat(newcomer, a[1:], b[1:])); n != 3 {
+		t.Fatalf("%d of 3 unauthenticated connections kept, want 3", n)
+	}
+	// 4 tunnels, the newcomer and the client in the displaced connections' slots, 2 unauthenticated.
+	if n := s.ActiveConns(); n != 8 {
+		t.Fatalf("ActiveConns = %d, want 8", n)
+	}
+	free()
+}
+
+// TestEvictionsLeakNoSlot: with the unauthenticated half of MaxConns full, 200 newcomers from fresh
+// addresses displace its connections, every tenth a client that gets its tunnel, 100 of them while every
+// slot is taken and 100 while one is free; once every client has closed, no slot is taken, and MaxConns
+// clients get their tunnels again, and no more.
+func TestEvictionsLeakNoSlot(t *testing.T) {
+	up := sink(t)
+	// Half of 8 is 4 unauthenticated in all, at most 2 from one source.
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
+		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	addr := serve(t, s, Auto)
+	dial := func(from string) (net.Conn, error) {
+		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return d.(proxy.ContextDialer).DialContext(ctx, "tcp", up.Addr().String())
+	}
+	var conns []net.Conn
+	for range 4 {
+		tunnel, err := dial("127.0.0.8")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, tunnel)
+	}
+	conns = append(conns, openFrom(t, "127.0.0.1", addr, 2)...)
+	conns = append(conns, openFrom(t, "127.0.0.2", addr, 2)...)
+	harness.EventuallyTrue(t, 5*time.Second, "4 unauthenticated and 4 tunnels", func() bool {
+		c, _ := unauthenticated(s)
+		return c == 4 && s.ActiveConns() == 8
+	})
+	tunnels := 4
+	for i := range 200 {
+		if i == 100 {
+			// The other 100 displace connections while a slot is free too.
+			conns[0].Close()
+			tunnels--
+			harness.EventuallyTrue(t, 5*time.Second, "a tunnel's slot freed", func() bool { return s.ActiveConns() == tunnels+3 })
+		}
+		from := fmt.Sprintf("127.0.%d.%d", 1+i/100, 1+i%100)
+		if i%10 != 9 {
+			conns = append(conns, openFrom(t, from, addr, 1)...)
+			continue
+		}
+		tunnel, err := dial(from)
+		if err != nil {
+			t.Fatalf("client %d from a fresh address while the unauthenticated half is full: %v", i, err)
+		}
+		if _, err := tunnel.Write([]byte("through")); err != nil {
+			t.Fatal(err)
+		}
+		tunnel.Close()
+		// Once its goroutine ends, the next newcomer takes its slot without displacing another.
+		harness.EventuallyTrue(t, 5*time.Second, "the tunnel's slot freed", func() bool { return s.ActiveConns() == tunnels+3 })
+	}
+	// The last newcomer was a client: the one it displaced left 3.
+	if c, _ := unauthenticated(s); c != 3 {
+		t.Fatalf("%d unauthenticated after the newcomers, want 3", c)
+	}
+
+	for _, c := range conns {
+		c.Close()
+	}
+	harness.EventuallyTrue(t, 5*time.Second, "no connection served or counted", func() bool {
+		c, _ := unauthenticated(s)
+		return c == 0 && s.ActiveConns() == 0
+	})
+	time.Sleep(100 * time.Millisecond) // a slot freed twice would show now
+	if n := s.ActiveConns(); n != 0 {
+		t.Fatalf("ActiveConns = %d after every client closed, want 0", n)
+	}
+	for i := range 8 {
+		tunnel, err := dial("127.0.0.9")
+		if err != nil {
+			t.Fatalf("client %d of MaxConns after every client closed: %v", i+1, err)
+		}
+		defer tunnel.Close()
+	}
+	if n := s.ActiveConns(); n != 8 {
+		t.Fatalf("ActiveConns = %d with MaxConns tunnels, want 8", n)
+	}
+	if tunnel, err := dial("127.0.0.9"); err == nil {
+		tunnel.Close()
+		t.Fatal("a client past MaxConns got its tunnel")
+	}
+}
+
+// TestOverCapIsNotCounted: a connection refused because every slot of MaxConns is taken is not counted
+// as unauthenticated while its refusal is answered, so a newcomer does not displace it (it would get no
+// slot from it) and is refused at once, as over the cap.
+func TestOverCapIsNotCounted(t *testing.T) {
+	up := sink(t)
+	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
+		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	addr := serve(t, s, Auto)
+	dial := func(from string) (net.Conn, error) {
+		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
+		return d.Dial("tcp", up.Addr().String())
+	}
+	for range 8 {
+		tunnel, err := dial("127.0.0.8")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tunnel.Close()
+	}
+	// Refused as over the cap; silent, so their refusals wait up to 2 s for a first byte.
+	silent := slices.Concat(openFrom(t, "127.0.0.1", addr, 2), openFrom(t, "127.0.0.2", addr, 2))
+	start := time.Now()
+	if tunnel, err := dial("127.0.0.3"); err == nil {
+		tunnel.Close()
+		t.Fatal("a client past MaxConns got its tunnel")
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Fatalf("a client past MaxConns was refused %v after it dialed, want at once", took)
+	}
+	// The server accepts in order: the silent ones were refused before the client.
+	if c, _ := unauthenticated(s); c != 0 {
+		t.Fatalf("%d unauthenticated counted while only refusals are answered, want 0", c)
+	}
+	if n := stillOpen(silent); n != 4 {
+		t.Fatalf("%d of 4 connections being refused left open, want 4: none displaced", n)
 	}
 }

@@ -137,7 +137,7 @@ func (s *Server) init() {
 					n, MinMaxConnsWithCredentials)
 			}
 			total, perSource := unauthenticatedBounds(n, m)
-			s.preAuth = newPreAuth(total, perSource, s.handshakeTimeout())
+			s.preAuth = newPreAuth(total, perSource, s.handshakeTimeout(), s.limit)
 		}
 		s.refusing = make(chan struct{}, 64)
 		s.transport = &http.Transport{
@@ -241,19 +241,28 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 			return err
 		}
 		tempDelay = 0
-		var evicted net.Addr // the connection c displaced, if any
+		acquired := true // whether c holds a slot of MaxConns
 		if s.preAuth != nil {
-			var refused why
-			if c, refused, evicted = s.preAuth.admit(c); refused != "" {
+			// admit takes c's slot with its count, or hands it the slot of the connection it displaces.
+			var (
+				refused why
+				evicted net.Addr
+			)
+			c, refused, evicted = s.preAuth.admit(c)
+			switch {
+			case refused == overCap:
+				acquired = false
+			case refused != "":
 				s.refuseSource(c, refused)
 				continue
-			}
-			if evicted != nil {
+			case evicted != nil:
 				s.Log.V(1).Info("Proxy connection closed unauthenticated to make room for a source that holds fewer",
 					"remote", evicted, "for", c.RemoteAddr())
 			}
+		} else {
+			acquired = s.limit.TryAcquire()
 		}
-		if !s.acquire(evicted != nil) {
+		if !acquired {
 			// Over the cap: answer briefly in the client's protocol, unless too many refusals are
 			// already in flight, then just close.
 			select {
@@ -272,11 +281,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, proto Protocol) err
 		}
 		track(c)
 		go func() {
-			defer s.limit.Release()
+			defer s.releaseSlot(c)
 			defer untrack(c)
 			s.serveConn(ctx, c, proto)
 		}()
 	}
+}
+
+// releaseSlot frees the slot of MaxConns that c held, unless c gave it to a connection that displaced it.
+func (s *Server) releaseSlot(c net.Conn) {
+	if pc, ok := c.(*preAuthConn); ok {
+		pc.p.releaseSlot(pc)
+		return
+	}
+	s.limit.Release()
 }
 
 func retryableAccept(err error) bool {
@@ -384,18 +402,4 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n -= n
 	return n, err
-}
-
-// evictedSlotWait bounds how long a connection that displaced another waits for that one's slot of
-// MaxConns: the displaced connection was reset, and its goroutine frees the slot as soon as its next read
-// fails, within a scheduling delay.
-const evictedSlotWait = time.Second
-
-// acquire takes a slot of MaxConns for a new connection. One that displaced another (made) waits for the
-// slot that one frees, so that with every slot taken, half of them unauthenticated, a client still gets in.
-func (s *Server) acquire(made bool) bool {
-	if made {
-		return s.limit.AcquireWithin(evictedSlotWait)
-	}
-	return s.limit.TryAcquire()
 }

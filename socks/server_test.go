@@ -40,6 +40,12 @@ func serve(t testing.TB, s *Server, proto Protocol) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, s, ln, proto)
+}
+
+// serveOn is serve on a listener of the test's making.
+func serveOn(t testing.TB, s *Server, ln net.Listener, proto Protocol) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln, proto) }()

@@ -3,8 +3,6 @@
 // those failures.
 package localproxy
 
-import "time"
-
 // ConnLimit caps how many client connections are served at once. It is the one cap of konnect's local
 // proxies: socks.Server takes a slot per connection it serves, and apiproxy (konnect proxy) does the same in
 // its listener; each answers a connection over the cap in its own protocol. The zero value is not usable; call
@@ -28,22 +26,7 @@ func (l *ConnLimit) TryAcquire() bool {
 	}
 }
 
-// AcquireWithin takes a slot, waiting up to d for one to free. Every true result needs one Release.
-func (l *ConnLimit) AcquireWithin(d time.Duration) bool {
-	if l.TryAcquire() {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case l.slots <- struct{}{}:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// Release frees a slot taken by TryAcquire or AcquireWithin.
+// Release frees a slot taken by TryAcquire.
 func (l *ConnLimit) Release() { <-l.slots }
 
 // Active is the number of slots taken.
