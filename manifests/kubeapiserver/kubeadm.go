@@ -82,7 +82,8 @@ func konnectVolume(name string) bool {
 // RecordInClusterConfiguration records in clusterConfig (the ClusterConfiguration YAML of kubeadm-config) what
 // the patch changed in kube-apiserver: before is kube-apiserver.yaml as it is, after as the patch makes it, and
 // managed names the flags the patch manages. A managed flag is recorded when after gives it a value that before
-// did not have, or when rec already holds it (a node that joined with konnect's extraArgs has them before the
+// did not have without konnect (its flags put back as UnpatchPod puts them back: a manifest konnect patched
+// without --kubeadm holds konnect's values, not kubeadm's), or when rec already holds it (a node that joined with konnect's extraArgs has them before the
 // patch); one rec holds that after no longer has, or has with its value from before konnect (an optional flag
 // the patch no longer sets, PodRecordAnnotation), is taken out again, putting back what the ClusterConfiguration
 // had. Every konnect volume of after is recorded, and one of rec that after lacks is taken out. It returns the
@@ -95,8 +96,14 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	if rec.Removed {
 		rec = KubeadmRecord{}
 	}
-	bc, err := apiserverContainer(before)
+	// What kubeadm sets is the manifest without konnect: before may carry a patch by konnect already (an
+	// earlier run without --kubeadm), whose values are konnect's, not kubeadm's.
+	kubeadms := before.DeepCopy()
+	bc, err := apiserverContainer(kubeadms)
 	if err != nil {
+		return "", rec, false, err
+	}
+	if _, _, err := unpatchFlags(kubeadms, bc, rec); err != nil {
 		return "", rec, false, err
 	}
 	ac, err := apiserverContainer(after)
@@ -236,14 +243,9 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	podRec, recorded, err := readPodRecord(pod)
+	podRec, recorded, err := unpatchFlags(pod, c, rec)
 	if err != nil {
 		return false, err
-	}
-	for _, f := range podRec.Flags {
-		if !f.Unknown {
-			restoreFlag(c, f.Name, f.Previous)
-		}
 	}
 	// kubeadm's record wins: kubeadm may have written the manifest anew since, and then a later patch recorded
 	// konnect's own earlier values as the pod's.
@@ -252,19 +254,8 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 			podRec.Volumes[i].Previous, podRec.Volumes[i].PreviousMount = nil, nil
 		}
 	}
-	for _, a := range rec.ExtraArgs {
-		restoreFlag(c, a.Name, a.ManifestPrevious)
-	}
 	_, egressMarked := pod.Annotations[EgressConfigAnnotation]
-	if egressMarked && !podRec.flag(egressSelectorFlag) && rec.arg(egressSelectorFlag) == nil {
-		editFlag(c, egressSelectorFlag, false, "")
-	}
 	_, addedMarked := pod.Annotations[AddedFlagsAnnotation]
-	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
-		for _, name := range strings.Split(v, ",") {
-			editFlag(c, name, true, "")
-		}
-	}
 	// Without a mark of konnect, a volume of one of its names may be the user's: the Kubernetes documentation's
 	// own Konnectivity set-up uses konnectivity-uds and egress-selector-config.
 	marked := recorded || egressMarked || addedMarked || len(rec.ExtraArgs) > 0 || len(rec.ExtraVolumes) > 0
@@ -293,6 +284,32 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	}
 	*out = *pod
 	return true, nil
+}
+
+// unpatchFlags gives the flags of c, pod's kube-apiserver container, their values from before konnect, as
+// UnpatchPod does, and returns pod's PodRecord and whether it had one. Volumes and annotations stay.
+func unpatchFlags(pod *corev1.Pod, c *corev1.Container, rec KubeadmRecord) (PodRecord, bool, error) {
+	podRec, recorded, err := readPodRecord(pod)
+	if err != nil {
+		return podRec, false, err
+	}
+	for _, f := range podRec.Flags {
+		if !f.Unknown {
+			restoreFlag(c, f.Name, f.Previous)
+		}
+	}
+	for _, a := range rec.ExtraArgs {
+		restoreFlag(c, a.Name, a.ManifestPrevious)
+	}
+	if _, marked := pod.Annotations[EgressConfigAnnotation]; marked && !podRec.flag(egressSelectorFlag) && rec.arg(egressSelectorFlag) == nil {
+		editFlag(c, egressSelectorFlag, false, "")
+	}
+	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
+		for _, name := range strings.Split(v, ",") {
+			editFlag(c, name, true, "")
+		}
+	}
+	return podRec, recorded, nil
 }
 
 // restoreFlag gives flag name of c the value previous, or removes it when previous is nil. An optional flag is

@@ -290,3 +290,99 @@ func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
 		unpatch("init without the flag", after2, rec2)
 	}
 }
+
+// A manifest that konnect patched without --kubeadm holds konnect's values, not kubeadm's: a later run with
+// --kubeadm records every flag it set, with the values from before konnect, exactly as a first run with --kubeadm
+// would, and removal and UnpatchPod (also on a manifest kubeadm wrote anew) put both back as they were.
+func TestRecordAfterPatchWithoutKubeadm(t *testing.T) {
+	users := strings.Replace(clusterConfiguration, "  - name: audit-log-maxage\n", "  - name: requestheader-uid-headers\n    value: X-My-Uid\n  - name: audit-log-maxage\n", 1)
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	for _, tc := range optionalFlagCases {
+		manifest := func(tail []string) *corev1.Pod {
+			pod := withCommandTail(t, tail)
+			// The user's own client certificate, which the patch replaces.
+			c := apiserverOf(t, pod)
+			for i, tok := range c.Command {
+				if strings.HasPrefix(tok, "--proxy-client-cert-file=") {
+					c.Command[i] = "--proxy-client-cert-file=/etc/kubernetes/pki/users-client.crt"
+				}
+			}
+			return pod
+		}
+		original, reset := manifest(tc.given), manifest(tc.back)
+		direct := original.DeepCopy()
+		if _, err := PatchPod(direct, p); err != nil {
+			t.Fatal(err)
+		}
+		wantCC, wantRec, _, err := RecordInClusterConfiguration(users, KubeadmRecord{}, original, direct, managedNames(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		patched := original.DeepCopy() // konnect init without --kubeadm
+		if _, err := PatchPod(patched, p); err != nil {
+			t.Fatal(err)
+		}
+		after := patched.DeepCopy() // konnect init --kubeadm
+		if _, err := PatchPod(after, p); err != nil {
+			t.Fatal(err)
+		}
+		cc, rec, changed, err := RecordInClusterConfiguration(users, KubeadmRecord{}, patched, after, managedNames(p))
+		if err != nil || !changed {
+			t.Fatalf("%s: changed %v err %v", tc.name, changed, err)
+		}
+		if rec.String() != wantRec.String() {
+			t.Errorf("%s: record %s, want %s", tc.name, rec, wantRec)
+		}
+		if differ, _ := clusterConfigChanged(cc, wantCC); differ {
+			t.Errorf("%s: ClusterConfiguration:\n%s\nwant:\n%s", tc.name, cc, wantCC)
+		}
+		str := func(p *string) string {
+			if p == nil {
+				return "<nil>"
+			}
+			return *p
+		}
+		want := map[string][2]string{ // name: Previous, ManifestPrevious
+			"egress-selector-config-file": {"<nil>", "<nil>"},
+			"requestheader-uid-headers":   {"X-My-Uid", "<nil>"},
+			"proxy-client-cert-file":      {"<nil>", "/etc/kubernetes/pki/users-client.crt"},
+		}
+		if len(tc.given) == 0 {
+			want[aggregatorRoutingFlag] = [2]string{"<nil>", "<nil>"}
+		} else if v := *boolFlagValue(apiserverOf(t, original), aggregatorRoutingFlag); !sameBool(v, "true") {
+			want[aggregatorRoutingFlag] = [2]string{"<nil>", v}
+		}
+		for name, w := range want {
+			a := rec.arg(name)
+			if a == nil || str(a.Previous) != w[0] || str(a.ManifestPrevious) != w[1] {
+				t.Errorf("%s: --%s: record %s, want previous %s, manifest previous %s", tc.name, name, rec, w[0], w[1])
+			}
+		}
+		if len(rec.ExtraArgs) != len(want) {
+			t.Errorf("%s: record %s, want %d flags", tc.name, rec, len(want))
+		}
+
+		back, _, err := RemoveFromClusterConfiguration(cc, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if differ, _ := clusterConfigChanged(users, back); differ {
+			t.Errorf("%s: after removal:\n%s\nwant the original:\n%s", tc.name, back, users)
+		}
+		for _, rewritten := range []bool{false, true} {
+			pod := after.DeepCopy()
+			if rewritten {
+				pod.Annotations = original.DeepCopy().Annotations
+			}
+			if _, err := UnpatchPod(pod, rec); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if !equality.Semantic.DeepEqual(pod, reset) {
+				t.Errorf("%s (written anew: %v): after UnpatchPod:\n%s\nwant:\n%s", tc.name, rewritten, podYAML(pod), podYAML(reset))
+			}
+		}
+	}
+}
