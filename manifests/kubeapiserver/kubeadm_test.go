@@ -35,12 +35,14 @@ func patchedPair(t *testing.T, p ManifestPatch) (before, after *corev1.Pod) {
 	return before, after
 }
 
+// managedNames are the flags p sets, as konnect init --kubeadm names them: an optional flag p does not set is
+// not konnect's.
 func managedNames(p ManifestPatch) []string {
 	var out []string
 	for _, f := range p.Flags {
 		out = append(out, f.Name)
 	}
-	return append(out, OptionalFlags...)
+	return out
 }
 
 type apiServerSection struct {
@@ -244,7 +246,8 @@ func TestUnpatchPodWithoutRecord(t *testing.T) {
 // With kubeadm's record, an optional flag that the patch turned on in place of another value gets it back from
 // UnpatchPod, also on a manifest kubeadm wrote anew, and one the manifest had on already is not recorded, so reset
 // leaves it on. A later run that no longer asks for the flag takes it out of the ClusterConfiguration and the
-// record, as it does a flag konnect added.
+// record, as it does a flag konnect added, and puts the manifest's value back also where kubeadm wrote the
+// manifest anew with konnect's value, on this node or another.
 func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
 	on := kubeadmPatch(t, nil)
 	on.Optional = OptionalFlags
@@ -288,6 +291,38 @@ func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
 			t.Errorf("%s: init without the flag: record %s:\n%s", tc.name, rec2, cc2)
 		}
 		unpatch("init without the flag", after2, rec2)
+
+		// kubeadm wrote the manifest anew from cc (an upgrade, or a control-plane join): konnect's value is
+		// there, its annotations are not. A run without the flag puts kubeadm's own value back, and so does the
+		// run on another node whose manifest kubeadm wrote from cc, after the first run changed the record.
+		rewritten := after.DeepCopy()
+		rewritten.Annotations = before.DeepCopy().Annotations
+		offKubeadm := off
+		offKubeadm.Kubeadm = rec
+		after3 := rewritten.DeepCopy()
+		if _, err := PatchPod(after3, offKubeadm); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, after3); !slices.Equal(got, tc.back) {
+			t.Errorf("%s: init without the flag on the manifest kubeadm wrote anew: %q, want %q", tc.name, got, tc.back)
+		}
+		cc3, rec3, _, err := RecordInClusterConfiguration(cc, rec, rewritten, after3, managedNames(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec3.arg(aggregatorRoutingFlag) != nil || strings.Contains(cc3, aggregatorRoutingFlag) {
+			t.Errorf("%s: init without the flag on the manifest kubeadm wrote anew: record %s:\n%s", tc.name, rec3, cc3)
+		}
+		unpatch("init without the flag on the manifest kubeadm wrote anew", after3, rec3)
+		offKubeadm.Kubeadm = rec3
+		other := rewritten.DeepCopy()
+		if _, err := PatchPod(other, offKubeadm); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, other); !slices.Equal(got, tc.back) {
+			t.Errorf("%s: init without the flag on another node: %q, want %q (record %s)", tc.name, got, tc.back, rec3)
+		}
+		unpatch("reset on another node", rewritten, rec3)
 	}
 }
 

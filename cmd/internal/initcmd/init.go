@@ -219,6 +219,8 @@ type runner struct {
 	release func()
 	// egressKept: the egress phase ran in this run and found the configuration as it was.
 	egressKept bool
+	// kubeadmRecord is kubeadm's record as the kubeadm phase of this run read it; nil when it did not run.
+	kubeadmRecord *kubeapiserver.KubeadmRecord
 }
 
 type outcome struct {
@@ -360,6 +362,9 @@ func (r *runner) flags([]string) error {
 	}
 	patch, err := r.manifestPatch(flags)
 	if err != nil {
+		return err
+	}
+	if patch.Kubeadm, err = r.kubeadmRecordForPatch(); err != nil {
 		return err
 	}
 	path := r.o.APIServerManifest
