@@ -126,7 +126,17 @@ func newPhaseCommand() *cobra.Command {
 		Short: "Run one phase of konnect init",
 		Long:  "Run one phase of konnect init:\n" + phaseList(),
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// With flags, a phase was meant (a script's empty $PHASE, say): running none is an error, not help.
+			if cmd.Flags().NFlag() > 0 || len(args) > 0 {
+				var names []string
+				for _, p := range phases() {
+					names = append(names, p.name)
+				}
+				return fmt.Errorf("name a phase: %s", strings.Join(names, ", "))
+			}
+			return cmd.Help()
+		},
 	}
 	for _, p := range phases() {
 		cmd.AddCommand(newPhaseSubcommand(p, ""))
