@@ -31,6 +31,11 @@ type KubeadmRecord struct {
 	ExtraArgs []RecordedArg `json:"extraArgs,omitempty"`
 	// ExtraVolumes are the names of konnect's hostPath volumes in apiServer.extraVolumes.
 	ExtraVolumes []string `json:"extraVolumes,omitempty"`
+	// Released are the optional flags (OptionalFlags) that konnect recorded and a later run no longer set, with
+	// the values konnect had recorded: the ClusterConfiguration has its own value back, but a manifest that
+	// kubeadm wrote before, on this node or another, still carries konnect's. A patch or UnpatchPod puts
+	// ManifestPrevious back on such a manifest (ReleasedValue).
+	Released []RecordedArg `json:"released,omitempty"`
 	// Removed is set once konnect reset has put the ClusterConfiguration back; the other control-plane nodes'
 	// resets still read the record to put their kube-apiserver.yaml back.
 	Removed bool `json:"removed,omitempty"`
@@ -74,6 +79,24 @@ func (r *KubeadmRecord) arg(name string) *RecordedArg {
 	return nil
 }
 
+// ReleasedValue returns, for the optional flag name that a manifest kubeadm wrote holds with value (from the
+// ClusterConfiguration, the pod's own records lost), the value kubeadm gives it without konnect, when konnect
+// recorded value for it there (in ExtraArgs or Released); ok is false when the value is not konnect's.
+func (r KubeadmRecord) ReleasedValue(name, value string) (previous *string, ok bool) {
+	if !slices.Contains(OptionalFlags, name) {
+		return nil, false
+	}
+	for _, list := range [][]RecordedArg{r.ExtraArgs, r.Released} {
+		for _, a := range list {
+			if a.Name == name && sameValue(name, a.Value, value) &&
+				(a.ManifestPrevious == nil || !sameValue(name, *a.ManifestPrevious, value)) {
+				return a.ManifestPrevious, true
+			}
+		}
+	}
+	return nil, false
+}
+
 // konnectVolume reports whether name is one of the hostPath volumes PatchPod owns.
 func konnectVolume(name string) bool {
 	return name == udsVolume || name == egressConfigVolume || isNumbered(name, certsVolume, 0)
@@ -81,12 +104,14 @@ func konnectVolume(name string) bool {
 
 // RecordInClusterConfiguration records in clusterConfig (the ClusterConfiguration YAML of kubeadm-config) what
 // the patch changed in kube-apiserver: before is kube-apiserver.yaml as it is, after as the patch makes it, and
-// managed names the flags the patch manages. A managed flag is recorded when after gives it a value that before
-// did not have, or when rec already holds it (a node that joined with konnect's extraArgs has them before the
-// patch); one rec holds that after no longer has, or has with its value from before konnect (an optional flag
-// the patch no longer sets, PodRecordAnnotation), is taken out again, putting back what the ClusterConfiguration
-// had. Every konnect volume of after is recorded, and one of rec that after lacks is taken out. It returns the
-// new ClusterConfiguration and record, and whether the ClusterConfiguration changed.
+// managed names the flags the patch sets (an optional flag it does not set is not konnect's). A managed flag is
+// recorded when after gives it a value that before did not have without konnect (its flags put back as
+// UnpatchPod puts them back: a manifest konnect patched without --kubeadm holds konnect's values, not
+// kubeadm's), or when rec already holds it (a node that joined with konnect's extraArgs has them before the
+// patch); one rec holds that after no longer has, or that is no longer managed, is taken out again, putting
+// back what the ClusterConfiguration had, and an optional one among them is kept in Released. Every konnect
+// volume of after is recorded, and one of rec that after lacks is taken out. It returns the new
+// ClusterConfiguration and record, and whether the ClusterConfiguration changed.
 func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, before, after *corev1.Pod, managed []string) (string, KubeadmRecord, bool, error) {
 	cc, err := decodeClusterConfiguration(clusterConfig)
 	if err != nil {
@@ -95,8 +120,14 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	if rec.Removed {
 		rec = KubeadmRecord{}
 	}
-	bc, err := apiserverContainer(before)
+	// What kubeadm sets is the manifest without konnect: before may carry a patch by konnect already (an
+	// earlier run without --kubeadm), whose values are konnect's, not kubeadm's.
+	kubeadms := before.DeepCopy()
+	bc, err := apiserverContainer(kubeadms)
 	if err != nil {
+		return "", rec, false, err
+	}
+	if _, _, err := unpatchFlags(kubeadms, bc, rec); err != nil {
 		return "", rec, false, err
 	}
 	ac, err := apiserverContainer(after)
@@ -136,6 +167,14 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	for _, old := range rec.ExtraArgs {
 		if out.arg(old.Name) == nil {
 			args = setArg(args, old.Name, old.Previous)
+			if slices.Contains(OptionalFlags, old.Name) {
+				out.Released = append(out.Released, old)
+			}
+		}
+	}
+	for _, old := range rec.Released {
+		if out.arg(old.Name) == nil && !slices.ContainsFunc(out.Released, func(a RecordedArg) bool { return a.Name == old.Name }) {
+			out.Released = append(out.Released, old)
 		}
 	}
 	vols := listAt(api, "extraVolumes")
@@ -236,14 +275,9 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	podRec, recorded, err := readPodRecord(pod)
+	podRec, recorded, err := unpatchFlags(pod, c, rec)
 	if err != nil {
 		return false, err
-	}
-	for _, f := range podRec.Flags {
-		if !f.Unknown {
-			restoreFlag(c, f.Name, f.Previous)
-		}
 	}
 	// kubeadm's record wins: kubeadm may have written the manifest anew since, and then a later patch recorded
 	// konnect's own earlier values as the pod's.
@@ -252,19 +286,8 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 			podRec.Volumes[i].Previous, podRec.Volumes[i].PreviousMount = nil, nil
 		}
 	}
-	for _, a := range rec.ExtraArgs {
-		restoreFlag(c, a.Name, a.ManifestPrevious)
-	}
 	_, egressMarked := pod.Annotations[EgressConfigAnnotation]
-	if egressMarked && !podRec.flag(egressSelectorFlag) && rec.arg(egressSelectorFlag) == nil {
-		editFlag(c, egressSelectorFlag, false, "")
-	}
 	_, addedMarked := pod.Annotations[AddedFlagsAnnotation]
-	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
-		for _, name := range strings.Split(v, ",") {
-			editFlag(c, name, true, "")
-		}
-	}
 	// Without a mark of konnect, a volume of one of its names may be the user's: the Kubernetes documentation's
 	// own Konnectivity set-up uses konnectivity-uds and egress-selector-config.
 	marked := recorded || egressMarked || addedMarked || len(rec.ExtraArgs) > 0 || len(rec.ExtraVolumes) > 0
@@ -293,6 +316,39 @@ func UnpatchPod(out *corev1.Pod, rec KubeadmRecord) (bool, error) {
 	}
 	*out = *pod
 	return true, nil
+}
+
+// unpatchFlags gives the flags of c, pod's kube-apiserver container, their values from before konnect, as
+// UnpatchPod does, and returns pod's PodRecord and whether it had one. Volumes and annotations stay.
+func unpatchFlags(pod *corev1.Pod, c *corev1.Container, rec KubeadmRecord) (PodRecord, bool, error) {
+	podRec, recorded, err := readPodRecord(pod)
+	if err != nil {
+		return podRec, false, err
+	}
+	for _, f := range podRec.Flags {
+		if !f.Unknown {
+			restoreFlag(c, f.Name, f.Previous)
+		}
+	}
+	for _, a := range rec.ExtraArgs {
+		restoreFlag(c, a.Name, a.ManifestPrevious)
+	}
+	for _, a := range rec.Released {
+		if v := boolFlagValue(c, a.Name); v != nil && !podRec.flag(a.Name) && rec.arg(a.Name) == nil {
+			if previous, ok := rec.ReleasedValue(a.Name, *v); ok {
+				restoreFlag(c, a.Name, previous)
+			}
+		}
+	}
+	if _, marked := pod.Annotations[EgressConfigAnnotation]; marked && !podRec.flag(egressSelectorFlag) && rec.arg(egressSelectorFlag) == nil {
+		editFlag(c, egressSelectorFlag, false, "")
+	}
+	if v := pod.Annotations[AddedFlagsAnnotation]; v != "" {
+		for _, name := range strings.Split(v, ",") {
+			editFlag(c, name, true, "")
+		}
+	}
+	return podRec, recorded, nil
 }
 
 // restoreFlag gives flag name of c the value previous, or removes it when previous is nil. An optional flag is

@@ -35,12 +35,14 @@ func patchedPair(t *testing.T, p ManifestPatch) (before, after *corev1.Pod) {
 	return before, after
 }
 
+// managedNames are the flags p sets, as konnect init --kubeadm names them: an optional flag p does not set is
+// not konnect's.
 func managedNames(p ManifestPatch) []string {
 	var out []string
 	for _, f := range p.Flags {
 		out = append(out, f.Name)
 	}
-	return append(out, OptionalFlags...)
+	return out
 }
 
 type apiServerSection struct {
@@ -244,7 +246,8 @@ func TestUnpatchPodWithoutRecord(t *testing.T) {
 // With kubeadm's record, an optional flag that the patch turned on in place of another value gets it back from
 // UnpatchPod, also on a manifest kubeadm wrote anew, and one the manifest had on already is not recorded, so reset
 // leaves it on. A later run that no longer asks for the flag takes it out of the ClusterConfiguration and the
-// record, as it does a flag konnect added.
+// record, as it does a flag konnect added, and puts the manifest's value back also where kubeadm wrote the
+// manifest anew with konnect's value, on this node or another.
 func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
 	on := kubeadmPatch(t, nil)
 	on.Optional = OptionalFlags
@@ -288,5 +291,133 @@ func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
 			t.Errorf("%s: init without the flag: record %s:\n%s", tc.name, rec2, cc2)
 		}
 		unpatch("init without the flag", after2, rec2)
+
+		// kubeadm wrote the manifest anew from cc (an upgrade, or a control-plane join): konnect's value is
+		// there, its annotations are not. A run without the flag puts kubeadm's own value back, and so does the
+		// run on another node whose manifest kubeadm wrote from cc, after the first run changed the record.
+		rewritten := after.DeepCopy()
+		rewritten.Annotations = before.DeepCopy().Annotations
+		offKubeadm := off
+		offKubeadm.Kubeadm = rec
+		after3 := rewritten.DeepCopy()
+		if _, err := PatchPod(after3, offKubeadm); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, after3); !slices.Equal(got, tc.back) {
+			t.Errorf("%s: init without the flag on the manifest kubeadm wrote anew: %q, want %q", tc.name, got, tc.back)
+		}
+		cc3, rec3, _, err := RecordInClusterConfiguration(cc, rec, rewritten, after3, managedNames(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec3.arg(aggregatorRoutingFlag) != nil || strings.Contains(cc3, aggregatorRoutingFlag) {
+			t.Errorf("%s: init without the flag on the manifest kubeadm wrote anew: record %s:\n%s", tc.name, rec3, cc3)
+		}
+		unpatch("init without the flag on the manifest kubeadm wrote anew", after3, rec3)
+		offKubeadm.Kubeadm = rec3
+		other := rewritten.DeepCopy()
+		if _, err := PatchPod(other, offKubeadm); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, other); !slices.Equal(got, tc.back) {
+			t.Errorf("%s: init without the flag on another node: %q, want %q (record %s)", tc.name, got, tc.back, rec3)
+		}
+		unpatch("reset on another node", rewritten, rec3)
+	}
+}
+
+// A manifest that konnect patched without --kubeadm holds konnect's values, not kubeadm's: a later run with
+// --kubeadm records every flag it set, with the values from before konnect, exactly as a first run with --kubeadm
+// would, and removal and UnpatchPod (also on a manifest kubeadm wrote anew) put both back as they were.
+func TestRecordAfterPatchWithoutKubeadm(t *testing.T) {
+	users := strings.Replace(clusterConfiguration, "  - name: audit-log-maxage\n", "  - name: requestheader-uid-headers\n    value: X-My-Uid\n  - name: audit-log-maxage\n", 1)
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	p.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
+	for _, tc := range optionalFlagCases {
+		manifest := func(tail []string) *corev1.Pod {
+			pod := withCommandTail(t, tail)
+			// The user's own client certificate, which the patch replaces.
+			c := apiserverOf(t, pod)
+			for i, tok := range c.Command {
+				if strings.HasPrefix(tok, "--proxy-client-cert-file=") {
+					c.Command[i] = "--proxy-client-cert-file=/etc/kubernetes/pki/users-client.crt"
+				}
+			}
+			return pod
+		}
+		original, reset := manifest(tc.given), manifest(tc.back)
+		direct := original.DeepCopy()
+		if _, err := PatchPod(direct, p); err != nil {
+			t.Fatal(err)
+		}
+		wantCC, wantRec, _, err := RecordInClusterConfiguration(users, KubeadmRecord{}, original, direct, managedNames(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		patched := original.DeepCopy() // konnect init without --kubeadm
+		if _, err := PatchPod(patched, p); err != nil {
+			t.Fatal(err)
+		}
+		after := patched.DeepCopy() // konnect init --kubeadm
+		if _, err := PatchPod(after, p); err != nil {
+			t.Fatal(err)
+		}
+		cc, rec, changed, err := RecordInClusterConfiguration(users, KubeadmRecord{}, patched, after, managedNames(p))
+		if err != nil || !changed {
+			t.Fatalf("%s: changed %v err %v", tc.name, changed, err)
+		}
+		if rec.String() != wantRec.String() {
+			t.Errorf("%s: record %s, want %s", tc.name, rec, wantRec)
+		}
+		if differ, _ := clusterConfigChanged(cc, wantCC); differ {
+			t.Errorf("%s: ClusterConfiguration:\n%s\nwant:\n%s", tc.name, cc, wantCC)
+		}
+		str := func(p *string) string {
+			if p == nil {
+				return "<nil>"
+			}
+			return *p
+		}
+		want := map[string][2]string{ // name: Previous, ManifestPrevious
+			"egress-selector-config-file": {"<nil>", "<nil>"},
+			"requestheader-uid-headers":   {"X-My-Uid", "<nil>"},
+			"proxy-client-cert-file":      {"<nil>", "/etc/kubernetes/pki/users-client.crt"},
+		}
+		if len(tc.given) == 0 {
+			want[aggregatorRoutingFlag] = [2]string{"<nil>", "<nil>"}
+		} else if v := *boolFlagValue(apiserverOf(t, original), aggregatorRoutingFlag); !sameBool(v, "true") {
+			want[aggregatorRoutingFlag] = [2]string{"<nil>", v}
+		}
+		for name, w := range want {
+			a := rec.arg(name)
+			if a == nil || str(a.Previous) != w[0] || str(a.ManifestPrevious) != w[1] {
+				t.Errorf("%s: --%s: record %s, want previous %s, manifest previous %s", tc.name, name, rec, w[0], w[1])
+			}
+		}
+		if len(rec.ExtraArgs) != len(want) {
+			t.Errorf("%s: record %s, want %d flags", tc.name, rec, len(want))
+		}
+
+		back, _, err := RemoveFromClusterConfiguration(cc, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if differ, _ := clusterConfigChanged(users, back); differ {
+			t.Errorf("%s: after removal:\n%s\nwant the original:\n%s", tc.name, back, users)
+		}
+		for _, rewritten := range []bool{false, true} {
+			pod := after.DeepCopy()
+			if rewritten {
+				pod.Annotations = original.DeepCopy().Annotations
+			}
+			if _, err := UnpatchPod(pod, rec); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if !equality.Semantic.DeepEqual(pod, reset) {
+				t.Errorf("%s (written anew: %v): after UnpatchPod:\n%s\nwant:\n%s", tc.name, rewritten, podYAML(pod), podYAML(reset))
+			}
+		}
 	}
 }

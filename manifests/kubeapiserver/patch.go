@@ -54,6 +54,11 @@ type ManifestPatch struct {
 	// recorded in PodRecordAnnotation, and a later patch that does not set it puts that value back. A flag the
 	// manifest had on already stays.
 	Optional []string
+	// Kubeadm is kubeadm's record, with --kubeadm. An optional flag this patch does not set, and that neither
+	// AddedFlagsAnnotation nor PodRecordAnnotation holds (kubeadm wrote the manifest anew from a
+	// ClusterConfiguration with konnect's value), gets back the value kubeadm gives it without konnect, when
+	// it holds the value konnect recorded (KubeadmRecord.ReleasedValue).
+	Kubeadm KubeadmRecord
 	// Annotations are set on the pod. A changed annotation changes the static pod, so kubelet restarts
 	// kube-apiserver: that is how a new egress selector configuration, which kube-apiserver reads only when
 	// it starts, takes effect (EgressConfigAnnotation).
@@ -619,7 +624,8 @@ func retireAgentAudience(c *corev1.Container) {
 // trackOptionalFlags keeps AddedFlagsAnnotation: it records each of p.Optional that p adds to c, and takes out
 // of c each recorded one that p no longer sets. One that p no longer sets and that PodRecordAnnotation holds
 // (konnect replaced the manifest's value) gets that value back, and leaves the record, so that a later patch
-// that sets it again records the value c has then. It runs before p's flags are set, to see which c already had.
+// that sets it again records the value c has then; one neither holds gets back what p.Kubeadm recorded. It
+// runs before p's flags are set, to see which c already had.
 func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) error {
 	rec, _, err := readPodRecord(pod)
 	if err != nil {
@@ -643,6 +649,10 @@ func trackOptionalFlags(pod *corev1.Pod, c *corev1.Container, p ManifestPatch) e
 			restoreFlag(c, name, rec.Flags[i].Previous)
 			rec.Flags = slices.Delete(rec.Flags, i, i+1)
 			restored = true
+		case !asked && had && !rec.flag(name):
+			if previous, ok := p.Kubeadm.ReleasedValue(name, *boolFlagValue(c, name)); ok {
+				restoreFlag(c, name, previous)
+			}
 		}
 	}
 	if restored {

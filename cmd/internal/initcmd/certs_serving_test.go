@@ -234,3 +234,35 @@ func TestRotateCAStep3WithoutRotation(t *testing.T) {
 		t.Fatalf("step 3 again after a rotation:\n%s", stdout)
 	}
 }
+
+// An expired serving certificate: rotate-ca, which has no --force, names the command that renews it, and
+// after that command the step goes through.
+func TestRotateCAExpiredServingCert(t *testing.T) {
+	hooks := filepath.Join(t.TempDir(), "hooks.yaml")
+	if err := os.WriteFile(hooks, []byte(testWebhooks), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "hook")
+	webhook := []string{"certs", "webhook", "--service", "hook", "--namespace", "pizza", "--out", out, hooks}
+	past := time.Now().Add(-pki.DefaultCertValidity - 24*time.Hour)
+	cfg := pki.Config{Dir: filepath.Join(out, pki.PKISubdir), KeyAlgorithm: pki.ECDSAP256, Now: func() time.Time { return past }}
+	if _, _, err := pki.EnsureServing(cfg, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, append(webhook, "--force")...) // renews tls.crt, which expired
+	mustRun(t, "certs", "rotate-ca", "--out", out, "--step", "1")
+	// Now tls.crt expires again, issued by ca.crt as before step 2.
+	expired := pki.Config{Dir: cfg.Dir, KeyAlgorithm: pki.ECDSAP256, Now: func() time.Time { return past }, Force: true}
+	if _, _, err := pki.EnsureServing(expired, "hook", "pizza"); err != nil {
+		t.Fatal(err)
+	}
+	advice := "konnect certs renew apiservice-serving --dir " + out
+	for _, step := range []string{"2", "3"} {
+		_, err := run(t, "certs", "rotate-ca", "--out", out, "--step", step)
+		if err == nil || !strings.Contains(err.Error(), advice) || strings.Contains(err.Error(), "--force") {
+			t.Fatalf("rotate-ca --step %s: %v, want %q and no --force", step, err, advice)
+		}
+	}
+	mustRun(t, "certs", "renew", "apiservice-serving", "--dir", out)
+	mustRun(t, "certs", "rotate-ca", "--out", out, "--step", "2")
+}

@@ -126,7 +126,17 @@ func newPhaseCommand() *cobra.Command {
 		Short: "Run one phase of konnect init",
 		Long:  "Run one phase of konnect init:\n" + phaseList(),
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// With flags, a phase was meant (a script's empty $PHASE, say): running none is an error, not help.
+			if cmd.Flags().NFlag() > 0 || len(args) > 0 {
+				var names []string
+				for _, p := range phases() {
+					names = append(names, p.name)
+				}
+				return fmt.Errorf("name a phase: %s", strings.Join(names, ", "))
+			}
+			return cmd.Help()
+		},
 	}
 	for _, p := range phases() {
 		cmd.AddCommand(newPhaseSubcommand(p, ""))
@@ -219,6 +229,8 @@ type runner struct {
 	release func()
 	// egressKept: the egress phase ran in this run and found the configuration as it was.
 	egressKept bool
+	// kubeadmRecord is kubeadm's record as the kubeadm phase of this run read it; nil when it did not run.
+	kubeadmRecord *kubeapiserver.KubeadmRecord
 }
 
 type outcome struct {
@@ -360,6 +372,9 @@ func (r *runner) flags([]string) error {
 	}
 	patch, err := r.manifestPatch(flags)
 	if err != nil {
+		return err
+	}
+	if patch.Kubeadm, err = r.kubeadmRecordForPatch(); err != nil {
 		return err
 	}
 	path := r.o.APIServerManifest

@@ -743,6 +743,25 @@ func TestInitPhaseUnknownBehindFlags(t *testing.T) {
 	}
 }
 
+// TestInitPhaseWithFlagsButNoName: flags without a phase name (a script's empty $PHASE) are an error naming the
+// phases, not help and success; without flags, konnect init phase prints its help.
+func TestInitPhaseWithFlagsButNoName(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"init", "phase", "--dir", dir, "--force"},
+		{"init", "phase", "--dry-run"},
+		{"init", "phase", "--dir=" + dir},
+	} {
+		out, err := run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "name a phase: certs, kubeconfig, egress, kubeadm, flags, manifests") {
+			t.Errorf("konnect %s: %v, want an error naming the phases\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if help := mustRun(t, "init", "phase"); !strings.Contains(help, "Run one phase of konnect init") {
+		t.Errorf("konnect init phase:\n%s", help)
+	}
+}
+
 func TestInitPatchesAPIServerManifest(t *testing.T) {
 	dir := t.TempDir()
 	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")

@@ -49,10 +49,6 @@ func (r *runner) kubeadm([]string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.o.manifestFlag(), err)
 	}
-	after := before.DeepCopy()
-	if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
-		return fmt.Errorf("%s: %s: %w", r.o.manifestFlag(), path, err)
-	}
 	managed := flagNames(flags)
 	client, err := newKubeadmClient(r.o.KubeadmKubeconfig)
 	if err != nil {
@@ -64,6 +60,13 @@ func (r *runner) kubeadm([]string) error {
 		old, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
 		if err != nil {
 			return false, err
+		}
+		// The flags phase patches with the record as it is before this phase changes it.
+		r.kubeadmRecord = &old
+		patch.Kubeadm = old
+		after := before.DeepCopy()
+		if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
+			return false, fmt.Errorf("%s: %s: %w", r.o.manifestFlag(), path, err)
 		}
 		cc, newRec, ccChanged, err := kubeapiserver.RecordInClusterConfiguration(cm.Data[kubeapiserver.KubeadmConfigKey], old, before, after, managed)
 		if err != nil {
@@ -93,12 +96,39 @@ func (r *runner) kubeadm([]string) error {
 	return nil
 }
 
+// flagNames are the flags konnect manages in kube-apiserver: those it sets. An optional flag it does not set is
+// not konnect's, whatever its value: the ClusterConfiguration gets its own value back, and the flags phase the
+// manifest (ManifestPatch.Kubeadm).
 func flagNames(flags []kubeapiserver.Flag) []string {
 	var out []string
 	for _, f := range flags {
 		out = append(out, f.Name)
 	}
-	return append(out, kubeapiserver.OptionalFlags...)
+	return out
+}
+
+// kubeadmRecordForPatch is kubeadm's record for the flags phase's patch (ManifestPatch.Kubeadm) with --kubeadm:
+// the one the kubeadm phase of this run read, before it changed it, or else the ConfigMap's.
+func (r *runner) kubeadmRecordForPatch() (kubeapiserver.KubeadmRecord, error) {
+	if !r.o.Kubeadm {
+		return kubeapiserver.KubeadmRecord{}, nil
+	}
+	if r.kubeadmRecord != nil {
+		return *r.kubeadmRecord, nil
+	}
+	client, err := newKubeadmClient(r.o.KubeadmKubeconfig)
+	if err != nil {
+		return kubeapiserver.KubeadmRecord{}, err
+	}
+	cm, err := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace).Get(r.ctx, kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
+	if err != nil {
+		return kubeapiserver.KubeadmRecord{}, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
+	}
+	rec, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
+	if err != nil {
+		return rec, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
+	}
+	return rec, nil
 }
 
 // newKubeadmClient is kubeadmClient; tests replace it.

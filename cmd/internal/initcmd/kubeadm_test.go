@@ -194,3 +194,89 @@ func TestInitKubeadmAndReset(t *testing.T) {
 		t.Errorf("second reset:\n%s", out)
 	}
 }
+
+// After kubeadm wrote kube-apiserver.yaml anew from a ClusterConfiguration with konnect's
+// --enable-aggregator-routing (an upgrade, or a control-plane join), konnect init --kubeadm without the option
+// puts back what kubeadm had without konnect, in the manifest and in the ClusterConfiguration: the user's
+// =false, or no flag at all.
+func TestKubeadmRoutingOff(t *testing.T) {
+	for _, tc := range []struct{ name, given string }{{"false", "    - --enable-aggregator-routing=false\n"}, {"absent", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := withFakeKubeadm(t)
+			dir := t.TempDir()
+			manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+			if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+			kubeadmPod = strings.Replace(kubeadmPod, "    image:", tc.given+"    image:", 1)
+			if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
+			mustRun(t, append(args, "--enable-aggregator-routing")...)
+
+			data, err := os.ReadFile(manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, err := kubeapiserver.DecodePod(data, manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
+			delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
+			delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
+			rewritten, err := yaml.Marshal(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(rewritten), "--enable-aggregator-routing=true") {
+				t.Fatalf("init --enable-aggregator-routing:\n%s", rewritten)
+			}
+			if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
+				t.Fatal(err)
+			}
+
+			out := mustRun(t, args...)
+			data, err = os.ReadFile(manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, "enable-aggregator-routing") {
+					got += line + "\n"
+				}
+			}
+			if got != tc.given {
+				t.Errorf("kube-apiserver.yaml has %q, want %q:\n%s", got, tc.given, out)
+			}
+			cm := kubeadmConfigMap(t, client)
+			if cc := cm.Data[kubeapiserver.KubeadmConfigKey]; strings.Contains(cc, "enable-aggregator-routing") {
+				t.Errorf("ClusterConfiguration:\n%s", cc)
+			}
+			rec, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range rec.ExtraArgs {
+				if a.Name == "enable-aggregator-routing" {
+					t.Errorf("record %s", rec)
+				}
+			}
+
+			// konnect reset --kubeadm gives back kubeadm's manifest.
+			runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest)
+			data, err = os.ReadFile(manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, _ := kubeapiserver.DecodePod(data, "after")
+			b, _ := kubeapiserver.DecodePod([]byte(kubeadmPod), "kubeadm")
+			if !equality.Semantic.DeepEqual(a, b) {
+				t.Errorf("kube-apiserver.yaml after reset:\n%s\nwant kubeadm's:\n%s", data, kubeadmPod)
+			}
+		})
+	}
+}

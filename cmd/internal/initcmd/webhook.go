@@ -223,7 +223,7 @@ func runRotateCA(w io.Writer, dir string, step int, dryRun bool) error {
 		if errors.Is(err, pki.ErrRotationOrder) {
 			return fmt.Errorf("--step %d: %w", step, err)
 		}
-		return err
+		return renewInstead(err, dir)
 	}
 	if dryRun {
 		r.print()
@@ -254,6 +254,26 @@ func runRotateCA(w io.Writer, dir string, step int, dryRun bool) error {
 	}
 	return nil
 }
+
+// renewInstead names, in err of rotate-ca on dir, the command that renews a serving certificate that fails its
+// checks: the library's advice is --force, which init and certs webhook take and rotate-ca does not.
+func renewInstead(err error, dir string) error {
+	text := fieldFlags.Error(err).Error()
+	advice := "(run with " + fieldFlags["Force"] + " to renew it)"
+	if !strings.Contains(text, advice) {
+		return err
+	}
+	return &renamed{text: strings.ReplaceAll(text, advice, "(renew it with konnect certs renew "+pki.APIServiceServing+" --dir "+dir+", then run this step again)"), err: err}
+}
+
+// renamed is err with another text.
+type renamed struct {
+	text string
+	err  error
+}
+
+func (e *renamed) Error() string { return e.text }
+func (e *renamed) Unwrap() error { return e.err }
 
 // servingRef reads the Service an extension server directory is for from the CN of its serving
 // certificate, NAME.NS.svc.
