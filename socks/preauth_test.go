@@ -475,11 +475,7 @@ func TestEvictionHandsOverItsSlot(t *testing.T) {
 	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
 		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
 	addr := serve(t, s, Auto)
-	dial := func(from string) (net.Conn, error) {
-		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
-			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
-		return d.Dial("tcp", up.Addr().String())
-	}
+	dial := aliceFrom(addr, up.Addr().String())
 	for range 4 {
 		tunnel, err := dial("127.0.0.8")
 		if err != nil {
@@ -551,11 +547,7 @@ func TestEvictedSlotIsTakenAtOnce(t *testing.T) {
 	free := sync.OnceFunc(func() { close(freed) })
 	addr := serveOn(t, s, lateListener{ln, []string{"127.0.0.1", "127.0.0.2"}, freed}, Auto)
 	t.Cleanup(free) // before Serve's cleanup waits for the connections' goroutines
-	dial := func(from string) (net.Conn, error) {
-		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
-			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
-		return d.Dial("tcp", up.Addr().String())
-	}
+	dial := aliceFrom(addr, up.Addr().String())
 	for range 4 {
 		tunnel, err := dial("127.0.0.8")
 		if err != nil {
@@ -609,13 +601,7 @@ func TestEvictionsLeakNoSlot(t *testing.T) {
 	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
 		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
 	addr := serve(t, s, Auto)
-	dial := func(from string) (net.Conn, error) {
-		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
-			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return d.(proxy.ContextDialer).DialContext(ctx, "tcp", up.Addr().String())
-	}
+	dial := aliceFrom(addr, up.Addr().String())
 	var conns []net.Conn
 	for range 4 {
 		tunnel, err := dial("127.0.0.8")
@@ -694,11 +680,7 @@ func TestOverCapIsNotCounted(t *testing.T) {
 	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
 		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
 	addr := serve(t, s, Auto)
-	dial := func(from string) (net.Conn, error) {
-		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
-			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
-		return d.Dial("tcp", up.Addr().String())
-	}
+	dial := aliceFrom(addr, up.Addr().String())
 	for range 8 {
 		tunnel, err := dial("127.0.0.8")
 		if err != nil {
@@ -722,5 +704,17 @@ func TestOverCapIsNotCounted(t *testing.T) {
 	}
 	if n := stillOpen(silent); n != 4 {
 		t.Fatalf("%d of 4 connections being refused left open, want 4: none displaced", n)
+	}
+}
+
+// aliceFrom dials target through the SOCKS5 server at addr as alice, from the loopback address from, giving
+// up after 5 s: a slot freed twice locks the accept loop, which should fail a test, not hang it.
+func aliceFrom(addr, target string) func(from string) (net.Conn, error) {
+	return func(from string) (net.Conn, error) {
+		d, _ := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "alice", Password: "pw"},
+			&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return d.(proxy.ContextDialer).DialContext(ctx, "tcp", target)
 	}
 }
