@@ -70,19 +70,47 @@ type matchCriterion struct {
 	arg    string // "" for all, canonical and final
 }
 
+// One reading of the SSH config files (loadSSHConfig: ~/.ssh/config, the system file and every file they
+// Include, together) reads at most maxConfigFiles files and maxConfigBytes bytes. Each file has its bound
+// (smallfile.MaxSize, 4 MiB) and Include nesting too (16 levels, as OpenSSH), but without these nothing
+// bounds their number: an Include glob over a directory of thousands of files, or a file that includes
+// another twice at each of the 16 levels (2^16 reads), would make one start read and parse without end.
+// A real setup is a few KiB in a few dozen files, a generated one (a Host block per machine of a fleet)
+// some MiB: 256 files and 16 MiB (four files at the per-file bound) leave room for those many times over,
+// while a wrong one costs at most that much time and memory (and one file more, read to be refused).
+// Variables for tests.
+var (
+	maxConfigFiles       = 256
+	maxConfigBytes int64 = 16 << 20
+)
+
+// configBudget is what one reading of the config files has read so far: files, and bytes in all.
+type configBudget struct {
+	files int
+	bytes int64
+}
+
 // readConfigFile reads one ssh_config file and, recursively, the files its Include lines name. system says
 // it is /etc/ssh/ssh_config or one of its includes (relative Include paths are then under /etc/ssh);
 // depth counts the Includes that led here. checkOwner refuses a file that another user could have written,
 // as OpenSSH does for ~/.ssh/config and every included file: their ProxyCommand and Match exec lines run
-// as the user.
-func readConfigFile(path string, system, checkOwner bool, depth int) (*configFile, error) {
+// as the user. budget counts the files and bytes read, from every file of this reading of the config.
+func readConfigFile(path string, system, checkOwner bool, depth int, budget *configBudget) (*configFile, error) {
 	// OpenSSH's READCONF_MAX_DEPTH: a loop of Includes ends here.
 	if depth > 16 {
 		return nil, fmt.Errorf("ssh config %s: too many nested Include levels", path)
 	}
+	// The file that would be one too many is not opened; the one that passes the bytes is read (at most
+	// smallfile.MaxSize) before it is refused.
+	if budget.files++; budget.files > maxConfigFiles {
+		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d files", path, maxConfigFiles)
+	}
 	data, err := readConfigBytes(path, checkOwner)
 	if err != nil {
 		return nil, fmt.Errorf("ssh config %s: %w", path, err)
+	}
+	if budget.bytes += int64(len(data)); budget.bytes > maxConfigBytes {
+		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d MiB", path, maxConfigBytes>>20)
 	}
 	f := &configFile{path: path}
 	// The parser reads the settings; Match and Include lines, which it would evaluate its own way, are
@@ -117,7 +145,7 @@ func readConfigFile(path string, system, checkOwner bool, depth int) (*configFil
 					return nil, fmt.Errorf("ssh config %s line %d: %w", path, i+1, err)
 				}
 				for _, p := range inc {
-					cf, err := readConfigFile(p, system, true, depth+1)
+					cf, err := readConfigFile(p, system, true, depth+1, budget)
 					if err != nil {
 						return nil, err
 					}
@@ -718,12 +746,13 @@ func loadSSHConfig(path string, log logr.Logger) (*sshConfig, error) {
 		sources = []source{{path: path, explicit: true}}
 	}
 	out := &sshConfig{log: log}
+	var budget configBudget // the files and all they include, together
 	for _, s := range sources {
 		if _, err := os.Stat(s.path); !s.explicit && errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		// As OpenSSH: ~/.ssh/config is checked, a file named by -F and the system file are not.
-		f, err := readConfigFile(s.path, s.system, !s.explicit && !s.system, 0)
+		f, err := readConfigFile(s.path, s.system, !s.explicit && !s.system, 0, &budget)
 		if err != nil {
 			// The system file may use directives the parser does not know; it is optional here, and said
 			// so. Any other fault in it (an unknown Match criterion, an included file others may write)

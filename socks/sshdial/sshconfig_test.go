@@ -56,7 +56,7 @@ func TestParseMatch(t *testing.T) {
 			dir := t.TempDir()
 			f := filepath.Join(dir, "config")
 			os.WriteFile(f, []byte("Host a\n  User u\n"+tc.line+"\n  Port 2\n"), 0o600)
-			cf, err := readConfigFile(f, false, false, 0)
+			cf, err := readConfigFile(f, false, false, 0, new(configBudget))
 			if tc.err != "" {
 				// The error names the file and the line, as OpenSSH's does.
 				if want := f + " line 3: "; err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), tc.err) {
