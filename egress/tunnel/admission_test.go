@@ -22,6 +22,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -539,5 +540,159 @@ func TestHeaderFloodIsReset(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// resetWithin reports whether a connection from src to addr is reset or closed within d, or while it was
+// being made. With d below the handshake timeout, that is the admission refusing it at accept.
+func resetWithin(src, addr string, d time.Duration) bool {
+	c, err := harness.DialFrom(src, addr)
+	if err != nil {
+		return true
+	}
+	defer c.Close()
+	return !harness.OpenAfter(c, d)
+}
+
+// lapseRaw opens n connections from src that never start TLS and waits for the admission to close them.
+func lapseRaw(t *testing.T, s *running, cfg *Config, src string, n int) {
+	t.Helper()
+	begin := time.Now()
+	var conns []net.Conn
+	for range n {
+		conns = append(conns, dialFrom(t, src, s.AgentAddr()))
+	}
+	for _, c := range conns {
+		closedBy(t, c, begin.Add(cfg.HandshakeTimeout+time.Second))
+	}
+}
+
+// TestAgentPortPenalizesLapsingSources: a source whose connections keep running out the handshake time is
+// reset at accept while its penalty lasts, and counted apart from sources at their bound; another source
+// is served. Without the penalties, 16 sources of 64 connections each could hold every slot again and
+// again, 10 s at a time.
+func TestAgentPortPenalizesLapsingSources(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.HandshakeTimeout, cfg.AgentAuthTimeout = time.Second, 2*time.Second
+	s := start(t, cfg)
+
+	// Four lapses at once: 8 s of penalty, refused while more than 3 s of it remain.
+	lapseRaw(t, s, cfg, "127.0.0.2", 4)
+	if !resetWithin("127.0.0.2", s.AgentAddr(), 300*time.Millisecond) {
+		t.Fatal("a source whose connections kept lapsing without TLS was served")
+	}
+	if resetWithin("127.0.0.3", s.AgentAddr(), 300*time.Millisecond) {
+		t.Fatal("another source was refused for the first one's lapses")
+	}
+	if got := counterValue(s.authMetrics.connsPenalized.WithLabelValues("agent")); got != 1 {
+		t.Errorf("connections refused for their source's penalty: %v counted, want 1", got)
+	}
+	if got := counterValue(s.authMetrics.connsRefused.WithLabelValues("agent")); got != 0 {
+		t.Errorf("connections refused at their source's bound: %v counted, want 0", got)
+	}
+}
+
+// failedAttempt connects from src with token, as an agent whose Connect stream is answered with an error
+// or not at all that then keeps its connection open; the result of the stream goes to the channel.
+func failedAttempt(t *testing.T, e *env, addr, src, token string) <-chan error {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(agentTLS(t, e, false))),
+		grpc.WithPerRPCCredentials(tokenCreds(token)),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return harness.DialFrom(src, addr) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), header.AgentID, "agent-"+src), time.Minute)
+		defer cancel()
+		st, err := agent.NewAgentServiceClient(cc).Connect(ctx)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		done <- err
+	}()
+	return done
+}
+
+// TestAgentPortDoesNotPenalizeServerFailures: connections whose one authentication attempt failed for the
+// server's reasons (the TokenReview failed, or had no answer before the authentication timeout) and that
+// then lapse never keep their source out, however many; the same lapses after a token kube-apiserver
+// rejected do.
+func TestAgentPortDoesNotPenalizeServerFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		token     string
+		setup     func(*reviewer)
+		penalized bool
+	}{
+		{"review-error", "good", func(r *reviewer) { r.fail = errors.New("dial tcp 10.96.0.1:443: connect: connection refused") }, false},
+		{"review-waiting", "good", func(r *reviewer) { r.gate = make(chan struct{}) }, false},
+		{"token-rejected", "bogus", func(*reviewer) {}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			r := newReviewer()
+			r.add("good", testAgentSA)
+			tc.setup(r)
+			cfg := tokenConfig(e, r)
+			cfg.HandshakeTimeout, cfg.AgentAuthTimeout = time.Second, 2*time.Second
+			s := start(t, cfg)
+			if r.gate != nil {
+				t.Cleanup(func() { close(r.gate) })
+			}
+			const n = 4 // 8 s of penalty if they counted, refused while more than 3 s remain
+			var results []<-chan error
+			for range n {
+				results = append(results, failedAttempt(t, e, s.AgentAddr(), "127.0.0.4", tc.token))
+			}
+			for _, res := range results {
+				select {
+				case err := <-res:
+					if err == nil {
+						t.Fatal("a Connect stream was accepted")
+					}
+				case <-time.After(cfg.AgentAuthTimeout + 5*time.Second):
+					t.Fatal("a Connect stream was still open past the authentication timeout")
+				}
+			}
+			harness.EventuallyTrue(t, 5*time.Second, "every connection lapsed", func() bool {
+				return counterValue(s.authMetrics.connsExpired.WithLabelValues("agent", "auth")) == n
+			})
+			if got := resetWithin("127.0.0.4", s.AgentAddr(), 300*time.Millisecond); got != tc.penalized {
+				t.Fatalf("after %d lapses, the source refused: %v, want %v", n, got, tc.penalized)
+			}
+		})
+	}
+}
+
+// TestAgentPortPenaltyRunsOut: a genuine agent from a source that was penalized is reset while the penalty
+// lasts, costing it nothing more, and gets in once the penalty has run out, within Max less Threshold.
+func TestAgentPortPenaltyRunsOut(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("grpc")
+	cfg.HandshakeTimeout, cfg.AgentAuthTimeout = time.Second, 2*time.Second
+	s := start(t, cfg)
+
+	// Six lapses: 12 s of penalty, at its Max (6 × 2 s), refused for the first 9 s of it.
+	lapseRaw(t, s, cfg, "127.0.0.7", 6)
+	penalized := time.Now()
+	if !resetWithin("127.0.0.7", s.AgentAddr(), 300*time.Millisecond) {
+		t.Fatal("the penalized source was served")
+	}
+	connectAgent(t, e, s.AgentAddr(), "agent-7",
+		grpc.WithContextDialer(func(_ context.Context, addr string) (net.Conn, error) { return harness.DialFrom("127.0.0.7", addr) }),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second}),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	kept := time.Since(penalized)
+	s.waitAgents(t, 1)
+	if kept < 7*time.Second || kept > 11*time.Second {
+		t.Errorf("the agent got in %v after its source was penalized, want about 9 s", kept)
+	}
+	if got := counterValue(s.authMetrics.connsPenalized.WithLabelValues("agent")); got < 2 {
+		t.Errorf("connections refused for their source's penalty: %v counted, want the agent's attempts too", got)
 	}
 }
