@@ -84,6 +84,10 @@ var (
 	maxConfigBytes int64 = 16 << 20
 )
 
+// configReadOrder says, in the bounds' errors, that the file named is the one that crossed a bound shared with
+// the files read before it: a system file may be named for a ~/.ssh/config that took nearly all of it.
+const configReadOrder = "~/.ssh/config and its Includes, then the system file and its; or -F's file and its"
+
 // configBudget is what one reading of the config files has read so far: files, and bytes in all.
 type configBudget struct {
 	files int
@@ -103,14 +107,14 @@ func readConfigFile(path string, system, checkOwner bool, depth int, budget *con
 	// The file that would be one too many is not opened; the one that passes the bytes is read (at most
 	// smallfile.MaxSize) before it is refused.
 	if budget.files++; budget.files > maxConfigFiles {
-		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d files", path, maxConfigFiles)
+		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d files (counted in the order read: %s)", path, maxConfigFiles, configReadOrder)
 	}
 	data, err := readConfigBytes(path, checkOwner)
 	if err != nil {
 		return nil, fmt.Errorf("ssh config %s: %w", path, err)
 	}
 	if budget.bytes += int64(len(data)); budget.bytes > maxConfigBytes {
-		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d MiB", path, maxConfigBytes>>20)
+		return nil, fmt.Errorf("ssh config %s: the config files and all they Include make more than %d MiB (counted in the order read: %s)", path, maxConfigBytes>>20, configReadOrder)
 	}
 	f := &configFile{path: path}
 	// The parser reads the settings; Match and Include lines, which it would evaluate its own way, are
