@@ -117,17 +117,21 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	if err != nil {
 		return "", rec, false, err
 	}
+	// A Removed record no longer describes the ClusterConfiguration, but still the manifests kubeadm wrote
+	// from it before the reset, on this node or another: it puts those back to kubeadm's values below.
+	onPod := rec
 	if rec.Removed {
 		rec = KubeadmRecord{}
 	}
 	// What kubeadm sets is the manifest without konnect: before may carry a patch by konnect already (an
-	// earlier run without --kubeadm), whose values are konnect's, not kubeadm's.
+	// earlier run without --kubeadm, or kubeadm writing it from konnect's extraArgs), whose values are
+	// konnect's, not kubeadm's.
 	kubeadms := before.DeepCopy()
 	bc, err := apiserverContainer(kubeadms)
 	if err != nil {
 		return "", rec, false, err
 	}
-	if _, _, err := unpatchFlags(kubeadms, bc, rec); err != nil {
+	if _, _, err := unpatchFlags(kubeadms, bc, onPod); err != nil {
 		return "", rec, false, err
 	}
 	ac, err := apiserverContainer(after)

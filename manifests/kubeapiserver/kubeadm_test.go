@@ -421,3 +421,42 @@ func TestRecordAfterPatchWithoutKubeadm(t *testing.T) {
 		}
 	}
 }
+
+// After konnect reset --kubeadm on one node (the record is Removed), konnect init --kubeadm on another node,
+// whose kube-apiserver.yaml kubeadm wrote from the ClusterConfiguration with konnect's flags, records the same
+// flags as a first run: their values on that manifest are konnect's, not kubeadm's, whatever the record says now.
+func TestRecordAfterResetOnAnotherNode(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	cc, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, _, err := RemoveFromClusterConfiguration(cc, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := rec
+	removed.Removed = true
+
+	// The other node's manifest, as kubeadm wrote it from cc: konnect's values, none of its annotations.
+	rewritten := after.DeepCopy()
+	rewritten.Annotations = before.DeepCopy().Annotations
+	again := p
+	again.Kubeadm = removed
+	after2 := rewritten.DeepCopy()
+	if _, err := PatchPod(after2, again); err != nil {
+		t.Fatal(err)
+	}
+	cc2, rec2, _, err := RecordInClusterConfiguration(back, removed, rewritten, after2, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec2.String() != rec.String() {
+		t.Errorf("record %s, want the first run's %s", rec2, rec)
+	}
+	if differ, _ := clusterConfigChanged(cc, cc2); differ {
+		t.Errorf("ClusterConfiguration:\n%s\nwant the first run's:\n%s", cc2, cc)
+	}
+}
