@@ -61,9 +61,14 @@ func (r *runner) kubeadm([]string) error {
 		if err != nil {
 			return false, err
 		}
-		// The flags phase patches with the record as it is before this phase changes it.
-		r.kubeadmRecord = &old
-		patch.Kubeadm = old
+		// The flags phase patches with the record as it is before this phase changes it, less the released
+		// flags the user has set in the ClusterConfiguration since.
+		forPatch, err := old.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey])
+		if err != nil {
+			return false, err
+		}
+		r.kubeadmRecord = &forPatch
+		patch.Kubeadm = forPatch
 		after := before.DeepCopy()
 		if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
 			return false, fmt.Errorf("%s: %s: %w", r.o.manifestFlag(), path, err)
@@ -125,6 +130,9 @@ func (r *runner) kubeadmRecordForPatch() (kubeapiserver.KubeadmRecord, error) {
 		return kubeapiserver.KubeadmRecord{}, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
 	}
 	rec, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
+	if err == nil {
+		rec, err = rec.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey])
+	}
 	if err != nil {
 		return rec, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
 	}
@@ -221,6 +229,10 @@ kube-apiserver Ready again before the next.`,
 				err = updateKubeadmConfig(cmd.Context(), client, func(cm *corev1.ConfigMap) (bool, error) {
 					var err error
 					if rec, err = kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation]); err != nil {
+						return false, err
+					}
+					// A released flag the user has set in the ClusterConfiguration since keeps their value.
+					if rec, err = rec.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey]); err != nil {
 						return false, err
 					}
 					if cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] == "" || rec.Removed {
