@@ -3,6 +3,7 @@ package initcmd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"sigs.k8s.io/yaml"
@@ -362,4 +365,42 @@ func TestKubeadmRoutingTakenByTheUser(t *testing.T) {
 	}
 	runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest)
 	routing("reset --kubeadm")
+}
+
+// konnect init phase flags --kubeadm repairs kube-apiserver.yaml also while kube-apiserver, and so the kubeadm-config
+// ConfigMap, cannot be reached: it says what it cannot do without the ConfigMap, and patches the manifest.
+func TestFlagsPhaseKubeadmWithoutConfigMap(t *testing.T) {
+	client := withFakeKubeadm(t)
+	dir := t.TempDir()
+	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)...)
+	// The manifest loses konnect's flags (put back from a backup), and kube-apiserver is down.
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	args := append([]string{"init", "phase", "flags"}, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)[1:]...)
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("konnect %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	if !strings.Contains(out, kubeadmConfigMapName) || !strings.Contains(out, "connection refused") || !strings.Contains(out, "--enable-aggregator-routing") {
+		t.Errorf("no warning naming the ConfigMap, its error and what is skipped:\n%s", out)
+	}
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "--egress-selector-config-file=") {
+		t.Errorf("kube-apiserver.yaml not patched:\n%s\n%s", data, out)
+	}
 }
