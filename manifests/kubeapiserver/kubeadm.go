@@ -34,7 +34,8 @@ type KubeadmRecord struct {
 	// Released are the optional flags (OptionalFlags) that konnect recorded and a later run no longer set, with
 	// the values konnect had recorded: the ClusterConfiguration has its own value back, but a manifest that
 	// kubeadm wrote before, on this node or another, still carries konnect's. A patch or UnpatchPod puts
-	// ManifestPrevious back on such a manifest (ReleasedValue).
+	// ManifestPrevious back on such a manifest (ReleasedValue). One to which the user gives another value in
+	// the ClusterConfiguration since is theirs, and forgotten (ForgetReclaimed).
 	Released []RecordedArg `json:"released,omitempty"`
 	// Removed is set once konnect reset has put the ClusterConfiguration back; the other control-plane nodes'
 	// resets still read the record to put their kube-apiserver.yaml back.
@@ -97,6 +98,33 @@ func (r KubeadmRecord) ReleasedValue(name, value string) (previous *string, ok b
 	return nil, false
 }
 
+// ForgetReclaimed returns r without the Released flags to which clusterConfig (the ClusterConfiguration YAML of
+// kubeadm-config) no longer gives the value konnect put back (Previous): the user set them there since, and a
+// manifest kubeadm writes from it holds the user's value, even where that is the value konnect had recorded.
+// Read with the ClusterConfiguration, the record then leaves such a flag alone in a patch and in UnpatchPod.
+func (r KubeadmRecord) ForgetReclaimed(clusterConfig string) (KubeadmRecord, error) {
+	if len(r.Released) == 0 {
+		return r, nil // nothing to read the ClusterConfiguration for, whatever its version
+	}
+	cc, err := decodeClusterConfiguration(clusterConfig)
+	if err != nil {
+		return r, err
+	}
+	return r.forgetReclaimed(listAt(mapAt(cc, "apiServer"), "extraArgs")), nil
+}
+
+func (r KubeadmRecord) forgetReclaimed(args []any) KubeadmRecord {
+	var kept []RecordedArg
+	for _, a := range r.Released {
+		v, ok := argValue(args, a.Name)
+		if ok == (a.Previous != nil) && (!ok || sameValue(a.Name, v, *a.Previous)) {
+			kept = append(kept, a)
+		}
+	}
+	r.Released = kept
+	return r
+}
+
 // konnectVolume reports whether name is one of the hostPath volumes PatchPod owns.
 func konnectVolume(name string) bool {
 	return name == udsVolume || name == egressConfigVolume || isNumbered(name, certsVolume, 0)
@@ -109,7 +137,8 @@ func konnectVolume(name string) bool {
 // UnpatchPod puts them back: a manifest konnect patched without --kubeadm holds konnect's values, not
 // kubeadm's), or when rec already holds it (a node that joined with konnect's extraArgs has them before the
 // patch); one rec holds that after no longer has, or that is no longer managed, is taken out again, putting
-// back what the ClusterConfiguration had, and an optional one among them is kept in Released. Every konnect
+// back what the ClusterConfiguration had, and an optional one among them is kept in Released, until the user
+// gives it another value in the ClusterConfiguration (ForgetReclaimed). Every konnect
 // volume of after is recorded, and one of rec that after lacks is taken out. It returns the new
 // ClusterConfiguration and record, and whether the ClusterConfiguration changed.
 func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, before, after *corev1.Pod, managed []string) (string, KubeadmRecord, bool, error) {
@@ -117,25 +146,30 @@ func RecordInClusterConfiguration(clusterConfig string, rec KubeadmRecord, befor
 	if err != nil {
 		return "", rec, false, err
 	}
+	api := mapAt(cc, "apiServer")
+	args := listAt(api, "extraArgs")
+	rec = rec.forgetReclaimed(args)
+	// A Removed record no longer describes the ClusterConfiguration, but still the manifests kubeadm wrote
+	// from it before the reset, on this node or another: it puts those back to kubeadm's values below.
+	onPod := rec
 	if rec.Removed {
 		rec = KubeadmRecord{}
 	}
 	// What kubeadm sets is the manifest without konnect: before may carry a patch by konnect already (an
-	// earlier run without --kubeadm), whose values are konnect's, not kubeadm's.
+	// earlier run without --kubeadm, or kubeadm writing it from konnect's extraArgs), whose values are
+	// konnect's, not kubeadm's.
 	kubeadms := before.DeepCopy()
 	bc, err := apiserverContainer(kubeadms)
 	if err != nil {
 		return "", rec, false, err
 	}
-	if _, _, err := unpatchFlags(kubeadms, bc, rec); err != nil {
+	if _, _, err := unpatchFlags(kubeadms, bc, onPod); err != nil {
 		return "", rec, false, err
 	}
 	ac, err := apiserverContainer(after)
 	if err != nil {
 		return "", rec, false, err
 	}
-	api := mapAt(cc, "apiServer")
-	args := listAt(api, "extraArgs")
 	var out KubeadmRecord
 	for _, name := range managed {
 		av := managedValue(ac, name)

@@ -421,3 +421,119 @@ func TestRecordAfterPatchWithoutKubeadm(t *testing.T) {
 		}
 	}
 }
+
+// After konnect reset --kubeadm on one node (the record is Removed), konnect init --kubeadm on another node,
+// whose kube-apiserver.yaml kubeadm wrote from the ClusterConfiguration with konnect's flags, records the same
+// flags as a first run: their values on that manifest are konnect's, not kubeadm's, whatever the record says now.
+func TestRecordAfterResetOnAnotherNode(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	p.Optional = OptionalFlags
+	before, after := patchedPair(t, p)
+	cc, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, _, err := RemoveFromClusterConfiguration(cc, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := rec
+	removed.Removed = true
+
+	// The other node's manifest, as kubeadm wrote it from cc: konnect's values, none of its annotations.
+	rewritten := after.DeepCopy()
+	rewritten.Annotations = before.DeepCopy().Annotations
+	again := p
+	again.Kubeadm = removed
+	after2 := rewritten.DeepCopy()
+	if _, err := PatchPod(after2, again); err != nil {
+		t.Fatal(err)
+	}
+	cc2, rec2, _, err := RecordInClusterConfiguration(back, removed, rewritten, after2, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec2.String() != rec.String() {
+		t.Errorf("record %s, want the first run's %s", rec2, rec)
+	}
+	if differ, _ := clusterConfigChanged(cc, cc2); differ {
+		t.Errorf("ClusterConfiguration:\n%s\nwant the first run's:\n%s", cc2, cc)
+	}
+}
+
+// An optional flag konnect released whose value the user then set in the ClusterConfiguration themselves is
+// theirs: the record forgets it, and neither a patch that does not ask for it nor UnpatchPod takes the value
+// kubeadm wrote from the ClusterConfiguration out of the manifest, though it is the value konnect had recorded.
+func TestReleasedFlagTakenByTheUser(t *testing.T) {
+	on := kubeadmPatch(t, nil)
+	on.Optional = OptionalFlags
+	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	for _, tc := range optionalFlagCases {
+		before := withCommandTail(t, tc.given)
+		after := before.DeepCopy()
+		if _, err := PatchPod(after, on); err != nil {
+			t.Fatal(err)
+		}
+		cc, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(on))
+		if err != nil {
+			t.Fatal(err)
+		}
+		after2 := after.DeepCopy()
+		if _, err := PatchPod(after2, off); err != nil {
+			t.Fatal(err)
+		}
+		cc2, rec2, _, err := RecordInClusterConfiguration(cc, rec, after, after2, managedNames(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(rec2.Released, func(a RecordedArg) bool { return a.Name == aggregatorRoutingFlag }) {
+			continue // the flag was on before konnect: never konnect's
+		}
+		if kept, err := rec2.ForgetReclaimed(cc2); err != nil || kept.String() != rec2.String() {
+			t.Errorf("%s: ClusterConfiguration as konnect left it: record %s, want %s (err %v)", tc.name, kept, rec2, err)
+		}
+
+		// The user turns the flag on in the ClusterConfiguration, and kubeadm writes the manifest from it.
+		users := strings.Replace(cc2, "  - name: audit-log-maxage\n", "  - name: enable-aggregator-routing\n    value: \"true\"\n  - name: audit-log-maxage\n", 1)
+		if users == cc2 {
+			t.Fatalf("no audit-log-maxage in:\n%s", cc2)
+		}
+		rewritten := after.DeepCopy()
+		rewritten.Annotations = before.DeepCopy().Annotations
+		want := aggregatorRouting(t, rewritten)
+
+		forgot, err := rec2.ForgetReclaimed(users)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(forgot.Released) != 0 || len(forgot.ExtraArgs) != len(rec2.ExtraArgs) {
+			t.Errorf("%s: record %s, want %s without Released", tc.name, forgot, rec2)
+		}
+		patchOff := off
+		patchOff.Kubeadm = forgot
+		after3 := rewritten.DeepCopy()
+		if _, err := PatchPod(after3, patchOff); err != nil {
+			t.Fatal(err)
+		}
+		if got := aggregatorRouting(t, after3); !slices.Equal(got, want) {
+			t.Errorf("%s: init without the flag: %q, want the user's %q", tc.name, got, want)
+		}
+		cc3, rec3, _, err := RecordInClusterConfiguration(users, rec2, rewritten, after3, managedNames(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec3.Released) != 0 || !strings.Contains(cc3, aggregatorRoutingFlag) {
+			t.Errorf("%s: init without the flag: record %s:\n%s", tc.name, rec3, cc3)
+		}
+		for _, r := range []KubeadmRecord{forgot, rec3} {
+			pod := after3.DeepCopy()
+			if _, err := UnpatchPod(pod, r); err != nil {
+				t.Fatal(err)
+			}
+			if got := aggregatorRouting(t, pod); !slices.Equal(got, want) {
+				t.Errorf("%s: reset with record %s: %q, want the user's %q", tc.name, r, got, want)
+			}
+		}
+	}
+}

@@ -224,6 +224,7 @@ type runner struct {
 	ctx      context.Context // the command's: what talks to a cluster stops with it
 	o        *Options
 	out      io.Writer
+	errOut   io.Writer // warnings
 	outcomes []outcome
 	// release lets go of --dir's lock.
 	release func()
@@ -255,7 +256,7 @@ func newRunner(cmd *cobra.Command, o *Options, n needs) (*runner, error) {
 			return nil, err
 		}
 	}
-	return &runner{ctx: cmd.Context(), o: o, out: cmd.OutOrStdout(), release: release}, nil
+	return &runner{ctx: cmd.Context(), o: o, out: cmd.OutOrStdout(), errOut: cmd.ErrOrStderr(), release: release}, nil
 }
 
 // lockWait bounds how long a command waits for another one that writes into the same directory. A whole

@@ -61,9 +61,14 @@ func (r *runner) kubeadm([]string) error {
 		if err != nil {
 			return false, err
 		}
-		// The flags phase patches with the record as it is before this phase changes it.
-		r.kubeadmRecord = &old
-		patch.Kubeadm = old
+		// The flags phase patches with the record as it is before this phase changes it, less the released
+		// flags the user has set in the ClusterConfiguration since.
+		forPatch, err := old.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey])
+		if err != nil {
+			return false, err
+		}
+		r.kubeadmRecord = &forPatch
+		patch.Kubeadm = forPatch
 		after := before.DeepCopy()
 		if _, err := kubeapiserver.PatchPod(after, patch); err != nil {
 			return false, fmt.Errorf("%s: %s: %w", r.o.manifestFlag(), path, err)
@@ -107,8 +112,14 @@ func flagNames(flags []kubeapiserver.Flag) []string {
 	return out
 }
 
+// kubeadmReadTimeout bounds the flags phase's read of the kubeadm-config ConfigMap when it runs alone: it patches
+// kube-apiserver.yaml also while kube-apiserver is down (a repair), and then waits no longer than this for it.
+const kubeadmReadTimeout = 15 * time.Second
+
 // kubeadmRecordForPatch is kubeadm's record for the flags phase's patch (ManifestPatch.Kubeadm) with --kubeadm:
-// the one the kubeadm phase of this run read, before it changed it, or else the ConfigMap's.
+// the one the kubeadm phase of this run read, before it changed it, or else the ConfigMap's. A ConfigMap that
+// cannot be read (kube-apiserver is down) is no error: the patch goes on without the record, and only puts back
+// no optional flag that konnect released.
 func (r *runner) kubeadmRecordForPatch() (kubeapiserver.KubeadmRecord, error) {
 	if !r.o.Kubeadm {
 		return kubeapiserver.KubeadmRecord{}, nil
@@ -120,11 +131,17 @@ func (r *runner) kubeadmRecordForPatch() (kubeapiserver.KubeadmRecord, error) {
 	if err != nil {
 		return kubeapiserver.KubeadmRecord{}, err
 	}
-	cm, err := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace).Get(r.ctx, kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
+	ctx, cancel := context.WithTimeout(r.ctx, kubeadmReadTimeout)
+	defer cancel()
+	cm, err := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace).Get(ctx, kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
 	if err != nil {
-		return kubeapiserver.KubeadmRecord{}, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
+		fmt.Fprintf(r.errOut, "Warning: cannot read %s: %v\nPatching kube-apiserver.yaml without kubeadm's record: an optional flag konnect released (--enable-aggregator-routing), should kubeadm have written it back with konnect's value, does not get its value from before konnect back; run again once kube-apiserver is up.\n", kubeadmConfigMapName, err)
+		return kubeapiserver.KubeadmRecord{}, nil
 	}
 	rec, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])
+	if err == nil {
+		rec, err = rec.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey])
+	}
 	if err != nil {
 		return rec, fmt.Errorf("%s: %w", kubeadmConfigMapName, err)
 	}
@@ -221,6 +238,10 @@ kube-apiserver Ready again before the next.`,
 				err = updateKubeadmConfig(cmd.Context(), client, func(cm *corev1.ConfigMap) (bool, error) {
 					var err error
 					if rec, err = kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation]); err != nil {
+						return false, err
+					}
+					// A released flag the user has set in the ClusterConfiguration since keeps their value.
+					if rec, err = rec.ForgetReclaimed(cm.Data[kubeapiserver.KubeadmConfigKey]); err != nil {
 						return false, err
 					}
 					if cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] == "" || rec.Removed {

@@ -3,6 +3,7 @@ package initcmd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/konnect-dev/konnect/manifests/kubeapiserver"
 	"sigs.k8s.io/yaml"
@@ -278,5 +281,126 @@ func TestKubeadmRoutingOff(t *testing.T) {
 				t.Errorf("kube-apiserver.yaml after reset:\n%s\nwant kubeadm's:\n%s", data, kubeadmPod)
 			}
 		})
+	}
+}
+
+// After konnect init --kubeadm released --enable-aggregator-routing, the user turns it on in the
+// ClusterConfiguration themselves, and kubeadm writes kube-apiserver.yaml from it: konnect init --kubeadm without
+// the option, and konnect reset --kubeadm, leave the user's value, though it is the one konnect had recorded.
+func TestKubeadmRoutingTakenByTheUser(t *testing.T) {
+	client := withFakeKubeadm(t)
+	dir := t.TempDir()
+	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
+	mustRun(t, append(args, "--enable-aggregator-routing")...)
+	// The manifest as kubeadm writes it from a ClusterConfiguration with konnect's extraArgs and the flag on.
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kubeapiserver.DecodePod(data, manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
+	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
+	delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
+	rewritten, err := yaml.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rewritten), "--enable-aggregator-routing=true") {
+		t.Fatalf("init --enable-aggregator-routing:\n%s", rewritten)
+	}
+
+	mustRun(t, args...) // released
+	cm := kubeadmConfigMap(t, client)
+	cc, released := cm.Data[kubeapiserver.KubeadmConfigKey], cm.Annotations[kubeapiserver.KubeadmRecordAnnotation]
+	users := strings.Replace(cc, "  extraArgs:\n", "  extraArgs:\n  - name: enable-aggregator-routing\n    value: \"true\"\n", 1)
+	if users == cc || !strings.Contains(released, `"released"`) {
+		t.Fatalf("record %s:\n%s", released, cc)
+	}
+	cm.Data[kubeapiserver.KubeadmConfigKey] = users
+	if _, err := client.CoreV1().ConfigMaps(cm.Namespace).Update(context.Background(), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	routing := func(step string) {
+		t.Helper()
+		data, err := os.ReadFile(manifest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), "--enable-aggregator-routing=true") {
+			t.Errorf("%s took the user's --enable-aggregator-routing=true out:\n%s", step, data)
+		}
+		if cc := kubeadmConfigMap(t, client).Data[kubeapiserver.KubeadmConfigKey]; !strings.Contains(cc, "enable-aggregator-routing") {
+			t.Errorf("%s took the user's enable-aggregator-routing out of the ClusterConfiguration:\n%s", step, cc)
+		}
+	}
+	mustRun(t, args...)
+	routing("init --kubeadm")
+	if rec := kubeadmConfigMap(t, client).Annotations[kubeapiserver.KubeadmRecordAnnotation]; strings.Contains(rec, "enable-aggregator-routing") {
+		t.Errorf("record %s still holds the user's flag", rec)
+	}
+
+	// reset on a node whose manifest kubeadm wrote from the user's ClusterConfiguration, the record as the
+	// released run left it (before this node's init forgot the flag).
+	cm = kubeadmConfigMap(t, client)
+	cm.Annotations[kubeapiserver.KubeadmRecordAnnotation] = released
+	if _, err := client.CoreV1().ConfigMaps(cm.Namespace).Update(context.Background(), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runReset(t, "--kubeadm", "--dir", dir, "--apiserver-manifest", manifest)
+	routing("reset --kubeadm")
+}
+
+// konnect init phase flags --kubeadm repairs kube-apiserver.yaml also while kube-apiserver, and so the kubeadm-config
+// ConfigMap, cannot be reached: it says what it cannot do without the ConfigMap, and patches the manifest.
+func TestFlagsPhaseKubeadmWithoutConfigMap(t *testing.T) {
+	client := withFakeKubeadm(t)
+	dir := t.TempDir()
+	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)...)
+	// The manifest loses konnect's flags (put back from a backup), and kube-apiserver is down.
+	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	args := append([]string{"init", "phase", "flags"}, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)[1:]...)
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("konnect %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	if !strings.Contains(out, kubeadmConfigMapName) || !strings.Contains(out, "connection refused") || !strings.Contains(out, "--enable-aggregator-routing") {
+		t.Errorf("no warning naming the ConfigMap, its error and what is skipped:\n%s", out)
+	}
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "--egress-selector-config-file=") {
+		t.Errorf("kube-apiserver.yaml not patched:\n%s\n%s", data, out)
 	}
 }
