@@ -37,22 +37,6 @@ const (
 	DefaultMaxUnauthenticatedPerSource = 64
 )
 
-// agentPenalties are the agent port's penalties for sources whose connections keep lapsing through their
-// own fault (see admitConn.peerAtFault): each lapse adds the authentication timeout, a source is refused
-// while more than 1.5 of it remain, and a penalty holds at most 6 of it. `konnect socks` keeps a source out
-// for up to 60 handshake timeouts; the agent port's peers are the cluster's own pods and nodes, and an
-// agent that shares its address with a bad peer, or whose token was bad for a while, must be back within a
-// minute (at the default 10 s) of the cause being gone. At the defaults, one lapse costs nothing, two at
-// once keep a source out for a few seconds, and a source that lets its 64 lapse is kept out 45 s in every
-// 55, so that 16 such sources hold every slot 10 s in 55 instead of all the time. A source whose
-// connections lapse one at a time, as one agent's do, gains 10 s for each 10 s (auth) or 5 s (TLS) it
-// waits: it is refused only after three TLS handshakes in a row lapse, and then for a few seconds. The
-// penalties remember source.DefaultPenaltySources sources; past it a new one goes unpenalized.
-func agentPenalties(authTimeout time.Duration) *source.Penalties {
-	return &source.Penalties{Per: authTimeout, Threshold: authTimeout * 3 / 2, Max: 6 * authTimeout,
-		MaxSources: source.DefaultPenaltySources}
-}
-
 // maxFrontendHandshakes bounds the TLS handshakes in progress on the mutual-TLS TCP frontend; beyond it,
 // new connections wait in the accept queue as on the agent port (kube-apiserver opens one connection per
 // tunnel and does not retry a failed dial). A variable for tests.
@@ -70,8 +54,6 @@ const (
 // maxPerSource a new connection is reset. Without these, gRPC gives a TLS handshake 120 s and an HTTP/2 connection that
 // never opens a stream forever. What "authenticated" means is the listener's: a completed TLS handshake
 // (which verified the client certificate) on the frontend, an accepted Connect stream on the agent port.
-// With penalties (the agent port), a connection that runs out its time through its peer's fault adds to
-// its source's penalty, and a source refused for its penalty is reset at accept like one at maxPerSource.
 type admission struct {
 	listener    string        // "agent" or "frontend", for metrics and logs
 	handshake   time.Duration // to complete the TLS handshake
@@ -80,8 +62,7 @@ type admission struct {
 	onHandshake bool          // a completed TLS handshake authenticates the connection
 	m           *authMetrics
 
-	sources   source.Counter    // the unauthenticated connections of each source; Max is maxPerSource (0: no bound)
-	penalties *source.Penalties // nil: none
+	sources source.Counter // the unauthenticated connections of each source; Max is maxPerSource (0: no bound)
 
 	mu        sync.Mutex
 	slotFreed chan struct{} // closed and replaced whenever a slot frees
@@ -156,13 +137,6 @@ func (l *admitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := source.Of(c.RemoteAddr())
-		if l.a.penalties != nil && l.a.penalties.Refused(src, time.Now()) {
-			l.a.m.connsPenalized.WithLabelValues(l.a.listener).Inc()
-			klog.V(2).InfoS("Refused a connection: its source's connections kept running out their time to authenticate",
-				"listener", l.a.listener, "remote", c.RemoteAddr())
-			source.Refuse(c)
-			continue
-		}
 		if !l.a.take(src) {
 			l.a.m.connsRefused.WithLabelValues(l.a.listener).Inc()
 			klog.V(2).InfoS("Refused a connection: too many unauthenticated connections from its source", "listener", l.a.listener,
@@ -191,12 +165,10 @@ type admitConn struct {
 	state      atomic.Int32
 	handshaken atomic.Bool
 
-	// Agent port: whether a Connect stream is being authenticated now, whether one ever was before the
-	// connection authenticated (it gets one attempt), and whether that attempt's credentials were refused
-	// for what they are (set before authBusy is cleared).
-	authBusy     atomic.Bool
-	tried        atomic.Bool
-	credsRefused atomic.Bool
+	// Agent port: whether a Connect stream is being authenticated now, and whether one ever was before the
+	// connection authenticated (it gets one attempt).
+	authBusy atomic.Bool
+	tried    atomic.Bool
 }
 
 // NetConn is the accepted connection (flow.AckWatch looks through it).
@@ -225,32 +197,10 @@ func (c *admitConn) check() {
 	if c.state.CompareAndSwap(connPending, connClosed) {
 		c.a.release(c.src)
 		c.a.m.connsExpired.WithLabelValues(c.a.listener, stage).Inc()
-		if c.a.penalties != nil && c.peerAtFault(stage) {
-			c.a.penalties.Add(c.src, time.Now())
-		}
 		klog.V(2).InfoS("Closed a connection that did not authenticate in time", "listener", c.a.listener,
 			"remote", c.RemoteAddr(), "stage", stage, "timeout", bound)
 		_ = c.Conn.Close()
 	}
-}
-
-// peerAtFault reports whether a connection that ran out its time at stage did so through its peer's fault,
-// so that it penalizes its source: the peer never completed TLS, or never opened a Connect stream, or its
-// one attempt was refused for its credentials (a token kube-apiserver rejected, now or lately, no token, or
-// one from a source whose tokens keep being rejected). A connection whose attempt is still being
-// authenticated (a slow TokenReview, or one waiting for --max-concurrent-token-reviews), failed for the
-// server's own reasons (kube-apiserver unreachable, a TokenReview error), or passed authentication and was
-// refused after it, is the server's doing or an agent's with valid credentials: it never penalizes, so that
-// trouble on the server's side cannot lock genuine agents out. A client certificate that is refused fails
-// the handshake at once, which closes the connection before its time is out.
-func (c *admitConn) peerAtFault(stage string) bool {
-	if stage == "handshake" {
-		return true
-	}
-	if c.authBusy.Load() {
-		return false
-	}
-	return !c.tried.Load() || c.credsRefused.Load()
 }
 
 func (c *admitConn) Close() error {
@@ -348,11 +298,8 @@ func (s *Server) agentAuthInterceptor(srv any, ss grpc.ServerStream, _ *grpc.Str
 		if p, ok := peer.FromContext(ctx); ok {
 			src = source.Of(p.Addr)
 		}
-		node, credsRefused, err := s.tokens.authenticate(ctx, md, src)
+		node, err := s.tokens.authenticate(ctx, md, src)
 		if err != nil {
-			if ac != nil && credsRefused {
-				ac.credsRefused.Store(true)
-			}
 			id, idents, remote := agentOf(ctx)
 			s.agents.refused(id, idents, remote, err)
 			return err

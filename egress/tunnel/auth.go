@@ -122,15 +122,12 @@ func newTokenAuthenticator(cfg TokenAuth, m *authMetrics) *tokenAuthenticator {
 }
 
 // authenticate checks the token in an agent's Connect metadata; src is the agent's source (source.Of). node
-// is the name of the node the token's pod runs on, "" when kube-apiserver did not say. credsRefused tells
-// an error that is the agent's credentials' doing (no token, a token kube-apiserver rejected, now or
-// lately, a source whose tokens keep being rejected) from one that is the server's (a TokenReview that
-// failed, the stream's end while it waited): only the first may count against the agent's source.
-func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, src netip.Addr) (node string, credsRefused bool, err error) {
+// is the name of the node the token's pod runs on, "" when kube-apiserver did not say.
+func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, src netip.Addr) (node string, err error) {
 	token, err := bearerToken(md)
 	if err != nil {
 		a.m.authRefused.WithLabelValues("no-token").Inc()
-		return "", true, err
+		return "", err
 	}
 	key := tokenKey(sha256.Sum256([]byte(token)))
 	now := a.now()
@@ -138,19 +135,19 @@ func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, s
 	if g, ok := a.good[key]; ok && now.Before(g.until) {
 		a.mu.Unlock()
 		a.m.cacheHits.WithLabelValues("authenticated").Inc()
-		return g.node, false, nil
+		return g.node, nil
 	}
 	if b, ok := a.bad[key]; ok && now.Before(b.until) {
 		a.mu.Unlock()
 		a.m.cacheHits.WithLabelValues("rejected").Inc()
-		return "", true, b.err
+		return "", b.err
 	}
 	call := a.calls[key]
 	if call == nil {
 		if s := a.sources[src]; s != nil && now.Before(s.until) {
 			a.mu.Unlock()
 			a.m.authRefused.WithLabelValues("source-backoff").Inc()
-			return "", true, status.Errorf(codes.Unavailable, "%d tokens from %s were rejected lately; the next is reviewed in %s",
+			return "", status.Errorf(codes.Unavailable, "%d tokens from %s were rejected lately; the next is reviewed in %s",
 				s.rejections, src, s.until.Sub(now).Round(100*time.Millisecond))
 		}
 		call = &reviewCall{done: make(chan struct{}), abandoned: make(chan struct{}), sources: map[netip.Addr]bool{},
@@ -164,7 +161,7 @@ func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, s
 
 	select {
 	case <-call.done:
-		return call.node, call.rejected, call.err
+		return call.node, call.err
 	case <-ctx.Done():
 		a.mu.Lock()
 		if call.waiters--; call.waiters == 0 && !call.started {
@@ -172,7 +169,7 @@ func (a *tokenAuthenticator) authenticate(ctx context.Context, md metadata.MD, s
 			delete(a.calls, key)
 		}
 		a.mu.Unlock()
-		return "", false, status.FromContextError(ctx.Err()).Err()
+		return "", status.FromContextError(ctx.Err()).Err()
 	}
 }
 

@@ -40,7 +40,6 @@ type reviewer struct {
 	nodes       map[string]string // token → the node-name extra of its review, when it has one
 	delay       time.Duration
 	gate        chan struct{} // when set, every review waits for it to close
-	fail        error         // when set, every review fails with it, as when kube-apiserver is unreachable
 	reviews     atomic.Int64
 	inFlight    atomic.Int64
 	maxInFlight atomic.Int64
@@ -72,15 +71,12 @@ func (r *reviewer) client() kubernetes.Interface {
 		r.mu.Lock()
 		user, ok := r.users[tr.Spec.Token]
 		node, bound := r.nodes[tr.Spec.Token]
-		gate, fail := r.gate, r.fail
+		gate := r.gate
 		r.mu.Unlock()
 		if gate != nil {
 			<-gate
 		}
 		time.Sleep(r.delay)
-		if fail != nil {
-			return true, nil, fail
-		}
 		if !ok || len(tr.Spec.Audiences) != 1 || tr.Spec.Audiences[0] != testAudience {
 			tr.Status = authv1.TokenReviewStatus{Error: "invalid bearer token"}
 		} else {
@@ -416,6 +412,6 @@ func TestReadinessReviewsThroughItsOwnClient(t *testing.T) {
 
 // authErr is authenticate's error alone, for the tests that do not look at the node.
 func (a *tokenAuthenticator) authErr(ctx context.Context, md metadata.MD, src netip.Addr) error {
-	_, _, err := a.authenticate(ctx, md, src)
+	_, err := a.authenticate(ctx, md, src)
 	return err
 }

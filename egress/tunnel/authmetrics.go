@@ -7,7 +7,6 @@ import "github.com/prometheus/client_golang/prometheus"
 type authMetrics struct {
 	unauthenticated *prometheus.GaugeVec   // listener
 	connsRefused    *prometheus.CounterVec // listener
-	connsPenalized  *prometheus.CounterVec // listener
 	acceptWaits     *prometheus.CounterVec // listener
 	connsExpired    *prometheus.CounterVec // listener, stage
 	authRefused     *prometheus.CounterVec // reason
@@ -30,9 +29,6 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 			[]string{"listener"}),
 		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_refused_total",
 			"Connections reset at once because too many from their source were unauthenticated.")),
-			[]string{"listener"}),
-		connsPenalized: prometheus.NewCounterVec(prometheus.CounterOpts(opts("penalized_connections_refused_total",
-			"Connections reset at once because their source is penalized: its connections kept running out their time to complete TLS or have a Connect stream accepted, through their own fault (agent port; --agent-auth-timeout per such connection, kept out while more than 1.5 of it remain, at most 6).")),
 			[]string{"listener"}),
 		acceptWaits: prometheus.NewCounterVec(prometheus.CounterOpts(opts("unauthenticated_connections_accept_waits_total",
 			"Times the listener stopped accepting until a slot freed, because the bound on unauthenticated connections in all was reached.")),
@@ -66,7 +62,7 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.unauthenticated, m.connsRefused, m.connsPenalized, m.acceptWaits, m.connsExpired, m.authRefused, m.reviews,
+	for _, c := range []prometheus.Collector{m.unauthenticated, m.connsRefused, m.acceptWaits, m.connsExpired, m.authRefused, m.reviews,
 		m.cacheHits, m.reviewsWaiting, m.reviewsInFlight, m.reviewDuration, m.readinessReview, m.identsDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

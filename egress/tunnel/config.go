@@ -51,8 +51,7 @@ type Config struct {
 	// negative count means no bound. HandshakeTimeout bounds the TLS handshake on both TCP listeners;
 	// AgentAuthTimeout is how long a connection to AgentAddr may take to have a Connect stream accepted;
 	// MaxUnauthenticated and MaxUnauthenticatedPerSource bound the agent connections not accepted yet, in
-	// all and from one source address. With a bound per source, sources whose connections keep lapsing are
-	// also penalized (agentPenalties); without one, sources are not told apart at all.
+	// all and from one source address.
 	HandshakeTimeout            time.Duration
 	AgentAuthTimeout            time.Duration
 	MaxUnauthenticated          int

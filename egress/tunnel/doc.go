@@ -11,8 +11,7 @@
 //     connection at a time, with successful reviews cached briefly, concurrent reviews bounded, and sources
 //     of rejected tokens held back (auth.go);
 //   - a peer of a TCP listener that has not authenticated is bounded: a few seconds to authenticate, and a
-//     cap on such peers in all and per source, and on the agent port a penalty for sources whose
-//     connections keep lapsing through their own fault, never for the server's (admission.go);
+//     cap on such peers in all and per source (admission.go);
 //   - every listener is bound in New, a stale socket is replaced and a live one refused;
 //   - Run returns within a bounded graceful timeout even while tunnels are open (ANP issue 866);
 //   - DATA packets are cut below gRPC's 4 MiB default message size before they reach an agent or the

@@ -161,7 +161,7 @@ func TestTokenNodeName(t *testing.T) {
 	a := newTestAuthenticator(t, r, nil)
 	for range 2 {
 		for token, want := range map[string]string{"bound": "n1", "unbound": ""} {
-			node, _, err := a.authenticate(context.Background(), bearer(token), srcA)
+			node, err := a.authenticate(context.Background(), bearer(token), srcA)
 			if err != nil || node != want {
 				t.Errorf("%s: node %q, err %v; want %q", token, node, err, want)
 			}

@@ -184,10 +184,6 @@ func (s *Server) newAgentServer() error {
 		return field.Errorf("{AgentAddr}: listen on %s: %w", cfg.AgentAddr, err)
 	}
 	adm := newAdmission("agent", cfg.HandshakeTimeout, cfg.AgentAuthTimeout, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerSource, s.authMetrics)
-	if cfg.MaxUnauthenticatedPerSource > 0 {
-		// Without a bound per source (agents behind a NAT share one), sources are not told apart either.
-		adm.penalties = agentPenalties(cfg.AgentAuthTimeout)
-	}
 	s.agentLn = adm.listen(s.agentLn)
 	s.agentGRPC = grpc.NewServer(
 		grpc.Creds(admitCreds{batchtls.Credentials(credentials.NewTLS(agentTLS)), adm}),

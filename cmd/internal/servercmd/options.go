@@ -158,7 +158,7 @@ func (o *Options) addAgentAuthFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxUnauthenticated, "max-unauthenticated-agent-connections", o.MaxUnauthenticated,
 		"konnect: how many connections to --agent-port may be unauthenticated at once; beyond, new ones wait in the accept queue until a slot frees. Authenticated agents do not count. 0 means no bound.")
 	fs.IntVar(&o.MaxUnauthenticatedPerSource, "max-unauthenticated-agent-connections-per-source", o.MaxUnauthenticatedPerSource,
-		"konnect: how many connections to --agent-port from one source address (an IPv4 address or an IPv6 /64) may be unauthenticated at once; beyond, new ones are reset. A source whose connections keep running out their time through their own fault (no TLS, no Connect stream, or credentials refused) is also reset for a while: up to 6 times --agent-auth-timeout. Raise it when agents reach the server through a NAT or a load balancer that hides their addresses. 0 means no bound, and no penalties either.")
+		"konnect: how many connections to --agent-port from one source address (an IPv4 address or an IPv6 /64) may be unauthenticated at once; beyond, new ones are reset. Raise it when agents reach the server through a NAT or a load balancer that hides their addresses. 0 means no bound.")
 	fs.DurationVar(&o.TokenReviewCacheTTL, "token-review-cache-ttl", o.TokenReviewCacheTTL,
 		"konnect: how long an agent token that kube-apiserver accepted is remembered (by its SHA-256, never the token, and never past the token's expiry), so that an agent that reconnects needs no new TokenReview. 0 turns the cache off.")
 	fs.IntVar(&o.MaxConcurrentTokenReviews, "max-concurrent-token-reviews", o.MaxConcurrentTokenReviews,
