@@ -364,8 +364,12 @@ func unpatchFlags(pod *corev1.Pod, c *corev1.Container, rec KubeadmRecord) (PodR
 			restoreFlag(c, f.Name, f.Previous)
 		}
 	}
+	// Only where the manifest still holds konnect's value: one that kubeadm wrote anew with a value the user
+	// gave the ClusterConfiguration after a reset (a Removed record) is the user's.
 	for _, a := range rec.ExtraArgs {
-		restoreFlag(c, a.Name, a.ManifestPrevious)
+		if v := managedValue(c, a.Name); v != nil && sameValue(a.Name, *v, a.Value) {
+			restoreFlag(c, a.Name, a.ManifestPrevious)
+		}
 	}
 	for _, a := range rec.Released {
 		if v := boolFlagValue(c, a.Name); v != nil && !podRec.flag(a.Name) && rec.arg(a.Name) == nil {

@@ -537,3 +537,63 @@ func TestReleasedFlagTakenByTheUser(t *testing.T) {
 		}
 	}
 }
+
+// After a reset (a Removed record), the user gives a flag konnect had set, and kubeadm had not, a value of
+// their own in the ClusterConfiguration, and kubeadm writes the manifest with it: the next record keeps that
+// value as the manifest's own, and a reset after it leaves it, as it is not konnect's.
+func TestRecordAfterResetKeepsTheUsersValue(t *testing.T) {
+	p := kubeadmPatch(t, nil)
+	before, after := patchedPair(t, p)
+	cc, rec, _, err := RecordInClusterConfiguration(clusterConfiguration, KubeadmRecord{}, before, after, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	for _, a := range rec.ExtraArgs {
+		if a.ManifestPrevious == nil && !slices.Contains(OptionalFlags, a.Name) {
+			name = a.Name
+			break
+		}
+	}
+	if name == "" {
+		t.Fatalf("record %s has no flag that kubeadm's manifest lacked", rec)
+	}
+	back, _, err := RemoveFromClusterConfiguration(cc, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := rec
+	removed.Removed = true
+
+	const users = "X-Users-Own-Uid"
+	rewritten := before.DeepCopy()
+	c, err := apiserverContainer(rewritten)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setFlag(c, Flag{name, users})
+	again := p
+	again.Kubeadm = removed
+	after2 := rewritten.DeepCopy()
+	if _, err := PatchPod(after2, again); err != nil {
+		t.Fatal(err)
+	}
+	_, rec2, _, err := RecordInClusterConfiguration(back, removed, rewritten, after2, managedNames(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := rec2.arg(name); a == nil || a.ManifestPrevious == nil || *a.ManifestPrevious != users {
+		t.Fatalf("record %s: --%s's manifest value before konnect is not the user's %s", rec2, name, users)
+	}
+	reset := after2.DeepCopy()
+	if _, err := UnpatchPod(reset, rec2); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := apiserverContainer(reset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := managedValue(rc, name); v == nil || *v != users {
+		t.Errorf("after reset --%s is %v, want the user's %s", name, v, users)
+	}
+}
