@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -134,8 +135,12 @@ func (r *runner) kubeadmRecordForPatch() (kubeapiserver.KubeadmRecord, error) {
 	ctx, cancel := context.WithTimeout(r.ctx, kubeadmReadTimeout)
 	defer cancel()
 	cm, err := client.CoreV1().ConfigMaps(kubeapiserver.KubeadmConfigNamespace).Get(ctx, kubeapiserver.KubeadmConfigName, metav1.GetOptions{})
+	if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
+		// kube-apiserver answered: the kubeconfig or the cluster is the wrong one, which a retry does not mend.
+		return kubeapiserver.KubeadmRecord{}, fmt.Errorf("%s (--kubeadm-kubeconfig %s): %w", kubeadmConfigMapName, r.o.KubeadmKubeconfig, err)
+	}
 	if err != nil {
-		fmt.Fprintf(r.errOut, "Warning: cannot read %s: %v\nPatching kube-apiserver.yaml without kubeadm's record: an optional flag konnect released (--enable-aggregator-routing), should kubeadm have written it back with konnect's value, does not get its value from before konnect back; run again once kube-apiserver is up.\n", kubeadmConfigMapName, err)
+		fmt.Fprintf(r.errOut, "Warning: cannot read %s: %v\nPatching kube-apiserver.yaml without kubeadm's record: an optional flag konnect released (--enable-aggregator-routing), should kubeadm have written it back with konnect's value, does not get its value from before konnect back; run again once kube-apiserver answers.\n", kubeadmConfigMapName, err)
 		return kubeapiserver.KubeadmRecord{}, nil
 	}
 	rec, err := kubeapiserver.ParseKubeadmRecord(cm.Annotations[kubeapiserver.KubeadmRecordAnnotation])

@@ -12,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -385,10 +387,21 @@ func TestFlagsPhaseKubeadmWithoutConfigMap(t *testing.T) {
 	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	args := append([]string{"init", "phase", "flags"}, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)[1:]...)
+	// kube-apiserver answers, and refuses: the kubeconfig is the wrong one, which no retry mends.
+	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "kubeadm-config", errors.New("no"))
+	})
+	if out, err := run(t, args...); err == nil || !strings.Contains(err.Error(), "--kubeadm-kubeconfig") {
+		t.Fatalf("konnect %s with a forbidden kubeadm-config: %v, want an error naming --kubeadm-kubeconfig\n%s", strings.Join(args, " "), err, out)
+	}
+	if data, err := os.ReadFile(manifest); err != nil || string(data) != kubeadmPod {
+		t.Fatalf("kube-apiserver.yaml changed although kubeadm-config was refused (%v):\n%s", err, data)
+	}
+	client.ReactionChain = client.ReactionChain[1:]
 	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	args := append([]string{"init", "phase", "flags"}, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)[1:]...)
 	out, err := run(t, args...)
 	if err != nil {
 		t.Fatalf("konnect %s: %v\n%s", strings.Join(args, " "), err, out)
