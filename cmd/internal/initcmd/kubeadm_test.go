@@ -147,24 +147,7 @@ func TestInitKubeadmAndReset(t *testing.T) {
 	// kubeadm writes the manifest anew from the ClusterConfiguration (upgrade, or a join of this node): konnect's
 	// flags and volumes are there, its annotations are not. init leaves it alone, sparing kube-apiserver a
 	// restart, unless the egress selector configuration changes.
-	data, err := os.ReadFile(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := kubeapiserver.DecodePod(data, manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
-	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
-	delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
-	rewritten, err := yaml.Marshal(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeadmRewrites(t, manifest)
 	if out := mustRun(t, args...); !strings.Contains(out, "[kept] "+manifest) {
 		t.Fatalf("init on the manifest kubeadm wrote anew:\n%s", out)
 	}
@@ -221,30 +204,12 @@ func TestKubeadmRoutingOff(t *testing.T) {
 			args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
 			mustRun(t, append(args, "--enable-aggregator-routing")...)
 
-			data, err := os.ReadFile(manifest)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pod, err := kubeapiserver.DecodePod(data, manifest)
-			if err != nil {
-				t.Fatal(err)
-			}
-			delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
-			delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
-			delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
-			rewritten, err := yaml.Marshal(pod)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !strings.Contains(string(rewritten), "--enable-aggregator-routing=true") {
+			if rewritten := kubeadmRewrites(t, manifest); !strings.Contains(string(rewritten), "--enable-aggregator-routing=true") {
 				t.Fatalf("init --enable-aggregator-routing:\n%s", rewritten)
-			}
-			if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
-				t.Fatal(err)
 			}
 
 			out := mustRun(t, args...)
-			data, err = os.ReadFile(manifest)
+			data, err := os.ReadFile(manifest)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,21 +268,7 @@ func TestKubeadmRoutingTakenByTheUser(t *testing.T) {
 	args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
 	mustRun(t, append(args, "--enable-aggregator-routing")...)
 	// The manifest as kubeadm writes it from a ClusterConfiguration with konnect's extraArgs and the flag on.
-	data, err := os.ReadFile(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := kubeapiserver.DecodePod(data, manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
-	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
-	delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
-	rewritten, err := yaml.Marshal(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rewritten := kubeadmRewrites(t, manifest)
 	if !strings.Contains(string(rewritten), "--enable-aggregator-routing=true") {
 		t.Fatalf("init --enable-aggregator-routing:\n%s", rewritten)
 	}
@@ -416,4 +367,30 @@ func TestFlagsPhaseKubeadmWithoutConfigMap(t *testing.T) {
 	if !strings.Contains(string(data), "--egress-selector-config-file=") {
 		t.Errorf("kube-apiserver.yaml not patched:\n%s\n%s", data, out)
 	}
+}
+
+// kubeadmRewrites writes manifest as kubeadm writes it anew from a ClusterConfiguration with konnect's
+// extraArgs (an upgrade, or a control-plane join): konnect's flags and volumes, none of its annotations. It
+// returns what it wrote.
+func kubeadmRewrites(t *testing.T, manifest string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kubeapiserver.DecodePod(data, manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Annotations, kubeapiserver.EgressConfigAnnotation)
+	delete(pod.Annotations, kubeapiserver.AddedFlagsAnnotation)
+	delete(pod.Annotations, kubeapiserver.PodRecordAnnotation)
+	rewritten, err := yaml.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, rewritten, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return rewritten
 }
