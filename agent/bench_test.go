@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/konnect-dev/konnect/egress/konnectivity/wire"
 	"github.com/konnect-dev/konnect/test/harness"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
@@ -143,6 +144,7 @@ func TestMain(m *testing.M) {
 	// -args -v=4 shows the agent's logs.
 	klog.InitFlags(nil)
 	flag.Parse()
+	wire.Pool = testPool // before any goroutine reads it (zerocopy_test.go)
 	code := m.Run()
 	harness.RemoveUpstreamBinaries()
 	os.Exit(code)

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,8 +32,12 @@ const poison = 0xEE
 // went out without a copy, as wire.OwnedData that the codec handed to gRPC whole. A read that was copied
 // instead is put back by the agent (or, had the codec copied an owned buffer, by the codec), so the count
 // tells that the zero-copy path ran, at no cost to the agent itself.
+//
+// TestMain installs it as wire.Pool before any test runs, switched off: swapping wire.Pool during a test races
+// with goroutines of earlier tests that upstream's server does not wait for. A test switches it on and off.
 type poisonPool struct {
 	mem.BufferPool
+	on            atomic.Bool
 	mu            sync.Mutex
 	read          map[*[]byte]bool // taken by a read loop and not yet put back
 	zeroCopy      int              // of those, put back by gRPC
@@ -42,13 +47,25 @@ type poisonPool struct {
 // readLoop is the function whose Gets poisonPool tracks.
 var readLoop = runtime.FuncForPC(reflect.ValueOf((*conn).readLoop).Pointer()).Name()
 
+// testPool is wire.Pool in this package's tests (TestMain).
+var testPool = newPoisonPool(wire.Pool)
+
 func newPoisonPool(p mem.BufferPool) *poisonPool {
 	return &poisonPool{BufferPool: p, read: map[*[]byte]bool{}}
 }
 
+// poisonDuring switches p on, with its counts at zero, until t ends.
+func (p *poisonPool) poisonDuring(t *testing.T) {
+	p.mu.Lock()
+	p.read, p.zeroCopy, p.zeroCopyBytes = map[*[]byte]bool{}, 0, 0
+	p.mu.Unlock()
+	p.on.Store(true)
+	t.Cleanup(func() { p.on.Store(false) })
+}
+
 func (p *poisonPool) Get(n int) *[]byte {
 	bp := p.BufferPool.Get(n)
-	if callerName() == readLoop {
+	if p.on.Load() && callerName() == readLoop {
 		p.mu.Lock()
 		p.read[bp] = true
 		p.mu.Unlock()
@@ -57,6 +74,10 @@ func (p *poisonPool) Get(n int) *[]byte {
 }
 
 func (p *poisonPool) Put(bp *[]byte) {
+	if !p.on.Load() {
+		p.BufferPool.Put(bp)
+		return
+	}
 	caller := callerName()
 	p.mu.Lock()
 	if p.read[bp] {
@@ -128,10 +149,8 @@ func TestZeroCopyBuffersNotReusedEarly(t *testing.T) {
 		conns = 24
 		size  = 6 << 20
 	)
-	orig := wire.Pool
-	pool := newPoisonPool(orig)
-	wire.Pool = pool
-	t.Cleanup(func() { wire.Pool = orig }) // runs last, once server and agent are stopped
+	pool := testPool
+	pool.poisonDuring(t)
 
 	pki := newTestPKI(t)
 	ks := startKonnectServer(t, pki, "k1", 1, "grpc")
