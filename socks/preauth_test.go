@@ -472,17 +472,10 @@ func TestEvictedIsNoLapse(t *testing.T) {
 func TestEvictionHandsOverItsSlot(t *testing.T) {
 	up := sink(t)
 	// Half of 8 is 4 unauthenticated in all, at most 2 from one source; 4 tunnels take the other half.
-	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
-		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	s := eightSlots()
 	addr := serve(t, s, Auto)
 	dial := aliceFrom(addr, up.Addr().String())
-	for range 4 {
-		tunnel, err := dial("127.0.0.8")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tunnel.Close()
-	}
+	tunnelsFrom(t, dial, "127.0.0.8", 4)
 	idle := slices.Concat(openFrom(t, "127.0.0.1", addr, 2), openFrom(t, "127.0.0.2", addr, 2))
 	harness.EventuallyTrue(t, 5*time.Second, "4 unauthenticated and 4 tunnels", func() bool {
 		c, _ := unauthenticated(s)
@@ -537,8 +530,7 @@ func (c lateConn) Read(p []byte) (int, error) {
 func TestEvictedSlotIsTakenAtOnce(t *testing.T) {
 	up := sink(t)
 	// Half of 8 is 4 unauthenticated in all, at most 2 from one source; 4 tunnels take the other half.
-	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
-		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	s := eightSlots()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -548,13 +540,7 @@ func TestEvictedSlotIsTakenAtOnce(t *testing.T) {
 	addr := serveOn(t, s, lateListener{ln, []string{"127.0.0.1", "127.0.0.2"}, freed}, Auto)
 	t.Cleanup(free) // before Serve's cleanup waits for the connections' goroutines
 	dial := aliceFrom(addr, up.Addr().String())
-	for range 4 {
-		tunnel, err := dial("127.0.0.8")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tunnel.Close()
-	}
+	tunnelsFrom(t, dial, "127.0.0.8", 4)
 	// 127.0.0.1's are the older: the first newcomer displaces the first of them, the next 127.0.0.2's
 	// first, which then holds the most.
 	a := openFrom(t, "127.0.0.1", addr, 2)
@@ -598,18 +584,10 @@ func TestEvictedSlotIsTakenAtOnce(t *testing.T) {
 func TestEvictionsLeakNoSlot(t *testing.T) {
 	up := sink(t)
 	// Half of 8 is 4 unauthenticated in all, at most 2 from one source.
-	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
-		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	s := eightSlots()
 	addr := serve(t, s, Auto)
 	dial := aliceFrom(addr, up.Addr().String())
-	var conns []net.Conn
-	for range 4 {
-		tunnel, err := dial("127.0.0.8")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, tunnel)
-	}
+	conns := tunnelsFrom(t, dial, "127.0.0.8", 4)
 	conns = append(conns, openFrom(t, "127.0.0.1", addr, 2)...)
 	conns = append(conns, openFrom(t, "127.0.0.2", addr, 2)...)
 	harness.EventuallyTrue(t, 5*time.Second, "4 unauthenticated and 4 tunnels", func() bool {
@@ -677,17 +655,10 @@ func TestEvictionsLeakNoSlot(t *testing.T) {
 // slot from it) and is refused at once, as over the cap.
 func TestOverCapIsNotCounted(t *testing.T) {
 	up := sink(t)
-	s := &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
-		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+	s := eightSlots()
 	addr := serve(t, s, Auto)
 	dial := aliceFrom(addr, up.Addr().String())
-	for range 8 {
-		tunnel, err := dial("127.0.0.8")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tunnel.Close()
-	}
+	tunnelsFrom(t, dial, "127.0.0.8", 8)
 	// Refused as over the cap; silent, so their refusals wait up to 2 s for a first byte.
 	silent := slices.Concat(openFrom(t, "127.0.0.1", addr, 2), openFrom(t, "127.0.0.2", addr, 2))
 	start := time.Now()
@@ -717,4 +688,26 @@ func aliceFrom(addr, target string) func(from string) (net.Conn, error) {
 		defer cancel()
 		return d.(proxy.ContextDialer).DialContext(ctx, "tcp", target)
 	}
+}
+
+// eightSlots is a server that asks for alice's password and serves 8 connections: of them, 4 unauthenticated
+// in all and 2 from one source.
+func eightSlots() *Server {
+	return &Server{Credentials: &Credentials{User: "alice", Password: "pw"}, MaxConns: 8,
+		MaxUnauthenticatedPerSource: 64, HandshakeTimeout: time.Minute}
+}
+
+// tunnelsFrom opens n tunnels with dial from the loopback address from, closed when the test ends.
+func tunnelsFrom(t *testing.T, dial func(from string) (net.Conn, error), from string, n int) []net.Conn {
+	t.Helper()
+	var out []net.Conn
+	for range n {
+		c, err := dial(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		out = append(out, c)
+	}
+	return out
 }
