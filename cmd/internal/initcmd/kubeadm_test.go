@@ -109,16 +109,7 @@ func runReset(t *testing.T, args ...string) string {
 // server's static pod.
 func TestInitKubeadmAndReset(t *testing.T) {
 	client := withFakeKubeadm(t)
-	dir := t.TempDir()
-	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
-	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// kubeadm's layout under dir instead of /etc/kubernetes.
-	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
-	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, manifest, kubeadmPod := kubeadmNode(t, "")
 	args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest, "--enable-aggregator-routing")
 	out := mustRun(t, args...)
 	if !strings.Contains(out, "[updated] ConfigMap kube-system/kubeadm-config") || !strings.Contains(out, "[updated] "+manifest) {
@@ -191,16 +182,7 @@ func TestKubeadmRoutingOff(t *testing.T) {
 	for _, tc := range []struct{ name, given string }{{"false", "    - --enable-aggregator-routing=false\n"}, {"absent", ""}} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := withFakeKubeadm(t)
-			dir := t.TempDir()
-			manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
-			if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
-			kubeadmPod = strings.Replace(kubeadmPod, "    image:", tc.given+"    image:", 1)
-			if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			dir, manifest, kubeadmPod := kubeadmNode(t, tc.given)
 			args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
 			mustRun(t, append(args, "--enable-aggregator-routing")...)
 
@@ -256,15 +238,7 @@ func TestKubeadmRoutingOff(t *testing.T) {
 // the option, and konnect reset --kubeadm, leave the user's value, though it is the one konnect had recorded.
 func TestKubeadmRoutingTakenByTheUser(t *testing.T) {
 	client := withFakeKubeadm(t)
-	dir := t.TempDir()
-	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
-	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
-	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, manifest, _ := kubeadmNode(t, "")
 	args := initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)
 	mustRun(t, append(args, "--enable-aggregator-routing")...)
 	// The manifest as kubeadm writes it from a ClusterConfiguration with konnect's extraArgs and the flag on.
@@ -324,15 +298,7 @@ func TestKubeadmRoutingTakenByTheUser(t *testing.T) {
 // ConfigMap, cannot be reached: it says what it cannot do without the ConfigMap, and patches the manifest.
 func TestFlagsPhaseKubeadmWithoutConfigMap(t *testing.T) {
 	client := withFakeKubeadm(t)
-	dir := t.TempDir()
-	manifest := filepath.Join(dir, "manifests", "kube-apiserver.yaml")
-	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	kubeadmPod := strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
-	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, manifest, kubeadmPod := kubeadmNode(t, "")
 	mustRun(t, initArgs(dir, "--kubeadm", "--apiserver-manifest", manifest)...)
 	// The manifest loses konnect's flags (put back from a backup), and kube-apiserver is down.
 	if err := os.WriteFile(manifest, []byte(kubeadmPod), 0o600); err != nil {
@@ -393,4 +359,22 @@ func kubeadmRewrites(t *testing.T, manifest string) []byte {
 		t.Fatal(err)
 	}
 	return rewritten
+}
+
+// kubeadmNode lays out a control-plane node as kubeadm does, under a temporary dir instead of /etc/kubernetes:
+// kube-apiserver.yaml in dir/manifests, with flag lines extra (each "    - --FLAG\n") after its command's. It
+// returns dir, the manifest's path and what it holds.
+func kubeadmNode(t *testing.T, extra string) (dir, manifest, pod string) {
+	t.Helper()
+	dir = t.TempDir()
+	manifest = filepath.Join(dir, "manifests", "kube-apiserver.yaml")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pod = strings.ReplaceAll(kubeadmAPIServer, "/etc/kubernetes", dir)
+	pod = strings.Replace(pod, "    image:", extra+"    image:", 1)
+	if err := os.WriteFile(manifest, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, manifest, pod
 }
