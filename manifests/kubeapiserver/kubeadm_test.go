@@ -145,8 +145,7 @@ func TestRecordKeepsUsersValuesAndDropsWhatIsNoLongerSet(t *testing.T) {
 		t.Fatalf("record %s", rec)
 	}
 	// Without --enable-aggregator-routing the next time.
-	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
-	off.Optional = OptionalFlags
+	_, off := routingPatches(t)
 	after2 := after.DeepCopy()
 	if _, err := PatchPod(after2, off); err != nil {
 		t.Fatal(err)
@@ -249,10 +248,7 @@ func TestUnpatchPodWithoutRecord(t *testing.T) {
 // record, as it does a flag konnect added, and puts the manifest's value back also where kubeadm wrote the
 // manifest anew with konnect's value, on this node or another.
 func TestKubeadmRecordKeepsOptionalFlagsValue(t *testing.T) {
-	on := kubeadmPatch(t, nil)
-	on.Optional = OptionalFlags
-	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
-	off.Optional = OptionalFlags
+	on, off := routingPatches(t)
 	for _, tc := range optionalFlagCases {
 		before := withCommandTail(t, tc.given)
 		want := withCommandTail(t, tc.back)
@@ -465,10 +461,7 @@ func TestRecordAfterResetOnAnotherNode(t *testing.T) {
 // theirs: the record forgets it, and neither a patch that does not ask for it nor UnpatchPod takes the value
 // kubeadm wrote from the ClusterConfiguration out of the manifest, though it is the value konnect had recorded.
 func TestReleasedFlagTakenByTheUser(t *testing.T) {
-	on := kubeadmPatch(t, nil)
-	on.Optional = OptionalFlags
-	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
-	off.Optional = OptionalFlags
+	on, off := routingPatches(t)
 	for _, tc := range optionalFlagCases {
 		before := withCommandTail(t, tc.given)
 		after := before.DeepCopy()
@@ -596,4 +589,15 @@ func TestRecordAfterResetKeepsTheUsersValue(t *testing.T) {
 	if v := managedValue(rc, name); v == nil || *v != users {
 		t.Errorf("after reset --%s is %v, want the user's %s", name, v, users)
 	}
+}
+
+// routingPatches are kubeadm's patch with --enable-aggregator-routing (on) and without it (off), the flag
+// optional in both, as konnect init makes them.
+func routingPatches(t *testing.T) (on, off ManifestPatch) {
+	t.Helper()
+	on = kubeadmPatch(t, nil)
+	on.Optional = OptionalFlags
+	off = kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
+	off.Optional = OptionalFlags
+	return on, off
 }

@@ -299,11 +299,8 @@ func withCommandTail(t *testing.T, tail []string) *corev1.Pod {
 // puts it back, and so does a later patch that no longer asks for the flag, after which a patch that asks again
 // records it again.
 func TestOptionalFlagGetsItsValueBack(t *testing.T) {
-	on := kubeadmPatch(t, nil)
-	on.Optional = OptionalFlags
+	on, off := routingPatches(t)
 	on.Annotations = map[string]string{EgressConfigAnnotation: "abc"}
-	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
-	off.Optional = OptionalFlags
 	off.Annotations = on.Annotations
 	for _, tc := range optionalFlagCases {
 		want := withCommandTail(t, tc.back)
@@ -356,10 +353,7 @@ func TestOptionalFlagGetsItsValueBack(t *testing.T) {
 // whose value before konnect is lost: UnpatchPod still puts everything else back and leaves the flag on, and so
 // does a patch that no longer asks for it.
 func TestOptionalFlagRecordOfThePreviousKonnect(t *testing.T) {
-	on := kubeadmPatch(t, nil)
-	on.Optional = OptionalFlags
-	off := kubeadmPatch(t, func(f *APIServerFlags) { f.EnableAggregatorRouting = false })
-	off.Optional = OptionalFlags
+	on, off := routingPatches(t)
 	pod := withCommandTail(t, []string{"--enable-aggregator-routing=false"})
 	if _, err := PatchPod(pod, on); err != nil {
 		t.Fatal(err)
