@@ -630,10 +630,7 @@ func TestEvictionsLeakNoSlot(t *testing.T) {
 		c, _ := unauthenticated(s)
 		return c == 0 && s.ActiveConns() == 0
 	})
-	time.Sleep(100 * time.Millisecond) // a slot freed twice would show now
-	if n := s.ActiveConns(); n != 0 {
-		t.Fatalf("ActiveConns = %d after every client closed, want 0", n)
-	}
+	// A slot freed twice, or one taken late, shows here: the 8th client or the 9th is not as it should be.
 	for i := range 8 {
 		tunnel, err := dial("127.0.0.9")
 		if err != nil {
